@@ -1,0 +1,30 @@
+# dflash-lab: `make demo` trains a drafter on the embedded tiny target; `make test` runs the tests.
+# Both create the environment in .venv on first use (Python 3.11 + pip only).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_STEPS ?= 600
+
+.PHONY: demo test test-fast env clean-venv
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m dflash_lab.demo --steps $(DEMO_STEPS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests -m "not slow and not browser"
+
+clean-venv:
+	rm -rf $(VENV)

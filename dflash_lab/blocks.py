@@ -1,0 +1,211 @@
+"""Anchors, block inputs, position ids, labels, loss weights and the DFlash attention mask (flex and dense).
+
+One forward pass trains all N blocks of a sequence. The key/value sequence is
+    KV = [context (S target features) | block_0 | ... | block_{N-1}]   (S + N*B keys)
+and the queries are the N*B block slots. A query of block b sees context positions kv < p_b (STRICTLY less: the
+anchor's own features do not exist yet at inference) and the slots of its own block; nothing of other blocks.
+Visibility is by absolute position, so overlapping blocks cannot leak future features into each other
+(SpecForge#470). Padding blocks see nothing and carry no loss.
+
+Sliding-window draft layers are causal inside the block and see context only within the window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BlockBatch:
+    """Everything a drafter step needs besides the target features; all tensors on one device."""
+
+    input_ids: torch.Tensor  # (b, S) long, right-padded
+    loss_mask: torch.Tensor  # (b, S) bool, True on supervised (assistant) tokens
+    anchors: torch.Tensor  # (b, N) long, sorted; padding anchors are 0
+    anchor_valid: torch.Tensor  # (b, N) bool
+    draft_ids: torch.Tensor  # (b, N*B) long: [token[p], MASK, ..., MASK] per block
+    position_ids: torch.Tensor  # (b, N*B) long: p + 0..B-1
+    labels: torch.Tensor  # (b, N*B) long: token[p + k] (same position, no shift); 0 where no loss
+    loss_weights: torch.Tensor  # (b, N*B) float32: w_k * valid / global sum (sums to 1 over the GLOBAL batch)
+    block_size: int
+
+    @property
+    def num_anchors(self) -> int:
+        return self.anchors.shape[1]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "BlockBatch":
+        moved = {k: getattr(self, k).to(device, non_blocking=non_blocking) for k in _TENSOR_FIELDS}
+        return BlockBatch(**moved, block_size=self.block_size)
+
+    def split(self, parts: int) -> list["BlockBatch"]:
+        """Split along the sequence dimension into `parts` micro-batches (weights stay globally normalised)."""
+        chunks = {k: getattr(self, k).chunk(parts, dim=0) for k in _TENSOR_FIELDS}
+        return [BlockBatch(**{k: chunks[k][i] for k in _TENSOR_FIELDS}, block_size=self.block_size)
+                for i in range(parts)]
+
+
+_TENSOR_FIELDS = ("input_ids", "loss_mask", "anchors", "anchor_valid", "draft_ids", "position_ids", "labels",
+                  "loss_weights")
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample up to `num_anchors` positions p with loss_mask[p] and loss_mask[p+1], without replacement, sorted.
+
+    Returns (anchors (b, N) long, valid (b, N) bool); sequences with fewer candidates get padding anchors (0, False).
+    """
+    b, S = loss_mask.shape
+    m = loss_mask.bool()
+    candidate = torch.zeros_like(m)
+    candidate[:, :-1] = m[:, :-1] & m[:, 1:]  # (b, S)
+    # Random keys for candidates, 2.0 for the rest: the N smallest keys are a uniform sample without replacement.
+    keys = torch.rand(b, S, generator=generator, device="cpu").to(loss_mask.device)
+    keys = torch.where(candidate, keys, torch.full_like(keys, 2.0))
+    n = min(num_anchors, S)
+    picked_keys, picked = keys.topk(n, dim=1, largest=False)  # (b, n)
+    valid = picked_keys < 2.0
+    positions = torch.where(valid, picked, torch.full_like(picked, S))  # padding sorts last
+    positions, _ = positions.sort(dim=1)
+    valid = positions < S
+    positions = torch.where(valid, positions, torch.zeros_like(positions))
+    if n < num_anchors:  # sequence shorter than the anchor budget: pad to the fixed shape
+        pad = num_anchors - n
+        positions = torch.cat([positions, positions.new_zeros(b, pad)], dim=1)
+        valid = torch.cat([valid, valid.new_zeros(b, pad)], dim=1)
+    return positions, valid
+
+
+def loss_decay_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """w_k for slots k = 0..B-1: 0 for the anchor slot, exp(-(k-1)/gamma) for k >= 1."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                      anchor_valid: torch.Tensor, *, block_size: int, mask_token_id: int, gamma: float,
+                      weight_total: float | None = None) -> BlockBatch:
+    """Block inputs, positions, same-position labels and normalised loss weights for sampled anchors.
+
+    `weight_total` is the sum of raw weights over the GLOBAL batch (so micro-batches on several workers add up to
+    exactly the single-device loss); None = this batch's own sum.
+    """
+    b, S = input_ids.shape
+    N, B = anchors.shape[1], block_size
+    k = torch.arange(B, device=input_ids.device)
+    pos = anchors[:, :, None] + k  # (b, N, B) absolute positions of every slot
+    in_range = pos < S
+    gather_pos = pos.clamp(max=S - 1)
+    tokens = input_ids.gather(1, gather_pos.flatten(1)).view(b, N, B)
+    supervised = loss_mask.bool().gather(1, gather_pos.flatten(1)).view(b, N, B)
+
+    draft_ids = torch.full_like(tokens, mask_token_id)
+    draft_ids[:, :, 0] = tokens[:, :, 0]  # slot 0 = the anchor token itself
+
+    # Slot k predicts token[p + k] (same position; predicting p + k + 1 was SpecForge#473).
+    has_loss = in_range & supervised & anchor_valid[:, :, None]
+    has_loss[:, :, 0] = False
+    raw = loss_decay_weights(B, gamma).to(input_ids.device)[None, None, :] * has_loss  # (b, N, B)
+    total = float(raw.sum()) if weight_total is None else weight_total
+    weights = raw / max(total, 1e-12)
+    labels = torch.where(has_loss, tokens, torch.zeros_like(tokens))
+    return BlockBatch(
+        input_ids=input_ids, loss_mask=loss_mask.bool(), anchors=anchors, anchor_valid=anchor_valid,
+        draft_ids=draft_ids.flatten(1), position_ids=pos.flatten(1), labels=labels.flatten(1),
+        loss_weights=weights.flatten(1).float(), block_size=B,
+    )
+
+
+def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, *,
+                     block_size: int, gamma: float) -> float:
+    """Sum of w_k over all supervised slots of a batch (the loss normaliser)."""
+    b, S = loss_mask.shape
+    k = torch.arange(block_size, device=loss_mask.device)
+    pos = anchors[:, :, None] + k
+    sup = loss_mask.bool().gather(1, pos.clamp(max=S - 1).flatten(1)).view(pos.shape) & (pos < S)
+    sup = sup & anchor_valid[:, :, None]
+    sup[:, :, 0] = False
+    return float((loss_decay_weights(block_size, gamma).to(loss_mask.device) * sup).sum())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention masks. The same rule, twice: a dense boolean (b, 1, Q, KV) mask for SDPA (CPU, tests) and a
+# FlexAttention BlockMask (GPU). Both say True = may attend.
+# ---------------------------------------------------------------------------------------------------------------
+
+def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+               sliding_window: int | None = None) -> torch.Tensor:
+    """(b, 1, N*B, S + N*B) bool mask. Memory is O(N*B*(S+N*B)): use for small shapes and tests only."""
+    b, N = anchors.shape
+    B, S = block_size, seq_len
+    dev = anchors.device
+    q_block = torch.arange(N * B, device=dev) // B  # (Q,)
+    q_slot = torch.arange(N * B, device=dev) % B
+    p = anchors[:, q_block]  # (b, Q) anchor of each query's block
+    valid = anchor_valid[:, q_block]  # (b, Q)
+    kv_ctx = torch.arange(S, device=dev)
+    ctx = kv_ctx[None, None, :] < p[:, :, None]  # (b, Q, S): strictly before the anchor
+    kv_block = torch.arange(N * B, device=dev) // B
+    kv_slot = torch.arange(N * B, device=dev) % B
+    own = q_block[:, None] == kv_block[None, :]  # (Q, N*B)
+    if sliding_window is not None:
+        q_pos = p + q_slot[None, :]  # (b, Q)
+        ctx = ctx & (q_pos[:, :, None] - kv_ctx[None, None, :] < sliding_window)
+        own = own & (kv_slot[None, :] <= q_slot[:, None])  # causal inside the block
+    own = own[None].expand(b, -1, -1)
+    mask = torch.cat([ctx, own], dim=2) & valid[:, :, None]
+    return mask[:, None]  # (b, 1, Q, KV)
+
+
+def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+                  sliding_window: int | None = None):
+    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`."""
+    S, B = seq_len, block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_block = q_idx // B
+        p = anchors[b, q_block]
+        is_ctx = kv_idx < S
+        ctx = is_ctx & (kv_idx < p)
+        kv_block = (kv_idx - S) // B
+        own = (~is_ctx) & (kv_block == q_block)
+        if sliding_window is not None:
+            q_pos = p + q_idx % B
+            ctx = ctx & (q_pos - kv_idx < sliding_window)
+            own = own & ((kv_idx - S) % B <= q_idx % B)
+        return (ctx | own) & anchor_valid[b, q_block]
+
+    return mask_mod
+
+
+_compiled_create_block_mask = None
+
+
+def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+                    sliding_window: int | None = None):
+    """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452).
+
+    On CUDA `create_block_mask` is compiled: uncompiled it materialises the dense mask (7 GB/step, speculators#731).
+    """
+    global _compiled_create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, N = anchors.shape
+    fn = create_block_mask
+    if anchors.device.type == "cuda":
+        if _compiled_create_block_mask is None:
+            _compiled_create_block_mask = torch.compile(create_block_mask)
+        fn = _compiled_create_block_mask
+    mod = flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=sliding_window)
+    return fn(mod, B=b, H=None, Q_LEN=N * block_size, KV_LEN=seq_len + N * block_size, device=anchors.device)
+
+
+def kv_length(seq_len: int, num_anchors: int, block_size: int) -> int:
+    return seq_len + num_anchors * block_size
+
+
+def padded_to(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)

@@ -1,0 +1,346 @@
+"""Every knob of a DFlash run as frozen, keyword-only dataclasses, validated when built.
+
+Two configs:
+- `DrafterConfig`: the draft model's shape, derived from the target's config (`DrafterConfig.from_target`), in the
+  field names of the exported `config.json` (section 4 of docs/dflash-method.md), so export is a plain dump.
+- `TrainConfig`: what to train on, how long, and how (data, shapes, optimiser, devices, logging).
+
+A bad value raises `ConfigError` at construction naming the field, the value and the fix. Derived values
+(default target layer ids, the loss decay gamma) are computed once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
+# Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
+KNOWN_MASK_TOKEN_IDS = {"qwen3": 151669, "qwen3_moe": 151669, "qwen3_5": 248070, "qwen3_next": 248070, "gpt_oss": 200000}
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the field, the value and the fix."""
+
+
+def _fail(cls: str, name: str, value: Any, why: str, fix: str) -> None:
+    raise ConfigError(f"{cls}.{name}={value!r} is invalid: {why}. Fix: {fix}.")
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ...]:
+    """DFlash rule: `num_features` ids evenly spaced from 1 to L-3, `round(1 + k*(L-4)/(n-1))`.
+
+    Id i means the OUTPUT of target decoder layer i (= HF `hidden_states[i + 1]`). Qwen3-8B (L=36, n=5) ->
+    (1, 9, 17, 25, 33). n = 1 -> (L // 2,).
+    """
+    if num_features == 1:
+        return (num_target_layers // 2,)
+    if num_target_layers < 4:
+        raise ConfigError(
+            f"num_target_layers={num_target_layers} is too small for the default layer-id rule (needs >= 4). "
+            "Fix: pass target_layer_ids explicitly."
+        )
+    span = num_target_layers - 4
+    return tuple(round(1 + k * span / (num_features - 1)) for k in range(num_features))
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay gamma: 7 for B=16, 5 for B=10, 4 for B=8 (paper); otherwise interpolated as B * 7/16."""
+    return DEFAULT_GAMMA.get(block_size, max(1.0, block_size * 7.0 / 16.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterConfig:
+    """Shape of the DFlash draft model. Field names follow the exported Qwen3-style `config.json`."""
+
+    hidden_size: int
+    """Drafter hidden size; must equal the target's (the fused context is added to the target's space)."""
+    target_hidden_size: int
+    """The target's hidden size, kept to check the drafter against it."""
+    intermediate_size: int
+    """SwiGLU MLP width of each draft layer (copied from the target by default)."""
+    num_hidden_layers: int = 5
+    """Number of draft decoder layers (paper: 5; 8 for some MoE targets)."""
+    num_attention_heads: int
+    """Query heads per draft layer."""
+    num_key_value_heads: int
+    """Key/value heads per draft layer (GQA)."""
+    head_dim: int
+    """Per-head dimension."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon, copied from the target."""
+    rope_theta: float = 1_000_000.0
+    """RoPE base, copied from the target."""
+    rope_scaling: dict | None = None
+    """RoPE scaling dict, copied from the target (None = plain RoPE)."""
+    max_position_embeddings: int = 40960
+    """Copied from the target."""
+    vocab_size: int
+    """The target's vocabulary size (embedding rows); the drafter has no embedding of its own."""
+    tie_word_embeddings: bool = False
+    """Whether the target ties its LM head to its embedding; the drafter uses the target's head either way."""
+    block_size: int = 16
+    """Tokens drafted per pass: the anchor plus block_size - 1 MASK slots."""
+    mask_token_id: int
+    """Reserved, unused row of the target's embedding used as MASK; never learned, never resized."""
+    num_target_layers: int
+    """Number of decoder layers of the target."""
+    target_layer_ids: tuple[int, ...]
+    """Target layers whose OUTPUT feeds the drafter (DFlash convention: id i = HF hidden_states[i + 1])."""
+    layer_types: tuple[str, ...] = ()
+    """Per draft layer: "full_attention" or "sliding_attention"; empty means all full attention."""
+    sliding_window: int | None = None
+    """Window of the sliding-attention layers (required if any layer slides)."""
+
+    def __post_init__(self) -> None:
+        c = "DrafterConfig"
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                _fail(c, name, v, "must be a positive integer", f"set {name} to a value >= 1")
+        if self.hidden_size != self.target_hidden_size:
+            _fail(c, "hidden_size", self.hidden_size,
+                  f"the drafter's hidden size must equal the target's hidden size ({self.target_hidden_size})",
+                  f"use hidden_size={self.target_hidden_size} (DrafterConfig.from_target does this)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail(c, "num_key_value_heads", self.num_key_value_heads,
+                  f"num_attention_heads={self.num_attention_heads} is not a multiple of it",
+                  "use a divisor of num_attention_heads")
+        if not isinstance(self.block_size, int) or self.block_size < 2:
+            _fail(c, "block_size", self.block_size, "a block needs the anchor plus at least one MASK slot",
+                  "use block_size >= 2 (16 is the paper's default; 10 and 8 are also used)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            _fail(c, "mask_token_id", self.mask_token_id,
+                  f"it is outside the target vocabulary [0, {self.vocab_size})",
+                  "pick a reserved, unused row of the target's embedding (Qwen3: 151669), never resize the vocab")
+        ids = tuple(self.target_layer_ids)
+        if not ids:
+            _fail(c, "target_layer_ids", ids, "at least one target layer is needed", "pass e.g. (1, 9, 17, 25, 33)")
+        bad = [i for i in ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            _fail(c, "target_layer_ids", ids,
+                  f"ids {bad} are out of range for a target with {self.num_target_layers} layers "
+                  f"(valid: 0..{self.num_target_layers - 1})",
+                  "use ids in range, or leave them unset for the default rule")
+        if len(set(ids)) != len(ids) or list(ids) != sorted(ids):
+            _fail(c, "target_layer_ids", ids, "ids must be strictly increasing and distinct",
+                  "sort them and drop duplicates")
+        object.__setattr__(self, "target_layer_ids", ids)
+        types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
+        for t in types:
+            if t not in LAYER_TYPES:
+                _fail(c, "layer_types", types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
+        if len(types) != self.num_hidden_layers:
+            _fail(c, "layer_types", types, f"it has {len(types)} entries for {self.num_hidden_layers} draft layers",
+                  "give one type per draft layer")
+        object.__setattr__(self, "layer_types", types)
+        if "sliding_attention" in types and (self.sliding_window is None or self.sliding_window < 1):
+            _fail(c, "sliding_window", self.sliding_window, "sliding_attention layers need a window",
+                  "set sliding_window, e.g. 2048")
+
+    @property
+    def num_target_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_target(cls, target_config: Any, *, num_draft_layers: int = 5, num_target_features: int = 5,
+                    target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
+                    mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
+                    sliding_window: int | None = None) -> "DrafterConfig":
+        """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        L = tc.num_hidden_layers
+        ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(L, num_target_features)
+        if mask_token_id is None:
+            mask_token_id = KNOWN_MASK_TOKEN_IDS.get(getattr(tc, "model_type", ""))
+            if mask_token_id is None or mask_token_id >= tc.vocab_size:
+                raise ConfigError(
+                    f"mask_token_id is not set and no default is known for model_type={tc.model_type!r} with "
+                    f"vocab_size={tc.vocab_size}. Fix: pass mask_token_id = a reserved, unused embedding row "
+                    "(e.g. the tokenizer's mask token or an unused special token).")
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        rope_params = getattr(tc, "rope_parameters", None) or {}
+        rope_theta = getattr(tc, "rope_theta", None) or rope_params.get("rope_theta", 10000.0)
+        rope_scaling = getattr(tc, "rope_scaling", None)
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = dict(rope_params)
+        return cls(
+            hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size,
+            intermediate_size=tc.intermediate_size, num_hidden_layers=num_draft_layers,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=head_dim, rms_norm_eps=tc.rms_norm_eps, rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling, max_position_embeddings=tc.max_position_embeddings,
+            vocab_size=tc.vocab_size, tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
+            block_size=block_size, mask_token_id=int(mask_token_id), num_target_layers=L, target_layer_ids=ids,
+            layer_types=tuple(layer_types), sliding_window=sliding_window,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run: target, data, shapes, optimiser, devices and logging."""
+
+    target: str = "tiny"
+    """Hugging Face id, local model directory, or "tiny" for the embedded default target."""
+    data: str = "tiny"
+    """Chat data file (JSONL/Parquet, OpenAI `messages` or ShareGPT), or "tiny" for the embedded chat set."""
+    run_name: str = "run"
+    """Short name used in the run directory `runs/<UTC stamp>-<run_name>-<id>/`."""
+    runs_dir: str = "runs"
+    """Where run directories are created."""
+    steps: int = 200
+    """Optimizer steps to train."""
+    seq_len: int = 256
+    """Fixed sequence length: samples are truncated / right-padded to it (paper: 3072)."""
+    batch_size: int = 4
+    """Sequences per optimizer step, summed over all drafter workers."""
+    block_size: int = 16
+    """Tokens drafted per pass (anchor + block_size - 1 MASK slots)."""
+    num_anchors: int = 32
+    """Anchors (blocks) sampled per sequence per step (paper: 512)."""
+    num_draft_layers: int = 5
+    """Draft decoder layers."""
+    num_target_features: int = 5
+    """How many target layers feed the drafter when target_layer_ids is not given."""
+    target_layer_ids: tuple[int, ...] | None = None
+    """Override of the default layer-id rule (DFlash convention: id i = output of target layer i)."""
+    mask_token_id: int | None = None
+    """Override of the MASK token; by default the tokenizer's mask token or the known id of the target family."""
+    layer_types: tuple[str, ...] = ()
+    """Per draft layer "full_attention"/"sliding_attention"; empty = all full."""
+    sliding_window: int | None = None
+    """Window for sliding-attention draft layers."""
+    lr: float = 6e-4
+    """Peak learning rate (paper: 6e-4)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (paper: 0)."""
+    warmup_ratio: float = 0.04
+    """Fraction of steps with linear warm-up before the cosine decay."""
+    min_lr_ratio: float = 0.0
+    """Cosine floor as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (paper: 1.0); 0 disables."""
+    gamma: float | None = None
+    """Loss decay w_k = exp(-(k-1)/gamma); None = 7 for B=16, 5 for B=10, 4 for B=8."""
+    loss_chunk_size: int = 4096
+    """Positions per chunk of the LM head + CE (never all N*B x vocab logits at once)."""
+    seed: int = 0
+    """Seed for init, shuffling and anchor sampling."""
+    devices: tuple[str, ...] = ("cpu",)
+    """Drafter workers' devices, e.g. ("cuda:0", "cuda:1"); each holds a drafter replica."""
+    target_devices: tuple[str, ...] | None = None
+    """Target replicas' devices; None = colocated with each drafter worker."""
+    dtype: str = "auto"
+    """Compute dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16" or "float32". Master weights are fp32."""
+    attention: str = "auto"
+    """Drafter attention: "flex" (BlockMask), "sdpa" (dense mask), or "auto" (flex on CUDA, sdpa on CPU)."""
+    compile_drafter: bool = False
+    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default)."""
+    cuda_graphs: bool = True
+    """Capture the drafter step as a CUDA graph on GPU workers (ignored on CPU)."""
+    log_every: int = 10
+    """Write metrics.jsonl every N steps."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Rotation: keep the last K checkpoints (plus the best)."""
+    eval_every: int = 0
+    """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
+    resume_from: str | None = None
+    """Run directory or checkpoint to continue from exactly."""
+
+    def __post_init__(self) -> None:
+        c = "TrainConfig"
+        ints = {"steps": 1, "seq_len": 8, "batch_size": 1, "block_size": 2, "num_anchors": 1,
+                "num_draft_layers": 1, "num_target_features": 1, "loss_chunk_size": 1, "log_every": 1,
+                "keep_checkpoints": 1}
+        fixes = {"block_size": "use block_size >= 2 (16 is the paper's default)",
+                 "num_anchors": "use num_anchors >= 1 (paper: 512)", "steps": "use steps >= 1"}
+        for name, lo in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                _fail(c, name, v, f"must be an integer >= {lo}", fixes.get(name, f"set {name} >= {lo}"))
+        for name in ("checkpoint_every", "eval_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                _fail(c, name, v, "must be an integer >= 0", f"set {name} to 0 (off) or a positive interval")
+        if self.seq_len < 2 * self.block_size:
+            _fail(c, "seq_len", self.seq_len, f"it must hold at least two blocks (2 * block_size = "
+                  f"{2 * self.block_size})", f"use seq_len >= {2 * self.block_size}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            _fail(c, "lr", self.lr, "must be a positive finite number", "use e.g. 6e-4")
+        if not 0 <= self.warmup_ratio < 1:
+            _fail(c, "warmup_ratio", self.warmup_ratio, "must be in [0, 1)", "use e.g. 0.04")
+        if not 0 <= self.min_lr_ratio <= 1:
+            _fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "use 0.0 for a full cosine decay")
+        if self.grad_clip < 0:
+            _fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
+        if self.gamma is not None and self.gamma <= 0:
+            _fail(c, "gamma", self.gamma, "must be > 0", "leave it None for the paper's value")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            _fail(c, "dtype", self.dtype, "unknown dtype", 'use "auto", "bfloat16" or "float32"')
+        if self.attention not in ATTENTION_BACKENDS:
+            _fail(c, "attention", self.attention, "unknown attention backend", f"use one of {ATTENTION_BACKENDS}")
+        for t in self.layer_types:
+            if t not in LAYER_TYPES:
+                _fail(c, "layer_types", self.layer_types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
+        if self.layer_types and len(self.layer_types) != self.num_draft_layers:
+            _fail(c, "layer_types", self.layer_types,
+                  f"{len(self.layer_types)} entries for {self.num_draft_layers} draft layers",
+                  "give one type per draft layer or leave it empty")
+        if isinstance(self.devices, str) or not self.devices:
+            _fail(c, "devices", self.devices, "must be a non-empty tuple of device names",
+                  'use e.g. ("cpu",) or ("cuda:0", "cuda:1")')
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if self.target_devices is not None:
+            object.__setattr__(self, "target_devices", tuple(self.target_devices))
+        if self.target_layer_ids is not None:
+            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        if self.batch_size % len(self.devices):
+            _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
+                  f"use a multiple of {len(self.devices)}")
+
+    @property
+    def resolved_gamma(self) -> float:
+        return self.gamma if self.gamma is not None else default_gamma(self.block_size)
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(round(self.warmup_ratio * self.steps))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"TrainConfig got unknown fields {unknown}. Fix: remove them or check the spelling "
+                              f"(known fields: {sorted(known)}).")
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "TrainConfig":
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file {p} does not exist. Fix: pass the config.json of a run directory.")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

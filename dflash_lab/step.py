@@ -1,0 +1,126 @@
+"""The DFlash loss and one training step as plain functions.
+
+    batch -> target features -> drafter forward -> chunked LM head + decayed CE -> backward -> clip -> AdamW -> stats
+
+The frozen LM head is applied in chunks of `chunk_size` positions with a hand-written autograd function: each chunk's
+logits exist only inside the loop, and the gradient w.r.t. the drafter's hidden states ((softmax - onehot) * w) @ W
+is computed right there, so the head costs 2x its forward FLOPs and never a (positions x vocab) tensor or a weight
+gradient. Only positions that carry loss go through the head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .blocks import BlockBatch, dense_mask, flex_block_mask
+
+
+class ChunkedHeadCE(torch.autograd.Function):
+    """sum_i w_i * CE(h_i @ W^T, y_i) over rows, in chunks; returns (loss, argmax per row). W gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, weights, chunk_size: int):
+        # hidden (M, H) compute dtype; weight (V, H) frozen; labels (M,) long; weights (M,) fp32 (already normalised)
+        M = hidden.shape[0]
+        grad = torch.empty_like(hidden)
+        preds = torch.empty(M, dtype=torch.long, device=hidden.device)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, M, chunk_size):
+            h = hidden[start:start + chunk_size]
+            y = labels[start:start + chunk_size]
+            w = weights[start:start + chunk_size]
+            logits = (h @ weight.t()).float()  # (c, V): the only logits alive at once
+            lse = torch.logsumexp(logits, dim=-1)
+            target_logit = logits.gather(1, y[:, None]).squeeze(1)
+            loss = loss + ((lse - target_logit) * w).sum()
+            preds[start:start + chunk_size] = logits.argmax(-1)
+            probs = torch.exp(logits - lse[:, None])  # softmax, reusing the chunk's logits buffer size
+            probs.scatter_add_(1, y[:, None], -torch.ones_like(target_logit)[:, None])
+            probs.mul_(w[:, None])
+            grad[start:start + chunk_size] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(preds)
+        return loss, preds
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_preds):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None
+
+
+def chunked_head_ce(hidden, weight, labels, weights, chunk_size: int = 4096):
+    return ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size)
+
+
+@dataclass
+class DraftInputs:
+    """Per-device tensors for one drafter forward: block batch + the masks for each layer type."""
+
+    batch: BlockBatch
+    masks: dict
+    context_position_ids: torch.Tensor  # (1, S)
+
+
+def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: tuple[str, ...],
+                sliding_window: int | None) -> dict:
+    """{"full_attention": mask, "sliding_attention": mask} as dense bool (sdpa) or BlockMask (flex)."""
+    make = dense_mask if backend == "sdpa" else flex_block_mask
+    masks = {}
+    for t in set(layer_types):
+        window = sliding_window if t == "sliding_attention" else None
+        masks[t] = make(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
+                        sliding_window=window)
+    return masks
+
+
+def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
+                 inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, dict]:
+    """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside."""
+    bb = inputs.batch
+    b, Q = bb.draft_ids.shape
+    with torch.no_grad():
+        draft_embeds = embed(bb.draft_ids)  # (b, Q, H) frozen target embedding; MASK is a reserved existing row
+    hidden = drafter(features, draft_embeds, bb.position_ids, inputs.context_position_ids, inputs.masks)  # (b, Q, H)
+    flat_w = bb.loss_weights.flatten()
+    # Only positions with loss go through the head. A fixed-size selection keeps shapes static for CUDA graphs:
+    # slot 0 of every block never carries loss, so take slots 1..B-1 of every block.
+    B = bb.block_size
+    h = hidden.view(b, -1, B, hidden.shape[-1])[:, :, 1:].reshape(-1, hidden.shape[-1])  # (b*N*(B-1), H)
+    y = bb.labels.view(b, -1, B)[:, :, 1:].reshape(-1)
+    w = flat_w.view(b, -1, B)[:, :, 1:].reshape(-1)
+    loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
+    correct = (preds == y).view(b, -1, B - 1)  # (b, N, B-1)
+    has_loss = (w > 0).view(b, -1, B - 1)
+    return loss, {"correct": correct, "has_loss": has_loss}
+
+
+def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
+    """Per-slot accuracy and simulated acceptance length from (b, N, B-1) correctness of supervised slots.
+
+    Simulated tau per block = 1 + number of leading slots predicted right (a wrong or unsupervised slot ends the
+    run), averaged over blocks whose first slot is supervised. Training accuracy is NOT acceptance: only real
+    speculative decoding (speculative.py) is trusted.
+    """
+    c = (correct & has_loss).flatten(0, 1).float()  # (blocks, B-1)
+    h = has_loss.flatten(0, 1).float()
+    per_slot_acc = c.sum(0) / h.sum(0).clamp(min=1)
+    scored = h[:, 0] > 0
+    leading = torch.cumprod(c, dim=1).sum(1)
+    sim_tau = (1 + leading[scored]).mean() if scored.any() else torch.tensor(1.0)
+    return {"slot_acc": per_slot_acc, "sim_tau": sim_tau, "acc": c.sum() / h.sum().clamp(min=1)}
+
+
+def train_step(drafter, optimizer, extractor, embed, head_weight, inputs: DraftInputs, *, lr: float,
+               grad_clip: float, chunk_size: int) -> dict:
+    """One optimizer step on one device, as a plain function (the engine runs the same pieces across workers).
+
+    Returns tensors (loss, grad_norm, slot_acc, sim_tau, acc); reading them with .item() syncs the device.
+    """
+    features = extractor(inputs.batch.input_ids)  # (b, S, n*H) no grad, layers above max(ids) never run
+    optimizer.zero_grad()
+    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size)
+    loss.backward()
+    grad_norm = optimizer.step(lr, grad_clip)
+    return {"loss": loss.detach(), "grad_norm": grad_norm, **block_stats(raw["correct"], raw["has_loss"])}
