@@ -1,6 +1,6 @@
 # dflash-lab: `make demo` trains a drafter on the embedded tiny target; `make test` runs the tests.
 # Both create the environment in .venv on first use (Python 3.11 + pip only).
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
