@@ -3,9 +3,9 @@
 The library is headless (torch + transformers only); the Jupyter layer lives in `widgets/`.
 """
 
-from .config import ConfigError, DrafterConfig, TrainConfig, default_target_layer_ids
+from .config import ConfigError, DrafterConfig, TrainConfig, default_target_layer_ids, devices_for
 
-__all__ = ["ConfigError", "DrafterConfig", "TrainConfig", "default_target_layer_ids", "Trainer"]
+__all__ = ["ConfigError", "DrafterConfig", "TrainConfig", "default_target_layer_ids", "devices_for", "Trainer"]
 __version__ = "0.1.0"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +344,18 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def devices_for(gpus) -> tuple[str, ...]:
+    """Notebook helper: [] / None -> ("cpu",); [0, 1] -> ("cuda:0", "cuda:1"); strings pass through."""
+    if not gpus:
+        return ("cpu",)
+    if isinstance(gpus, (int, str)):
+        gpus = [gpus]
+    out = []
+    for g in gpus:
+        if isinstance(g, bool) or not isinstance(g, (int, str)):
+            raise ConfigError(f"gpus={gpus!r}: entries must be CUDA ordinals (0, 1, ...) or device names. "
+                              'Fix: e.g. gpus = [0, 1] or gpus = ["cuda:0"].')
+        out.append(f"cuda:{g}" if isinstance(g, int) else g)
+    return tuple(out)

@@ -238,6 +238,24 @@ class Trainer:
         tmp.replace(path)
         return path
 
+    def finish(self) -> dict:
+        """End of a run: save the drafter, plot the curves, copy the executed notebook; returns a summary."""
+        summary = {"steps": self.step_count, "run_dir": str(self.run_dir) if self.run_dir else None}
+        hist = [r for r in self.history if "loss" in r]
+        if hist:
+            summary.update(loss_first=hist[0]["loss"], loss_last=hist[-1]["loss"], sim_tau_last=hist[-1]["sim_tau"],
+                           steady_tokens_per_s=self.throughput.steady_tps)
+        if self.run_dir:
+            from .plots import plot_training
+
+            summary["drafter"] = str(self.save_drafter())
+            png = plot_training(self.run_dir)
+            summary["plot"] = str(png) if png else None
+            nb = rundir.save_executed_notebook(self.run_dir)
+            summary["notebook"] = str(nb) if nb else None
+            rundir.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
     def close(self) -> None:
         self.engine.shutdown()
         self.metrics.close()

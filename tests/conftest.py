@@ -1,0 +1,34 @@
+"""Shared test setup: CPU threads, the `gpu` marker skip, tiny random Qwen3 models for unit tests."""
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "2")))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (CUDA not available on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_tiny_qwen3(*, tie: bool = True, layers: int = 8, hidden: int = 64, vocab: int = 256, seed: int = 0,
+                    layer_types=None, sliding_window=None):
+    """A random-initialised Qwen3 for unit tests (not the trained embedded default)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      max_position_embeddings=512, tie_word_embeddings=tie)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def tiny_qwen3():
+    return make_tiny_qwen3()

@@ -1,0 +1,79 @@
+"""Config validation: every bad value raises at construction, naming the field, the value and the fix."""
+
+import pytest
+
+from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig, default_target_layer_ids, devices_for
+from tests.conftest import make_tiny_qwen3
+
+
+def test_layer_id_rule_qwen3_8b():
+    assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)
+    assert default_target_layer_ids(8, 5) == (1, 2, 3, 4, 5)
+    assert default_target_layer_ids(36, 1) == (18,)
+    assert default_target_layer_ids(64, 5) == (1, 16, 31, 46, 61)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("block_size", 1, "block_size >= 2"),
+    ("num_anchors", 0, "num_anchors >= 1"),
+    ("steps", 0, "steps >= 1"),
+    ("layer_types", ("full_attention", "banana"), "unknown layer type 'banana'"),
+    ("lr", -1.0, "positive"),
+    ("devices", (), "non-empty"),
+])
+def test_train_config_rejects(field, value, needle):
+    kw = {field: value}
+    if field == "layer_types":
+        kw["num_draft_layers"] = 2
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**kw)
+    msg = str(e.value)
+    assert f"TrainConfig.{field}" in msg and needle in msg and "Fix:" in msg
+
+
+def _dc(**over):
+    cfg = make_tiny_qwen3().config
+    kw = dict(num_draft_layers=2, block_size=8, mask_token_id=255)
+    kw.update(over)
+    return DrafterConfig.from_target(cfg, **kw)
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"block_size": 1}, "DrafterConfig.block_size=1"),
+    ({"mask_token_id": 256}, "outside the target vocabulary [0, 256)"),
+    ({"target_layer_ids": (1, 8)}, "out of range for a target with 8 layers"),
+    ({"layer_types": ("full_attention", "global")}, "unknown layer type 'global'"),
+    ({"layer_types": ("sliding_attention", "full_attention")}, "need a window"),
+])
+def test_drafter_config_rejects(over, needle):
+    with pytest.raises(ConfigError, match="Fix:") as e:
+        _dc(**over)
+    assert needle in str(e.value)
+
+
+def test_drafter_hidden_size_must_match_target():
+    good = _dc()
+    with pytest.raises(ConfigError) as e:
+        DrafterConfig(**{**good.to_dict(), "hidden_size": 32})
+    assert "hidden_size=32" in str(e.value) and "(64)" in str(e.value)
+
+
+def test_from_target_copies_shape_and_override():
+    dc = _dc(target_layer_ids=(0, 3, 6))
+    assert dc.target_layer_ids == (0, 3, 6) and dc.hidden_size == 64 and dc.num_key_value_heads == 2
+    assert dc.tie_word_embeddings is True and dc.vocab_size == 256 and dc.layer_types == ("full_attention",) * 2
+
+
+def test_round_trip_json(tmp_path):
+    cfg = TrainConfig(steps=7, devices=("cpu",), layer_types=("full_attention",) * 5)
+    cfg.to_json(tmp_path / "c.json")
+    assert TrainConfig.from_json(tmp_path / "c.json") == cfg
+    with pytest.raises(ConfigError, match="unknown fields"):
+        TrainConfig.from_dict({"stepz": 3})
+
+
+def test_devices_for():
+    assert devices_for([]) == ("cpu",)
+    assert devices_for([0, 1]) == ("cuda:0", "cuda:1")
+    with pytest.raises(ConfigError):
+        devices_for([1.5])
