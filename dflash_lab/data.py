@@ -1,136 +1,327 @@
 """Chat data -> token ids + assistant-only loss masks -> fixed-shape batches with per-step anchors.
 
-Conversations are rendered with the TARGET tokenizer's chat template (the one that will be served). The loss mask
-is 1 exactly on tokens produced by the assistant: spans are found by rendering the conversation and locating each
-assistant message's content in the rendered text (character offsets -> token offsets), so it stays exact for
-multi-turn chats. Samples with fewer than 2 * block_size supervised tokens are dropped and counted.
+Conversations are rendered with the TARGET tokenizer's chat template (the one that will be served), in the thinking
+mode that will be served (`enable_thinking`, passed to templates that know it). The loss mask is 1 exactly on the
+tokens the assistant produces when served: for each assistant turn k, the supervised span starts where the rendered
+conversation stops agreeing with the serving prompt `render(messages[:k], add_generation_prompt=True)` (so a
+pre-filled empty `<think></think>` of thinking-off mode is NOT supervised) and ends after the template's end-of-turn
+token (e.g. `<|im_end|>`, inferred from the template). Spans are found in the rendering of the WHOLE conversation, so
+templates that rewrite earlier turns (Qwen3 drops earlier `<think>` blocks) stay exact. Templates with
+`{% generation %}` markers can be used instead through mask_method="generation" (HF's assistant mask).
 
-Batches are a pure function of (seed, step): the epoch order is a seeded permutation, and anchors are drawn from a
-generator seeded with (seed, step). Resuming at step k therefore reproduces the exact batches of an uninterrupted run.
+Samples with fewer than 2 * block_size supervised tokens after truncation to seq_len are dropped; every drop and every
+skipped record is counted in the `DataReport`.
+
+Batches are a pure function of (seed, step): the epoch order is a seeded permutation per epoch, and anchors are drawn
+from a generator seeded with (seed, step), so they are resampled every epoch and resuming at step k reproduces the
+exact batches of an uninterrupted run. Each epoch uses len(data) // batch_size full batches; the up to batch_size - 1
+left-over samples differ from epoch to epoch.
 """
 
 from __future__ import annotations
 
-import json
+import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .blocks import build_block_batch, raw_weight_total, sample_anchors
+from .chat_formats import (ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data)
 
+MASK_METHODS = ("render", "generation")
+_PROBE = "dflash probe answer 7291"
 
-class DataError(ValueError):
-    pass
+__all__ = ["DataError", "DataReport", "TokenizedData", "BatchSampler", "ChatTemplate", "resolve_data_path",
+           "read_conversations", "tokenize_conversation", "tokenize_dataset", "load_dataset"]
 
 
 def resolve_data_path(data: str) -> Path:
+    """"tiny" -> the embedded chat set; else an existing file or directory."""
     if data == "tiny":
         from .tiny import tiny_data_path
 
         return tiny_data_path()
     p = Path(data).expanduser()
-    if not p.is_file():
-        raise DataError(f"data file {p} does not exist. Expected a JSONL file with one conversation per line, "
-                        'e.g. {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", ...}]}.')
+    if not p.exists():
+        raise DataError(f"data path {p} does not exist. Expected a JSONL/JSON/Parquet file or a `datasets` directory "
+                        'with one conversation per record, e.g. {"messages": [{"role": "user", "content": "..."}, '
+                        '{"role": "assistant", "content": "..."}]}.')
     return p
 
 
-def read_conversations(path: Path) -> list[list[dict]]:
-    """OpenAI `messages` JSONL. A malformed line raises naming the file and line number."""
-    convs = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+def read_conversations(path: str | Path, *, data_format: str = "auto", on_error: str = "skip",
+                       split: str | None = None) -> ChatData:
+    """Read a data file (OpenAI messages or ShareGPT; JSONL, JSON, Parquet or `datasets` dir) -> ChatData.
+    Iterating it gives message lists; `.report` counts everything skipped (see chat_formats)."""
+    return read_chat_data(path, data_format=data_format, on_error=on_error, split=split)
+
+
+def _template_source(tokenizer) -> str:
+    t = getattr(tokenizer, "chat_template", None)
+    if isinstance(t, dict):
+        t = t.get("default") or next(iter(t.values()), None)
+    return t or ""
+
+
+class ChatTemplate:
+    """The target tokenizer's chat template, checked once: thinking switch, end-of-turn marker, special tokens."""
+
+    def __init__(self, tokenizer, *, enable_thinking: bool | None = None):
+        src = _template_source(tokenizer)
+        name = getattr(tokenizer, "name_or_path", "?")
+        if not src:
+            raise DataError(f"tokenizer {name} has no chat template, so conversations cannot be rendered the way the "
+                            "target is served. Fix: use the chat/instruct model's tokenizer, or set "
+                            "tokenizer.chat_template to the template you serve with.")
+        if not getattr(tokenizer, "is_fast", False):
+            raise DataError(f"tokenizer {name} is a slow (Python) tokenizer; exact loss masks need token offsets. "
+                            "Fix: load it with use_fast=True (a tokenizer.json must exist).")
+        self.supports_thinking = "enable_thinking" in src
+        if enable_thinking is not None and not self.supports_thinking:
+            raise DataError(f"enable_thinking={enable_thinking} but the chat template of {name} has no thinking "
+                            "switch (it never reads `enable_thinking`). Fix: leave enable_thinking=None.")
+        self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
+        self.kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        self.has_generation_markers = bool(re.search(r"{%-?\s*generation\s*-?%}", src))
+        # Added special tokens delimit turns (searched after an answer to find its end-of-turn token); the named
+        # special tokens (eos, pad, mask, im_start, ...) plus the end-of-turn token must never occur in message text.
+        # Tokens like <think> may be "special" in some tokenizers but are legitimate content, so they are allowed.
+        added = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", 0)}
+        named = set(getattr(tokenizer, "all_special_tokens", []))
+        self._special_re = _alternation(added | named)
+        self.end_of_turn = self._infer_end_of_turn()
+        self.forbidden_tokens = sorted((named | {self.end_of_turn}) - {None, ""})
+        self._forbidden_re = _alternation(set(self.forbidden_tokens))
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  **self.kwargs)
+
+    def _infer_end_of_turn(self) -> str | None:
+        """The special token right after an assistant message's text (e.g. <|im_end|>, <|eot_id|>, </s>)."""
+        text = self.render([{"role": "user", "content": "Hello"}, {"role": "assistant", "content": _PROBE}])
+        at = text.find(_PROBE)
+        if at < 0 or self._special_re is None:
+            return None
+        m = self._special_re.search(text, at + len(_PROBE))
+        if m and not text[at + len(_PROBE):m.start()].strip():
+            return m.group(0)
+        return None
+
+    def check_content(self, messages: list[dict]) -> None:
+        if self._forbidden_re is None:
+            return
+        for k, m in enumerate(messages):
+            for key in ("content", "reasoning_content"):
+                hit = self._forbidden_re.search(m.get(key) or "")
+                if hit:
+                    raise RecordIssue("special_token_in_content",
+                                      f"message {k} ({m['role']}) contains the special token {hit.group(0)!r}")
+
+    def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], int]:
+        """(rendered text, character spans the assistant produces, number of final turns that do not continue the
+        serving prompt). Raises RecordIssue("template_mismatch") if an assistant turn cannot be located."""
+        self.check_content(messages)
+        text = self.render(messages)
+        spans, mismatched = [], 0
+        last_user = max((k for k, m in enumerate(messages) if m["role"] != "assistant"), default=-1)
+        prev_end = 0
+        for k, m in enumerate(messages):
+            if m["role"] != "assistant":
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Fix or remove that line.") from e
-            msgs = obj.get("messages") if isinstance(obj, dict) else None
-            if not isinstance(msgs, list) or not msgs:
-                raise DataError(f"{path}:{lineno}: expected an object with a non-empty 'messages' list.")
-            convs.append(msgs)
-    if not convs:
-        raise DataError(f"{path} holds no conversations. Expected one JSON object per line.")
-    return convs
+            prompt = self.render(messages[:k], add_generation_prompt=True)
+            start = _common_prefix_len(prompt, text)
+            if start < prev_end:
+                raise RecordIssue("template_mismatch", f"assistant message {k}: the serving prompt and the rendered "
+                                                       "conversation disagree before the previous assistant turn ends")
+            if k > last_user and start < len(prompt):
+                mismatched += 1  # e.g. data with reasoning while thinking is off: the prompt pre-fills an empty block
+            answer = m["content"].split("</think>")[-1].strip()
+            at = text.find(answer, start) if answer else start
+            if at < 0:
+                raise RecordIssue("template_mismatch", f"assistant message {k}: its text {answer[:40]!r} is not in "
+                                                       "the rendered conversation after its prompt")
+            end = at + len(answer)
+            if self.end_of_turn is not None:
+                nxt = self._special_re.search(text, end)
+                if nxt is None or nxt.group(0) != self.end_of_turn:
+                    found = nxt.group(0) if nxt else "end of text"
+                    raise RecordIssue("template_mismatch", f"assistant message {k}: expected the end-of-turn token "
+                                                           f"{self.end_of_turn!r} after its text, found {found!r}")
+                end = nxt.end()
+            spans.append((start, end))
+            prev_end = end
+        return text, spans, mismatched
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], *, enable_thinking: bool | None = None) -> tuple[list[int], list[int]]:
-    """Render with the chat template; return (input_ids, loss_mask) with 1 on assistant content tokens and on the
-    assistant's end-of-turn token (the drafter must learn to predict where a turn ends)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat template. Fix: use a "
-                        "chat/instruct model or set tokenizer.chat_template.")
-    kw = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **kw)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    spans = []
-    cursor = 0
-    for m in messages:
-        content = m.get("content") or ""
-        if not content:
-            continue
-        at = text.find(content, cursor)
-        if at < 0:  # template rewrote this message (e.g. dropped earlier reasoning): find its final answer part
-            tail = content.split("</think>")[-1].strip()
-            at = text.find(tail, cursor) if tail else -1
-            content = tail
-        if at < 0:
-            continue
-        if m.get("role") == "assistant":
-            end = at + len(content)
-            eot = getattr(tokenizer, "eos_token", None)
-            for marker in ("<|im_end|>", eot):
-                if marker and text.startswith(marker, end):
-                    end += len(marker)
-                    break
-            spans.append((at, end))
-        cursor = at + len(content)
-    mask = [0] * len(ids)
-    for i, (s, e) in enumerate(offsets):
-        if e > s and any(s >= a and e <= b for a, b in spans):
-            mask[i] = 1
+def _alternation(tokens: set[str]):
+    tokens = sorted(t for t in tokens if t)
+    return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on the first differing character
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _span_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 on tokens whose characters overlap a span (a token straddling a span edge counts, as in HF's mask)."""
+    s, e = offsets[:, 0], offsets[:, 1]
+    mask = np.zeros(len(offsets), dtype=bool)
+    for a, b in spans:
+        mask |= (s < b) & (e > a) & (e > s)
+    return mask
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], *, enable_thinking: bool | None = None,
+                          mask_method: str = "render", template: ChatTemplate | None = None
+                          ) -> tuple[list[int], list[int]]:
+    """Render one conversation; return (input_ids, loss_mask) with 1 exactly on assistant-produced tokens
+    (content + end-of-turn token). Raises DataError (with the reason) if the conversation is unusable."""
+    tmpl = template or ChatTemplate(tokenizer, enable_thinking=enable_thinking)
+    try:
+        msgs = from_messages([messages], on_error="raise").conversations[0].messages
+        ids, mask = _encode(tmpl, msgs, mask_method)
+    except RecordIssue as issue:
+        raise DataError(f"{issue.detail} [{issue.reason}]") from None
     return ids, mask
+
+
+def _encode(tmpl: ChatTemplate, messages: list[dict], mask_method: str) -> tuple[list[int], list[int]]:
+    if mask_method == "generation":
+        tmpl.check_content(messages)
+        enc = tmpl.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                                 return_assistant_tokens_mask=True, **tmpl.kwargs)
+        return list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
+    text, spans, _ = tmpl.assistant_spans(messages)
+    enc = tmpl.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), _span_mask(np.asarray(enc["offset_mapping"]).reshape(-1, 2), spans).astype(int).tolist()
 
 
 @dataclass
 class TokenizedData:
-    input_ids: torch.Tensor  # (n, S) long, right-padded with pad_id
-    loss_mask: torch.Tensor  # (n, S) bool
-    lengths: torch.Tensor  # (n,) long
-    report: dict = field(default_factory=dict)
+    input_ids: torch.Tensor  # (n, S) int32, right-padded with pad_id (batches are converted to int64)
+    loss_mask: torch.Tensor  # (n, S) bool, True on assistant-produced tokens
+    lengths: torch.Tensor  # (n,) long, real tokens per row
+    report: DataReport = field(default_factory=DataReport)
+    sample_ids: list[str] = field(default_factory=list)  # id of each row ("train.jsonl:17" or the record's "id")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
 
-def tokenize_dataset(tokenizer, conversations: list[list[dict]], *, seq_len: int, block_size: int,
-                     enable_thinking: bool | None = None) -> TokenizedData:
-    """Tokenize, truncate to seq_len, right-pad, drop samples with < 2 * block_size supervised tokens (counted)."""
+def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int, enable_thinking: bool | None = None,
+                     mask_method: str = "render", on_error: str = "skip", log=None,
+                     progress_every_s: float = 10.0) -> TokenizedData:
+    """Tokenize with the chat template, mask, truncate to seq_len, right-pad, drop samples with < 2 * block_size
+    supervised tokens. `conversations`: a ChatData (from read_conversations) or a list of OpenAI message lists."""
+    if mask_method not in MASK_METHODS:
+        raise DataError(f"mask_method={mask_method!r} is unknown. Fix: use one of {MASK_METHODS}.")
+    chat = conversations if isinstance(conversations, ChatData) else from_messages(conversations, on_error=on_error)
+    tmpl = ChatTemplate(tokenizer, enable_thinking=enable_thinking)
+    if mask_method == "generation" and not tmpl.has_generation_markers:
+        raise DataError("mask_method='generation' needs {% generation %} markers in the chat template, and this "
+                        "template has none. Fix: use mask_method='render' (works with any template).")
+    report = DataReport(chat.report)
+    report["skipped"], report["examples"] = dict(report["skipped"]), {k: list(v) for k, v in report["examples"].items()}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rows, masks, lengths = [], [], []
-    dropped_short, truncated = 0, 0
-    for msgs in conversations:
-        ids, mask = tokenize_conversation(tokenizer, msgs, enable_thinking=enable_thinking)
-        if len(ids) > seq_len:
-            truncated += 1
-            ids, mask = ids[:seq_len], mask[:seq_len]
-        if sum(mask) < 2 * block_size:
-            dropped_short += 1
-            continue
-        n = len(ids)
-        rows.append(ids + [pad_id] * (seq_len - n))
-        masks.append(mask + [0] * (seq_len - n))
-        lengths.append(n)
-    report = {"conversations": len(conversations), "kept": len(rows), "dropped_short": dropped_short,
-              "truncated": truncated, "min_supervised_tokens": 2 * block_size}
-    if not rows:
-        raise DataError(f"no sample has >= {2 * block_size} supervised tokens after truncation to seq_len={seq_len} "
-                        f"({report}). Fix: raise seq_len or use data with longer assistant answers.")
-    return TokenizedData(torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.bool),
-                         torch.tensor(lengths, dtype=torch.long), report)
+    min_sup = 2 * block_size
+    n_conv = len(chat)
+    ids_out = np.full((n_conv, seq_len), pad_id, dtype=np.int32)
+    mask_out = np.zeros((n_conv, seq_len), dtype=bool)
+    lengths, sample_ids = [], []
+    dropped_short = truncated = tokens = supervised = mismatched = 0
+    t0 = last = time.monotonic()
+    chunk = 512
+    for c0 in range(0, n_conv, chunk):
+        texts, spans_of, convs = [], [], []
+        for conv in chat.conversations[c0:c0 + chunk]:
+            try:
+                if mask_method == "generation":
+                    ids, m = _encode(tmpl, conv.messages, "generation")
+                    texts.append(None)
+                    spans_of.append((ids, m))
+                else:
+                    text, spans, mis = tmpl.assistant_spans(conv.messages)
+                    mismatched += mis
+                    texts.append(text)
+                    spans_of.append(spans)
+            except RecordIssue as issue:
+                if on_error == "raise":
+                    raise DataError(f"{conv.source}: {issue.detail} [{issue.reason}]. Fix or remove that record, or "
+                                    "pass on_error='skip'.") from None
+                report.skip(issue.reason, conv.source, issue.detail)
+                continue
+            convs.append(conv)
+        if mask_method == "render" and texts:
+            enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+            encoded = [(ids, _span_mask(np.asarray(off, dtype=np.int64).reshape(-1, 2), spans))
+                       for ids, off, spans in zip(enc["input_ids"], enc["offset_mapping"], spans_of)]
+        else:
+            encoded = [(ids, np.asarray(m, dtype=bool)) for ids, m in spans_of]
+        for conv, (ids, m) in zip(convs, encoded):
+            if len(ids) > seq_len:
+                truncated += 1
+                ids, m = ids[:seq_len], m[:seq_len]
+            n_sup = int(m.sum())
+            if n_sup < min_sup:
+                dropped_short += 1
+                report.skip("too_short", conv.source, f"{n_sup} supervised tokens < {min_sup} (length {len(ids)})")
+                continue
+            r = len(lengths)
+            ids_out[r, :len(ids)] = ids
+            mask_out[r, :len(ids)] = m
+            lengths.append(len(ids))
+            sample_ids.append(conv.id)
+            tokens += len(ids)
+            supervised += n_sup
+        now = time.monotonic()
+        if log is not None and now - last >= progress_every_s:
+            last = now
+            done = min(c0 + chunk, n_conv)
+            log(f"tokenizing: {done}/{n_conv} conversations | {done / (now - t0):.0f}/s | "
+                f"ETA {(n_conv - done) * (now - t0) / done:.0f}s")
+    kept = len(lengths)
+    report.update(kept=kept, dropped_short=dropped_short, truncated=truncated, seq_len=seq_len, block_size=block_size,
+                  min_supervised_tokens=min_sup, tokens=tokens, supervised_tokens=supervised,
+                  padded_tokens=kept * seq_len, max_length=max(lengths, default=0),
+                  mean_length=tokens / kept if kept else 0.0, enable_thinking=enable_thinking, mask_method=mask_method,
+                  end_of_turn=tmpl.end_of_turn, pad_id=pad_id, warnings=list(report.get("warnings", [])))
+    if mismatched:
+        report["warnings"].append(
+            f"{mismatched} final assistant turns do not continue the serving prompt (enable_thinking="
+            f"{enable_thinking}); the data was probably generated in another thinking mode. Regenerate it with the "
+            "target in the mode you will serve.")
+    if tmpl.end_of_turn is None:
+        report["warnings"].append("the chat template emits no special end-of-turn token after an assistant message; "
+                                  "supervised spans end at the message text.")
+    if not kept:
+        raise DataError(f"no sample has >= {min_sup} supervised tokens after truncation to seq_len={seq_len}.\n"
+                        f"{report}\nFix: raise seq_len, lower block_size, or use data with longer assistant answers.")
+    return TokenizedData(torch.from_numpy(ids_out[:kept].copy()), torch.from_numpy(mask_out[:kept].copy()),
+                         torch.tensor(lengths, dtype=torch.long), report, sample_ids)
+
+
+def load_dataset(tokenizer, data: str, *, seq_len: int, block_size: int, enable_thinking: bool | None = None,
+                 data_format: str = "auto", on_error: str = "skip", mask_method: str = "render",
+                 log=None) -> TokenizedData:
+    """read_conversations + tokenize_dataset for a TrainConfig-style `data` string ("tiny" or a path)."""
+    chat = read_conversations(resolve_data_path(data), data_format=data_format, on_error=on_error)
+    return tokenize_dataset(tokenizer, chat, seq_len=seq_len, block_size=block_size, enable_thinking=enable_thinking,
+                            mask_method=mask_method, on_error=on_error, log=log)
 
 
 class BatchSampler:
@@ -138,29 +329,62 @@ class BatchSampler:
 
     def __init__(self, data: TokenizedData, *, batch_size: int, num_anchors: int, block_size: int,
                  mask_token_id: int, gamma: float, seed: int):
+        if len(data) < batch_size:
+            raise DataError(f"only {len(data)} samples survived filtering, fewer than batch_size={batch_size}. "
+                            "Fix: lower batch_size, or add data (see the data report for what was dropped).")
         self.data = data
         self.batch_size, self.num_anchors, self.block_size = batch_size, num_anchors, block_size
         self.mask_token_id, self.gamma, self.seed = mask_token_id, gamma, seed
-        self.steps_per_epoch = max(1, len(data) // batch_size)
+        self.steps_per_epoch = len(data) // batch_size
         self._perm_epoch, self._perm = -1, None
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, batch index within the epoch) of a global step."""
         return divmod(step, self.steps_per_epoch)
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeded permutation of sample indices for one epoch."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.data), generator=g)
+
     def indices(self, step: int) -> torch.Tensor:
         epoch, i = self.position(step)
         if epoch != self._perm_epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm, self._perm_epoch = torch.randperm(len(self.data), generator=g), epoch
+            self._perm, self._perm_epoch = self.epoch_order(epoch), epoch
         return self._perm[i * self.batch_size:(i + 1) * self.batch_size]
 
     def batch(self, step: int):
         """The BlockBatch of a global step (CPU tensors). Loss weights are normalised over this whole batch."""
         idx = self.indices(step)
-        ids, mask = self.data.input_ids[idx], self.data.loss_mask[idx]
+        ids, mask = self.data.input_ids[idx].long(), self.data.loss_mask[idx]
         g = torch.Generator().manual_seed(self.seed * 7_919 + step * 104_729 + 1)
         anchors, valid = sample_anchors(mask, self.num_anchors, g)
         total = raw_weight_total(mask, anchors, valid, block_size=self.block_size, gamma=self.gamma)
         return build_block_batch(ids, mask, anchors, valid, block_size=self.block_size,
                                  mask_token_id=self.mask_token_id, gamma=self.gamma, weight_total=total)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dflash_lab.data FILE --target tiny`: validate a data file and print its report."""
+    import argparse
+
+    from .targets import load_tokenizer
+
+    p = argparse.ArgumentParser(description="Validate chat data against a target's chat template; print the report.")
+    p.add_argument("data", help='data file/dir, or "tiny"')
+    p.add_argument("--target", default="tiny", help='target whose tokenizer/template is used (default "tiny")')
+    p.add_argument("--seq-len", type=int, default=3072)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--format", default="auto", choices=["auto", "openai", "sharegpt"])
+    p.add_argument("--thinking", choices=["on", "off", "template"], default="template",
+                   help="enable_thinking passed to the template (template = do not pass it)")
+    a = p.parse_args(argv)
+    thinking = {"on": True, "off": False, "template": None}[a.thinking]
+    data = load_dataset(load_tokenizer(a.target), a.data, seq_len=a.seq_len, block_size=a.block_size,
+                        enable_thinking=thinking, data_format=a.format, log=print)
+    print(data.report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
