@@ -1,0 +1,332 @@
+"""Speculative decoding with a DFlash drafter: draft a block in one pass, verify it in one target forward.
+
+    prefill target on the prompt (KV cache + features of target_layer_ids) -> first token
+    loop:  block = [last token, MASK x (B-1)] at positions p..p+B-1
+           drafter: new context features -> cached context K/V per layer; block attends to all cached context
+           target verifies the B tokens in ONE forward (its KV cache holds positions < p)
+           accept the longest prefix where draft == target token (temperature 0) or speculative sampling (T > 0),
+           plus the target's bonus token; crop the target cache to the accepted positions; the accepted positions'
+           hidden states become the drafter's next context.
+
+The drafter cache holds ONLY context K/V (the block's own K/V are recomputed each call), so nothing of a rejected
+block ever needs cropping there; the target cache is cropped to p + accepted + 1 entries after each verification.
+Block size 1 is the plain target-only loop (no drafter call, one token per target forward): the speedup baseline.
+
+tau = mean over iterations of (accepted + 1), 1 <= tau <= B. At temperature 0 the output equals the target's own
+greedy `generate()` (tests/test_speculative.py checks it token for token). For T > 0 the draft is deterministic
+(the drafter's argmax), so draft token x is accepted with probability p_target(x) and a rejection resamples from
+p_target with x removed: the output distribution is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import DrafterConfig
+from .drafter import DFlashDrafter
+from .targets import decoder_of, embedding_of, lm_head_weight
+
+
+class DrafterMismatchError(ValueError):
+    """The drafter does not fit the target (hidden size, layer ids, vocabulary, MASK id)."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt (plus the generation budget) does not fit in the target's context."""
+
+
+def _target_text_config(target):
+    cfg = target.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def check_compatible(target, config: DrafterConfig) -> None:
+    """Raise DrafterMismatchError naming the drafter's and the target's values when they do not fit."""
+    tc = _target_text_config(target)
+    embed_rows, embed_dim = embedding_of(target).weight.shape
+    n_layers = len(decoder_of(target).layers)
+    problems = []
+    if config.hidden_size != tc.hidden_size or config.hidden_size != embed_dim:
+        problems.append(f"hidden size: drafter {config.hidden_size} vs target {tc.hidden_size}")
+    if config.num_target_layers != n_layers:
+        problems.append(f"target layers: drafter was built for {config.num_target_layers} vs target has {n_layers}")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < n_layers]
+    if bad:
+        problems.append(f"target_layer_ids: drafter {list(config.target_layer_ids)} vs target layers 0..{n_layers - 1}"
+                        f" (out of range: {bad})")
+    if config.vocab_size != embed_rows:
+        problems.append(f"vocabulary: drafter {config.vocab_size} vs target {embed_rows} embedding rows")
+    if not 0 <= config.mask_token_id < embed_rows:
+        problems.append(f"mask_token_id: drafter {config.mask_token_id} vs target vocabulary [0, {embed_rows})")
+    if problems:
+        raise DrafterMismatchError(
+            f"the drafter does not fit the target {getattr(tc, '_name_or_path', '') or type(target).__name__}: "
+            + "; ".join(problems) + ". Fix: evaluate the drafter with the target it was trained on (see the run's "
+            "config.json 'target'), or train a new drafter for this target.")
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's speculative generation: output ids and acceptance statistics."""
+
+    prompt_len: int
+    output_ids: list[int]  # new tokens only (eos included when generated)
+    accepted: list[int]  # per iteration: draft tokens accepted (0..B-1); the bonus token is not counted here
+    block_size: int
+    prefill_s: float
+    decode_s: float
+    stopped: str  # "eos" | "max_new_tokens"
+
+    @property
+    def iterations(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted + 1 (the bonus token) over iterations; 1 <= tau <= block_size."""
+        return (sum(self.accepted) / len(self.accepted) + 1.0) if self.accepted else 1.0
+
+    @property
+    def accept_histogram(self) -> list[int]:
+        """Iterations by accepted count: entry a = iterations that accepted exactly a draft tokens (a = 0..B-1)."""
+        h = [0] * self.block_size
+        for a in self.accepted:
+            h[a] += 1
+        return h
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Per block slot k = 1..B-1: fraction of iterations whose draft at slot k was accepted."""
+        n = max(1, len(self.accepted))
+        return [sum(a >= k for a in self.accepted) / n for k in range(1, self.block_size)]
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of the whole generation (prefill included)."""
+        return len(self.output_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_len": self.prompt_len, "new_tokens": len(self.output_ids), "iterations": self.iterations,
+                "tau": self.tau, "accepted": self.accepted, "accept_histogram": self.accept_histogram,
+                "position_acceptance": self.position_acceptance, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "stopped": self.stopped}
+
+
+@dataclass
+class DraftCache:
+    """Per draft layer: context K and V (b, kvh, T, d) at absolute positions 0..T-1."""
+
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+
+class SpeculativeDecoder:
+    """Target + DFlash drafter, batch size 1, with KV caches on both sides.
+
+    `decoder.generate(prompt_ids, max_new_tokens=128, temperature=0.0)` -> GenerationResult.
+    `block_size` may be smaller than the drafter's training block (the drafter sees a shorter block); 1 = target only.
+    """
+
+    def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
+                 mask_token_id: int | None = None, eos_token_id: int | list[int] | None = None):
+        self.target = target
+        self.drafter = drafter
+        cfg = drafter.config if drafter is not None else None
+        if cfg is not None:
+            check_compatible(target, cfg)
+        self.block_size = block_size or (cfg.block_size if cfg else 1)
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1 (1 = target only).")
+        if self.block_size > 1 and drafter is None:
+            raise ValueError(f"block_size={self.block_size} needs a drafter; pass one, or use block_size=1 for the "
+                             "target-only baseline.")
+        self.mask_token_id = mask_token_id if mask_token_id is not None else (cfg.mask_token_id if cfg else None)
+        self.layer_ids = cfg.target_layer_ids if cfg else ()
+        tc = _target_text_config(target)
+        self.max_positions = int(getattr(tc, "max_position_embeddings", 1 << 30))
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+            if eos_token_id is None:
+                eos_token_id = getattr(tc, "eos_token_id", None)
+        self.eos_ids = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        self.embed = embedding_of(target)
+        self.head = lm_head_weight(target)
+        self.target_device = self.embed.weight.device
+        self.drafter_device = next(drafter.parameters()).device if drafter is not None else self.target_device
+        self.drafter_dtype = next(drafter.parameters()).dtype if drafter is not None else None
+
+    # ---------------------------------------------------------------------------------------------------------
+    def check_prompt(self, prompt_len: int, max_new_tokens: int, *, name: str = "prompt") -> None:
+        need = prompt_len + max_new_tokens + self.block_size
+        if prompt_len < 1:
+            raise ValueError(f"{name} is empty (0 tokens). Fix: pass at least one token.")
+        if need > self.max_positions:
+            raise PromptTooLongError(
+                f"{name} has {prompt_len} tokens; with max_new_tokens={max_new_tokens} and block_size="
+                f"{self.block_size} it needs {need} positions, but the target's context is {self.max_positions} "
+                f"(max_position_embeddings). Fix: shorten the prompt to <= {self.max_positions - max_new_tokens - self.block_size} "
+                "tokens or lower max_new_tokens.")
+
+    def _target_forward(self, ids: torch.Tensor, cache):
+        out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        feats = None
+        if self.layer_ids:
+            # DFlash id i = output of decoder layer i = HF hidden_states[i + 1]; no shift.
+            feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)  # (1, T, n*H)
+        return out.logits[0].float(), feats  # logits (T, V)
+
+    def _draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
+               p: int) -> list[int]:
+        """The B-1 greedy draft tokens of the block [last_token, MASK...] at positions p..p+B-1."""
+        hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]  # (B-1, H)
+        logits = hidden.to(self.head.device, self.head.dtype) @ self.head.t()  # slot k predicts position p + k
+        return logits.argmax(-1).tolist()
+
+    def draft_hidden(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
+                     p: int) -> torch.Tensor:
+        """Extend the drafter's context cache with `new_feats` (target features of positions ctx_start..p-1) and
+        run the block [last_token, MASK x (B-1)] at positions p..p+B-1; returns normed hidden (1, B, H)."""
+        d, B = self.drafter, self.block_size
+        dev = self.drafter_device
+        ctx = d.fuse_context(new_feats.to(dev, self.drafter_dtype))  # (1, T_new, H)
+        ctx_pos = torch.arange(ctx_start, p, device=dev)[None]
+        ctx_rope = d.rotary_emb(ctx, ctx_pos)
+        block = torch.full((1, B), self.mask_token_id, dtype=torch.long, device=self.target_device)
+        block[0, 0] = last_token
+        hidden = self.embed(block).to(dev, self.drafter_dtype)  # (1, B, H) frozen target embedding
+        blk_pos = torch.arange(p, p + B, device=dev)[None]
+        draft_rope = d.rotary_emb(hidden, blk_pos)
+        masks = self._block_masks(p, dev)
+        first = not cache.keys
+        for i, layer in enumerate(d.layers):
+            k_new, v_new = layer.self_attn.project_kv(ctx, *ctx_rope)  # (1, kvh, T_new, d)
+            if first:
+                cache.keys.append(k_new)
+                cache.values.append(v_new)
+            else:
+                cache.keys[i] = torch.cat([cache.keys[i], k_new], dim=2)
+                cache.values[i] = torch.cat([cache.values[i], v_new], dim=2)
+            hidden = layer(hidden, None, draft_rope, None, masks[layer.attention_type],
+                           context_kv=(cache.keys[i], cache.values[i]))
+        return d.norm(hidden)
+
+    def _block_masks(self, p: int, dev) -> dict:
+        """Block queries see all context < p and the whole block (full attention); sliding layers: context within
+        the window, causal inside the block. Dense bool (1, 1, B, p + B)."""
+        B = self.block_size
+        masks = {"full_attention": torch.ones(1, 1, B, p + B, dtype=torch.bool, device=dev)}
+        cfg = self.drafter.config
+        if "sliding_attention" in cfg.layer_types:
+            q = torch.arange(p, p + B, device=dev)[:, None]
+            ctx = (q - torch.arange(p, device=dev)[None]) < cfg.sliding_window
+            own = torch.arange(B, device=dev)[None] <= torch.arange(B, device=dev)[:, None]
+            masks["sliding_attention"] = torch.cat([ctx, own], dim=1)[None, None]
+        return masks
+
+    # ---------------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids, *, max_new_tokens: int = 128, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> GenerationResult:
+        """Speculative generation for one prompt (a list or 1-D tensor of token ids)."""
+        from transformers import DynamicCache
+
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+        n = ids.numel()
+        self.check_prompt(n, max_new_tokens)
+        B = self.block_size
+        sync = torch.cuda.synchronize if self.target_device.type == "cuda" else (lambda: None)
+
+        t0 = time.perf_counter()
+        cache = DynamicCache(config=self.target.config)
+        logits, feats = self._target_forward(ids[None].to(self.target_device), cache)
+        out = [self._pick(logits[-1], temperature, generator)]
+        sync()
+        t1 = time.perf_counter()
+
+        draft_cache = DraftCache()
+        pending = feats  # features not yet in the drafter's context cache, positions ctx_len..p-1
+        accepted: list[int] = []
+        p = n  # position of the last accepted token (out[-1]); the target cache holds positions < p
+        done = out[-1] in self.eos_ids
+        while len(out) < max_new_tokens and not done:
+            last = out[-1]
+            drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
+            block = torch.tensor([[last, *drafts]], dtype=torch.long, device=self.target_device)  # (1, B)
+            logits, feats = self._target_forward(block, cache)  # logits[i] = next-token dist after block[i]
+            a, nxt = self._accept(drafts, logits, temperature, generator)
+            accepted.append(a)
+            out.extend(drafts[:a])
+            out.append(nxt)
+            done = any(t in self.eos_ids for t in out[-(a + 1):])
+            keep = p + a + 1  # positions 0..p+a are verified; the bonus token is not in the cache yet
+            cache.crop(keep - cache.get_seq_length())  # negative = tokens to remove
+            pending = feats[:, : a + 1] if feats is not None else None
+            p = keep
+        sync()
+        t2 = time.perf_counter()
+
+        stopped = "max_new_tokens"
+        for i, t in enumerate(out):
+            if t in self.eos_ids:
+                out, stopped = out[: i + 1], "eos"
+                break
+        out = out[:max_new_tokens]
+        return GenerationResult(prompt_len=n, output_ids=out, accepted=accepted, block_size=B, prefill_s=t1 - t0,
+                                decode_s=t2 - t1, stopped=stopped)
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, temperature: float, generator) -> int:
+        if temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / temperature, dim=-1)
+        return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+    def _accept(self, drafts: list[int], logits: torch.Tensor, temperature: float, generator) -> tuple[int, int]:
+        """(accepted draft count, next token) for one verified block. logits: (B, V) fp32."""
+        if temperature == 0:
+            target_tokens = logits.argmax(-1).tolist()  # (B,)
+            a = 0
+            while a < len(drafts) and drafts[a] == target_tokens[a]:
+                a += 1
+            return a, target_tokens[a]
+        probs = torch.softmax(logits / temperature, dim=-1).cpu()
+        return speculative_accept(probs, drafts, generator)
+
+
+def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None
+                       ) -> tuple[int, int]:
+    """Speculative sampling for a DETERMINISTIC draft (the drafter's q is one-hot at each draft token).
+
+    probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
+    min(1, p(x_k) / q(x_k)) = p(x_k); on the first rejection the next token is sampled from the residual
+    max(0, p - q) normalised = p with x_k removed. If every draft is accepted, the bonus token is sampled from the
+    last row. The emitted tokens are then distributed exactly as the target's own samples.
+    Returns (accepted count, next token).
+    """
+    for k, x in enumerate(drafts):
+        p = probs[k]
+        u = torch.rand((), generator=generator)
+        if u < p[x]:
+            continue
+        residual = p.clone()
+        residual[x] = 0.0
+        total = residual.sum()
+        if total <= 0:  # p is one-hot at x but u >= 1 cannot happen; keep the guard for rounding
+            return k, x
+        return k, int(torch.multinomial(residual / total, 1, generator=generator))
+    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))

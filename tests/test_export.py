@@ -1,0 +1,156 @@
+"""Export: the DFlashDraftModel checkpoint format (config fields, exact tensor names, bf16, no embedding/head), the
+remote-code model loaded by AutoModel, exported == re-imported outputs, and the run/checkpoint resolver."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dflash_lab import export
+from dflash_lab.config import DrafterConfig
+from dflash_lab.drafter import DFlashDrafter
+from tests.conftest import make_tiny_qwen3
+
+
+def _drafter(layer_types=(), window=None, seed=0):
+    target = make_tiny_qwen3()
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=2, num_target_features=3, block_size=8,
+                                   mask_token_id=255, layer_types=layer_types, sliding_window=window)
+    d = DFlashDrafter(dc)
+    d.init_weights(torch.Generator().manual_seed(seed), std=0.1)
+    return dc, d.eval()
+
+
+def _write_run(root, dc, drafter, *, step=20, where="checkpoints/drafter.safetensors"):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "drafter_config.json").write_text(json.dumps(dc.to_dict()))
+    (root / "config.json").write_text(json.dumps({"target": "tiny", "seed": 0}))
+    path = root / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("rotary_emb.")}
+    save_file(state, str(path), metadata={"step": str(step)})
+    return path
+
+
+def _inputs(dc, S=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    B, H = dc.block_size, dc.hidden_size
+    feats = torch.randn(1, S, dc.num_target_features * H, generator=g)
+    emb = torch.randn(1, B, H, generator=g)
+    pos = torch.arange(S + B)[None]
+    return feats, emb, pos
+
+
+def _ours(drafter, feats, emb, pos):
+    """Our drafter at inference: the block sees all context and (full) the whole block / (sliding) window+causal."""
+    from dflash_lab.blocks import dense_mask
+
+    S, B = feats.shape[1], emb.shape[1]
+    masks = {t: dense_mask(torch.tensor([[S]]), torch.tensor([[True]]), seq_len=S, block_size=B,
+                           sliding_window=drafter.config.sliding_window if t == "sliding_attention" else None)
+             for t in set(drafter.config.layer_types)}
+    with torch.no_grad():
+        return drafter(feats, emb, pos[:, S:], pos[:, :S], masks)
+
+
+@pytest.mark.parametrize("layer_types,window", [((), None), (("sliding_attention", "full_attention"), 4)])
+def test_export_format_round_trip_and_automodel(tmp_path, layer_types, window):
+    dc, drafter = _drafter(layer_types, window)
+    run = tmp_path / "run"
+    _write_run(run, dc, drafter)
+    out = export.export_drafter(run, tmp_path / "out", log=lambda *a: None)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "dflash.py", "model.safetensors"]
+
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["auto_map"] == {"AutoModel": "dflash.DFlashDraftModel"}
+    assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 8 and cfg["num_hidden_layers"] == 2
+    assert cfg["dflash_config"] == {"mask_token_id": 255, "target_layer_ids": list(dc.target_layer_ids)}
+    assert cfg["layer_types"] == list(dc.layer_types) and len(cfg["layer_types"]) == 2
+    assert cfg["use_sliding_window"] == bool(window) and cfg["sliding_window"] == window
+    for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings"):
+        assert cfg[k] == getattr(dc, k), k
+    assert cfg["hidden_act"] == "silu" and cfg["attention_bias"] is False
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        dtypes = {f.get_tensor(k).dtype for k in names}
+        fc_shape = tuple(f.get_tensor("fc.weight").shape)
+    assert names == set(export.export_state_names(dc))
+    assert len(names) == 2 * 11 + 3
+    assert not any("embed" in n or "lm_head" in n or n.startswith("model.") for n in names)
+    assert dtypes == {torch.bfloat16}
+    assert fc_shape == (64, 3 * 64)
+
+    # Re-import: identical to the original with bf16-rounded weights, bit for bit.
+    cfg2, back = export.load_exported(out)
+    assert cfg2 == dc
+    rounded = DFlashDrafter(dc)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in drafter.state_dict().items()})
+    feats, emb, pos = _inputs(dc)
+    ours = _ours(back, feats, emb, pos)
+    assert torch.equal(ours, _ours(rounded.eval(), feats, emb, pos))
+    assert not torch.equal(ours, _ours(drafter, feats, emb, pos))  # bf16 really rounded something
+
+    # The remote-code model that SGLang / vLLM users load with trust_remote_code.
+    from transformers import AutoModel
+
+    model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
+    assert type(model).__name__ == "DFlashDraftModel"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        theirs = model.float().eval()(feats, emb, pos)
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
+
+
+def test_resolver_prefers_best_then_newest_and_lists_what_it_looked_for(tmp_path):
+    dc, d = _drafter()
+    run = tmp_path / "run"
+    _write_run(run, dc, d, step=15)  # final save_drafter at step 15
+    _write_run(run, dc, d, step=10, where="checkpoints/step-0000010/drafter.safetensors")
+    _write_run(run, dc, d, step=20, where="checkpoints/step-0000020/drafter.safetensors")
+    src = export.resolve_drafter(run)
+    assert src.kind == "run" and src.step == 20 and src.weights.parent.name == "step-0000020" and src.run_dir == run
+    # a checkpoint dir and a weights file resolve to themselves, with the run dir found above them
+    ck = export.resolve_drafter(run / "checkpoints" / "step-0000010")
+    assert ck.step == 10 and ck.run_dir == run and ck.config == dc
+    f = export.resolve_drafter(run / "checkpoints" / "drafter.safetensors")
+    assert f.step == 15 and f.run_dir == run
+    _write_run(run, dc, d, step=12, where="checkpoints/best/drafter.safetensors")
+    assert export.resolve_drafter(run).weights.parent.name == "best"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(export.DrafterNotFoundError) as e:
+        export.resolve_drafter(empty)
+    assert "checkpoints/step-*/drafter.safetensors" in str(e.value) and "checkpoints/drafter.safetensors" in str(e.value)
+    lone = tmp_path / "lone.safetensors"
+    save_file({"x": torch.zeros(1)}, str(lone))
+    with pytest.raises(export.DrafterNotFoundError, match="no drafter_config.json"):
+        export.resolve_drafter(lone)
+
+
+def test_weights_that_do_not_match_the_config_are_refused(tmp_path):
+    dc, d = _drafter()
+    run = tmp_path / "run"
+    path = _write_run(run, dc, d)
+    state = {k: v for k, v in d.state_dict().items() if not k.startswith("rotary_emb.")}
+    state["fc.weight"] = torch.zeros(64, 5 * 64)
+    save_file(state, str(path))
+    with pytest.raises(ValueError, match=r"fc.weight has shape \(64, 320\) but the config expects \(64, 192\)"):
+        export.load_drafter(run)
+
+
+def test_export_cli(tmp_path, capsys):
+    dc, d = _drafter()
+    run = tmp_path / "run"
+    _write_run(run, dc, d)
+    assert export.main([str(run), str(tmp_path / "exp")]) == 0
+    printed = capsys.readouterr().out
+    assert '"num_speculative_tokens":7' in printed and "--speculative-num-draft-tokens 8" in printed
+    assert export.is_exported(tmp_path / "exp")
+    assert export.main([str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err
