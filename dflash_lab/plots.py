@@ -1,39 +1,69 @@
-"""Static training plots (matplotlib, PNG) for run directories and result notebooks that render on GitHub."""
+"""Static training plots (matplotlib, PNG) for run directories and result notebooks that render on GitHub.
+
+Figures are built with `matplotlib.figure.Figure` (no pyplot global state, any backend, safe from threads) and
+returned as `PngImage`, which a notebook shows as a plain PNG output: GitHub and nbconvert HTML render it.
+"""
 
 from __future__ import annotations
 
-import json
+import io
 from pathlib import Path
+
+from .rundir import METRICS_FILE, read_jsonl
+
+COMPARE_PANELS = (("loss", "training loss (decayed CE)", "loss"),
+                  ("tokens_per_s", "sequence tokens/s", "tokens/s"),
+                  ("memory_gb", "memory per device (GiB; CPU runs: process RSS)", "GiB"),
+                  ("sim_tau", "acceptance estimate (simulated tau)", "tokens per block"))
+
+
+class PngImage:
+    """PNG bytes with `_repr_png_`, so a notebook shows it as an image; `.save(path)` writes it."""
+
+    def __init__(self, data: bytes, path: Path | None = None):
+        self.data, self.path = data, path
+
+    def _repr_png_(self) -> bytes:
+        return self.data
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(self.data)
+        return p
+
+    def __repr__(self) -> str:
+        return f"PngImage({len(self.data)} bytes{', ' + str(self.path) if self.path else ''})"
+
+
+def _figure(width: float, height: float, ncols: int):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(1, ncols)
+
+
+def _png(fig, out: str | Path | None, dpi: int = 90) -> PngImage:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    img = PngImage(buf.getvalue())
+    if out:
+        img.path = img.save(out)
+    return img
 
 
 def read_metrics(path: str | Path) -> list[dict]:
     p = Path(path)
-    if p.is_dir():
-        p = p / "metrics.jsonl"
-    if not p.is_file():
-        return []
-    rows = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written right now by a live run
-                continue
-    return rows
+    return read_jsonl(p / METRICS_FILE if p.is_dir() else p)
 
 
 def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
     """Loss, LR, simulated acceptance and tokens/s against step, as one PNG in <run_dir>/plots/."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     rows = [r for r in read_metrics(run_dir) if "loss" in r]
     if not rows:
         return None
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
+    fig, axes = _figure(16, 3.4, 4)
     panels = [("loss", "training loss (decayed CE)"), ("lr", "learning rate"),
               ("sim_tau", "simulated acceptance length"), ("tokens_per_s", "sequence tokens/s")]
     for ax, (key, title) in zip(axes, panels):
@@ -43,7 +73,57 @@ def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path | 
         ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out) if out else Path(run_dir) / "plots" / "training.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _png(fig, out).path
+
+
+def training_image(run_dir: str | Path) -> PngImage | None:
+    """The run's plots/training.png (drawn if missing) as an image a notebook displays inline."""
+    png = Path(run_dir) / "plots" / "training.png"
+    if not png.is_file() and plot_training(run_dir) is None:
+        return None
+    return PngImage(png.read_bytes(), png)
+
+
+def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> PngImage:
+    """Runs side by side: loss, tokens/s, memory and acceptance against step, one line per run (runs.load_metrics).
+
+    `smooth` > 1 applies a rolling mean over that many logged points per run (loss and tokens/s are noisy).
+    """
+    fig, axes = _figure(18, 3.8, len(COMPARE_PANELS))
+    labels = list(dict.fromkeys(frame["label"])) if len(frame) else []
+    for ax, (key, title, unit) in zip(axes, COMPARE_PANELS):
+        for label in labels:
+            part = frame[frame["label"] == label].sort_values("step")
+            if key not in part or part[key].isna().all():
+                continue
+            y = part[key].astype(float)
+            if smooth > 1 and key in ("loss", "tokens_per_s"):
+                y = y.rolling(smooth, min_periods=1).mean()
+            ax.plot(part["step"], y, lw=1.4, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel(unit, fontsize=9)
+        ax.grid(alpha=0.3)
+    if labels:
+        axes[0].legend(fontsize=8)
+    else:
+        axes[0].text(0.5, 0.5, "no logged steps", ha="center", va="center", transform=axes[0].transAxes)
+    fig.tight_layout()
+    return _png(fig, out)
+
+
+def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
+    """Final figures per run as bars (runs.runs_table): last loss, steady tokens/s, peak memory, simulated tau."""
+    fig, axes = _figure(18, 3.2, 4)
+    names = [str(i) for i in table.index] if len(table) else []
+    short = [n[17:] if len(n) > 17 else n for n in names]  # drop the UTC stamp for the axis labels
+    for ax, (key, title) in zip(axes, (("loss", "last loss"), ("tokens_per_s", "tokens/s (steady)"),
+                                       ("peak_memory_gb", "peak memory (GiB)"), ("sim_tau", "last simulated tau"))):
+        vals = [float(v) if v is not None and v == v else 0.0 for v in (table[key] if key in table else [])]
+        ax.barh(short, vals, color=[f"C{i}" for i in range(len(vals))])
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        ax.invert_yaxis()
+    fig.tight_layout()
+    return _png(fig, out)

@@ -1,4 +1,16 @@
-"""Run directories: `runs/<UTC stamp>-<name>-<short id>/` holding config, env, metrics, checkpoints and notebooks."""
+"""Run directories: `runs/<UTC stamp>-<name>-<short id>/` holding config, env, metrics, checkpoints and notebooks.
+
+    config.json          resolved TrainConfig            drafter_config.json   the drafter's shape
+    env.json             git commit + dirty flag, package versions, driver, GPUs (names, UUIDs), CUDA_VISIBLE_DEVICES
+    metrics.jsonl        one line per logged step         system.jsonl          GPU samples (gpu_monitor.py, GPU runs)
+    events.jsonl         checkpoints, resumes, stops, interrupts, divergence, failed writes (one JSON line each)
+    checkpoints/         step-XXXXXXX/ full checkpoints (checkpoint.py) + drafter.safetensors
+    plots/               training.png                     summary.json          written by Trainer.finish()
+    train.ipynb          the executed notebook (save_executed_notebook)
+
+A resumed run continues in the SAME directory: metrics.jsonl is cut back to the checkpoint's step (the lines after
+it are recomputed identically) and appended to; events.jsonl records the resume and any changed settings.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +23,17 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SYSTEM_FILE = "system.jsonl"
+EVENTS_FILE = "events.jsonl"
 ENV_FILE = "env.json"
+NOTEBOOK_ENV = "DFLASH_NOTEBOOK_OUTPUT"  # set by an in-process papermill.execute_notebook caller (see README)
+PACKAGES = ("dflash-lab", "torch", "transformers", "safetensors", "numpy", "nvidia-ml-py", "papermill", "nbclient",
+            "ipykernel", "ipywidgets", "jupyterlab", "plotly", "matplotlib", "pandas")
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
@@ -37,31 +54,57 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def package_versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _nvml_gpus() -> tuple[str | None, list[dict]]:
+    """(driver version, physical GPUs with names and UUIDs) from NVML; (None, []) without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVIDIA driver on this machine
+        return None, []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append({"nvml_index": i, "name": pynvml.nvmlDeviceGetName(h), "uuid": pynvml.nvmlDeviceGetUUID(h)})
+        return pynvml.nvmlSystemGetDriverVersion(), gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def environment_info() -> dict:
     """git commit + dirty flag, package versions, driver, GPUs (names, UUIDs), CUDA_VISIBLE_DEVICES."""
     import torch
-    import transformers
 
+    status = _git("status", "--porcelain", "--untracked-files=no")
     info = {
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_dirty": bool(status) if status is not None else None,
+        "git_dirty_files": status.splitlines()[:50] if status else [],
         "python": sys.version.split()[0], "platform": platform.platform(), "hostname": platform.node(),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "cuda": torch.version.cuda, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "packages": package_versions(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "transformers": package_versions().get("transformers"),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cpu_count": os.cpu_count(),
         "gpus": [],
     }
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            info["gpus"].append({"index": i, "name": p.name, "uuid": str(getattr(p, "uuid", "")),
+            info["gpus"].append({"cuda_index": i, "name": p.name, "uuid": str(getattr(p, "uuid", "")),
                                  "total_memory_gb": round(p.total_memory / 2**30, 1)})
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        except Exception:  # noqa: BLE001 - driver version is informative only
-            info["driver"] = None
+    info["driver"], info["nvml_gpus"] = _nvml_gpus()
     return info
 
 
@@ -72,27 +115,186 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def find_papermill_output() -> Path | None:
-    """The output notebook of the papermill CLI run executing this kernel, if any (parent's command line)."""
-    explicit = os.environ.get("DFLASH_NOTEBOOK_OUTPUT")
-    if explicit:
-        return Path(explicit)
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a JSONL file; a torn last line (a live or killed writer) is skipped."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def log_event(run_dir: str | Path, event: str, **fields) -> None:
+    """Append one event (checkpoint, resumed, stop_requested, interrupted, diverged, ...) to events.jsonl."""
+    now = time.time()
+    record = {"time": now, "utc": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
+              "event": event, **fields}
+    with open(Path(run_dir) / EVENTS_FILE, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
+def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = None) -> list[dict]:
+    """Metric rows up to `step` of the run being resumed; in the same run dir, metrics.jsonl is cut back to them.
+
+    Lines after the checkpoint were written by the killed process; the resumed run recomputes exactly those steps,
+    so they are dropped (atomically) rather than duplicated.
+    """
+    run_dir = Path(run_dir)
+    if source is None:
+        return []
+    src = Path(source) / METRICS_FILE
+    if not src.is_file():
+        return []
+    kept_lines, kept = [], []
+    for line in src.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("step", 0) <= step:
+            kept_lines.append(line)
+            kept.append(row)
+    if Path(source).resolve() == run_dir.resolve():
+        tmp = src.with_name(src.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept_lines))
+        os.replace(tmp, src)
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The executed notebook
+# ---------------------------------------------------------------------------------------------------------------
+_PM_OPTS_2 = {"-p", "--parameters", "-r", "--parameters_raw"}
+_PM_OPTS_1 = {"-f", "--parameters_file", "-y", "--parameters_yaml", "-b", "--parameters_base64", "--engine",
+              "--autosave-cell-every", "-k", "--kernel", "-l", "--language", "--cwd", "--stdout-file",
+              "--stderr-file", "--log-level", "--start-timeout", "--start_timeout", "--execution-timeout"}
+
+
+def papermill_output_from_argv(args: list[str], cwd: Path | None = None) -> Path | None:
+    """The OUTPUT_PATH of a `papermill [OPTIONS] NOTEBOOK_PATH [OUTPUT_PATH]` command line (python -m too)."""
     try:
-        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+        start = next(i for i, a in enumerate(args[:3]) if Path(a).name in ("papermill", "papermill.exe")) + 1
+    except StopIteration:
+        return None
+    positional, i = [], start
+    while i < len(args):
+        a = args[i]
+        if a in _PM_OPTS_2:
+            i += 3
+        elif a in _PM_OPTS_1:
+            i += 2
+        elif a.startswith("-") and a != "-":
+            i += 1
+        else:
+            positional.append(a)
+            i += 1
+    if len(positional) < 2 or positional[1] == "-" or "://" in positional[1]:
+        return None
+    out = Path(positional[1]).expanduser()
+    return out if out.is_absolute() or cwd is None else cwd / out
+
+
+def find_papermill_output() -> Path | None:
+    """The notebook papermill is writing for this kernel: $DFLASH_NOTEBOOK_OUTPUT, else the parent's command line.
+
+    Under the papermill CLI the kernel's parent process is papermill itself: its argv names the output (relative
+    paths are resolved against papermill's working directory, not the kernel's `--cwd`). An in-process
+    `papermill.execute_notebook(...)` has no such command line: the caller sets DFLASH_NOTEBOOK_OUTPUT before the
+    call (the kernel inherits the environment).
+    """
+    explicit = os.environ.get(NOTEBOOK_ENV)
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    ppid = os.getppid()
+    try:
+        argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+        cwd = Path(os.readlink(f"/proc/{ppid}/cwd"))
     except OSError:
         return None
-    args = [a.decode(errors="replace") for a in argv if a]
-    if not any("papermill" in a for a in args[:2]):
-        return None
-    notebooks = [a for a in args if a.endswith(".ipynb")]
-    return Path(notebooks[1]) if len(notebooks) >= 2 else None
+    return papermill_output_from_argv([a.decode(errors="replace") for a in argv if a], cwd)
 
 
-def save_executed_notebook(run_dir: str | Path, name: str = "train.ipynb") -> Path | None:
-    """Copy the notebook papermill is writing into the run dir (complete up to the cell calling this)."""
-    src = find_papermill_output()
+def shareable_copy(src: Path, dst: Path) -> None:
+    """Copy a notebook, dropping widget state and widget views (GitHub refuses to render some of them)."""
+    nb = json.loads(src.read_text())
+    nb.get("metadata", {}).pop("widgets", None)
+    for cell in nb.get("cells", []):
+        outs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data and "application/vnd.jupyter.widget-view+json" in data:
+                data.pop("application/vnd.jupyter.widget-view+json")
+                if not data:
+                    continue
+            outs.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = outs
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    os.replace(tmp, dst)
+
+
+def save_executed_notebook(run_dir: str | Path, name: str = "train.ipynb", *, wait_for_final: bool = True,
+                           source: str | Path | None = None) -> Path | None:
+    """Copy the notebook papermill is writing into the run dir; returns the copy, or None outside papermill.
+
+    Called from inside the notebook, the copy holds every cell up to the one calling this (papermill saves after
+    each cell). With `wait_for_final`, a small detached process waits for this kernel to exit and for papermill's
+    final write (metadata.papermill.end_time set), then copies again, so the run dir ends up with the complete
+    executed notebook. Widget state is stripped so the copy renders on GitHub. If papermill writes its output
+    straight into the run dir, there is nothing to copy.
+    """
+    src = Path(source) if source else find_papermill_output()
     if src is None or not src.is_file():
         return None
     dst = Path(run_dir) / name
-    shutil.copyfile(src, dst)
+    if src.resolve() == dst.resolve():
+        return dst
+    shareable_copy(src, dst)
+    if wait_for_final:
+        subprocess.Popen([sys.executable, "-m", "dflash_lab.rundir", "--copy-final", str(src), str(dst),
+                          str(os.getpid())], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     return dst
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    try:  # a zombie (exited, not yet reaped) counts as gone
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def copy_when_final(src: Path, dst: Path, kernel_pid: int, *, timeout_s: float = 120.0, poll_s: float = 0.5) -> bool:
+    """Wait for `kernel_pid` to exit, then for papermill's final write of `src`; copy it to `dst`."""
+    while _pid_alive(kernel_pid):
+        time.sleep(poll_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            meta = json.loads(src.read_text()).get("metadata", {}).get("papermill", {})
+        except (OSError, json.JSONDecodeError):
+            meta = {}
+        if meta.get("end_time"):
+            shareable_copy(src, dst)
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+if __name__ == "__main__":  # the detached copier started by save_executed_notebook
+    if len(sys.argv) == 5 and sys.argv[1] == "--copy-final":
+        copy_when_final(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))

@@ -2,22 +2,29 @@
 
     trainer = Trainer(TrainConfig(target="tiny", steps=200))
     trainer.step(10)          # -> metrics of the last step
-    trainer.train()           # run to config.steps, honouring pause / stop events
+    trainer.train()           # run to config.steps, honouring pause / stop events, the STOP file, checkpoints
     trainer.drafter, trainer.last_batch, trainer.history   # inspectable between calls
 
 It wires config -> tokenizer/targets -> data -> drafter replicas -> engine -> metrics/run dir and holds no step
-logic of its own (that lives in step.py and engine.py).
+logic of its own (that lives in step.py and engine.py). The loop around the steps lives here: checkpoints every
+`checkpoint_every` steps and on stop/finish (checkpoint.py), exact resume (`resume_from`), the STOP file, a NaN/inf
+guard, and interrupts: each step runs on a small driver thread while the calling thread waits, so a Ctrl-C / kernel
+interrupt lands in the wait, the step in flight completes and is booked, and only then is KeyboardInterrupt raised:
+the trainer is never left between "weights updated" and "step counted".
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import math
+import os
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from . import rundir
+from . import checkpoint, rundir
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
 from .drafter import DFlashDrafter
@@ -49,6 +56,17 @@ def check_devices(names: tuple[str, ...], field: str) -> list[torch.device]:
     return devices
 
 
+STOP_FILE = "STOP"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the run stopped and the last good checkpoint was kept."""
+
+
+def _print_flush(*args) -> None:
+    print(*args, flush=True)  # flushed so `papermill --log-output` and `tail -f` show each line as it happens
+
+
 class Controls:
     """Events a dashboard or a STOP file sets; the training loop reads them at step boundaries only."""
 
@@ -61,10 +79,16 @@ class Controls:
 
 class Trainer:
     def __init__(self, config: TrainConfig, *, run_dir: str | Path | None = None, write_run_dir: bool = True,
-                 log=print):
+                 log=_print_flush):
         self.config = cfg = config
         self.log = log
         self.phase = "loading data"
+        resume = None
+        if cfg.resume_from:  # read and check the checkpoint before loading any model: a bad resume fails fast
+            resume = checkpoint.load_checkpoint(cfg.resume_from)
+            diffs = checkpoint.config_differences(resume.state["config"], cfg.to_dict())
+            if diffs:
+                raise ConfigError(checkpoint.format_differences(resume.path, diffs))
         torch.manual_seed(cfg.seed)
         devices = check_devices(cfg.devices, "devices")
         target_devices = check_devices(cfg.target_devices, "target_devices") if cfg.target_devices else devices
@@ -96,6 +120,9 @@ class Trainer:
         self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
                                     block_size=cfg.block_size, mask_token_id=self.drafter_config.mask_token_id,
                                     gamma=cfg.resolved_gamma, seed=cfg.seed)
+        if resume is not None:
+            checkpoint.check_resume(resume, data=self.data, sampler=self.sampler,
+                                    drafter_config=self.drafter_config.to_dict())
 
         # Identical replicas: initialise once on the CPU with a seeded generator, then copy to every device.
         base = DFlashDrafter(self.drafter_config)
@@ -123,19 +150,42 @@ class Trainer:
                              grad_clip=cfg.grad_clip)
 
         self.run_dir: Path | None = None
+        previous_rows: list[dict] = []
         if write_run_dir:
-            self.run_dir = Path(run_dir) if run_dir else rundir.new_run_dir(cfg.runs_dir, cfg.run_name)
+            if run_dir:
+                self.run_dir = Path(run_dir)
+            elif resume is not None and checkpoint.run_dir_of(resume.path) is not None:
+                self.run_dir = checkpoint.run_dir_of(resume.path)  # resuming continues the same run directory
+            else:
+                self.run_dir = rundir.new_run_dir(cfg.runs_dir, cfg.run_name)
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / checkpoint.CHECKPOINTS_DIR).mkdir(exist_ok=True)
+            (self.run_dir / "plots").mkdir(exist_ok=True)
+            if resume is not None:  # rows after the checkpoint are recomputed identically: drop them before appending
+                previous_rows = rundir.resume_metrics(self.run_dir, resume.step,
+                                                        source=checkpoint.run_dir_of(resume.path))
             rundir.write_json(self.run_dir / rundir.CONFIG_FILE, cfg.to_dict())
             rundir.write_json(self.run_dir / "drafter_config.json", self.drafter_config.to_dict())
             rundir.write_json(self.run_dir / rundir.ENV_FILE, rundir.environment_info())
             rundir.write_json(self.run_dir / "data_report.json", self.data.report)
         self.metrics = MetricsLogger(self.run_dir / rundir.METRICS_FILE if self.run_dir else None)
+        for row in previous_rows:
+            self.metrics.ring.append(row)
         self.throughput = Throughput()
         self.controls = Controls()
         self.step_count = 0
         self.last_batch = None
-        self.last_metrics: dict | None = None
+        self.last_metrics: dict | None = previous_rows[-1] if previous_rows else None
+        self.last_checkpoint: Path | None = None
+        self.last_checkpoint_step: int | None = None
+        self.diverged_at: int | None = None
+        self._recent_losses: list[float] = []
+        self._driver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-step")
+        self.monitor = None
+        if resume is not None:
+            self._restore(resume)
+        if self.run_dir is not None:
+            self._start_monitor()
         self.phase = "ready"
 
     # ----------------------------------------------------------------------------------------------------------
@@ -156,60 +206,258 @@ class Trainer:
                      min_ratio=cfg.min_lr_ratio)
 
     def step(self, n: int = 1) -> dict:
-        """Run n optimizer steps; returns the metrics of the last one."""
+        """Run n optimizer steps; returns the metrics of the last one.
+
+        Interrupt-safe: a KeyboardInterrupt while a step runs lets that step finish and be counted, then re-raises;
+        the trainer stays usable (call step/train again). A NaN/inf loss raises TrainingDiverged.
+        """
         if n < 1:
             raise ValueError(f"step(n={n}): n must be >= 1.")
-        cfg = self.config
+        if self.diverged_at is not None:
+            raise TrainingDiverged(self._diverged_message())
         self.phase = "training"
         for _ in range(n):
-            batch = self.sampler.batch(self.step_count)
-            self.last_batch = batch
-            lr = self.current_lr()
-            t0 = time.perf_counter()
-            out = self.engine.step(batch, step=self.step_count, lr=lr)
-            loss = out["loss"].item()  # .item() syncs: the step time below is real device time
-            dt = time.perf_counter() - t0
-            tokens = batch.input_ids.numel()
-            self.throughput.update(dt, tokens)
-            self.step_count += 1
-            record = {
-                "step": self.step_count, "loss": loss, "lr": lr, "grad_norm": float(out["grad_norm"]),
-                "acc": float(out["acc"]), "sim_tau": float(out["sim_tau"]),
-                "slot_acc": [round(float(a), 4) for a in out["slot_acc"]],
-                "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
-                "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
-                **self._memory(),
-            }
-            self.last_metrics = record
-            if self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1:
-                self.metrics.log(record)
-            else:
-                self.metrics.ring.append(record)
+            self._wait(self._driver.submit(self._one_step))
         return self.last_metrics
+
+    def _wait(self, fut: cf.Future):
+        """Wait for the driver thread; an interrupt here waits for the step to finish, then re-raises."""
+        interrupted = False
+        while True:
+            try:
+                result = fut.result()
+                break
+            except KeyboardInterrupt:
+                if not interrupted:
+                    self.log(f"interrupt: finishing step {self.step_count + 1} so the trainer stays consistent ...")
+                interrupted = True
+        if interrupted:
+            self.phase = "interrupted"
+            raise KeyboardInterrupt(f"interrupted after step {self.step_count}; the trainer is consistent and usable "
+                                    "(call step() or train() to continue)")
+        return result
+
+    def _one_step(self) -> dict:
+        """One optimizer step and its bookkeeping, on the driver thread (never split by an interrupt)."""
+        cfg = self.config
+        batch = self.sampler.batch(self.step_count)
+        self.last_batch = batch
+        lr = self.current_lr()
+        t0 = time.perf_counter()
+        out = self.engine.step(batch, step=self.step_count, lr=lr)
+        loss = out["loss"].item()  # .item() syncs: the step time below is real device time
+        dt = time.perf_counter() - t0
+        tokens = batch.input_ids.numel()
+        self.throughput.update(dt, tokens)
+        self.step_count += 1
+        record = {
+            "step": self.step_count, "loss": loss, "lr": lr, "grad_norm": float(out["grad_norm"]),
+            "acc": float(out["acc"]), "sim_tau": float(out["sim_tau"]),
+            "slot_acc": [round(float(a), 4) for a in out["slot_acc"]],
+            "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
+            "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
+            **self._memory(),
+        }
+        finite = math.isfinite(loss) and math.isfinite(record["grad_norm"])
+        if finite and cfg.eval_every and self.step_count % cfg.eval_every == 0:
+            from .evaluate import heldout_tau  # real speculative decoding, 8 held-out prompts x 64 tokens
+
+            self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
+            self.phase = "training"
+        self.last_metrics = record
+        if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
+                or "eval_tau" in record):
+            self.metrics.log(record)
+        else:
+            self.metrics.ring.append(record)
+        if not finite:  # the optimiser already applied this step: the weights in memory are no longer trustworthy
+            self.diverged_at = self.step_count
+            self.phase = "diverged"
+            self._event("diverged", step=self.step_count, loss=loss, grad_norm=record["grad_norm"],
+                        last_good_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None)
+            raise TrainingDiverged(self._diverged_message())
+        self._recent_losses = (self._recent_losses + [loss])[-100:]
+        return record
+
+    def _diverged_message(self) -> str:
+        m = self.last_metrics or {}
+        good = (f"the last good checkpoint is {self.last_checkpoint} (step {self.last_checkpoint_step}), kept as is"
+                if self.last_checkpoint else "no checkpoint was written before it")
+        return (f"training stopped: loss={m.get('loss')} grad_norm={m.get('grad_norm')} at step {self.diverged_at} "
+                f"(not finite); {good}. The weights in memory are no longer trustworthy, so this trainer refuses "
+                "further steps and checkpoints. Fix: resume_from the last good checkpoint with a lower lr or "
+                "grad_clip, or check the data around this step.")
 
     def _memory(self) -> dict:
         mem = {}
         for w in self.workers:
             if w.device.type == "cuda":
                 mem[f"mem_gb/{w.device}"] = round(torch.cuda.memory_allocated(w.device) / 2**30, 3)
+        rss = _process_rss_gb()
+        if rss is not None:
+            mem["rss_gb"] = rss
         return mem
 
-    def train(self, steps: int | None = None, *, progress_every_s: float = 10.0) -> dict | None:
-        """Run until `steps` (default config.steps) total steps, checking controls at step boundaries."""
-        target = steps if steps is not None else self.config.steps
-        last_print = 0.0
-        while self.step_count < target and not self.controls.stop.is_set():
-            if self.controls.pause.is_set():
-                self.phase = "paused"
-                time.sleep(0.05)
-                continue
-            self.step(1)
-            now = time.monotonic()
-            if now - last_print >= progress_every_s or self.step_count == target:
-                last_print = now
-                self.log(self.progress_line(target))
-        self.phase = "stopped" if self.controls.stop.is_set() else "finished"
+    def train(self, steps: int | None = None, *, progress_every_s: float = 10.0, progress_every_steps: int = 0,
+              callbacks=()) -> dict | None:
+        """Run until `steps` (default config.steps) total steps; returns the last step's metrics.
+
+        Between steps: `callbacks` (each `cb(trainer)`, on this thread), a progress line every `progress_every_s`
+        seconds or `progress_every_steps` steps (0 = time only), a checkpoint every config.checkpoint_every steps or
+        when `controls.checkpoint` is set, and a stop (after a checkpoint) on `controls.stop` or a `STOP` file in
+        the run dir. Reaching config.steps writes a final checkpoint. An interrupt finishes the step in flight,
+        writes a checkpoint, and re-raises KeyboardInterrupt with the trainer still usable.
+        """
+        cfg = self.config
+        target = steps if steps is not None else cfg.steps
+        if self.diverged_at is not None:
+            raise TrainingDiverged(self._diverged_message())
+        last_print = time.monotonic()
+        self.log(f"training from step {self.step_count} to {target}"
+                 + (f" | run dir {self.run_dir}" if self.run_dir else "")
+                 + (f" | touch {self.run_dir / STOP_FILE} to stop after a checkpoint" if self.run_dir else ""))
+        try:
+            while self.step_count < target:
+                if self._stop_requested():
+                    break
+                if self.controls.pause.is_set():
+                    self.phase = "paused"
+                    time.sleep(0.05)
+                    continue
+                self.step(1)
+                if self.controls.checkpoint.is_set() or (cfg.checkpoint_every
+                                                          and self.step_count % cfg.checkpoint_every == 0):
+                    self.controls.checkpoint.clear()
+                    self._checkpoint_or_warn("periodic")
+                for cb in callbacks:
+                    cb(self)
+                now = time.monotonic()
+                if (now - last_print >= progress_every_s or self.step_count == target
+                        or (progress_every_steps and self.step_count % progress_every_steps == 0)):
+                    last_print = now
+                    self.log(self.progress_line(target))
+        except KeyboardInterrupt:
+            self.phase = "interrupted"
+            saved = self._checkpoint_or_warn("interrupt") if self.run_dir else None
+            self._event("interrupted", step=self.step_count, checkpoint=str(saved) if saved else None)
+            self.log(f"interrupted at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
+                     + "; the trainer is usable: call train() to continue")
+            raise
+        if self.step_count >= target:
+            self.phase = "finished"
+            if self.step_count >= cfg.steps and self.run_dir:
+                self._checkpoint_or_warn("finish")
+        else:
+            self.phase = "stopped"
+            saved = self._checkpoint_or_warn("stop") if self.run_dir else None
+            self.log(f"stopped at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
+                     + (f"; resume with resume_from={str(self.run_dir)!r}" if self.run_dir else ""))
         return self.last_metrics
+
+    def _stop_requested(self) -> bool:
+        """controls.stop (dashboard) or a STOP file in the run dir; both are consumed (a resume does not stop)."""
+        if self.controls.stop.is_set():
+            self.controls.stop.clear()
+            self._event("stop_requested", step=self.step_count, source="controls.stop")
+            return True
+        stop = self.run_dir / STOP_FILE if self.run_dir else None
+        if stop is not None and stop.exists():  # one stat per step: microseconds
+            try:
+                os.replace(stop, self.run_dir / "STOP.done")
+            except OSError:
+                pass
+            self._event("stop_requested", step=self.step_count, source=str(stop))
+            self.log(f"STOP file found at step {self.step_count}: checkpointing and stopping")
+            return True
+        return False
+
+    # ----------------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, reason: str = "manual") -> Path:
+        """Full checkpoint (drafter, optimiser, scheduler, RNG, data position, step) into <run_dir>/checkpoints/."""
+        if self.run_dir is None:
+            raise checkpoint.CheckpointError("this Trainer has no run directory. Fix: build it with "
+                                             "write_run_dir=True (the default).")
+        if self.diverged_at is not None:
+            raise checkpoint.CheckpointError("refusing to checkpoint: " + self._diverged_message())
+        root = self.run_dir / checkpoint.CHECKPOINTS_DIR
+        if self.last_checkpoint_step == self.step_count and self.last_checkpoint and self.last_checkpoint.is_dir():
+            return self.last_checkpoint
+        t0 = time.perf_counter()
+        module = self.workers[0].drafter
+        module = getattr(module, "_orig_mod", module)
+        names = checkpoint.trainable_names(module)
+        opt_tensors, groups = checkpoint.optimizer_tensors(self.workers[0].optimizer, names)
+        rng_tensors, rng_meta = checkpoint.rng_state([w.device for w in self.workers])
+        epoch, index = self.sampler.position(self.step_count)
+        state = {
+            "format_version": checkpoint.FORMAT_VERSION, "step": self.step_count, "reason": reason,
+            "time": time.time(),
+            "loss": (self.last_metrics or {}).get("loss"),
+            "loss_avg": (sum(self._recent_losses) / len(self._recent_losses)) if self._recent_losses else None,
+            "data": {"epoch": epoch, "index_in_epoch": index, **checkpoint.data_fingerprint(self.data, self.sampler)},
+            "scheduler": {"next_step": self.step_count, "next_lr": self.current_lr(),
+                          "lr_override": self.controls.new_lr, "total_steps": self.config.steps,
+                          "warmup_steps": self.config.warmup_steps},
+            "optimizer": {"param_names": names, "param_groups": groups},
+            "rng": rng_meta,
+            "config": self.config.to_dict(), "drafter_config": self.drafter_config.to_dict(),
+        }
+        path = checkpoint.write_checkpoint(root, self.step_count, {
+            checkpoint.DRAFTER_FILE: self._drafter_state(), checkpoint.OPTIMIZER_FILE: opt_tensors,
+            checkpoint.RNG_FILE: rng_tensors}, state)
+        removed = checkpoint.rotate(root, self.config.keep_checkpoints)
+        self.last_checkpoint, self.last_checkpoint_step = path, self.step_count
+        self._recent_losses = []
+        self._event("checkpoint", step=self.step_count, path=str(path), reason=reason,
+                    seconds=round(time.perf_counter() - t0, 3), removed=[p.name for p in removed])
+        return path
+
+    def _checkpoint_or_warn(self, reason: str) -> Path | None:
+        """save_checkpoint for the loop: a failed write is reported and training goes on (the old one is intact)."""
+        try:
+            return self.save_checkpoint(reason)
+        except checkpoint.CheckpointError as e:
+            self.log(f"WARNING: {e}")
+            self._event("checkpoint_failed", step=self.step_count, reason=reason, error=str(e))
+            return None
+
+    def _drafter_state(self) -> dict:
+        return {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()
+                if not k.startswith("rotary_emb.")}
+
+    def _restore(self, resume) -> None:
+        """Load drafter, masters + AdamW state, RNG and position from a checkpoint into every worker."""
+        for w in self.workers:
+            checkpoint.restore_replica(getattr(w.drafter, "_orig_mod", w.drafter), w.optimizer, resume)
+        checkpoint.restore_rng(resume.rng, resume.state.get("rng", {}))
+        self.step_count = resume.step
+        self.controls.new_lr = resume.state.get("scheduler", {}).get("lr_override")
+        self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
+        changed = checkpoint.config_differences(resume.state["config"], self.config.to_dict(),
+                                                fields=tuple(self.config.to_dict()))
+        self._event("resumed", step=resume.step, checkpoint=str(resume.path),
+                    changed=[[f, a, b] for f, a, b in changed if f != "resume_from"])
+        self.log(f"resumed from {resume.path} at step {resume.step}"
+                 + (f" (changed: {', '.join(f for f, _, _ in changed if f != 'resume_from')})" if len(changed) > 1 else ""))
+
+    def _event(self, event: str, **fields) -> None:
+        if self.run_dir is not None:
+            rundir.log_event(self.run_dir, event, **fields)
+
+    def _start_monitor(self) -> None:
+        """system.jsonl: the NVML sampler (gpu_monitor.py), only where GPUs are used."""
+        if not any(w.device.type == "cuda" for w in self.workers):
+            return
+        try:
+            from .gpu_monitor import GpuMonitor
+        except ImportError:
+            return
+        try:
+            self.monitor = GpuMonitor(interval_s=1.0, jsonl_path=self.run_dir / rundir.SYSTEM_FILE)
+            self.monitor.start()
+        except Exception as e:  # noqa: BLE001 - monitoring must never stop training
+            self.log(f"WARNING: GPU monitor did not start ({type(e).__name__}: {e}); system.jsonl stays empty")
+            self.monitor = None
 
     def progress_line(self, target: int | None = None) -> str:
         m = self.last_metrics or {}
@@ -222,6 +470,8 @@ class Trainer:
             secs = int(st * (target - self.step_count))
             eta = f" | ETA {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s"
         mem = "".join(f" | {k.split('/')[1]} {v:.1f} GiB" for k, v in m.items() if k.startswith("mem_gb/"))
+        if not mem and m.get("rss_gb") is not None:
+            mem = f" | rss {m['rss_gb']:.1f} GiB"
         return (f"step {self.step_count}/{target} | {tps / 1e3:.1f}k tok/s{state} | loss {m.get('loss', float('nan')):.4f}"
                 f" | acc {m.get('acc', 0):.3f} | sim tau {m.get('sim_tau', 1):.2f}{mem}{eta}")
 
@@ -239,8 +489,16 @@ class Trainer:
         return path
 
     def finish(self) -> dict:
-        """End of a run: save the drafter, plot the curves, copy the executed notebook; returns a summary."""
-        summary = {"steps": self.step_count, "run_dir": str(self.run_dir) if self.run_dir else None}
+        """End of a run: save the drafter, plot the curves, copy the executed notebook; returns a summary.
+
+        A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite).
+        """
+        status = "diverged" if self.diverged_at is not None else (
+            "finished" if self.step_count >= self.config.steps else "stopped")
+        summary = {"status": status, "steps": self.step_count, "target_steps": self.config.steps,
+                   "run_dir": str(self.run_dir) if self.run_dir else None,
+                   "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+                   "diverged_at": self.diverged_at}
         hist = [r for r in self.history if "loss" in r]
         if hist:
             summary.update(loss_first=hist[0]["loss"], loss_last=hist[-1]["loss"], sim_tau_last=hist[-1]["sim_tau"],
@@ -248,17 +506,39 @@ class Trainer:
         if self.run_dir:
             from .plots import plot_training
 
-            summary["drafter"] = str(self.save_drafter())
+            summary["drafter"] = str(self.save_drafter()) if self.diverged_at is None else None
             png = plot_training(self.run_dir)
             summary["plot"] = str(png) if png else None
             nb = rundir.save_executed_notebook(self.run_dir)
             summary["notebook"] = str(nb) if nb else None
             rundir.write_json(self.run_dir / "summary.json", summary)
+            self._event("finish", status=status, step=self.step_count)
         return summary
 
     def close(self) -> None:
+        if self.monitor is not None:
+            try:
+                self.monitor.stop()
+            finally:
+                self.monitor = None
+        self._driver.shutdown(wait=True)
         self.engine.shutdown()
         self.metrics.close()
+
+
+_PROCESS = None
+
+
+def _process_rss_gb() -> float | None:
+    """Resident memory of this process (the CPU-side 'memory' figure; ~20 us per call)."""
+    global _PROCESS
+    if _PROCESS is None:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        _PROCESS = psutil.Process()
+    return round(_PROCESS.memory_info().rss / 2**30, 3)
 
 
 def _frozen_copy(embed: torch.nn.Embedding, device: torch.device) -> torch.nn.Embedding:

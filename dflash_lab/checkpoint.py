@@ -1,0 +1,385 @@
+"""Full training checkpoints: atomic, rotated, safetensors + JSON only (never pickle), enough to resume exactly.
+
+Layout of one checkpoint, `<run_dir>/checkpoints/step-0001200/`:
+
+    drafter.safetensors     drafter weights in export names (what `save_drafter` writes)
+    optimizer.safetensors   fp32 master weights + AdamW state (`master/<p>`, `exp_avg/<p>`, `exp_avg_sq/<p>`, `step/<p>`)
+    rng.safetensors         torch CPU RNG state and one CUDA RNG state per device used
+    state.json              step, data position, scheduler position, optimizer hyper-parameters, python/numpy RNG,
+                            loss, the resolved TrainConfig and DrafterConfig (a checkpoint describes itself)
+
+Atomicity is directory-level: everything is written into `step-XXXXXXX.tmp/`, fsynced, then renamed in one
+`os.rename`. A crash or a full disk mid-write leaves at worst a `.tmp` folder (ignored and cleaned up later); a
+folder named `step-*` is always complete. Rotation keeps the last K plus the best (lowest mean loss since the
+previous checkpoint).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "state.json"
+DRAFTER_FILE = "drafter.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step-(\d{7,})$")
+
+# Fields that change the model, the data stream or the optimiser trajectory: a resume must keep them. Every other
+# TrainConfig field (steps, devices, logging, checkpointing, run naming, eval) may change when resuming; changing
+# `steps` re-plans the cosine schedule from the resumed step on, so that run is no longer identical to one started
+# with the new `steps`.
+MUST_MATCH = ("target", "data", "seq_len", "batch_size", "block_size", "num_anchors", "num_draft_layers",
+              "num_target_features", "target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "lr",
+              "weight_decay", "warmup_ratio", "min_lr_ratio", "grad_clip", "gamma", "seed")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says what is still intact and what to do."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run directory (or of its `checkpoints/` folder), oldest step first."""
+    root = Path(run_dir)
+    if root.name != CHECKPOINTS_DIR:
+        root = root / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None and (p / STATE_FILE).is_file()]
+    return sorted(found, key=checkpoint_step)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or a run directory (-> its newest complete checkpoint)."""
+    p = Path(path).expanduser()
+    if (p / STATE_FILE).is_file():
+        return p
+    if not p.exists():
+        raise CheckpointError(f"resume_from={str(path)!r} does not exist. Fix: pass a run directory "
+                              "(runs/<stamp>-<name>-<id>) or one of its checkpoints/step-XXXXXXX folders.")
+    latest = latest_checkpoint(p)
+    if latest is None:
+        partial = sorted(q.name for q in (p / CHECKPOINTS_DIR).glob("*.tmp")) if (p / CHECKPOINTS_DIR).is_dir() else []
+        extra = f" (only unfinished writes: {partial})" if partial else ""
+        raise CheckpointError(f"resume_from={str(path)!r} holds no complete checkpoint{extra}. Fix: pass a run "
+                              "directory trained with checkpoint_every > 0 (or stopped/finished cleanly), or a "
+                              "checkpoints/step-XXXXXXX folder.")
+    return latest
+
+
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint belongs to (`<run>/checkpoints/step-*`), if it has a config.json."""
+    parent = checkpoint.resolve().parent
+    if parent.name == CHECKPOINTS_DIR and (parent.parent / "config.json").is_file():
+        return parent.parent
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writers: every byte of a checkpoint goes through these two (tests replace them to simulate a full disk).
+# ---------------------------------------------------------------------------------------------------------------
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "dflash-lab", "version": str(FORMAT_VERSION)})
+    _fsync_file(path)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=1, allow_nan=True) + "\n")
+    _fsync_file(path)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync_file(path)
+    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
+        pass
+
+
+def write_checkpoint(root: str | Path, step: int, files: dict[str, dict[str, torch.Tensor]], state: dict) -> Path:
+    """Write `files` (name -> tensors) and state.json into `root/step-XXXXXXX/` atomically; returns the folder.
+
+    On any error the temp folder is removed and CheckpointError says which previous checkpoint is still intact.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    tmp = root / (final.name + ".tmp")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name, tensors in files.items():
+            _write_tensors(tmp / name, {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
+        _write_json(tmp / STATE_FILE, state)  # last: a folder with state.json has every other file
+        _fsync_dir(tmp)
+        if final.exists():  # same step written again (e.g. stop right after a periodic save): replace it
+            old = root / (final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(root)
+    except KeyboardInterrupt:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = [p for p in list_checkpoints(root) if p != final]
+        intact = (f"the previous checkpoint {prev[-1]} (step {checkpoint_step(prev[-1])}) is intact"
+                  if prev else "no earlier checkpoint exists")
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = "free disk space (or point runs_dir at a larger disk)" if full else "check the disk and permissions"
+        raise CheckpointError(f"writing checkpoint step {step} into {root} failed ({type(e).__name__}: {e}); the "
+                              f"partial write was removed and {intact}. Fix: {fix}; training state in memory is "
+                              "unaffected, so the next save can succeed.") from e
+    return final
+
+
+def rotate(root: str | Path, keep: int) -> list[Path]:
+    """Keep the newest `keep` checkpoints plus the best (lowest `loss_avg`); delete the rest and stale temp folders."""
+    ckpts = list_checkpoints(root)
+    keep_set = set(ckpts[-keep:]) if keep > 0 else set()
+    scored = []
+    for p in ckpts:
+        loss = read_state(p).get("loss_avg")
+        if loss is not None and math.isfinite(loss):
+            scored.append((loss, checkpoint_step(p), p))
+    if scored:
+        keep_set.add(min(scored)[2])
+    removed = []
+    for p in ckpts:
+        if p not in keep_set:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    base = Path(root) if Path(root).name == CHECKPOINTS_DIR else Path(root) / CHECKPOINTS_DIR
+    for stale in list(base.glob("step-*.tmp")) + list(base.glob("step-*.old")):
+        shutil.rmtree(stale, ignore_errors=True)
+    return removed
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    scored = [(read_state(p).get("loss_avg", math.inf), checkpoint_step(p), p) for p in list_checkpoints(run_dir)]
+    scored = [s for s in scored if s[0] is not None and math.isfinite(s[0])]
+    return min(scored)[2] if scored else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Readers
+# ---------------------------------------------------------------------------------------------------------------
+def read_state(path: str | Path) -> dict:
+    return json.loads((Path(path) / STATE_FILE).read_text())
+
+
+def read_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    f = Path(path) / name
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {name}. Fix: pick another checkpoint "
+                              f"(available: {[p.name for p in list_checkpoints(Path(path).parent)]}).")
+    return load_file(str(f))
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict
+    drafter: dict[str, torch.Tensor]
+    optimizer: dict[str, torch.Tensor]
+    rng: dict[str, torch.Tensor]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    p = resolve_checkpoint(path)
+    state = read_state(p)
+    if state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {p} has format_version={state.get('format_version')!r}; this dflash-lab "
+                              f"reads {FORMAT_VERSION}. Fix: resume with the dflash-lab version that wrote it.")
+    return Checkpoint(p, state, read_tensors(p, DRAFTER_FILE), read_tensors(p, OPTIMIZER_FILE), read_tensors(p, RNG_FILE))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# State capture / restore
+# ---------------------------------------------------------------------------------------------------------------
+def trainable_names(module: torch.nn.Module) -> list[str]:
+    """Names of the parameters MasterAdamW holds, in its order (requires_grad parameters of the module)."""
+    return [n for n, p in module.named_parameters() if p.requires_grad]
+
+
+def optimizer_tensors(optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """fp32 masters + AdamW state keyed by parameter name, and the param groups' hyper-parameters (JSON)."""
+    if len(names) != len(optimizer.masters):
+        raise CheckpointError(f"optimizer holds {len(optimizer.masters)} tensors but the drafter has {len(names)} "
+                              "trainable parameters; the checkpoint would not map back. This is a bug: report it.")
+    sd = optimizer.state_dict()
+    out = {}
+    for i, name in enumerate(names):
+        out[f"master/{name}"] = optimizer.masters[i].detach()
+        for key, val in sd["state"].get(i, {}).items():
+            out[f"{key}/{name}"] = val.detach() if torch.is_tensor(val) else torch.tensor(val)
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+              for g in sd["param_groups"]]
+    return out, groups
+
+
+@torch.no_grad()
+def restore_optimizer(optimizer, names: list[str], tensors: dict[str, torch.Tensor], groups: list[dict]) -> None:
+    """Load masters + AdamW state, then copy the masters into the (possibly bf16) parameters."""
+    missing = [n for n in names if f"master/{n}" not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint optimizer state lacks parameters {missing[:5]} (of {len(missing)}); the "
+                              "drafter shape differs from the one that was saved. Fix: resume with the same config.")
+    state = {}
+    for i, name in enumerate(names):
+        per = {key.split("/", 1)[0]: t for key, t in tensors.items() if key.split("/", 1)[1] == name
+               and not key.startswith("master/")}
+        if per:
+            state[i] = per
+    param_groups = []
+    start = 0
+    for g, current in zip(groups, optimizer.state_dict()["param_groups"]):
+        n = len(current["params"])
+        param_groups.append({**{k: (tuple(v) if k == "betas" else v) for k, v in g.items()},
+                             "params": list(range(start, start + n))})
+        start += n
+    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+    for p, m, name in zip(optimizer.params, optimizer.masters, names):
+        m.copy_(tensors[f"master/{name}"].to(device=m.device, dtype=m.dtype))
+        if m is not p:
+            p.copy_(m)
+
+
+def rng_state(devices: list[torch.device]) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, json) holding torch CPU/CUDA, python and numpy RNG states."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    for d in devices:
+        if d.type == "cuda":
+            tensors[f"cuda/{d.index or 0}"] = torch.cuda.get_rng_state(d)
+    version, internal, gauss = random.getstate()
+    meta = {"python": [version, list(internal), gauss]}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        meta["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    except ImportError:
+        pass
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    for key, t in tensors.items():
+        if key.startswith("cuda/") and torch.cuda.is_available():
+            idx = int(key.split("/")[1])
+            if idx < torch.cuda.device_count():
+                torch.cuda.set_rng_state(t, idx)
+    if "python" in meta:
+        version, internal, gauss = meta["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in meta:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = meta["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+@torch.no_grad()
+def restore_replica(module: torch.nn.Module, optimizer, resume: Checkpoint) -> None:
+    """Drafter weights + masters + AdamW state of a checkpoint into one replica (module = the uncompiled drafter)."""
+    from .config import ConfigError
+
+    names = resume.state["optimizer"]["param_names"]
+    if trainable_names(module) != names:
+        raise ConfigError(f"checkpoint {resume.path} holds parameters {names[:4]}... that do not match this "
+                          "drafter's. Fix: resume with the config the checkpoint was trained with.")
+    missing, unexpected = module.load_state_dict(resume.drafter, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary_emb.")]
+    if missing or unexpected:
+        raise ConfigError(f"checkpoint {resume.path}: drafter weights do not fit (missing {missing[:4]}, "
+                          f"unexpected {unexpected[:4]}). Fix: resume with the config it was trained with.")
+    restore_optimizer(optimizer, names, resume.optimizer, resume.state["optimizer"]["param_groups"])
+
+
+def data_fingerprint(data, sampler) -> dict:
+    """Cheap identity of the tokenized data (sample count, epoch length, hash of the sample lengths)."""
+    import hashlib
+
+    return {"num_samples": len(data), "steps_per_epoch": sampler.steps_per_epoch,
+            "lengths_sha1": hashlib.sha1(data.lengths.numpy().tobytes()).hexdigest()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resume compatibility
+# ---------------------------------------------------------------------------------------------------------------
+def check_resume(resume: Checkpoint, *, data, sampler, drafter_config: dict) -> None:
+    """Raise ConfigError naming every difference in the data or the drafter's shape since the checkpoint."""
+    from .config import ConfigError
+
+    old = resume.state.get("data", {})
+    diffs = [(f"data.{k}", old[k], v) for k, v in data_fingerprint(data, sampler).items() if k in old and old[k] != v]
+    if diffs:
+        raise ConfigError(format_differences(resume.path, diffs).replace(
+            "Fix:", "The data changed since the checkpoint, so a step would not see the same batch. Fix: resume on "
+            "the data the run was trained on, or"))
+    diffs = config_differences(resume.state["drafter_config"], drafter_config, fields=tuple(drafter_config))
+    if diffs:
+        raise ConfigError(format_differences(resume.path, [(f"drafter.{f}", a, b) for f, a, b in diffs]))
+
+
+def _norm(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def config_differences(old: dict, new: dict, fields=MUST_MATCH) -> list[tuple[str, object, object]]:
+    """(field, checkpoint value, new value) for each field in `fields` that differs."""
+    return [(f, old.get(f), new.get(f)) for f in fields if _norm(old.get(f)) != _norm(new.get(f))]
+
+
+def format_differences(checkpoint: Path, diffs: list[tuple[str, object, object]]) -> str:
+    lines = "\n".join(f"  {f}: {old!r} (checkpoint) -> {new!r} (now)" for f, old, new in diffs)
+    return (f"cannot resume from {checkpoint}: {len(diffs)} setting(s) that change the model, the data or the "
+            f"optimiser trajectory differ from the checkpoint's:\n{lines}\nFix: set them back to the checkpoint's "
+            "values (its state.json holds the full config), or start a fresh run (resume_from=None). Fields that "
+            "may change on resume: steps, devices, target_devices, dtype, logging, checkpointing, eval and naming.")

@@ -1,0 +1,201 @@
+"""List run directories and load their metrics into pandas DataFrames (compare.ipynb and ad-hoc analysis).
+
+    from dflash_lab import runs
+    dirs = runs.list_runs("runs")            # newest first: [Path('runs/20250101T120000Z-train-a1b2c3'), ...]
+    runs.runs_table(dirs)                     # one row per run: status, steps, last loss, tokens/s, memory
+    frame = runs.load_metrics(dirs)           # one row per logged step, column `run` names the run
+
+Command line:
+    python -m dflash_lab.runs list [--runs-dir runs]
+    python -m dflash_lab.runs compare [RUN_DIR ...] [--runs-dir runs] [--newest 4] [--out runs/compare.ipynb]
+        executes notebooks/compare.ipynb with papermill and writes an HTML export next to the output notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from . import rundir
+
+_STAMP = re.compile(r"^\d{8}T\d{6}Z-")
+REPO = Path(__file__).resolve().parent.parent
+LIVE_WINDOW_S = 120.0  # a run whose metrics/events changed this recently counts as running
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / rundir.CONFIG_FILE).is_file()
+
+
+def list_runs(runs_dir: str | Path = "runs", *, newest_first: bool = True) -> list[Path]:
+    """Run directories under `runs_dir` (those with a config.json), ordered by their UTC stamp."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if is_run_dir(p)]
+    found.sort(key=lambda p: (p.name if _STAMP.match(p.name) else "", p.stat().st_mtime), reverse=newest_first)
+    return found
+
+
+def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4) -> list[Path]:
+    """The given run directories (checked), or the `newest` runs in `runs_dir` when none are given."""
+    if isinstance(run_dirs, (str, Path)):
+        run_dirs = [run_dirs]
+    if not run_dirs:
+        found = list_runs(runs_dir)[:newest]
+        if not found:
+            raise FileNotFoundError(f"no run directories (with a config.json) under {Path(runs_dir).resolve()}. "
+                                    "Fix: train first (notebooks/train.ipynb) or pass run_dirs explicitly.")
+        return found
+    out = []
+    for d in run_dirs:
+        p = Path(d).expanduser()
+        if not is_run_dir(p):
+            raise FileNotFoundError(f"{d!r} is not a run directory (no {rundir.CONFIG_FILE}). Fix: pass folders "
+                                    f"like runs/<stamp>-<name>-<id>; available: {[q.name for q in list_runs(runs_dir)][:8]}")
+        out.append(p)
+    return out
+
+
+def run_label(run_dir: Path) -> str:
+    """`<name>-<id>` plus the stamp's date and time, short enough for a legend."""
+    name = Path(run_dir).name
+    m = _STAMP.match(name)
+    return f"{name[m.end():]} ({name[4:8]}-{name[9:13]})" if m else name
+
+
+def run_status(run_dir: Path) -> str:
+    """finished | stopped | diverged (from summary.json / events.jsonl), running (recent writes) or incomplete."""
+    run_dir = Path(run_dir)
+    events = rundir.read_jsonl(run_dir / rundir.EVENTS_FILE)
+    summary_file = run_dir / "summary.json"
+    if any(e.get("event") == "diverged" for e in events[-3:]):
+        return "diverged"
+    if summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+        last_resume = max((e["time"] for e in events if e.get("event") == "resumed"), default=0)
+        if summary_file.stat().st_mtime >= last_resume:
+            return summary.get("status", "finished")
+    newest = max((f.stat().st_mtime for f in (run_dir / rundir.METRICS_FILE, run_dir / rundir.EVENTS_FILE)
+                  if f.is_file()), default=0)
+    return "running" if time.time() - newest < LIVE_WINDOW_S else "incomplete"
+
+
+def _memory_gb(row: dict) -> float | None:
+    gpu = [v for k, v in row.items() if k.startswith("mem_gb/") and v is not None]
+    return max(gpu) if gpu else row.get("rss_gb")
+
+
+def load_metrics(run_dirs) -> "pandas.DataFrame":  # noqa: F821
+    """One row per logged step of every run; columns: run, label, step, loss, tokens_per_s, memory_gb, sim_tau, ...
+
+    `memory_gb` is the largest per-GPU allocation of the step (process RSS for CPU runs); `slot_acc` stays a list.
+    """
+    import pandas as pd
+
+    frames = []
+    for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
+        d = Path(d)
+        rows = [r for r in rundir.read_jsonl(d / rundir.METRICS_FILE) if "step" in r]
+        if not rows:
+            continue
+        for r in rows:
+            r["memory_gb"] = _memory_gb(r)
+        f = pd.DataFrame(rows)
+        f.insert(0, "run", d.name)
+        f.insert(1, "label", run_label(d))
+        frames.append(f)
+    if not frames:
+        return pd.DataFrame(columns=["run", "label", "step", "loss", "tokens_per_s", "memory_gb", "sim_tau"])
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def load_system(run_dirs) -> "pandas.DataFrame":  # noqa: F821
+    """system.jsonl (GPU monitor samples) of every run, with a `run` column."""
+    import pandas as pd
+
+    frames = []
+    for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
+        rows = rundir.read_jsonl(Path(d) / rundir.SYSTEM_FILE)
+        if rows:
+            f = pd.json_normalize(rows)
+            f.insert(0, "run", Path(d).name)
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame(columns=["run"])
+
+
+def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
+    """One row per run: status, steps, final loss, simulated tau, steady tokens/s, peak memory, key settings."""
+    import pandas as pd
+
+    rows = []
+    for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
+        d = Path(d)
+        cfg = json.loads((d / rundir.CONFIG_FILE).read_text())
+        metrics = [r for r in rundir.read_jsonl(d / rundir.METRICS_FILE) if "loss" in r]
+        last = metrics[-1] if metrics else {}
+        steady = [r["steady_tokens_per_s"] for r in metrics if r.get("steady_tokens_per_s")]
+        mem = [m for m in (_memory_gb(r) for r in metrics) if m is not None]
+        rows.append({
+            "run": d.name, "status": run_status(d), "step": last.get("step", 0), "steps": cfg.get("steps"),
+            "loss": last.get("loss"), "sim_tau": last.get("sim_tau"), "acc": last.get("acc"),
+            "tokens_per_s": steady[-1] if steady else last.get("tokens_per_s"),
+            "peak_memory_gb": max(mem) if mem else None,
+            "target": cfg.get("target"), "devices": ",".join(cfg.get("devices") or []),
+            "seq_len": cfg.get("seq_len"), "batch_size": cfg.get("batch_size"), "block_size": cfg.get("block_size"),
+            "num_anchors": cfg.get("num_anchors"), "lr": cfg.get("lr"),
+            "resumed": any(e.get("event") == "resumed" for e in rundir.read_jsonl(d / rundir.EVENTS_FILE)),
+        })
+    return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Path = "runs/compare.ipynb") -> Path:
+    """Execute notebooks/compare.ipynb headless into `out` and write `out` as HTML next to it; returns the HTML."""
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
+    pm.execute_notebook(str(REPO / "notebooks" / "compare.ipynb"), str(out), cwd=str(REPO), progress_bar=False,
+                        parameters={"run_dirs": selected, "runs_dir": str(Path(runs_dir).resolve()),
+                                    "newest": newest})
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
+    html = out.with_suffix(".html")
+    html.write_text(body)
+    return html
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab.runs", description="List and compare run directories.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list", help="one line per run, newest first")
+    ls.add_argument("--runs-dir", default="runs")
+    cp = sub.add_parser("compare", help="execute notebooks/compare.ipynb and export it to HTML")
+    cp.add_argument("run_dirs", nargs="*", help="run directories (default: the newest runs in --runs-dir)")
+    cp.add_argument("--runs-dir", default="runs")
+    cp.add_argument("--newest", type=int, default=4, help="how many newest runs when no RUN_DIR is given")
+    cp.add_argument("--out", default="runs/compare.ipynb", help="executed notebook; the .html goes next to it")
+    args = ap.parse_args(argv)
+    if args.cmd == "list":
+        import pandas as pd
+
+        table = runs_table(list_runs(args.runs_dir))
+        with pd.option_context("display.width", 200, "display.max_columns", 12):
+            print(table if len(table) else f"no runs under {args.runs_dir}")
+        return 0
+    html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)
+    print(f"wrote {Path(args.out)} and {html}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
