@@ -236,7 +236,8 @@ def _sharegpt_messages(record: dict, where: str) -> list[dict]:
 
 def normalize_record(record, where: str, *, data_format: str = "auto",
                      require_assistant: bool = True) -> tuple[list[dict], str]:
-    """One raw record -> (normalised messages, "openai"|"sharegpt"); raises RecordIssue when it is unusable."""
+    """One raw record -> (normalised messages, "openai"|"sharegpt"); raises RecordIssue when it is unusable.
+    require_assistant=False (regeneration input): no assistant turn needed, and empty ones are placeholders."""
     if not isinstance(record, dict):
         raise RecordIssue("not_an_object", f"record is a {type(record).__name__}, expected a JSON object")
     has_openai = isinstance(record.get("messages"), list)
@@ -257,7 +258,7 @@ def normalize_record(record, where: str, *, data_format: str = "auto",
                                          f"{sorted(record)[:8]}")
     if not msgs:
         raise RecordIssue("no_messages", "the message list is empty")
-    for k, m in enumerate(msgs):
+    for k, m in enumerate(msgs if require_assistant else ()):  # without it, assistant turns are placeholders
         if m["role"] == "assistant" and not (m["content"].strip() or m.get("reasoning_content") or m.get("tool_calls")):
             raise RecordIssue("empty_assistant", f"assistant message {k} is empty")
     if require_assistant and not any(m["role"] == "assistant" for m in msgs):
