@@ -1,0 +1,139 @@
+"""What the dashboard's buttons do to a Trainer: set its control events, or run steps in a background thread.
+
+A button callback must return at once: on JupyterLab >= 4.4 with ipykernel >= 7 it runs on a kernel subshell while
+the training cell is busy, and the training loop reads `trainer.controls` (threading.Events `pause`, `stop`,
+`checkpoint`, and `new_lr`) at step boundaries. "Run" and "Step N" start `trainer.train()` / `trainer.step(n)` in a
+background thread only when no loop is running (a busy cell's `trainer.train(callbacks=[view.callback])` counts:
+its callback is the heartbeat), so two loops never drive one trainer. No ipywidgets here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+
+class TrainingControls:
+    def __init__(self, trainer=None, builder=None):
+        self._trainer, self.builder = trainer, builder
+        self.thread: threading.Thread | None = None
+        self.error: str | None = None
+        self.message = ""
+        self.target_steps: int | None = None
+        self._heartbeat = 0.0
+        self._checkpoint_step: int | None = None
+
+    @property
+    def trainer(self):
+        return self._trainer if self._trainer is not None else (self.builder.trainer if self.builder else None)
+
+    def _not_ready(self) -> str | None:
+        if self.trainer is not None:
+            return None
+        if self.builder is not None and self.builder.error:
+            return self._say(f"no trainer: {self.builder.error}")
+        return self._say("the trainer is still loading; try again when the phase says ready")
+
+    # -- state ----------------------------------------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        """Called after every step by a loop this object did not start (the view's callback)."""
+        self._heartbeat = time.monotonic()
+        if self.trainer is not None and self._checkpoint_step is not None and not self.trainer.controls.checkpoint.is_set():
+            self.message = f"checkpoint written after step {self.trainer.step_count}"
+            self._checkpoint_step = None
+
+    def loop_active(self) -> bool:
+        if self.trainer is None:
+            return False
+        if self.thread is not None and self.thread.is_alive():
+            return True
+        phase = getattr(self.trainer, "phase", "")
+        if phase == "paused":
+            return True
+        if phase == "training":
+            last = getattr(self.trainer, "last_metrics", None) or {}
+            grace = max(5.0, 5 * float(last.get("step_time_s") or 0.0))
+            return time.monotonic() - self._heartbeat < grace
+        return False
+
+    # -- buttons --------------------------------------------------------------------------------------------------
+    def run(self, steps: int | None = None) -> str:
+        """Resume a paused loop, or start trainer.train(steps) in a background thread."""
+        if (msg := self._not_ready()) is not None:
+            return msg
+        c = self.trainer.controls
+        if self.loop_active():
+            if c.pause.is_set():
+                c.pause.clear()
+                return self._say("resumed")
+            return self._say("already training")
+        target = steps if steps is not None else self.trainer.config.steps
+        if self.trainer.step_count >= target:
+            return self._say(f"already at step {self.trainer.step_count} >= {target}; use Step N to go further")
+        c.stop.clear()
+        c.pause.clear()
+        self.target_steps = target
+        return self._start(lambda: self.trainer.train(target), f"training to step {target}")
+
+    def pause(self) -> str:
+        if (msg := self._not_ready()) is not None:
+            return msg
+        self.trainer.controls.pause.set()
+        return self._say(f"pause requested at step {self.trainer.step_count}")
+
+    def stop(self) -> str:
+        if (msg := self._not_ready()) is not None:
+            return msg
+        self.trainer.controls.stop.set()
+        return self._say(f"stop requested at step {self.trainer.step_count}")
+
+    def checkpoint(self) -> str:
+        if (msg := self._not_ready()) is not None:
+            return msg
+        self.trainer.controls.checkpoint.set()
+        self._checkpoint_step = self.trainer.step_count
+        return self._say(f"checkpoint requested at step {self.trainer.step_count} (written at the next step boundary)")
+
+    def set_lr(self, lr: float) -> str:
+        if (msg := self._not_ready()) is not None:
+            return msg
+        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            return self._say(f"learning rate {lr!r} ignored: give a positive finite number, e.g. 3e-4")
+        self.trainer.controls.new_lr = float(lr)
+        return self._say(f"learning rate set to {lr:.3g} from the next step (overrides the schedule)")
+
+    def step_n(self, n: int) -> str:
+        if (msg := self._not_ready()) is not None:
+            return msg
+        if not isinstance(n, int) or n < 1:
+            return self._say(f"Step N: N={n!r} must be an integer >= 1")
+        if self.loop_active():
+            return self._say("a training loop is running: pause or stop it before stepping by hand")
+        self.trainer.controls.stop.clear()
+        self.target_steps = max(self.target_steps or 0, self.trainer.step_count + n)
+        return self._start(lambda: self.trainer.step(n), f"stepping {n}")
+
+    # -- internals ------------------------------------------------------------------------------------------------
+    def _say(self, msg: str) -> str:
+        self.message = msg
+        return msg
+
+    def _start(self, fn, msg: str) -> str:
+        self.error = None
+
+        def body():
+            try:
+                fn()
+                self._say(f"done at step {self.trainer.step_count}")
+            except BaseException as e:  # noqa: BLE001 - shown on the dashboard as "failed"
+                self.error = f"{type(e).__name__}: {e}"
+                self._say("")
+
+        self.thread = threading.Thread(target=body, name="dflash-dashboard-train", daemon=True)
+        self.thread.start()
+        return self._say(msg)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)

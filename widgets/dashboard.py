@@ -1,0 +1,198 @@
+"""Live dashboard: ipywidgets + one plotly FigureWidget, refreshed from a daemon thread at <= 2 Hz.
+
+Layout: header (phase, step, tokens/s now and steady, loss, LR, simulated acceptance, ETA), target-replica load
+bars, per-GPU memory bars (or host CPU/RAM without a GPU), supply/demand balance, four curves (loss + EMA, LR,
+tokens/s with the warm-up span shaded, simulated acceptance), and the control row.
+
+Updates only set widget traits (safe from a thread with ipywidgets 8 / ipykernel 7); nothing prints or uses
+`with output:` from the thread. All curves change inside one `fig.batch_update()` (one message), and only when new
+steps arrived; curves are bounded (DashboardModel) so each refresh sends at most ~600 points per curve. Without
+`anywidget` (plotly's FigureWidget needs it) the curves fall back to a PNG image refreshed every 5 s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ipywidgets as W
+
+from .html import balance_html, gpus_html, header_html, replicas_html
+from .model import DashboardModel, DashboardState
+
+CURVES = [("loss", "loss", 1, 1), ("loss_ema", "loss (EMA)", 1, 1), ("lr", "lr", 1, 2),
+          ("tokens_per_s", "tokens/s", 2, 1), ("sim_tau", "sim. acceptance", 2, 2)]
+
+
+def _figure_widget():
+    """A 2x2 plotly FigureWidget, or None if plotly's widget support (anywidget) is missing."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.08, vertical_spacing=0.16,
+                            subplot_titles=("training loss (decayed CE)", "learning rate",
+                                            "tokens/s (shaded: warm-up)", "simulated acceptance length"))
+        for key, name, r, c in CURVES:
+            fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines",
+                                     opacity=0.45 if key == "loss" else 1.0), row=r, col=c)
+        fig.update_layout(height=440, margin=dict(l=50, r=20, t=40, b=30), showlegend=False,
+                          uirevision="keep")  # keep the user's zoom across updates
+        return go.FigureWidget(fig)
+    except ImportError:
+        return None
+
+
+class LiveDashboard:
+    """Widgets + refresh thread over a source (TrainerSource / RunDirSource) and a DashboardModel."""
+
+    def __init__(self, source, model: DashboardModel, *, buttons: dict | None = None, refresh_hz: float = 2.0,
+                 title: str = ""):
+        if not 0 < refresh_hz <= 2.0:
+            raise ValueError(f"refresh_hz={refresh_hz}: use 0 < refresh_hz <= 2 (plotly resends whole curves; "
+                             "faster refreshes cost the kernel more than they show).")
+        self.source, self.model = source, model
+        self.period = 1.0 / refresh_hz
+        self.header = W.HTML()
+        self.replicas = W.HTML()
+        self.gpus = W.HTML()
+        self.balance = W.HTML()
+        self.message = W.HTML()
+        self.fig = _figure_widget()
+        self.image = None
+        if self.fig is None:
+            self.image = W.Image(format="png")
+            self.image_every_s, self._image_time = 5.0, 0.0
+        self._sent_version = -1
+        self._last_html: dict[str, str] = {}
+        self.state: DashboardState | None = None
+        self.last_refresh_s = 0.0
+        self.refreshes = 0
+        self.refresh_error: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.title = W.HTML(f"<b>{title}</b>")
+        children = [self.title, self.header, self.replicas, self.gpus, self.balance, self.fig if self.fig is not None else self.image]
+        if buttons:
+            children.append(self._controls_row(buttons))
+        children.append(self.message)
+        self.box = W.VBox(children, layout=W.Layout(border="1px solid #d0d7de", padding="6px"))
+        self.box.add_class("dflash-dashboard")
+
+    def set_title(self, title: str) -> None:
+        self.title.value = f"<b>{title}</b>"
+
+    # -- controls -------------------------------------------------------------------------------------------------
+    def _controls_row(self, buttons: dict) -> W.Widget:
+        """buttons: name -> callable; names: run, pause, stop, checkpoint, step_n (takes n), set_lr (takes lr)."""
+        row = []
+
+        def wire(label, fn, *, style="", tooltip="", arg=None):
+            b = W.Button(description=label, button_style=style, tooltip=tooltip,
+                         layout=W.Layout(width="auto"))
+            b.add_class(f"dfl-btn-{label.lower().replace(' ', '-')}")
+
+            def on_click(_):  # runs on a kernel subshell while a cell is busy: only sets events / starts a thread
+                try:
+                    msg = fn(arg.value) if arg is not None else fn()
+                except Exception as e:  # noqa: BLE001 - show it, never raise into the comm handler
+                    msg = f"{label} failed: {type(e).__name__}: {e}"
+                self._set_html(self.message, "message", f"<small>{msg}</small>")
+
+            b.on_click(on_click)
+            return b
+
+        if "run" in buttons:
+            row.append(wire("Run", buttons["run"], style="success", tooltip="train to the configured steps "
+                                                                            "(or resume after Pause)"))
+        if "pause" in buttons:
+            row.append(wire("Pause", buttons["pause"], style="warning", tooltip="pause at the next step boundary"))
+        if "stop" in buttons:
+            row.append(wire("Stop", buttons["stop"], style="danger", tooltip="stop at the next step boundary"))
+        if "checkpoint" in buttons:
+            row.append(wire("Checkpoint now", buttons["checkpoint"], tooltip="save at the next step boundary"))
+        if "step_n" in buttons:
+            n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="90px"))
+            row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps in the background"), n]
+        if "set_lr" in buttons:
+            lr = W.FloatText(value=float(self.model.last.get("lr") or 3e-4), layout=W.Layout(width="110px"))
+            row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
+        return W.HBox(row)
+
+    # -- refresh --------------------------------------------------------------------------------------------------
+    def refresh(self) -> DashboardState:
+        """Poll the source, recompute the state, push what changed to the widgets (one batched plotly update)."""
+        with self._lock:
+            t0 = time.perf_counter()
+            kwargs = self.source.poll(self.model)
+            s = self.state = self.model.state(**kwargs)
+            self._set_html(self.header, "header", header_html(s))
+            self._set_html(self.replicas, "replicas", replicas_html(s) if s.phase.startswith("loading") else "")
+            self._set_html(self.gpus, "gpus", gpus_html(s))
+            self._set_html(self.balance, "balance", balance_html(s))
+            controls = getattr(self.source, "controls", None)
+            if controls is not None and controls.message:
+                self._set_html(self.message, "message", f"<small>{controls.message}</small>")
+            if s.series_version != self._sent_version:
+                self._send_curves(s)
+            self.last_refresh_s = time.perf_counter() - t0
+            self.refreshes += 1
+            return s
+
+    def _set_html(self, widget, key: str, value: str) -> None:
+        if self._last_html.get(key) != value:
+            self._last_html[key] = value
+            widget.value = value
+
+    def _send_curves(self, s: DashboardState) -> None:
+        if self.fig is None:
+            now = time.monotonic()
+            if now - self._image_time >= self.image_every_s:
+                from .static import render_png
+
+                self._image_time = now
+                self.image.value = render_png(s, dpi=60)
+                self._sent_version = s.series_version
+            return
+        import numpy as np
+
+        shapes = []
+        if s.steady_from_step is not None:  # warm-up span on the tokens/s panel (x3/y3 = row 2, col 1)
+            shapes.append(dict(type="rect", xref="x3", yref="y3 domain", x0=0, x1=s.steady_from_step, y0=0, y1=1,
+                               fillcolor="#9a6700", opacity=0.12, line_width=0, layer="below"))
+        with self.fig.batch_update():  # one message for all curves
+            for i, (key, *_rest) in enumerate(CURVES):
+                x, y = s.series.get(key, ([], []))
+                self.fig.data[i].x = np.asarray(x, dtype=np.float64)
+                self.fig.data[i].y = np.asarray(y, dtype=np.float64)
+            if s.steady_from_step is not None and len(self.fig.layout.shapes) != len(shapes):
+                self.fig.layout.shapes = shapes
+        self._sent_version = s.series_version
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+                self.refresh_error = None
+            except Exception as e:  # noqa: BLE001 - keep refreshing; show the problem in the message line
+                self.refresh_error = f"{type(e).__name__}: {e}"
+                try:
+                    self._set_html(self.message, "message", f"<small>dashboard refresh failed: "
+                                                            f"{self.refresh_error}</small>")
+                except Exception:  # noqa: BLE001
+                    pass
+            self._stop.wait(max(self.period - self.last_refresh_s, 0.05))
+
+    def start(self) -> "LiveDashboard":
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="dflash-dashboard", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = None

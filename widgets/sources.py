@@ -1,0 +1,191 @@
+"""Where a dashboard's numbers come from: a live Trainer in this kernel, or a run directory written elsewhere.
+
+Both feed a DashboardModel and return the phase to show (`poll(model) -> dict of DashboardModel.state kwargs`).
+No ipywidgets here: the attach path is testable on CPU against a real run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .model import DashboardModel, replica_rows
+
+LOAD_PROGRESS_ATTRS = ("load_progress", "target_load_progress", "loading_progress")
+
+
+class JsonlFollower:
+    """Incremental reader of a JSONL file that another process appends to (`tail -f` semantics).
+
+    Keeps the byte offset of the last complete line; a partial last line waits for its newline; a file that shrank
+    (rotated / rewritten) is read again from the start.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.offset = 0
+        self._partial = b""
+        self.bad_lines = 0
+
+    def read_new(self, max_bytes: int = 64 * 2**20) -> list[dict]:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        if size < self.offset:
+            self.offset, self._partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(max_bytes)
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # b"" if the chunk ended with a newline
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                self.bad_lines += 1
+        return out
+
+
+def trainer_phase(trainer, controls=None) -> dict:
+    """Phase, detail, error and replica load progress of a Trainer (reads whatever the trainer exposes)."""
+    phase = str(getattr(trainer, "phase", "") or "ready")
+    error = None
+    for name in ("error", "last_error", "failure"):
+        e = getattr(trainer, name, None)
+        if e:
+            error = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+            break
+    if controls is not None and controls.error:
+        error = controls.error
+    if error and phase not in ("failed",):
+        phase = "failed"
+    progress = None
+    for name in LOAD_PROGRESS_ATTRS:
+        progress = getattr(trainer, name, None)
+        if progress:
+            break
+    if callable(progress):
+        progress = progress()
+    detail = ""
+    rows = replica_rows(progress)
+    if phase.startswith("loading targets") and rows:
+        done = sum(1 for r in rows if r["fraction"] >= 1.0)
+        detail = f"{done} of {len(rows)} replicas loaded"
+    elif phase == "paused":
+        detail = f"at step {getattr(trainer, 'step_count', '?')}"
+    if controls is not None and controls.message and phase not in ("failed",):
+        detail = f"{detail}; {controls.message}" if detail else controls.message
+    return {"phase": phase, "phase_detail": detail, "error": error, "replicas": progress,
+            "step": getattr(trainer, "step_count", None)}
+
+
+class TrainerSource:
+    """A Trainer in this kernel (or one still being built by a TrainerBuilder): its metrics ring buffer, the
+    GpuMonitor's ring, and its phase."""
+
+    def __init__(self, trainer=None, monitor=None, controls=None, builder=None):
+        self._trainer, self.monitor, self.controls, self.builder = trainer, monitor, controls, builder
+        self._prev_phase = None
+
+    @property
+    def trainer(self):
+        return self._trainer if self._trainer is not None else (self.builder.trainer if self.builder else None)
+
+    def poll(self, model: DashboardModel) -> dict:
+        if self.monitor is not None:
+            model.add_system(self.monitor.ring.last())
+        t = self.trainer
+        if t is None:  # still loading
+            b = self.builder
+            phase, progress = b.phase(), b.replica_progress()
+            rows = replica_rows(progress)
+            detail = ""
+            if phase.startswith("loading targets") and rows:
+                done = sum(1 for r in rows if r["fraction"] >= 1.0)
+                detail = f"{done} of {len(rows)} replicas loaded"
+            return {"phase": phase, "phase_detail": detail, "error": b.error, "replicas": progress}
+        model.total_steps = getattr(getattr(t, "config", None), "steps", None) or model.total_steps
+        if self.controls is not None and self.controls.target_steps:
+            model.total_steps = self.controls.target_steps
+        added = model.pull(t.metrics.ring)
+        phase = getattr(t, "phase", "")
+        if self.controls is not None and (added or (phase == "training" and self._prev_phase != "training")):
+            self.controls.heartbeat()  # new steps (or a loop just started): a loop is running
+        self._prev_phase = phase
+        info = trainer_phase(t, self.controls)
+        if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
+            info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"
+        return info
+
+
+class RunDirSource:
+    """A run directory written by another process (papermill, torchrun): follows metrics.jsonl and system.jsonl."""
+
+    STALL_S = 300.0
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise FileNotFoundError(f"run directory {self.run_dir} does not exist. Fix: pass the directory that holds "
+                                    "the run's config.json / metrics.jsonl (runs/<stamp>-<name>-<id>/).")
+        self.metrics = JsonlFollower(self.run_dir / "metrics.jsonl")
+        self.system = JsonlFollower(self.run_dir / "system.jsonl")
+        self.total_steps = None
+        self.last_change = time.time()
+
+    def _config(self) -> None:
+        if self.total_steps is not None:
+            return
+        try:
+            cfg = json.loads((self.run_dir / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        self.total_steps = cfg.get("steps")
+
+    def poll(self, model: DashboardModel) -> dict:
+        self._config()
+        model.total_steps = self.total_steps or model.total_steps
+        added = model.add_metrics(self.metrics.read_new())
+        samples = self.system.read_new()
+        if samples:
+            model.add_system(samples[-1])
+        now = time.time()
+        if added or samples:
+            self.last_change = now
+        status = _read_json(self.run_dir / "status.json")
+        if status.get("phase"):
+            phase, detail = status["phase"], status.get("detail", "")
+        elif (self.run_dir / "summary.json").is_file():
+            phase, detail = "finished", ""
+        elif (self.run_dir / "STOP").exists():
+            phase, detail = "stopping", "STOP file present"
+        elif model.last_step == 0:
+            phase, detail = "waiting", f"no metrics yet in {self.run_dir.name}/metrics.jsonl"
+        elif now - self.last_change > self.STALL_S:
+            phase, detail = "stalled", f"no new metrics or system samples for {int(now - self.last_change)} s"
+        else:
+            phase, detail = "training", f"following {self.run_dir.name}"
+        return {"phase": phase, "phase_detail": detail, "error": status.get("error")}
+
+    def request_stop(self) -> Path:
+        """Cooperative stop of the remote run: the trainer checks for <run_dir>/STOP at step boundaries."""
+        p = self.run_dir / "STOP"
+        p.write_text(f"requested from a dashboard at {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}\n")
+        return p
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}

@@ -1,0 +1,70 @@
+"""Static dashboard: one matplotlib PNG of a DashboardState (papermill runs, shared notebooks, GitHub rendering).
+
+Uses matplotlib's object API (no pyplot global state), so it is safe outside the main thread too. One render is
+~0.1-0.3 s on a small CPU; callers throttle (StaticView: at most one per 5 s, and never more than ~2% of wall time).
+"""
+
+from __future__ import annotations
+
+import io
+
+from .model import DashboardState, format_rate
+
+
+def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 6.2), dpi=dpi)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 3)
+    panels = [(axes[0, 0], ("loss", "loss_ema"), "training loss (decayed CE), EMA"),
+              (axes[0, 1], ("lr",), "learning rate"),
+              (axes[0, 2], ("tokens_per_s",), "tokens/s (sequence tokens)"),
+              (axes[1, 0], ("sim_tau",), "simulated acceptance length"),
+              (axes[1, 1], ("acc",), "block token accuracy")]
+    for ax, keys, title in panels:
+        for k in keys:
+            x, y = s.series.get(k, ([], []))
+            if x:
+                ax.plot(x, y, lw=1.0 if k == "loss" else 1.6, alpha=0.45 if k == "loss" and "loss_ema" in keys else 1)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    ax_tps = axes[0, 2]
+    if s.steady_from_step is not None:
+        ax_tps.axvspan(0, s.steady_from_step, color="#9a6700", alpha=0.12, label="warm-up")
+        if s.steady_tokens_per_s:
+            ax_tps.axhline(s.steady_tokens_per_s, color="#1a7f37", ls="--", lw=1,
+                           label=f"steady {format_rate(s.steady_tokens_per_s)}/s")
+        ax_tps.legend(fontsize=7, loc="lower right")
+    elif s.series.get("tokens_per_s", ([], []))[0]:
+        ax_tps.text(0.02, 0.92, "warming up", transform=ax_tps.transAxes, fontsize=8, color="#9a6700")
+    _memory_panel(axes[1, 2], s)
+    fig.suptitle(s.summary_line(), fontsize=11, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _memory_panel(ax, s: DashboardState) -> None:
+    if s.gpus:
+        labels = [g.label for g in s.gpus]
+        used = [g.used_gb or 0 for g in s.gpus]
+        total = [g.total_gb or 0 for g in s.gpus]
+        ax.barh(labels, total, color="#eaeef2")
+        ax.barh(labels, used, color="#1a7f37")
+        for i, g in enumerate(s.gpus):
+            ax.text(0, i, f" {g.used_gb or 0:.1f}/{g.total_gb or 0:.0f} GB, busy {g.kernel_busy_pct or 0:.0f}%",
+                    va="center", fontsize=7)
+        ax.set_title(f"GPU memory (NVML {s.gpus[0].mem_view})", fontsize=10)
+        ax.invert_yaxis()
+    else:
+        h = s.host
+        ax.barh(["host RAM"], [h.get("ram_total_gb") or 0], color="#eaeef2")
+        ax.barh(["host RAM"], [h.get("ram_used_gb") or 0], color="#8250df")
+        ax.set_title(s.gpu_status or "no NVIDIA GPU", fontsize=9)
+    ax.set_xlabel("GB", fontsize=8)
+    ax.tick_params(labelsize=8)
