@@ -89,13 +89,14 @@ def environment_info() -> dict:
     import torch
 
     status = _git("status", "--porcelain", "--untracked-files=no")
+    packages = package_versions()
     info = {
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
         "git_dirty_files": status.splitlines()[:50] if status else [],
         "python": sys.version.split()[0], "platform": platform.platform(), "hostname": platform.node(),
-        "packages": package_versions(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "transformers": package_versions().get("transformers"),
+        "packages": packages, "torch": torch.__version__, "transformers": packages.get("transformers"),
+        "cuda": torch.version.cuda,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cpu_count": os.cpu_count(),
         "gpus": [],
     }

@@ -445,13 +445,9 @@ class Trainer:
             rundir.log_event(self.run_dir, event, **fields)
 
     def _start_monitor(self) -> None:
-        """system.jsonl: the NVML sampler (gpu_monitor.py), only where GPUs are used."""
-        if not any(w.device.type == "cuda" for w in self.workers):
-            return
-        try:
-            from .gpu_monitor import GpuMonitor
-        except ImportError:
-            return
+        """system.jsonl: the NVML sampler thread (gpu_monitor.py; host CPU/RAM only on a machine without GPUs)."""
+        from .gpu_monitor import GpuMonitor
+
         try:
             self.monitor = GpuMonitor(interval_s=1.0, jsonl_path=self.run_dir / rundir.SYSTEM_FILE)
             self.monitor.start()

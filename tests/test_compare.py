@@ -1,0 +1,86 @@
+"""runs.py + plots.py + notebooks/compare.ipynb: list runs, load metrics, static PNG comparison, HTML export."""
+
+import json
+import os
+import time
+
+import nbformat
+import pytest
+
+from dflash_lab import TrainConfig, plots, rundir, runs
+
+
+def _fake_run(root, stamp, name, *, losses, tps, mem_key, mem, status=None):
+    """A run directory as the Trainer writes it (config.json, metrics.jsonl, events/summary), with known numbers."""
+    d = root / f"{stamp}-{name}-abc123"
+    d.mkdir(parents=True)
+    TrainConfig(run_name=name, steps=len(losses) * 10).to_json(d / rundir.CONFIG_FILE)
+    with open(d / rundir.METRICS_FILE, "w") as f:
+        for i, loss in enumerate(losses):
+            f.write(json.dumps({"step": (i + 1) * 10, "loss": loss, "tokens_per_s": tps, "steady_tokens_per_s": tps,
+                                "sim_tau": 1 + i * 0.5, "acc": 0.1 * i, mem_key: mem + i}) + "\n")
+    if status == "finished":
+        rundir.write_json(d / "summary.json", {"status": "finished"})
+    if status == "diverged":
+        rundir.log_event(d, "diverged", step=20)
+    return d
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    root = tmp_path / "runs"
+    a = _fake_run(root, "20260101T100000Z", "base", losses=[5.0, 4.0, 3.0], tps=1000.0, mem_key="mem_gb/cuda:0",
+                  mem=10.0, status="finished")
+    b = _fake_run(root, "20260102T100000Z", "big", losses=[6.0, 7.0], tps=2500.0, mem_key="rss_gb", mem=1.5,
+                  status="diverged")
+    (root / "not-a-run").mkdir()
+    old = time.time() - 3600
+    for f in (b / rundir.METRICS_FILE, b / rundir.EVENTS_FILE, a / rundir.METRICS_FILE):
+        os.utime(f, (old, old))
+    return root, a, b
+
+
+def test_list_and_resolve_runs(two_runs):
+    root, a, b = two_runs
+    assert runs.list_runs(root) == [b, a]  # newest first, folders without config.json ignored
+    assert runs.resolve_runs([], runs_dir=root, newest=1) == [b]
+    assert runs.resolve_runs([str(a)], runs_dir=root) == [a]
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        runs.resolve_runs([str(root / "not-a-run")], runs_dir=root)
+    with pytest.raises(FileNotFoundError, match="Fix: train first"):
+        runs.resolve_runs([], runs_dir=root / "empty")
+
+
+def test_load_metrics_and_table(two_runs):
+    root, a, b = two_runs
+    frame = runs.load_metrics([a, b])
+    assert len(frame) == 5 and set(frame["run"]) == {a.name, b.name}
+    assert frame[frame["run"] == a.name]["memory_gb"].tolist() == [10.0, 11.0, 12.0]  # GPU allocation
+    assert frame[frame["run"] == b.name]["memory_gb"].tolist() == [1.5, 2.5]  # CPU run: RSS
+    assert frame[frame["run"] == a.name]["loss"].tolist() == [5.0, 4.0, 3.0]
+    table = runs.runs_table([a, b])
+    assert table.loc[a.name, "status"] == "finished" and table.loc[b.name, "status"] == "diverged"
+    assert table.loc[a.name, "loss"] == 3.0 and table.loc[b.name, "tokens_per_s"] == 2500.0
+    assert table.loc[a.name, "peak_memory_gb"] == 12.0 and table.loc[a.name, "step"] == 30
+
+
+def test_plot_compare_is_a_png(two_runs, tmp_path):
+    root, a, b = two_runs
+    img = plots.plot_compare(runs.load_metrics([a, b]), out=tmp_path / "cmp.png")
+    assert img._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n" and len(img.data) > 10_000
+    assert (tmp_path / "cmp.png").read_bytes() == img.data
+    bars = plots.plot_compare_bars(runs.runs_table([a, b]))
+    assert bars.data[:4] == b"\x89PNG"
+
+
+def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
+    root, a, b = two_runs
+    html = runs.compare([], runs_dir=str(root), out=tmp_path / "out" / "compare.ipynb")
+    assert html == tmp_path / "out" / "compare.html"
+    nb = nbformat.read(str(tmp_path / "out" / "compare.ipynb"), as_version=4)
+    pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2  # curves + final bars, as static images GitHub renders
+    assert nb.metadata.papermill.parameters["run_dirs"] == [str(b.resolve()), str(a.resolve())]
+    text = html.read_text()
+    assert text.count("src=\"data:image/png;base64") == 2 and a.name in text and b.name in text

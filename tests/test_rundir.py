@@ -1,0 +1,112 @@
+"""rundir.py: run dir naming, environment record, papermill output discovery, metrics cut-back, notebook copies."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dflash_lab import rundir
+
+
+def test_new_run_dir_name_and_layout(tmp_path):
+    p = rundir.new_run_dir(tmp_path, "my run/1")
+    assert re.fullmatch(r"\d{8}T\d{6}Z-my-run-1-[0-9a-f]{6}", p.name)
+    assert (p / "checkpoints").is_dir() and (p / "plots").is_dir()
+    q = rundir.new_run_dir(tmp_path, "my run/1")
+    assert q != p  # the short id keeps two runs started in the same second apart
+
+
+def test_environment_info_records_git_packages_and_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    info = rundir.environment_info()
+    assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])  # the tests run inside the repo
+    assert isinstance(info["git_dirty"], bool)
+    assert info["packages"]["torch"] and info["packages"]["safetensors"] and info["packages"]["dflash-lab"]
+    assert info["CUDA_VISIBLE_DEVICES"] == "3,1"
+    assert "driver" in info and "nvml_gpus" in info and isinstance(info["gpus"], list)
+
+
+def test_papermill_output_from_argv():
+    cwd = Path("/work/x")
+    parse = rundir.papermill_output_from_argv
+    assert parse(["/v/bin/python", "/v/bin/papermill", "in.ipynb", "out.ipynb", "-p", "steps", "5"], cwd) == \
+        cwd / "out.ipynb"
+    assert parse(["python", "-m", "papermill", "-p", "a.ipynb", "b.ipynb", "--log-output", "in.ipynb",
+                  "/abs/out.ipynb"], cwd) == Path("/abs/out.ipynb")  # -p takes two values, even if they look like paths
+    assert parse(["papermill", "--cwd", "nb", "-k", "python3", "-y", "steps: 3", "in.ipynb", "o.ipynb"], cwd) == \
+        cwd / "o.ipynb"
+    assert parse(["papermill", "in.ipynb", "-"], cwd) is None
+    assert parse(["papermill", "in.ipynb"], cwd) is None
+    assert parse(["python", "train.py", "in.ipynb", "out.ipynb"], cwd) is None
+
+
+def test_find_papermill_output_prefers_the_env_var(monkeypatch, tmp_path):
+    monkeypatch.setenv(rundir.NOTEBOOK_ENV, str(tmp_path / "out.ipynb"))
+    assert rundir.find_papermill_output() == (tmp_path / "out.ipynb").resolve()
+    monkeypatch.delenv(rundir.NOTEBOOK_ENV)
+    assert rundir.find_papermill_output() is None  # pytest's parent is not papermill
+
+
+def _notebook(path, end_time=None, widget=False):
+    out = {"output_type": "display_data", "metadata": {},
+           "data": {"text/plain": ["view"], **({"application/vnd.jupyter.widget-view+json": {"model_id": "x"}}
+                                                if widget else {})}}
+    nb = {"cells": [{"cell_type": "code", "source": "1", "metadata": {}, "outputs": [out], "execution_count": 1}],
+          "metadata": {"papermill": {"end_time": end_time}, **({"widgets": {"state": {}}} if widget else {})},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+
+
+def test_save_executed_notebook_strips_widgets_and_skips_same_file(tmp_path, monkeypatch):
+    src, run = tmp_path / "out.ipynb", tmp_path / "run"
+    run.mkdir()
+    _notebook(src, widget=True)
+    monkeypatch.setenv(rundir.NOTEBOOK_ENV, str(src))
+    dst = rundir.save_executed_notebook(run, wait_for_final=False)
+    nb = json.loads(dst.read_text())
+    assert "widgets" not in nb["metadata"]
+    assert nb["cells"][0]["outputs"][0]["data"] == {"text/plain": ["view"]}
+    monkeypatch.setenv(rundir.NOTEBOOK_ENV, str(run / "train.ipynb"))  # papermill writes into the run dir itself
+    assert rundir.save_executed_notebook(run) == run / "train.ipynb"
+
+
+def test_copy_when_final_waits_for_the_kernel_and_the_final_write(tmp_path):
+    src, dst = tmp_path / "out.ipynb", tmp_path / "copy.ipynb"
+    _notebook(src)
+    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    watcher = subprocess.Popen([sys.executable, "-m", "dflash_lab.rundir", "--copy-final", str(src), str(dst),
+                                str(kernel.pid)])
+    time.sleep(0.3)
+    assert not dst.exists()  # the kernel still runs
+    kernel.wait()
+    time.sleep(0.8)
+    assert not dst.exists()  # kernel gone, but papermill has not written the final notebook yet
+    _notebook(src, end_time="2026-01-01T00:00:00")
+    assert watcher.wait(timeout=20) == 0
+    assert json.loads(dst.read_text())["metadata"]["papermill"]["end_time"] == "2026-01-01T00:00:00"
+
+
+def test_resume_metrics_cuts_back_to_the_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 8)]
+    (run / rundir.METRICS_FILE).write_text("\n".join(lines) + '\n{"step": 8, "lo')  # torn last line (SIGKILL)
+    rows = rundir.resume_metrics(run, 4, source=run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [json.loads(x)["step"] for x in (run / rundir.METRICS_FILE).read_text().splitlines()] == [1, 2, 3, 4]
+    other = tmp_path / "new"
+    other.mkdir()
+    assert [r["step"] for r in rundir.resume_metrics(other, 2, source=run)] == [1, 2]
+    assert not (other / rundir.METRICS_FILE).exists()  # a new run dir starts its own file
+    assert rundir.read_jsonl(run / rundir.METRICS_FILE)[-1]["step"] == 4
+
+
+def test_log_event_appends_json_lines(tmp_path):
+    rundir.log_event(tmp_path, "checkpoint", step=3)
+    rundir.log_event(tmp_path, "resumed", step=3, changed=[["steps", 10, 20]])
+    ev = rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)
+    assert [e["event"] for e in ev] == ["checkpoint", "resumed"] and ev[1]["changed"] == [["steps", 10, 20]]
+    assert os.path.getsize(tmp_path / rundir.EVENTS_FILE) > 0
