@@ -1,0 +1,207 @@
+"""Regeneration with the tiny target: batched HF generation, recorded settings, resume after an interruption without
+redoing finished samples, and the OpenAI-server path against a local HTTP server with the tiny target behind it."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from dflash_lab.chat_formats import DataError, read_chat_data
+from dflash_lab.regenerate import SamplingConfig, load_finished, meta_path, regenerate
+
+N = 10
+MAX_NEW = 160  # tiny answers are 40-150 tokens
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Generation on a 1M-parameter model is per-step overhead, not matmuls: one intra-op thread is faster, and far
+    faster on a loaded machine (measured 20x: 2 threads spin against other processes)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from dflash_lab.targets import load_target, load_tokenizer
+
+    return load_target("tiny"), load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    """The first N held-out conversations (some multi-turn) as a regeneration input file."""
+    from dflash_lab.tiny import tiny_heldout_path
+
+    lines = tiny_heldout_path().read_text().splitlines()
+    multi = [ln for ln in lines if json.loads(ln)["messages"].__len__() > 2][:2]
+    single = [ln for ln in lines if json.loads(ln)["messages"].__len__() == 2][:N - len(multi)]
+    path = tmp_path_factory.mktemp("regen") / "prompts.jsonl"
+    path.write_text("\n".join(multi + single) + "\n")
+    return path
+
+
+SAMPLING = SamplingConfig(max_new_tokens=MAX_NEW, enable_thinking=False)
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "regen.jsonl"
+    lines = []
+    stats = regenerate(prompts, out, target="tiny", batch_size=4, sampling=SAMPLING, models={"cpu": tiny[0]},
+                       log=lines.append)
+    return out, stats, lines
+
+
+def _records(path):
+    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_hf_regeneration_writes_the_targets_answers_with_settings(full_run, prompts):
+    out, stats, lines = full_run
+    recs = _records(out)
+    src = read_chat_data(prompts)
+    assert list(recs) != [] and sorted(recs) == sorted(src.ids) and stats.samples == N and stats.already_done == 0
+    n_turns = sum(sum(m["role"] == "assistant" for m in c) for c in src)
+    assert stats.turns == n_turns > N and stats.new_tokens == sum(sum(r["generation"]["new_tokens"])
+                                                                  for r in recs.values())
+    # the tiny target is trained to answer these prompts exactly: regenerated == reference for most turns
+    exact = total = 0
+    for conv in src.conversations:
+        rec = recs[conv.id]
+        assert [m["role"] for m in rec["messages"]] == [m["role"] for m in conv.messages]
+        assert [m["content"] for m in rec["messages"] if m["role"] != "assistant"] == \
+               [m["content"] for m in conv.messages if m["role"] != "assistant"]
+        for new, old in zip(rec["messages"], conv.messages):
+            if old["role"] == "assistant":
+                total += 1
+                exact += new["content"] == old["content"].split("</think>")[-1].lstrip("\n")
+        g = rec["generation"]
+        assert {k: g[k] for k in SAMPLING.to_dict()} == SAMPLING.to_dict() and g["model"] == "tiny"
+        assert len(g["finish_reasons"]) == len(g["new_tokens"]) == sum(m["role"] == "assistant" for m in conv.messages)
+    assert exact / total >= 0.8, (exact, total)
+    assert stats.finish_reasons["stop"] >= 0.8 * total
+    meta = json.loads(meta_path(out).read_text())
+    assert meta["settings"]["sampling"] == SAMPLING.to_dict() and meta["last_run"]["samples"] == N
+    assert any(line.startswith(f"regenerate: {N}/{N} conversations") for line in lines)  # progress line
+    assert stats.samples_per_s > 0 and stats.tokens_per_s > 0
+    # the output is training data: it reads back as OpenAI messages
+    assert len(read_chat_data(out)) == N
+
+
+def test_interrupted_run_resumes_without_redoing_finished_samples(tiny, prompts, full_run, tmp_path):
+    out = tmp_path / "regen.jsonl"
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_4(stats):
+        if stats.samples == 4:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        regenerate(prompts, out, target="tiny", batch_size=4, sampling=SAMPLING, models={"cpu": tiny[0]},
+                   on_progress=stop_after_4, log=lambda s: None)
+    first = _records(out)
+    assert len(first) == 4
+    with open(out, "a") as f:  # an interrupted write leaves half a line behind
+        f.write('{"id": "half-writ')
+    logs = []
+    stats = regenerate(prompts, out, target="tiny", batch_size=4, sampling=SAMPLING, models={"cpu": tiny[0]},
+                       log=logs.append)
+    assert stats.already_done == 4 and stats.samples == N - 4
+    assert any("cut off a half-written last line" in s for s in logs)
+    final = _records(out)
+    assert len(out.read_text().splitlines()) == N and len(final) == N
+    assert all(final[k] == v for k, v in first.items())  # finished samples untouched
+    reference = _records(full_run[0])
+    assert {k: r["messages"] for k, r in final.items()} == {k: r["messages"] for k, r in reference.items()}
+    again = regenerate(prompts, out, target="tiny", sampling=SAMPLING, models={"cpu": tiny[0]}, log=lambda s: None)
+    assert again.samples == 0 and again.already_done == N
+    with pytest.raises(DataError, match="was written with other settings"):
+        regenerate(prompts, out, target="tiny", sampling=SamplingConfig(max_new_tokens=8), models={"cpu": tiny[0]},
+                   log=lambda s: None)
+    (out.parent / "bad.jsonl").write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not a complete output record"):
+        load_finished(out.parent / "bad.jsonl")
+
+
+def _tiny_server(model, tokenizer):
+    """A minimal OpenAI-compatible /v1/chat/completions server with the tiny target behind it (greedy)."""
+    lock = threading.Lock()
+    stop_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                return self._send(200, {"object": "list", "data": [{"id": "tiny-qwen3", "object": "model"}]})
+            self._send(404, {"error": "not found"})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(req)
+            if self.path != "/v1/chat/completions" or req.get("model") != "tiny-qwen3":
+                return self._send(400, {"error": {"message": f"unknown model {req.get('model')!r}"}})
+            kw = req.get("chat_template_kwargs") or {}
+            prompt = tokenizer.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True, **kw)
+            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            with lock, torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=req["max_tokens"], eos_token_id=stop_ids,
+                                     pad_token_id=tokenizer.pad_token_id)
+            new = out[0, ids.shape[1]:].tolist()
+            end = next((i for i, t in enumerate(new) if t in stop_ids), None)
+            text = tokenizer.decode(new if end is None else new[:end], skip_special_tokens=False)
+            self._send(200, {"id": "x", "object": "chat.completion", "model": "tiny-qwen3",
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                          "finish_reason": "length" if end is None else "stop"}],
+                             "usage": {"completion_tokens": len(new)}})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_server_path_matches_local_generation(tiny, prompts, full_run, tmp_path):
+    server, seen = _tiny_server(*tiny)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        out = tmp_path / "server.jsonl"
+        stats = regenerate(prompts, out, target="tiny", sampling=SAMPLING, server_url=url, concurrency=3,
+                           log=lambda s: None)
+        assert stats.samples == N and stats.backend == f"server {url}"
+        got, ref = _records(out), _records(full_run[0])
+        assert {k: r["messages"] for k, r in got.items()} == {k: r["messages"] for k, r in ref.items()}
+        g = next(iter(got.values()))["generation"]
+        assert g["model"] == "tiny-qwen3" and g["server_url"] == url and g["max_new_tokens"] == MAX_NEW
+        assert all(r["chat_template_kwargs"] == {"enable_thinking": False} and r["temperature"] == 0.0
+                   and r["max_tokens"] == MAX_NEW for r in seen)
+        with pytest.raises(DataError, match="answered HTTP 400: .*unknown model 'nope'"):
+            regenerate(prompts, tmp_path / "x.jsonl", sampling=SAMPLING, server_url=url, server_model="nope",
+                       log=lambda s: None)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sampling_config_validates():
+    with pytest.raises(DataError, match=r"SamplingConfig.top_p=0 is invalid: must be in \(0, 1\]. Fix"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(DataError, match="SamplingConfig.temperature=-1"):
+        SamplingConfig(temperature=-1)
