@@ -26,6 +26,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dtype == self.weight.dtype:
+            # One fused kernel each way (fp32 math inside, one rounding) instead of ~6 elementwise passes over x:
+            # ~25 norms per step make this ~10% of an eager paper-shape step otherwise.
+            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

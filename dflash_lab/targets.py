@@ -1,30 +1,74 @@
-"""Load the frozen target and run only the layers the drafter needs.
+"""Load frozen target replicas onto their devices with progress, and run only the layers the drafter needs.
 
-`load_target` takes "tiny" (the embedded default), a local Hugging Face model directory or a hub id, and returns
-the model in eval mode with requires_grad off. `FeatureExtractor` runs embedding + decoder layers 0..max(ids) and
-returns the concatenated OUTPUTS of `target_layer_ids` (DFlash id i = HF hidden_states[i + 1]); no layer above the
-last needed one and no LM head runs, and nothing is shifted: feature t stays aligned with token t.
+Targets are named by a string:
+- "tiny": the embedded tiny target (CPU tests, demo);
+- a local Hugging Face model directory, or a hub id (must be in the local HF cache when offline);
+- "bench:<name>": a REAL architecture from `dflash_lab/bench_configs/<name>.json` (e.g. bench:qwen3-8b, the dense
+  32B-class bench:qwen3-32b) with random weights made directly on the GPU: benchmarks need no download. These use
+  the tiny tokenizer (their token ids are valid rows of the large vocabulary).
+
+`load_targets` loads one replica per device, concurrently (one thread per device), tensor by tensor from the
+safetensors files (or random init), and reports `LoadProgress` (tensors loaded / total, GB, seconds, device memory
+after load) to a callback that logs and widgets consume. The model skeleton is built on the meta device, so no
+memory is touched twice and a 32B bf16 target lands on a GPU at the speed of its reads.
+
+`FeatureExtractor` runs embedding + decoder layers 0..max(ids) and returns the concatenated OUTPUTS of
+`target_layer_ids` (DFlash id i = HF hidden_states[i + 1]); no layer above the last needed one and no LM head runs,
+and nothing is shifted: feature t stays aligned with token t.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
+
+BENCH_PREFIX = "bench:"
+BENCH_CONFIG_DIR = Path(__file__).resolve().parent / "bench_configs"
 
 
 class TargetLoadError(RuntimeError):
     pass
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Naming a target
+# ---------------------------------------------------------------------------------------------------------------
+
+def bench_config_names() -> list[str]:
+    return sorted(p.stem for p in BENCH_CONFIG_DIR.glob("*.json"))
+
+
+def bench_config_path(target: str) -> Path:
+    name = target[len(BENCH_PREFIX):]
+    p = BENCH_CONFIG_DIR / f"{name}.json"
+    if not p.is_file():
+        raise TargetLoadError(f"unknown benchmark target {target!r}. Known: "
+                              f"{', '.join(BENCH_PREFIX + n for n in bench_config_names())}.")
+    return p
+
+
+def is_bench_target(target: str) -> bool:
+    return isinstance(target, str) and target.startswith(BENCH_PREFIX)
+
+
 def resolve_target_path(target: str) -> str:
-    """"tiny" -> the embedded model dir; an existing dir -> itself; a path-like string that does not exist -> error;
-    anything else is treated as a Hugging Face hub id."""
+    """"tiny" -> the embedded model dir; "bench:<name>" -> itself (checked); an existing dir -> itself; a
+    path-like string that does not exist -> error; anything else is treated as a Hugging Face hub id."""
     if target == "tiny":
         from .tiny import ensure_tiny_target
 
         return str(ensure_tiny_target())
+    if is_bench_target(target):
+        bench_config_path(target)
+        return target
     p = Path(target).expanduser()
     if p.exists():
         if not (p / "config.json").is_file():
@@ -40,9 +84,10 @@ def resolve_target_path(target: str) -> str:
 
 
 def load_tokenizer(target: str):
+    """The target's tokenizer; bench:* targets (random weights) use the tiny tokenizer and chat template."""
     from transformers import AutoTokenizer
 
-    path = resolve_target_path(target)
+    path = resolve_target_path("tiny" if is_bench_target(target) else target)
     try:
         return AutoTokenizer.from_pretrained(path)
     except OSError as e:
@@ -50,21 +95,251 @@ def load_tokenizer(target: str):
                               "HINT: the directory must contain tokenizer.json / tokenizer_config.json.") from e
 
 
-def load_target(target: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Load a frozen causal LM. bf16 on GPUs, fp32 on CPU by default of the caller."""
-    from transformers import AutoModelForCausalLM
+def load_target_config(target: str):
+    """The target's Hugging Face config, without loading any weight (placement checks run on it)."""
+    from transformers import AutoConfig
 
     path = resolve_target_path(target)
+    if is_bench_target(target):
+        fields = {k: v for k, v in json.loads(bench_config_path(target).read_text()).items()
+                  if not k.startswith("_")}
+        fields.pop("torch_dtype", None)
+        cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        cfg.name_or_path = target
+        return cfg
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=None)
+        return AutoConfig.from_pretrained(path)
     except OSError as e:
-        raise TargetLoadError(f"could not load target {target!r} ({path}): {e}. HINT: pass a local model directory "
-                              "or make sure the hub id is cached (HF_HUB_OFFLINE=1 works only with a cache).") from e
-    model.to(device)
+        raise TargetLoadError(f"could not read the config of target {target!r} ({path}): {e}. HINT: pass a local "
+                              "model directory or make sure the hub id is cached (HF_HUB_OFFLINE=1 needs a cache).") from e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading with progress
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class LoadProgress:
+    """One progress report of one replica's load (the callback gets many; `done` marks the last)."""
+
+    replica: int
+    device: str
+    source: str
+    tensors_done: int
+    tensors_total: int
+    gb_done: float
+    gb_total: float
+    seconds: float
+    done: bool = False
+    memory_gb: float | None = None  # device memory allocated after the load (GPU only)
+
+    def line(self) -> str:
+        pct = 100.0 * self.gb_done / max(self.gb_total, 1e-9)
+        s = (f"target replica {self.replica} on {self.device}: {self.tensors_done}/{self.tensors_total} tensors, "
+             f"{self.gb_done:.1f}/{self.gb_total:.1f} GB ({pct:.0f}%), {self.seconds:.1f} s")
+        if self.done:
+            rate = self.gb_total / max(self.seconds, 1e-9)
+            s += f", done ({rate:.1f} GB/s)"
+            if self.memory_gb is not None:
+                s += f", {self.memory_gb:.1f} GB allocated on {self.device}"
+        return s
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+ProgressFn = Callable[[LoadProgress], None]
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    return sorted(path.glob("*.safetensors"))
+
+
+def _local_dir(target: str) -> Path:
+    path = resolve_target_path(target)
+    p = Path(path)
+    if p.is_dir():
+        return p
+    try:  # a hub id: the cached snapshot (downloads when online and not cached)
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=path, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as e:  # noqa: BLE001 - re-raised with the fix
+        raise TargetLoadError(f"could not find the weights of {target!r} locally or on the hub ({e}). HINT: "
+                              "download them first (huggingface-cli download ...) or pass a local directory.") from e
+
+
+def _skeleton(config, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+def _param_slots(model: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
+    """name -> every (module, attribute) that holds the same tensor (tied weights share one entry)."""
+    first_name: dict[int, str] = {}
+    slots: dict[str, list[tuple[nn.Module, str]]] = {}
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        for attr, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            full = f"{mod_name}.{attr}" if mod_name else attr
+            key = first_name.setdefault(id(p), full)
+            slots.setdefault(key, []).append((mod, attr))
+            if key != full:
+                slots.setdefault(full, slots[key])
+    return slots
+
+
+def _unique_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return list(model.named_parameters())  # duplicates (tied weights) removed
+
+
+def _set_param(slots, name: str, tensor: torch.Tensor) -> None:
+    p = nn.Parameter(tensor, requires_grad=False)
+    for mod, attr in slots[name]:
+        mod._parameters[attr] = p
+
+
+def _fix_buffers(model: nn.Module, device: torch.device) -> None:
+    """Buffers built on the meta device (RoPE inv_freq) are recomputed on `device` by rebuilding their module."""
+    for mod_name, mod in list(model.named_modules()):
+        if not any(b is not None and b.is_meta for b in mod._buffers.values()):
+            continue
+        cfg = getattr(mod, "config", None) or model.config
+        parent_name, _, child = mod_name.rpartition(".")
+        if not mod_name:
+            raise TargetLoadError(f"{type(model).__name__} holds buffers of its own; cannot rebuild them on {device}.")
+        try:
+            with torch.device(device):
+                new = type(mod)(config=cfg)
+        except TypeError as e:
+            raise TargetLoadError(f"cannot rebuild buffers of {mod_name} ({type(mod).__name__}) on {device}: {e}. "
+                                  "Only Hugging Face decoder LMs whose buffers are RoPE tables are supported.") from e
+        model.get_submodule(parent_name)._modules[child] = new
+    left = [n for n, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise TargetLoadError(f"buffers {left[:3]} were not initialised on {device}.")
+
+
+def load_target(target: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                progress: ProgressFn | None = None, replica: int = 0, seed: int = 0,
+                progress_every_s: float = 0.5) -> nn.Module:
+    """Load one frozen causal LM onto `device` in `dtype`, tensor by tensor, reporting progress."""
+    device = torch.device(device)
+    config = load_target_config(target)
+    t0 = time.perf_counter()
+    model = _skeleton(config, dtype)
+    slots = _param_slots(model)
+    params = _unique_params(model)
+    total_bytes = sum(p.numel() for _, p in params) * torch.empty((), dtype=dtype).element_size()
+    state = {"n": 0, "bytes": 0, "last": 0.0}
+    source = f"random init ({bench_config_path(target).name})" if is_bench_target(target) else str(target)
+
+    def report(done=False, force=False):
+        now = time.perf_counter()
+        if progress is None or not (force or done or now - state["last"] >= progress_every_s):
+            return
+        state["last"] = now
+        mem = None
+        if done and device.type == "cuda":
+            mem = torch.cuda.memory_allocated(device) / 1e9
+        progress(LoadProgress(replica=replica, device=str(device), source=source, tensors_done=state["n"],
+                              tensors_total=len(params), gb_done=state["bytes"] / 1e9, gb_total=total_bytes / 1e9,
+                              seconds=now - t0, done=done, memory_gb=mem))
+
+    report(force=True)
+    if is_bench_target(target):
+        std = float(getattr(config.get_text_config(), "initializer_range", 0.02))
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for name, p in params:
+                t = torch.empty(p.shape, dtype=dtype, device=device)
+                if p.dim() == 1:  # RMSNorm scales
+                    t.fill_(1.0)
+                else:
+                    t.normal_(0.0, std, generator=gen)
+                _set_param(slots, name, t)
+                state["n"] += 1
+                state["bytes"] += t.numel() * t.element_size()
+                report()
+    else:
+        from safetensors import safe_open
+
+        files = _safetensors_files(_local_dir(target))
+        if not files:
+            raise TargetLoadError(f"target {target!r} has no *.safetensors weights. HINT: convert it with "
+                                  "save_pretrained(..., safe_serialization=True).")
+        wanted = {name for name, _ in params}
+        loaded = set()
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for key in st.keys():
+                    if key not in slots:
+                        continue  # e.g. lm_head.weight of a checkpoint whose config ties it
+                    t = st.get_tensor(key).to(device, non_blocking=False).to(dtype)
+                    _set_param(slots, key, t)
+                    canonical = next(n for n in wanted if slots[n] is slots[key]) if key not in wanted else key
+                    if canonical not in loaded:
+                        loaded.add(canonical)
+                        state["n"] += 1
+                        state["bytes"] += t.numel() * t.element_size()
+                    report()
+        missing = sorted(wanted - loaded)
+        if missing:
+            raise TargetLoadError(f"target {target!r}: {len(missing)} weights are missing from its safetensors files "
+                                  f"(e.g. {missing[:3]}). HINT: the directory must hold the full model.")
+    _fix_buffers(model, device)
     model.eval()
     model.requires_grad_(False)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    report(done=True)
     return model
 
+
+def load_targets(target: str, devices, *, dtype: torch.dtype | Callable[[torch.device], torch.dtype],
+                 progress: ProgressFn | None = None, seed: int = 0) -> list[nn.Module]:
+    """One replica per device, loaded concurrently (one thread per distinct device). Entries naming the same CPU
+    share one model (CPU workers read it concurrently; forward is read-only)."""
+    devs = [torch.device(d) for d in devices]
+    distinct = list(dict.fromkeys(devs))
+    lock = threading.Lock()
+
+    def safe_progress(p: LoadProgress):
+        if progress is not None:
+            with lock:
+                progress(p)
+
+    def one(i: int, dev: torch.device):
+        dt = dtype(dev) if callable(dtype) else dtype
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        return load_target(target, device=dev, dtype=dt, progress=safe_progress, replica=i, seed=seed)
+
+    models: dict[torch.device, nn.Module] = {}
+    with cf.ThreadPoolExecutor(max_workers=len(distinct), thread_name_prefix="dflash-load") as pool:
+        futures = {dev: pool.submit(one, i, dev) for i, dev in enumerate(distinct)}
+        errors = []
+        for dev, fut in futures.items():
+            try:
+                models[dev] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - collected and re-raised with the device
+                errors.append((dev, e))
+        if errors:
+            dev, e = errors[0]
+            raise TargetLoadError(f"loading target {target!r} on {dev} failed: {type(e).__name__}: {e}") from e
+    return [models[d] for d in devs]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Using a loaded target
+# ---------------------------------------------------------------------------------------------------------------
 
 def decoder_of(model: nn.Module) -> nn.Module:
     """The decoder stack (`model.model` for *ForCausalLM), with embed_tokens, layers, rotary_emb."""
@@ -91,7 +366,11 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
 
 
 class FeatureExtractor:
-    """Runs a frozen target up to max(target_layer_ids) and returns the selected layers' outputs, concatenated."""
+    """Runs a frozen target up to max(target_layer_ids) and returns the selected layers' outputs, concatenated.
+
+    Masks and RoPE tables depend only on (batch, length, device), so they are built once per shape and reused:
+    a call then launches only the layers' own kernels (and can be captured in a CUDA graph).
+    """
 
     def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...]):
         self.model = model
@@ -102,27 +381,40 @@ class FeatureExtractor:
         if self.num_layers_run > n:
             raise TargetLoadError(f"target_layer_ids {self.layer_ids} need {self.num_layers_run} layers but the target "
                                   f"has {n}. Fix: use ids < {n}.")
+        self._cache: dict = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    def _static(self, input_ids: torch.Tensor, hidden: torch.Tensor):
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        key = (tuple(input_ids.shape), input_ids.device, hidden.dtype)
+        if key not in self._cache:
+            dec = self.decoder
+            b, S = input_ids.shape
+            position_ids = torch.arange(S, device=input_ids.device)[None].expand(b, -1)
+            kw = dict(config=dec.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+                      position_ids=position_ids)
+            masks = {"full_attention": create_causal_mask(**kw)}
+            layer_types = getattr(dec.config, "layer_types", None) or ["full_attention"] * len(dec.layers)
+            if "sliding_attention" in layer_types:
+                masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+            rope = dec.rotary_emb(hidden, position_ids)
+            self._cache = {key: (position_ids, masks, layer_types, rope)}  # one shape at a time
+        return self._cache[key]
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (b, S) right-padded -> features (b, S, n*H). Right padding never changes earlier positions
         under causal attention, so no padding mask is needed."""
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
         dec = self.decoder
         hidden = dec.embed_tokens(input_ids)
-        b, S = input_ids.shape
-        position_ids = torch.arange(S, device=input_ids.device)[None].expand(b, -1)
-        kw = dict(config=dec.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
-                  position_ids=position_ids)
-        masks = {"full_attention": create_causal_mask(**kw)}
-        layer_types = getattr(dec.config, "layer_types", None) or ["full_attention"] * len(dec.layers)
-        if "sliding_attention" in layer_types:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
-        rope = dec.rotary_emb(hidden, position_ids)
+        position_ids, masks, layer_types, rope = self._static(input_ids, hidden)
         out = []
         wanted = set(self.layer_ids)
-        for i in range(self.num_layers_run):
+        for i in range(self.num_layers_run):  # layers above max(ids) never run
             hidden = dec.layers[i](hidden, attention_mask=masks[layer_types[i]], position_embeddings=rope,
                                    position_ids=position_ids, past_key_values=None, use_cache=False)
             if isinstance(hidden, tuple):

@@ -28,10 +28,11 @@ from . import checkpoint, rundir
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
 from .drafter import DFlashDrafter
-from .engine import Engine, Worker
+from .engine import build_engine
 from .metrics import MetricsLogger, Throughput
-from .optim import MasterAdamW, lr_at
-from .targets import FeatureExtractor, embedding_of, lm_head_weight, load_target, load_tokenizer
+from .optim import lr_at
+from .placement import check_placement, make_placement
+from .targets import load_target_config, load_targets, load_tokenizer
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -90,29 +91,29 @@ class Trainer:
             if diffs:
                 raise ConfigError(checkpoint.format_differences(resume.path, diffs))
         torch.manual_seed(cfg.seed)
-        devices = check_devices(cfg.devices, "devices")
-        target_devices = check_devices(cfg.target_devices, "target_devices") if cfg.target_devices else devices
-        if len(target_devices) not in (1, len(devices)):
-            raise ConfigError(f"TrainConfig.target_devices={cfg.target_devices!r}: give one target device per drafter "
-                              f"worker ({len(devices)}) or one shared device.")
-        if len(target_devices) == 1:
-            target_devices = target_devices * len(devices)
-
         self.tokenizer = load_tokenizer(cfg.target)
-        self.phase = "loading targets"
-        t0 = time.perf_counter()
-        targets = {}
-        for d in dict.fromkeys(target_devices):
-            targets[d] = load_target(cfg.target, device=d, dtype=resolve_dtype(cfg.dtype, d))
-        self.target_load_seconds = time.perf_counter() - t0
-        self.target = targets[target_devices[0]]
+        target_config = load_target_config(cfg.target)
         mask_id = cfg.mask_token_id
         if mask_id is None:
             mask_id = getattr(self.tokenizer, "mask_token_id", None)
         self.drafter_config = DrafterConfig.from_target(
-            self.target.config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
+            target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
             target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
             layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+        # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
+        self.placement = make_placement(cfg.devices, cfg.target_devices)
+        self.memory_estimate = check_placement(
+            self.placement, target_config=target_config, drafter_config=self.drafter_config, seq_len=cfg.seq_len,
+            num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size)
+        self.phase = "loading targets"
+        self.load_progress: dict = {}  # replica -> targets.LoadProgress (widgets read it while loading)
+        self._load_logged: dict = {}
+        t0 = time.perf_counter()
+        targets = load_targets(cfg.target, self.placement.target_devices, seed=cfg.seed,
+                               dtype=lambda d: resolve_dtype(cfg.dtype, d), progress=self._on_load_progress)
+        self.target_load_seconds = time.perf_counter() - t0
+        self.target = targets[0]
+        self._target_config = target_config
 
         self.phase = "loading data"
         conversations = read_conversations(resolve_data_path(cfg.data))
@@ -124,30 +125,11 @@ class Trainer:
             checkpoint.check_resume(resume, data=self.data, sampler=self.sampler,
                                     drafter_config=self.drafter_config.to_dict())
 
-        # Identical replicas: initialise once on the CPU with a seeded generator, then copy to every device.
-        base = DFlashDrafter(self.drafter_config)
-        base.init_weights(torch.Generator().manual_seed(cfg.seed))
-        workers = []
-        for dev, tdev in zip(devices, target_devices):
-            dtype = resolve_dtype(cfg.dtype, dev)
-            drafter = DFlashDrafter(self.drafter_config)
-            drafter.load_state_dict(base.state_dict())
-            drafter.to(device=dev, dtype=dtype)
-            if cfg.compile_drafter:
-                drafter = torch.compile(drafter)
-            target = targets[tdev]
-            embed = embedding_of(target) if tdev == dev else _frozen_copy(embedding_of(target), dev)
-            head = lm_head_weight(target)
-            head = head if tdev == dev else head.detach().to(dev)
-            attention = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "sdpa")
-            workers.append(Worker(device=dev, extractor=FeatureExtractor(target, self.drafter_config.target_layer_ids),
-                                  drafter=drafter, optimizer=MasterAdamW(drafter.parameters(), lr=cfg.lr,
-                                                                         weight_decay=cfg.weight_decay),
-                                  embed=embed, head_weight=head, attention=attention, target_device=tdev))
-        self.workers = workers
-        self.engine = Engine(workers, seq_len=cfg.seq_len, layer_types=self.drafter_config.layer_types,
-                             sliding_window=self.drafter_config.sliding_window, chunk_size=cfg.loss_chunk_size,
-                             grad_clip=cfg.grad_clip)
+        # Identical drafter replicas (seeded init), target replicas and one worker thread per device (engine.py).
+        self.engine = build_engine(cfg, self.placement, targets, self.drafter_config, target_config=target_config,
+                                   log=self.log)
+        self.workers = self.engine.workers
+        self._prefetched: tuple[int, object] | None = None
 
         self.run_dir: Path | None = None
         previous_rows: list[dict] = []
@@ -240,11 +222,16 @@ class Trainer:
     def _one_step(self) -> dict:
         """One optimizer step and its bookkeeping, on the driver thread (never split by an interrupt)."""
         cfg = self.config
-        batch = self.sampler.batch(self.step_count)
+        pre, self._prefetched = self._prefetched, None
+        batch = pre[1] if pre is not None and pre[0] == self.step_count else self.sampler.batch(self.step_count)
         self.last_batch = batch
         lr = self.current_lr()
+        # Split placements: the target side computes the next batch's features while the drafters train on this one.
+        nxt = self.sampler.batch(self.step_count + 1) if self.engine.prefetches else None
         t0 = time.perf_counter()
-        out = self.engine.step(batch, step=self.step_count, lr=lr)
+        out = self.engine.step(batch, step=self.step_count, lr=lr, next_batch=nxt)
+        if nxt is not None:
+            self._prefetched = (self.step_count + 1, nxt)
         loss = out["loss"].item()  # .item() syncs: the step time below is real device time
         dt = time.perf_counter() - t0
         tokens = batch.input_ids.numel()
@@ -256,6 +243,7 @@ class Trainer:
             "slot_acc": [round(float(a), 4) for a in out["slot_acc"]],
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
+            **self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps),
             **self._memory(),
         }
         finite = math.isfinite(loss) and math.isfinite(record["grad_norm"])
@@ -287,6 +275,14 @@ class Trainer:
                 f"(not finite); {good}. The weights in memory are no longer trustworthy, so this trainer refuses "
                 "further steps and checkpoints. Fix: resume_from the last good checkpoint with a lower lr or "
                 "grad_clip, or check the data around this step.")
+
+    def _on_load_progress(self, p) -> None:
+        """Target loading progress: kept in `load_progress` (widgets) and logged every ~5 s and when a replica is done."""
+        self.load_progress[p.replica] = p
+        last = self._load_logged.get(p.replica)
+        if p.done or last is None or p.seconds - last >= 5.0:
+            self._load_logged[p.replica] = p.seconds
+            self.log(p.line())
 
     def _memory(self) -> dict:
         mem = {}
@@ -535,8 +531,3 @@ def _process_rss_gb() -> float | None:
             return None
         _PROCESS = psutil.Process()
     return round(_PROCESS.memory_info().rss / 2**30, 3)
-
-
-def _frozen_copy(embed: torch.nn.Embedding, device: torch.device) -> torch.nn.Embedding:
-    e = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(device), freeze=True)
-    return e

@@ -1,0 +1,338 @@
+"""`python -m dflash_lab.bench --shape paper|micro|long|big|tiny ...`: the training-step benchmark, one JSON line per
+configuration (stdout; progress on stderr).
+
+    python -m dflash_lab.bench --shape paper --gpus 0                         # 1 GPU, colocated, CUDA graphs
+    python -m dflash_lab.bench --shape paper --gpus 0,1                       # 2 GPUs, colocated
+    python -m dflash_lab.bench --shape big --gpus 1 --target-gpus 0           # split: target GPU0 -> drafter GPU1
+    python -m dflash_lab.bench --shape paper --gpus 0 --variants graph,eager,compile,compile-eager
+    python -m dflash_lab.bench --shape paper --gpus 0 --ttfs                  # Trainer construction -> first step
+    python -m dflash_lab.bench --shape tiny --device cpu --steps 3            # the same path on a CPU
+
+Targets are random-initialised real architectures (bench_configs/*.json) built on the GPU, so nothing is
+downloaded. Batches are synthetic and fixed-shape: random tokens, the first 1/8 of each sequence is "prompt" (no
+loss), `num_anchors` valid anchors per sequence, resampled every step (the flex mask changes every step, as in
+training). Each step runs the engine exactly as the Trainer does (target forward + drafter forward/backward + sum of
+gradients + AdamW, loss read back to the host). Timing excludes loading, warm-up and capture (reported separately):
+median wall time of the measured steps. MFU uses the FLOP model of docs/performance.md (split printed) against
+989 TFLOP/s (H200/H100 dense bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from .blocks import build_block_batch, raw_weight_total, sample_anchors
+from .config import DrafterConfig, TrainConfig, default_gamma
+
+SHAPES = {
+    "tiny": dict(target="bench:tiny", seq_len=128, num_anchors=8, block_size=16),
+    "micro": dict(target="bench:qwen3-8b", seq_len=768, num_anchors=256, block_size=16),
+    "paper": dict(target="bench:qwen3-8b", seq_len=3072, num_anchors=512, block_size=16),
+    "long": dict(target="bench:qwen3-8b", seq_len=16384, num_anchors=512, block_size=16),
+    "big": dict(target="bench:qwen3-32b", seq_len=4096, num_anchors=512, block_size=16),
+}
+VARIANTS = {  # name -> (cuda_graphs, compile_drafter)
+    "graph": (True, False), "eager": (False, False), "compile": (True, True), "compile-eager": (False, True),
+}
+MASK_TOKEN_ID = {"bench:tiny": 1023}  # Qwen3 shapes use the family's reserved id (151669)
+
+
+def log(*a) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
+
+
+def synthetic_batch(step: int, *, batch_size: int, seq_len: int, num_anchors: int, block_size: int, vocab_size: int,
+                    mask_token_id: int, gamma: float, seed: int = 0, prompt_frac: float = 0.125):
+    """A fixed-shape BlockBatch of random tokens; a pure function of (seed, step)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g)
+    ids[ids == mask_token_id] = 0  # MASK never appears in real text
+    loss_mask = torch.ones(batch_size, seq_len, dtype=torch.bool)
+    loss_mask[:, : int(seq_len * prompt_frac)] = False
+    anchors, valid = sample_anchors(loss_mask, num_anchors, g)
+    total = raw_weight_total(loss_mask, anchors, valid, block_size=block_size, gamma=gamma)
+    return build_block_batch(ids, loss_mask, anchors, valid, block_size=block_size, mask_token_id=mask_token_id,
+                             gamma=gamma, weight_total=total)
+
+
+def _lcm(a: int, b: int) -> int:
+    import math
+
+    return a * b // math.gcd(a, b)
+
+
+def environment(args) -> dict:
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+           "python": platform.python_version(), "host": platform.node(),
+           "commit": args.commit or os.environ.get("DFLASH_COMMIT") or _git_commit(),
+           "command": "python -m dflash_lab.bench " + " ".join(sys.argv[1:])}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpus_visible"] = torch.cuda.device_count()
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool) -> TrainConfig:
+    return TrainConfig(target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
+                       block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
+                       target_devices=None if args.colocated else tuple(args.targets), cuda_graphs=cuda_graphs,
+                       compile_drafter=compile_drafter, steps=10_000, seed=0, loss_chunk_size=args.chunk_size,
+                       mask_token_id=MASK_TOKEN_ID.get(shape["target"]))
+
+
+def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placement, variant: str, env: dict,
+                load_report: dict, estimate: dict) -> dict:
+    from .engine import build_engine
+
+    cuda_graphs, compile_drafter = VARIANTS[variant]
+    cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter)
+    for d in placement.devices:
+        if d.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(torch.device(d))
+    t0 = time.perf_counter()
+    engine = build_engine(cfg, placement, models, drafter_cfg, target_config=target_cfg, log=log,
+                          compile_mode=args.compile_mode)
+    build_s = time.perf_counter() - t0
+    gamma = default_gamma(shape["block_size"])
+    make = lambda s: synthetic_batch(s, batch_size=args.batch_size, seq_len=shape["seq_len"],  # noqa: E731
+                                     num_anchors=shape["num_anchors"], block_size=shape["block_size"],
+                                     vocab_size=drafter_cfg.vocab_size, mask_token_id=drafter_cfg.mask_token_id,
+                                     gamma=gamma)
+    times, losses = [], []
+    batch = make(0)
+    first_s = None
+    total = args.warmup + args.steps
+    prof, prof_rows = None, None
+    for s in range(total):
+        nxt = make(s + 1) if engine.prefetches else None
+        if args.profile and s == args.warmup and variant == args.profile:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+        t = time.perf_counter()
+        out = engine.step(batch, step=s, lr=6e-4, next_batch=nxt)
+        loss = out["loss"].item()  # syncs, like the Trainer
+        dt = time.perf_counter() - t
+        if prof is not None and s == args.warmup + 2:
+            prof.__exit__(None, None, None)
+            prof_rows = _profile_rows(prof, steps=3)
+            prof = None
+        if s == 0:
+            first_s = dt
+            log(f"{variant}: first step (warm-up, compile, capture) {dt:.1f} s, loss {loss:.4f}")
+        if s >= args.warmup:
+            times.append(dt)
+        losses.append(loss)
+        batch = nxt if nxt is not None else make(s + 1)
+    step_s = statistics.median(times)
+    b, S = args.batch_size, shape["seq_len"]
+    tps = b * S / step_s
+    m = engine.metrics(tokens_per_s=tps)
+    flops = engine.flops_per_sequence()
+    row = {
+        "shape": args.shape, "variant": variant, "cuda_graphs": cuda_graphs, "compile_drafter": compile_drafter,
+        "target": shape["target"], "seq_len": S, "num_anchors": shape["num_anchors"], "block_size": shape["block_size"],
+        "batch_size": b, "placement": placement.mode, "target_devices": list(placement.target_devices),
+        "drafter_devices": list(placement.drafter_devices), "num_gpus": placement.num_gpus,
+        "steps_measured": len(times), "warmup_steps": args.warmup,
+        "step_ms_median": round(step_s * 1e3, 2), "step_ms_p10": round(_pct(times, 10) * 1e3, 2),
+        "step_ms_p90": round(_pct(times, 90) * 1e3, 2),
+        "tokens_per_s": round(tps, 1), "tokens_per_s_per_gpu": round(tps / max(placement.num_gpus, 1), 1),
+        "draft_positions_per_s": round(tps * shape["num_anchors"] * shape["block_size"] / S, 1),
+        "tflop_per_sequence": {k: round(v / 1e12, 2) for k, v in (flops or {}).items()},
+        "mfu": m.get("mfu"), "first_step_s": round(first_s, 2), "engine_build_s": round(build_s, 2),
+        "loss_first": losses[0], "loss_last": losses[-1], "load": load_report, "memory_estimate": estimate,
+        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **env,
+    }
+    if prof_rows is not None:
+        row["profile_top_kernels"] = prof_rows
+    engine.shutdown()
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def _profile_rows(prof, steps: int, top: int = 30) -> list[dict]:
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"name": e.key[:120], "ms_per_step": round(t / 1e3 / steps, 3), "calls_per_step": e.count / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[:top]
+
+
+def time_to_first_step(args, shape: dict, env: dict) -> dict:
+    """Trainer construction (tokenizer, placement check, concurrent target load, data) -> first step returned."""
+    from .trainer import Trainer
+
+    cfg = TrainConfig(target=shape["target"], data="tiny", seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
+                      block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
+                      target_devices=None if args.colocated else tuple(args.targets), steps=100, log_every=1000,
+                      loss_chunk_size=args.chunk_size, compile_drafter=args.variants[0].startswith("compile"),
+                      cuda_graphs=VARIANTS[args.variants[0]][0])
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, write_run_dir=False, log=log)
+    constructed = time.perf_counter() - t0
+    trainer.step(1)
+    first = time.perf_counter() - t0
+    rec = trainer.step(args.steps)
+    total = time.perf_counter() - t0
+    row = {"shape": args.shape, "scenario": "time_to_first_step", "variant": args.variants[0],
+           "target": shape["target"], "seq_len": shape["seq_len"], "num_anchors": shape["num_anchors"],
+           "batch_size": args.batch_size, "placement": trainer.placement.mode,
+           "construct_s": round(constructed, 2), "target_load_s": round(trainer.target_load_seconds, 2),
+           "time_to_first_step_s": round(first, 2), "first_step_s": round(first - constructed, 2),
+           f"then_{args.steps}_steps_s": round(total - first, 2), "last_record": rec, **env}
+    trainer.close()
+    return row
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="DFlash training-step benchmark (one JSON line per configuration).")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="paper")
+    p.add_argument("--gpus", default=None, help="drafter GPUs, e.g. 0 or 0,1 or 5-7 (default: 0; cpu with --device cpu)")
+    p.add_argument("--target-gpus", default=None, help="target GPUs for a split placement, e.g. 0 or 0-4")
+    p.add_argument("--placement", choices=["colocated", "split"], default=None,
+                   help="colocated (default) or split; split without --target-gpus puts targets on the first half")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--workers", type=int, default=1, help="CPU only: number of drafter worker threads")
+    p.add_argument("--compile", action="store_true", help="compile_drafter=True (same as --variants compile)")
+    p.add_argument("--no-graphs", action="store_true", help="cuda_graphs=False (same as --variants eager)")
+    p.add_argument("--variants", default=None, help=f"comma list of {sorted(VARIANTS)}, run in one process")
+    p.add_argument("--compile-mode", default=None, help='torch.compile mode for --compile (default None; e.g. '
+                   '"max-autotune-no-cudagraphs"); never CUDAGraph Trees')
+    p.add_argument("--steps", type=int, default=20, help="measured steps")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps before timing (the first includes capture)")
+    p.add_argument("--batch-size", type=int, default=None, help="global sequences per step (default: one per "
+                   "drafter worker, rounded up to a multiple of the target replicas)")
+    p.add_argument("--chunk-size", type=int, default=4096, help="LM head + CE chunk (positions)")
+    p.add_argument("--ttfs", action="store_true", help="measure Trainer construction -> first step instead")
+    p.add_argument("--profile", default=None, help="variant to profile (torch.profiler, 3 steps, top kernels)")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse, or $DFLASH_COMMIT)")
+    args = p.parse_args(argv)
+    from .placement import gpus
+
+    if args.device == "cpu":
+        args.drafters = ["cpu"] * args.workers
+        args.targets = ["cpu"] if args.placement == "split" else args.drafters
+    else:
+        args.drafters = list(gpus(args.gpus or "0"))
+        if args.target_gpus:
+            args.targets = list(gpus(args.target_gpus))
+        elif args.placement == "split":
+            n = len(args.drafters)
+            if n < 2:
+                p.error("--placement split needs --target-gpus or at least two --gpus")
+            k = (n + 1) // 2
+            args.drafters, args.targets = args.drafters[k:], args.drafters[:k]
+        else:
+            args.targets = args.drafters
+    args.colocated = args.targets == args.drafters
+    if args.variants:
+        args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        bad = [v for v in args.variants if v not in VARIANTS]
+        if bad:
+            p.error(f"unknown variants {bad}; use {sorted(VARIANTS)}")
+    else:
+        args.variants = [("compile" if args.compile else "graph") if not args.no_graphs
+                         else ("compile-eager" if args.compile else "eager")]
+    if args.batch_size is None:
+        args.batch_size = _lcm(len(args.drafters), len(args.targets) if not args.colocated else 1)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shape = SHAPES[args.shape]
+    env = environment(args)
+    out = open(args.out, "a") if args.out else None
+
+    def emit(row):
+        line = json.dumps(row, default=str)
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    if args.ttfs:
+        emit(time_to_first_step(args, shape, env))
+        return 0
+    from .placement import check_placement, make_placement
+    from .targets import load_target_config, load_targets
+
+    placement = make_placement(args.drafters, None if args.colocated else args.targets)
+    target_cfg = load_target_config(shape["target"])
+    drafter_cfg = DrafterConfig.from_target(target_cfg, block_size=shape["block_size"],
+                                            mask_token_id=MASK_TOKEN_ID.get(shape["target"]))
+    estimate = check_placement(placement, target_config=target_cfg, drafter_config=drafter_cfg,
+                               seq_len=shape["seq_len"], num_anchors=shape["num_anchors"], batch_size=args.batch_size,
+                               chunk_size=args.chunk_size)
+    log(f"{args.shape}: {placement.describe()}; estimate {estimate}")
+    last: dict = {}
+
+    def progress(p):
+        last[p.replica] = p
+        log(p.line())
+
+    t0 = time.perf_counter()
+    dtype = torch.bfloat16 if placement.is_cuda else torch.float32
+    models = load_targets(shape["target"], placement.target_devices, dtype=dtype, progress=progress)
+    load_report = {"seconds_all": round(time.perf_counter() - t0, 2),
+                   "replicas": {str(k): {"device": v.device, "seconds": round(v.seconds, 2), "gb": round(v.gb_total, 2),
+                                         "tensors": v.tensors_total, "memory_gb": v.memory_gb}
+                                for k, v in last.items()}}
+    for variant in args.variants:
+        try:
+            emit(run_variant(args, shape, models, target_cfg, drafter_cfg, placement, variant, env, load_report,
+                             estimate))
+        except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others' numbers
+            import traceback
+
+            log(f"variant {variant} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            emit({"shape": args.shape, "variant": variant, "error": f"{type(e).__name__}: {e}"[:2000], **env})
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    if out:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

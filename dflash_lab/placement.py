@@ -1,0 +1,244 @@
+"""Which device holds which target replica and which drafter worker, checked BEFORE anything loads.
+
+Two layouts:
+- colocated: every GPU holds a target replica AND a drafter worker (`devices=("cuda:0", "cuda:1")`); features never
+  leave the GPU that made them.
+- split (disaggregated): target replicas on some GPUs, drafter workers on others (`target_devices=("cuda:0",)`,
+  `devices=("cuda:1",)`); features travel GPU -> GPU (peer copy, no host round-trip) and the target side runs one
+  batch ahead of the drafter side.
+
+`check_placement` compares an estimate of what each GPU must hold (weights, optimiser state, activations; numbers
+below) with its free memory and raises an actionable `PlacementError` ("target needs ~61 GB, cuda:3 has 20 GB free:
+...") before minutes are spent loading. The estimate is deliberately simple and errs high by ~10-20%
+(bench/results/ records estimate vs measured peak):
+- target: bf16 weights + one forward's live activations of its micro-batch + the feature buffers;
+- drafter: 16 bytes/parameter (bf16 weights 2 + fp32 master 4 + AdamW moments 8 + bf16 grads 2) + the larger of
+  the saved activations of one step and the transient fp32 master gradients (4 bytes/parameter), + the frozen
+  embedding/head copies when the target lives on another GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ConfigError
+
+GiB = 2**30
+
+
+class PlacementError(ConfigError):
+    """The placement cannot work on this machine; the message says which device and what to change."""
+
+
+def gpus(spec: str | int | list | tuple) -> tuple[str, ...]:
+    """"0-4" -> ("cuda:0", ..., "cuda:4"); "0,2" / [0, 2] / 3 -> ("cuda:0", "cuda:2") / ("cuda:3",)."""
+    if isinstance(spec, int):
+        return (f"cuda:{spec}",)
+    if isinstance(spec, (list, tuple)):
+        return tuple(f"cuda:{int(i)}" for i in spec)
+    out: list[int] = []
+    for part in str(spec).replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+                raise PlacementError(f"GPU range {part!r} is invalid. Fix: write e.g. '0-4' or '0,1,2'.")
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise PlacementError(f"GPU list {spec!r} has {part!r}, which is not a GPU index. Fix: write e.g. '0-4' "
+                                 "or '0,1,2'.")
+    return tuple(f"cuda:{i}" for i in out)
+
+
+def _normalise(names, field: str) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = (names,)
+    out = []
+    for n in names:
+        try:
+            d = torch.device(n)
+        except RuntimeError as e:
+            raise PlacementError(f"{field}: {n!r} is not a device name ({e}). Fix: use 'cpu' or 'cuda:N'.") from e
+        if d.type == "cuda":
+            out.append(f"cuda:{0 if d.index is None else d.index}")
+        elif d.type == "cpu":
+            out.append("cpu")
+        else:
+            raise PlacementError(f"{field}: unsupported device {n!r}. Fix: use 'cpu' or 'cuda:N'.")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Drafter workers (one per device) and target replicas (one per device), by device name."""
+
+    drafter_devices: tuple[str, ...]
+    target_devices: tuple[str, ...]
+
+    @property
+    def colocated(self) -> bool:
+        """Worker i runs its own target replica i on the same device, in the same thread."""
+        return self.target_devices == self.drafter_devices
+
+    @property
+    def mode(self) -> str:
+        return "colocated" if self.colocated else "split"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.drafter_devices[0].startswith("cuda")
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Every distinct device used, in order of first appearance."""
+        return tuple(dict.fromkeys(self.target_devices + self.drafter_devices))
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(1 for d in self.devices if d.startswith("cuda"))
+
+    def describe(self) -> str:
+        if self.colocated:
+            return f"colocated: target + drafter on each of {', '.join(self.drafter_devices)}"
+        return (f"split: {len(self.target_devices)} target replica(s) on {', '.join(self.target_devices)} -> "
+                f"{len(self.drafter_devices)} drafter worker(s) on {', '.join(self.drafter_devices)}")
+
+
+def make_placement(devices, target_devices=None) -> Placement:
+    """Validate device names against the visible devices (no memory check yet: see `check_placement`)."""
+    drafters = _normalise(devices, "devices")
+    targets = drafters if target_devices is None else _normalise(target_devices, "target_devices")
+    if not drafters:
+        raise PlacementError("devices is empty. Fix: name at least one drafter device, e.g. ('cuda:0',).")
+    if not targets:
+        raise PlacementError("target_devices is empty. Fix: leave it None (colocated) or name at least one device.")
+    kinds = {d.split(":")[0] for d in drafters + targets}
+    if len(kinds) > 1:
+        raise PlacementError(f"devices={drafters} and target_devices={targets} mix CPU and GPU. Fix: put the target "
+                             "and the drafter on GPUs (or both on 'cpu' for tests).")
+    if "cuda" in kinds:
+        if not torch.cuda.is_available():
+            raise PlacementError(f"devices {drafters + targets} ask for GPUs but no CUDA GPU is visible. Fix: use "
+                                 "devices=('cpu',) or run on a GPU machine (check CUDA_VISIBLE_DEVICES).")
+        n = torch.cuda.device_count()
+        for d in dict.fromkeys(drafters + targets):
+            if int(d.split(":")[1]) >= n:
+                raise PlacementError(f"{d} does not exist: {n} GPU(s) are visible (cuda:0..cuda:{n - 1}; "
+                                     "CUDA_VISIBLE_DEVICES applies). Fix: pick GPUs from that range.")
+        for name, devs in (("devices", drafters), ("target_devices", targets)):
+            dup = sorted({d for d in devs if devs.count(d) > 1})
+            if dup:
+                raise PlacementError(f"{name}={devs} names {dup} more than once: one {'drafter worker' if name == 'devices' else 'target replica'} "
+                                     "per GPU. Fix: list each GPU once.")
+        if targets != drafters and set(targets) & set(drafters):
+            both = sorted(set(targets) & set(drafters))
+            raise PlacementError(
+                f"target_devices={targets} and devices={drafters} share {both} without being identical. Fix: either "
+                "colocate (target_devices=None: a target replica and a drafter worker on every GPU) or use disjoint "
+                "GPU sets (e.g. targets on 0-4, drafters on 5-7).")
+    return Placement(drafter_devices=drafters, target_devices=targets)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory estimates (bytes). Parameter counts come from the configs, so nothing needs to be loaded.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _text(cfg):
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def target_num_parameters(target_config) -> int:
+    tc = _text(target_config)
+    H, I, L, V = tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers, tc.vocab_size
+    nh = tc.num_attention_heads
+    kv = getattr(tc, "num_key_value_heads", None) or nh
+    hd = getattr(tc, "head_dim", None) or H // nh
+    layer = H * nh * hd * 2 + H * kv * hd * 2 + 3 * H * I + 2 * H + 2 * hd
+    head = 0 if getattr(tc, "tie_word_embeddings", False) else V * H
+    return V * H + L * layer + H + head
+
+
+def drafter_num_parameters(drafter_config) -> int:
+    d = drafter_config
+    H = d.hidden_size
+    layer = (H * d.num_attention_heads * d.head_dim * 2 + H * d.num_key_value_heads * d.head_dim * 2
+             + 3 * H * d.intermediate_size + 2 * H + 2 * d.head_dim)
+    return d.num_hidden_layers * layer + d.num_target_features * H * H + 2 * H
+
+
+def estimate_target_bytes(target_config, *, seq_len: int, micro_batch: int, num_features: int,
+                          dtype_bytes: int = 2) -> int:
+    tc = _text(target_config)
+    H, I = tc.hidden_size, tc.intermediate_size
+    weights = target_num_parameters(target_config) * dtype_bytes
+    rows = micro_batch * seq_len
+    live = rows * (6 * H + 3 * I) * dtype_bytes  # one layer's forward temporaries (no grad: nothing is saved)
+    features = 2 * rows * num_features * H * dtype_bytes  # static output + feature slots
+    return int(weights + live + features + 1 * GiB)  # + CUDA context / cuBLAS workspaces
+
+
+def estimate_drafter_bytes(drafter_config, *, seq_len: int, num_anchors: int, micro_batch: int,
+                           embed_copy: bool, chunk_size: int = 4096, dtype_bytes: int = 2) -> int:
+    d = drafter_config
+    H, I, D = d.hidden_size, d.intermediate_size, d.num_hidden_layers
+    P = drafter_num_parameters(d)
+    states = P * (dtype_bytes + 4 + 8 + dtype_bytes)
+    rows = micro_batch * num_anchors * d.block_size  # query rows (b * N * B)
+    ctx = micro_batch * seq_len
+    attn = d.num_attention_heads * d.head_dim
+    kvd = d.num_key_value_heads * d.head_dim
+    per_layer = rows * (30 * H + 30 * attn + 10 * I) + ctx * (20 * kvd + 4 * H)  # saved for backward, bytes
+    acts = D * per_layer + ctx * (d.num_target_features * H * dtype_bytes * 2 + 12 * H)
+    head = min(chunk_size, rows) * d.vocab_size * 8 + rows * H * 4  # chunk logits/probs + the hidden-state grad
+    embed = (1 if d.tie_word_embeddings else 2) * d.vocab_size * H * dtype_bytes if embed_copy else 0
+    return int(states + max(acts + head, 4 * P) + embed + 1 * GiB)
+
+
+def check_placement(placement: Placement, *, target_config, drafter_config, seq_len: int, num_anchors: int,
+                    batch_size: int, chunk_size: int = 4096, mem_get_info=None) -> dict[str, dict]:
+    """Batch divisibility and free memory per GPU, before loading. Returns {device: {need_gb, free_gb, ...}}.
+
+    `mem_get_info(device) -> (free, total)` defaults to torch.cuda.mem_get_info (tests pass a fake).
+    """
+    T, D = len(placement.target_devices), len(placement.drafter_devices)
+    for n, what in ((D, "drafter workers"), (T, "target replicas")):
+        if batch_size % n:
+            raise PlacementError(f"batch_size={batch_size} does not split evenly over {n} {what} "
+                                 f"({placement.describe()}). Fix: use a batch_size that is a multiple of {n}.")
+    report: dict[str, dict] = {}
+    if not placement.is_cuda:
+        return report
+    mem_get_info = mem_get_info or (lambda dev: torch.cuda.mem_get_info(torch.device(dev)))
+    t_need = estimate_target_bytes(target_config, seq_len=seq_len, micro_batch=batch_size // T,
+                                   num_features=drafter_config.num_target_features)
+    d_need = estimate_drafter_bytes(drafter_config, seq_len=seq_len, num_anchors=num_anchors,
+                                    micro_batch=batch_size // D, embed_copy=not placement.colocated,
+                                    chunk_size=chunk_size)
+    for dev in placement.devices:
+        parts = {}
+        if dev in placement.target_devices:
+            parts["target"] = t_need
+        if dev in placement.drafter_devices:
+            parts["drafter"] = d_need
+        need = sum(parts.values())
+        free, total = mem_get_info(dev)
+        report[dev] = {"need_gb": round(need / 1e9, 1), "free_gb": round(free / 1e9, 1),
+                       "total_gb": round(total / 1e9, 1), **{f"{k}_gb": round(v / 1e9, 1) for k, v in parts.items()}}
+        if need > free:
+            what = " + ".join(f"{k} ~{v / 1e9:.0f} GB" for k, v in parts.items())
+            hints = []
+            if placement.colocated:
+                hints.append("split the target and the drafter onto different GPUs (target_devices=...)")
+            if "target" in parts and T > 1:
+                hints.append("use fewer target replicas")
+            if "drafter" in parts:
+                hints.append("lower seq_len / num_anchors / batch_size")
+            hints.append("use other GPUs (free memory is read now: another process may hold this one)")
+            raise PlacementError(f"{dev} needs ~{need / 1e9:.0f} GB ({what}) and has {free / 1e9:.0f} GB free of "
+                                 f"{total / 1e9:.0f} GB: {'; or '.join(hints)}.")
+    return report

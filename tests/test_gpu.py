@@ -1,0 +1,148 @@
+"""GPU-only checks (marker `gpu`; skipped with a reason on CPU): CUDA-graph replay == eager (loss and gradients),
+flex == dense masks (forward AND gradients), the graph wrapper's fallback reason, multi-GPU == one GPU, compiled
+CE epilogue == eager, compile_drafter under our own capture."""
+
+import pytest
+import torch
+
+from dflash_lab.bench import synthetic_batch
+from dflash_lab.config import DrafterConfig, TrainConfig
+from dflash_lab.engine import build_engine
+from dflash_lab.placement import make_placement
+from dflash_lab.targets import load_target_config, load_targets
+
+pytestmark = pytest.mark.gpu
+S, N, B = 256, 16, 16
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+def _engine(devices, target_devices=None, **kw):
+    cfg = TrainConfig(target="bench:tiny", seq_len=S, num_anchors=N, block_size=B, batch_size=2, devices=devices,
+                      target_devices=target_devices, mask_token_id=1023, dtype=kw.pop("dtype", "float32"), lr=1e-3, **kw)
+    tc = load_target_config("bench:tiny")
+    dc = DrafterConfig.from_target(tc, block_size=B, mask_token_id=1023)
+    placement = make_placement(cfg.devices, cfg.target_devices)
+    dt = torch.float32 if cfg.dtype == "float32" else torch.bfloat16
+    models = load_targets("bench:tiny", placement.target_devices, dtype=dt)
+    return build_engine(cfg, placement, models, dc, target_config=tc)
+
+
+def _batch(step, num_anchors=N):
+    return synthetic_batch(step, batch_size=2, seq_len=S, num_anchors=num_anchors, block_size=B, vocab_size=1024,
+                           mask_token_id=1023, gamma=7.0)
+
+
+def _run(engine, steps=4, batches=None):
+    losses, grads = [], []
+    for s in range(steps):
+        batch = batches[s] if batches else _batch(s)
+        nxt = _batch(s + 1) if engine.prefetches else None
+        losses.append(engine.step(batch, step=s, lr=1e-3, next_batch=nxt)["loss"].item())
+        grads.append(engine.workers[0].flat_grad.float().cpu().clone())
+    params = torch.cat([p.detach().float().flatten().cpu() for p in engine.workers[0].drafter.parameters()])
+    return losses, grads, params
+
+
+def test_graph_replay_equals_eager_loss_and_gradients():
+    graph, eager = _engine(("cuda:0",), cuda_graphs=True), _engine(("cuda:0",), cuda_graphs=False)
+    lg, gg, pg = _run(graph)
+    le, ge, pe = _run(eager)
+    assert graph.workers[0].graphed.mode == "graph" and graph.workers[0].graphed.replays >= 4
+    assert graph.targets[0].graphed.mode == "graph"
+    assert eager.workers[0].graphed.describe() == "eager: cuda_graphs=False"
+    assert lg == pytest.approx(le, rel=1e-5)
+    for a, b in zip(gg, ge):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
+    assert torch.allclose(pg, pe, rtol=1e-5, atol=1e-5)
+    graph.shutdown(), eager.shutdown()
+
+
+def test_graph_wrapper_falls_back_eagerly_and_says_why():
+    engine = _engine(("cuda:0",))
+    _run(engine, steps=2)
+    out = engine.step(_batch(2, num_anchors=N // 2), step=2, lr=1e-3)  # fewer anchors: other shapes
+    assert torch.isfinite(out["loss"])
+    reasons = " ".join(engine.workers[0].graphed.fallbacks)
+    assert "draft_ids: shape (2, 128)" in reasons and "captured (2, 256)" in reasons
+    assert engine.workers[0].graphed.mode == "graph"  # the captured graph stays for the usual shape
+    engine.step(_batch(3), step=3, lr=1e-3)
+    assert engine.workers[0].graphed.replays >= 3
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("layer_types,window", [(("full_attention",) * 2, None),
+                                                (("sliding_attention", "full_attention"), 96)])
+def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window):
+    from dflash_lab.blocks import dense_mask, flex_block_mask
+    from dflash_lab.drafter import DFlashDrafter
+
+    tc = load_target_config("bench:tiny")
+    dc = DrafterConfig.from_target(tc, num_draft_layers=2, block_size=B, mask_token_id=1023, layer_types=layer_types,
+                                   sliding_window=window)
+    torch.manual_seed(0)
+    d = DFlashDrafter(dc)
+    d.init_weights(torch.Generator().manual_seed(0))
+    d = d.cuda()
+    batch = _batch(0).to("cuda")
+    feats = torch.randn(2, S, 5 * dc.hidden_size, device="cuda")
+    emb = torch.randn(2, N * B, dc.hidden_size, device="cuda")
+    ctx = torch.arange(S, device="cuda")[None].expand(2, -1)
+    outs, grads = [], []
+    for make in (flex_block_mask, dense_mask):
+        masks = {t: make(batch.anchors, batch.anchor_valid, seq_len=S, block_size=B,
+                         sliding_window=window if t == "sliding_attention" else None) for t in set(layer_types)}
+        d.zero_grad()
+        h = d(feats, emb, batch.position_ids, ctx, masks)
+        (h.float() * torch.linspace(-1, 1, h.shape[-1], device="cuda")).sum().backward()
+        outs.append(h.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in d.parameters()]))
+    assert torch.allclose(outs[0], outs[1], atol=2e-4, rtol=1e-3), (outs[0] - outs[1]).abs().max()
+    assert torch.allclose(grads[0], grads[1], atol=2e-3, rtol=1e-3), (grads[0] - grads[1]).abs().max()
+
+
+def test_compiled_ce_epilogue_matches_eager():
+    from dflash_lab import step
+
+    logits = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) * 3
+    y = torch.randint(0, 1000, (512,), device="cuda")
+    w = torch.rand(512, device="cuda")
+    a = step._ce_chunk(logits, y, w)
+    b = step._ce_chunk_fn(logits.device)(logits, y, w)
+    assert torch.allclose(a[0], b[0], rtol=1e-4)
+    assert (a[1] == b[1]).float().mean() > 0.999
+    assert torch.allclose(a[2].float(), b[2].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_compile_drafter_under_our_capture():
+    plain, compiled = _engine(("cuda:0",)), _engine(("cuda:0",), compile_drafter=True)
+    lp, _, _ = _run(plain, steps=3)
+    lc, _, _ = _run(compiled, steps=3)
+    m = compiled.metrics()
+    assert compiled.workers[0].graphed.mode == "graph", compiled.workers[0].graphed.status()
+    assert m["recompiles_after_first_step"] == 0 and m["compiled_graphs"] >= 1
+    assert lc == pytest.approx(lp, rel=1e-3)
+    plain.shutdown(), compiled.shutdown()
+
+
+@two_gpus
+def test_two_gpus_equal_one_gpu():
+    l1, g1, p1 = _run(_engine(("cuda:0",)))
+    two = _engine(("cuda:0", "cuda:1"))
+    l2, g2, p2 = _run(two)
+    assert all(w.graphed.mode == "graph" for w in two.workers)
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(p1, p2, rtol=1e-5, atol=1e-5)
+    two.shutdown()
+
+
+@two_gpus
+def test_split_target_gpu0_drafter_gpu1_with_prefetch():
+    l1, _, p1 = _run(_engine(("cuda:0",)), steps=5)
+    split = _engine(("cuda:1",), target_devices=("cuda:0",))
+    l2, _, p2 = _run(split, steps=5)
+    m = split.metrics(tokens_per_s=1e4)
+    assert l1 == pytest.approx(l2, rel=1e-5) and torch.allclose(p1, p2, rtol=1e-5, atol=1e-5)
+    assert 0 <= m["drafter_wait_frac"] <= 1 and m["bottleneck"] in ("target", "drafter", "balanced")
+    split.shutdown()

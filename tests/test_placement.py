@@ -1,0 +1,81 @@
+"""Placement: device names checked against what is visible, layouts, and memory estimates checked before loading."""
+
+import pytest
+import torch
+
+from dflash_lab.config import DrafterConfig
+from dflash_lab.placement import (PlacementError, check_placement, drafter_num_parameters, estimate_drafter_bytes,
+                                  gpus, make_placement, target_num_parameters)
+from dflash_lab.targets import load_target_config
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+
+
+def test_gpu_lists():
+    assert gpus("0-4") == tuple(f"cuda:{i}" for i in range(5))
+    assert gpus("0,2") == ("cuda:0", "cuda:2") and gpus(3) == ("cuda:3",) and gpus([5, 6]) == ("cuda:5", "cuda:6")
+    with pytest.raises(PlacementError, match="has 'x', which is not a GPU index"):
+        gpus("0,x")
+
+
+def test_layouts(two_fake_gpus):
+    co = make_placement(("cuda:0", "cuda:1"))
+    assert co.colocated and co.mode == "colocated" and co.num_gpus == 2 and "colocated" in co.describe()
+    split = make_placement(gpus("5-7"), gpus("0-4"))
+    assert not split.colocated and split.num_gpus == 8 and "5 target replica(s)" in split.describe()
+    assert make_placement(("cpu", "cpu")).colocated and not make_placement(("cpu", "cpu"), ("cpu",)).colocated
+
+
+def test_device_errors_name_the_fix(two_fake_gpus, monkeypatch):
+    with pytest.raises(PlacementError, match=r"cuda:9 does not exist: 8 GPU\(s\) are visible.*cuda:0..cuda:7"):
+        make_placement(("cuda:9",))
+    with pytest.raises(PlacementError, match="names \\['cuda:1'\\] more than once: one drafter worker per GPU"):
+        make_placement(("cuda:1", "cuda:1"))
+    with pytest.raises(PlacementError, match="share \\['cuda:1'\\].*colocate.*disjoint"):
+        make_placement(("cuda:1", "cuda:2"), ("cuda:0", "cuda:1"))
+    with pytest.raises(PlacementError, match="mix CPU and GPU"):
+        make_placement(("cpu",), ("cuda:0",))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PlacementError, match="no CUDA GPU is visible.*devices=\\('cpu',\\)"):
+        make_placement(("cuda:0",))
+
+
+def test_parameter_counts_match_the_published_models():
+    tc = load_target_config("bench:qwen3-8b")
+    assert target_num_parameters(tc) == 8_190_735_360  # Qwen3-8B: 8.19B
+    dc = DrafterConfig.from_target(tc)
+    assert drafter_num_parameters(dc) == 1_048_626_432  # ~1.05B (5 x ~193M layers + 84M fc)
+    big = load_target_config("bench:qwen3-32b")
+    assert 32.0e9 < target_num_parameters(big) < 33.0e9
+
+
+def test_memory_check_before_loading(two_fake_gpus):
+    tc = load_target_config("bench:qwen3-8b")
+    dc = DrafterConfig.from_target(tc)
+    kw = dict(target_config=tc, drafter_config=dc, seq_len=3072, num_anchors=512)
+    free = {"cuda:0": 140e9, "cuda:1": 20e9}
+    info = lambda dev: (free[dev], 150e9)  # noqa: E731
+    report = check_placement(make_placement(("cuda:0",)), batch_size=1, mem_get_info=info, **kw)
+    assert 50 < report["cuda:0"]["need_gb"] < 70 and report["cuda:0"]["target_gb"] > 16.3
+    with pytest.raises(PlacementError) as e:
+        check_placement(make_placement(("cuda:1",)), batch_size=1, mem_get_info=info, **kw)
+    msg = str(e.value)
+    assert "cuda:1 needs ~" in msg and "has 20 GB free" in msg and "split the target and the drafter" in msg
+    # split: the drafter GPU also holds frozen copies of the embedding and head (2 x 1.24 GB)
+    split = check_placement(make_placement(("cuda:1",), ("cuda:0",)), batch_size=1,
+                            mem_get_info=lambda d: (140e9, 150e9), **kw)
+    assert split["cuda:1"]["drafter_gb"] > report["cuda:0"]["drafter_gb"] + 2.4
+    with pytest.raises(PlacementError, match="batch_size=3 does not split evenly over 2 drafter workers"):
+        check_placement(make_placement(("cuda:0", "cuda:1")), batch_size=3, mem_get_info=info, **kw)
+
+
+def test_drafter_estimate_grows_with_anchors():
+    dc = DrafterConfig.from_target(load_target_config("bench:qwen3-8b"))
+    small = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=128, micro_batch=1, embed_copy=False)
+    large = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=1024, micro_batch=1, embed_copy=False)
+    assert large > small + 10e9
+    assert small > 16 * drafter_num_parameters(dc)  # weights + master + AdamW + grads at least
