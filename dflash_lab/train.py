@@ -177,13 +177,15 @@ class RankTrainer:
         rundir.write_json(rd / "data_report.json", self.data.report)
         rundir.write_json(rd / "distributed.json", self.ctx.config.to_dict())
         metrics_path = rd / rundir.METRICS_FILE
-        if self.step_count and metrics_path.is_file():  # resumed: later rows are recomputed, drop them first
-            keep = [ln for ln in metrics_path.read_text().splitlines()
-                    if ln.strip() and _row_step(ln) is not None and _row_step(ln) <= self.step_count]
-            tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-            tmp.write_text("".join(k + "\n" for k in keep))
-            os.replace(tmp, metrics_path)
+        previous = []
+        if self.resume is not None:  # same run dir: rows after the checkpoint are recomputed, so they are dropped
+            previous = rundir.resume_metrics(rd, self.resume.step, source=checkpoint.run_dir_of(self.resume.path))
+            rundir.log_event(rd, "resumed", step=self.resume.step, checkpoint=str(self.resume.path),
+                             world_size=self.ctx.world_size)
         self.metrics = MetricsLogger(metrics_path)
+        for row in previous:
+            self.metrics.ring.append(row)
+        rundir.log_event(rd, "start", step=self.step_count, **self.ctx.describe())
         link = rd / rundir.SYSTEM_FILE  # the dashboard follows system.jsonl: rank 0's samples (all GPUs of node 0)
         if not link.exists() and not link.is_symlink():
             try:
@@ -250,6 +252,7 @@ class RankTrainer:
         self.phase = "diverged" if self.diverged_at is not None else ("stopped" if stopped else "finished")
         if ctx.is_main:
             self._status(self.phase)
+            rundir.log_event(self.run_dir, self.phase, step=self.step_count)
             self.log(f"{self.phase} at step {self.step_count}/{total}"
                      + (f"; resume with: --resume {self.run_dir}" if stopped else ""))
         ctx.barrier()
@@ -263,8 +266,11 @@ class RankTrainer:
         """Rank 0's view: a STOP / CHECKPOINT file in the run dir (consumed), or divergence. Other ranks: no vote."""
         if not self.ctx.is_main:
             return False, False
-        stop = self.diverged_at is not None or _consume(self.run_dir / STOP_FILE)
-        return stop, _consume(self.run_dir / CHECKPOINT_FILE)
+        stop_file = _consume(self.run_dir / STOP_FILE)
+        if stop_file:
+            rundir.log_event(self.run_dir, "stop_requested", step=self.step_count, source=STOP_FILE)
+            self.log(f"STOP file found at step {self.step_count}: every rank stops here after a checkpoint")
+        return self.diverged_at is not None or stop_file, _consume(self.run_dir / CHECKPOINT_FILE)
 
     def _send_features(self, step: int) -> None:
         """Target-only rank: features of `step` for every drafter rank it feeds (async sends, waited one step later)."""
@@ -288,13 +294,18 @@ class RankTrainer:
         part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
         lr = lr_at(step, peak=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
                    min_ratio=cfg.min_lr_ratio)
-        tw = time.perf_counter()
+        cuda = ctx.device.type == "cuda"
         if ctx.layout.colocated:
             features = self.extractor(part.input_ids)  # (b, S, n*H)
-            wait = 0.0
-        else:
+        else:  # time this drafter waits for its target rank (supply vs demand): CUDA events, since NCCL's recv
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None  # returns at once
+            tw = time.perf_counter()
+            if cuda:
+                marks[0].record()
             features = ctx.recv(self.feature_buf, ctx.layout.feeder[ctx.rank])
-            wait = time.perf_counter() - tw  # time this drafter waited for its target rank (supply vs demand)
+            if cuda:
+                marks[1].record()
+            wait = time.perf_counter() - tw
         masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
                             sliding_window=dc.sliding_window)
         ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
@@ -304,16 +315,16 @@ class RankTrainer:
         loss.backward()  # DDP: gradients summed over drafter ranks here; FSDP2: reduce-scattered (summed)
         grad_norm = full_tensor(self.optimizer.step(lr, cfg.grad_clip))
         _maybe_dump_grads(self, step)
-        mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if ctx.device.type == "cuda" else 0.0
-        local = torch.cat([torch.stack([loss.detach().float(), grad_norm.detach().float().reshape(()).to(loss.device)]),
-                           torch.tensor([wait, mem], device=loss.device),
+        mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
+        local = torch.cat([loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1).to(loss.device),
+                           torch.full((1,), mem, device=loss.device),
                            raw["correct"].flatten().float(), raw["has_loss"].flatten().float()])
         rows = ctx.gather_drafters(local).cpu()  # one small all_gather; .cpu() syncs: step time is device time
         dt = time.perf_counter() - t0
         n = raw["correct"].numel()
         shape = (-1,) + tuple(raw["correct"].shape[1:])
-        correct = rows[:, 4:4 + n].reshape(shape).bool()
-        has_loss = rows[:, 4 + n:].reshape(shape).bool()
+        correct = rows[:, 3:3 + n].reshape(shape).bool()
+        has_loss = rows[:, 3 + n:].reshape(shape).bool()
         stats = block_stats(correct, has_loss)
         loss_total, gnorm = float(rows[:, 0].sum()), float(rows[0, 1])
         if not (math.isfinite(loss_total) and math.isfinite(gnorm)):
@@ -328,12 +339,13 @@ class RankTrainer:
             "world_size": ctx.world_size, "drafter_ranks": ctx.num_drafters,
             "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0,
         }
-        if not ctx.layout.colocated:
-            record["feature_wait_s"] = float(rows[:, 2].max())
-            record["feature_wait_frac"] = float(rows[:, 2].mean()) / dt if dt > 0 else 0.0
+        if not ctx.layout.colocated:  # this rank's wait (rank 0 logs; its feeder serves like every other)
+            wait = marks[0].elapsed_time(marks[1]) / 1e3 if cuda else wait
+            record["feature_wait_s"] = wait
+            record["feature_wait_frac"] = wait / dt if dt > 0 else 0.0
         if ctx.device.type == "cuda":
             for i, r in enumerate(ctx.layout.drafter_ranks):
-                record[f"mem_gb/rank{r}"] = round(float(rows[i, 3]), 3)
+                record[f"mem_gb/rank{r}"] = round(float(rows[i, 2]), 3)
         self.last_metrics = record
         if math.isfinite(loss_total):
             self.recent_losses = (self.recent_losses + [loss_total])[-100:]
@@ -391,9 +403,12 @@ class RankTrainer:
                 checkpoint.RNG_FILE: rng_tensors}, state)
         except checkpoint.CheckpointError as e:  # the previous checkpoint is intact; training goes on
             self.log(f"WARNING: {e}")
+            rundir.log_event(self.run_dir, "checkpoint_failed", step=self.step_count, reason=reason, error=str(e))
             return None
-        checkpoint.rotate(root, cfg.keep_checkpoints)
+        removed = checkpoint.rotate(root, cfg.keep_checkpoints)
         self.recent_losses = []
+        rundir.log_event(self.run_dir, "checkpoint", step=self.step_count, path=str(path), reason=reason,
+                         seconds=round(time.perf_counter() - t0, 3), removed=[p.name for p in removed])
         self.log(f"checkpoint {path} ({reason}, {time.perf_counter() - t0:.1f}s)")
         return path
 
@@ -472,13 +487,6 @@ def _failed_status(run_dir: Path, rank: int, step: int | None, error: str) -> No
     rundir.write_json(path, {**old, "phase": "failed", "step": step if step is not None else old.get("step"),
                              "time": time.time(), "error": f"rank {rank} at step {step}: {error}",
                              "detail": f"see error.rank{rank}.json and launch.log"})
-
-
-def _row_step(line: str) -> int | None:
-    try:
-        return int(json.loads(line).get("step"))
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 def _consume(path: Path) -> bool:
@@ -568,6 +576,7 @@ def main(argv=None) -> int:
         try:
             rundir.write_json(run_dir / f"error.rank{rank}.json", report)
             _failed_status(run_dir, rank, step, report["error"])
+            rundir.log_event(run_dir, "failed", rank=rank, step=step, error=report["error"])
         except OSError:
             pass
         print(f"[rank {rank}] FAILED at step {step}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -139,6 +139,24 @@ def test_threaded_engine_matches_ddp(ddp_run):
         assert abs(loss - ddp_run["losses"][step]) <= TOL * max(1.0, abs(loss)), (step, loss, ddp_run["losses"][step])
 
 
+def test_torchrun_checkpoint_resumes_in_notebook_trainer(ddp_run):
+    """Same checkpoint format both ways: the 2-rank run's step-2 checkpoint continues in a Trainer identically."""
+    from dflash_lab.trainer import Trainer
+
+    ckpt = ddp_run["run_dir"] / "checkpoints" / "step-0000002"
+    trainer = Trainer(ddp_run["cfg"].replace(resume_from=str(ckpt), checkpoint_every=0), write_run_dir=False,
+                      log=lambda *a: None)
+    try:
+        assert trainer.step_count == 2
+        losses = {3: trainer.step(1)["loss"]}
+        losses[4] = trainer.step(1)["loss"]
+    finally:
+        trainer.close()
+    for step in (3, 4):
+        want = ddp_run["losses"][step]
+        assert abs(losses[step] - want) <= TOL * max(1.0, abs(want)), (step, losses[step], want)
+
+
 def test_two_gloo_ranks_fsdp2_match_one_process(reference):
     base = reference["base"]
     run_dir = prepare_run(reference["cfg"], DistConfig(parallel="fsdp2", timeout_s=30), run_dir=base / "fsdp2")
