@@ -86,6 +86,7 @@ def environment(args) -> dict:
         env["gpu"] = torch.cuda.get_device_name(0)
         env["gpus_visible"] = torch.cuda.device_count()
         env["cuda"] = torch.version.cuda
+        env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     return env
 
 
@@ -142,7 +143,10 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
         dt = time.perf_counter() - t
         if prof is not None and s == args.warmup + 2:
             prof.__exit__(None, None, None)
-            prof_rows = _profile_rows(prof, steps=3)
+            try:
+                prof_rows = _profile_rows(prof, steps=3)
+            except Exception as e:  # noqa: BLE001 - a profiler problem must not lose the timing row
+                prof_rows = [{"error": f"{type(e).__name__}: {e}"}]
             prof = None
         if s == 0:
             first_s = dt
