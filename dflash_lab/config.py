@@ -195,6 +195,12 @@ class TrainConfig:
     """Hugging Face id, local model directory, or "tiny" for the embedded default target."""
     data: str = "tiny"
     """Chat data file (JSONL/Parquet, OpenAI `messages` or ShareGPT), or "tiny" for the embedded chat set."""
+    data_format: str = "auto"
+    """"openai" (`messages`), "sharegpt" (`conversations`), or "auto" (detected per record)."""
+    enable_thinking: bool | None = None
+    """Thinking mode passed to the chat template (must match serving); None = the template's default."""
+    data_errors: str = "skip"
+    """Unusable records: "skip" (counted with file:line in data_report.json) or "raise" (stop at the first)."""
     run_name: str = "run"
     """Short name used in the run directory `runs/<UTC stamp>-<run_name>-<id>/`."""
     runs_dir: str = "runs"
@@ -288,6 +294,13 @@ class TrainConfig:
             _fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
         if self.gamma is not None and self.gamma <= 0:
             _fail(c, "gamma", self.gamma, "must be > 0", "leave it None for the paper's value")
+        if self.data_format not in ("auto", "openai", "sharegpt"):
+            _fail(c, "data_format", self.data_format, "unknown data format", 'use "auto", "openai" or "sharegpt"')
+        if not (self.enable_thinking is None or isinstance(self.enable_thinking, bool)):
+            _fail(c, "enable_thinking", self.enable_thinking, "must be True, False or None",
+                  "use None for the template's default")
+        if self.data_errors not in ("skip", "raise"):
+            _fail(c, "data_errors", self.data_errors, "unknown policy", 'use "skip" or "raise"')
         if self.dtype not in ("auto", "bfloat16", "float32"):
             _fail(c, "dtype", self.dtype, "unknown dtype", 'use "auto", "bfloat16" or "float32"')
         if self.attention not in ATTENTION_BACKENDS:
