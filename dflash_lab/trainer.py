@@ -116,8 +116,13 @@ class Trainer:
         self._target_config = target_config
 
         self.phase = "loading data"
-        conversations = read_conversations(resolve_data_path(cfg.data))
-        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size)
+        conversations = read_conversations(resolve_data_path(cfg.data), data_format=cfg.data_format,
+                                           on_error=cfg.data_errors)
+        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size,
+                                     enable_thinking=cfg.enable_thinking, on_error=cfg.data_errors, log=self.log)
+        if self.data.report.total_skipped:  # never silent: the counts here, file:line examples in data_report.json
+            self.log(f"data: kept {len(self.data)} of {self.data.report['records']} records, skipped "
+                     f"{self.data.report['skipped']}")
         self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
                                     block_size=cfg.block_size, mask_token_id=self.drafter_config.mask_token_id,
                                     gamma=cfg.resolved_gamma, seed=cfg.seed)
