@@ -24,6 +24,7 @@ output is seeded per batch (seed + batch number), so it is reproducible for the 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import dataclasses
 import json
 import os
@@ -150,16 +151,17 @@ class HFGenerator:
         s = self.sampling
         enc = self.tokenizer([self.prompt(h) for h in histories], return_tensors="pt", padding=True,
                              padding_side="left", add_special_tokens=False).to(self.device)
-        kw = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
+        # Every sampling knob explicitly: unset values would be filled from the model's generation_config (e.g.
+        # Qwen3 ships top_k=20, temperature=0.6), so the recorded settings would not be what was used.
+        kw = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                  do_sample=s.temperature > 0, temperature=s.temperature or 1.0, top_p=s.top_p, top_k=s.top_k,
+                  min_p=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0)
         if s.temperature > 0:
-            kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
             if self.device.type == "cuda":
                 with torch.cuda.device(self.device):
                     torch.cuda.manual_seed(seed)
             else:
                 torch.manual_seed(seed)
-        else:
-            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         out = self.model.generate(**enc, **kw)
         new = out[:, enc["input_ids"].shape[1]:].tolist()  # .tolist() syncs
         stops = set(self.stop_ids)
@@ -494,7 +496,8 @@ def _load_generators(target, devices, sampling, dtype, models, log) -> list[HFGe
             t0 = time.perf_counter()
             model = load_target(target, device=dev, dtype=_resolve_dtype(dtype, dev))
             log(f"regenerate: loaded {target} on {dev} in {time.perf_counter() - t0:.1f}s")
-        gens.append(HFGenerator(model, tokenizer, sampling))
+        # one tokenizer per device thread: a fast tokenizer's padding state is per object
+        gens.append(HFGenerator(model, tokenizer if not gens else copy.deepcopy(tokenizer), sampling))
     return gens
 
 
