@@ -153,13 +153,20 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.run_dir.name}: {self.describe()})"
 
-    def follow(self, *, timeout_s: float | None = None, print_fn=print, poll_s: float = 1.0) -> int | None:
+    def follow(self, *, timeout_s: float | None = None, print_fn=print, poll_s: float = 1.0, callbacks=(),
+               callback_every_s: float = 10.0) -> int | None:
         """Print new lines of launch.log as they come until the job ends (or timeout_s); returns the exit code.
 
-        Runs on the calling thread, so it also works headless (papermill --log-output shows each line).
+        Runs on the calling thread, so it also works headless (papermill --log-output shows each line); each of
+        `callbacks` (no arguments, e.g. a dashboard view's `refresh`) runs every `callback_every_s` and at the end.
         """
         pos, t_end = 0, (time.monotonic() + timeout_s) if timeout_s else None
+        last_cb = time.monotonic()
         while True:
+            if callbacks and (time.monotonic() - last_cb >= callback_every_s or self.poll() is not None):
+                last_cb = time.monotonic()
+                for cb in callbacks:
+                    cb()
             rc = self.poll()
             if self.log_path.is_file():
                 with open(self.log_path, "rb") as f:

@@ -37,7 +37,7 @@ from .drafter import DFlashDrafter
 from .metrics import MetricsLogger, Throughput
 from .optim import MasterAdamW, lr_at
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
-from .targets import FeatureExtractor, embedding_of, lm_head_weight, load_target, load_tokenizer, resolve_target_path
+from .targets import FeatureExtractor, embedding_of, lm_head_weight, load_target, load_target_config, load_tokenizer
 
 STOP_FILE = "STOP"
 CHECKPOINT_FILE = "CHECKPOINT"  # touch it to request a checkpoint at the next step boundary
@@ -52,12 +52,6 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
-
-
-def _target_config(target: str):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(resolve_target_path(target))
 
 
 class RankTrainer:
@@ -83,9 +77,11 @@ class RankTrainer:
 
         self.tokenizer = load_tokenizer(cfg.target)
         self.target = None
-        if ctx.is_target:
-            self.target = load_target(cfg.target, device=dev, dtype=self.dtype)
-        target_config = self.target.config if self.target is not None else _target_config(cfg.target)
+        if ctx.is_target:  # same seed as the threaded Trainer: bench:* targets get identical random weights
+            self.target = load_target(cfg.target, device=dev, dtype=self.dtype, seed=cfg.seed, progress_every_s=10.0,
+                                      replica=ctx.layout.target_ranks.index(ctx.rank),
+                                      progress=lambda p: self.log(f"[rank {ctx.rank}] {p.line()}"))
+        target_config = self.target.config if self.target is not None else load_target_config(cfg.target)
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(self.tokenizer, "mask_token_id", None)
         self.drafter_config = dc = DrafterConfig.from_target(
             target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,

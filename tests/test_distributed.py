@@ -23,9 +23,10 @@ from dflash_lab.launch import cluster_command, launch, prepare_run, torchrun_arg
 
 CFG = TrainConfig(target="tiny", data="tiny", seq_len=64, batch_size=2, block_size=8, num_anchors=4,
                   num_draft_layers=2, steps=4, log_every=1, checkpoint_every=2, keep_checkpoints=5, seed=0,
-                  devices=("cpu",), dtype="float32", run_name="dist-test")
+                  run_name="dist-test")  # devices ("cpu",) and dtype "auto" -> fp32: what the notebook builds too
 DATA_LINES = 64  # a slice of the tiny chat set: every rank tokenizes it at start-up, so keep it short
 RUN_TIMEOUT_S = 120  # a hung job fails the test instead of hanging it
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "launch.ipynb"
 TOL = 1e-5
 
 
@@ -87,14 +88,29 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ddp_run(reference):
-    """2 gloo ranks, DDP, launched the way the notebook does (launch.launch -> Job)."""
-    base = reference["base"]
-    run_dir = prepare_run(reference["cfg"], DistConfig(parallel="ddp", timeout_s=30), run_dir=base / "ddp")
-    job = launch(run_dir, nproc_per_node=2, env={"OMP_NUM_THREADS": "1", "DFLASH_DUMP_GRADS": str(base / "ddp-grads")})
-    rc = job.wait(RUN_TIMEOUT_S)
-    assert rc == 0, job.tail(60)
-    assert job.status()["state"] == "finished" and job.status()["phase"] == "finished"
-    return {"cfg": reference["cfg"], "run_dir": run_dir, "grads": base / "ddp-grads", "losses": _losses(run_dir)}
+    """2 gloo ranks, DDP, launched from notebooks/launch.ipynb run by papermill: config into a new run dir,
+    torchrun in the background, cluster command printed, dashboard attached, log followed until the job ends."""
+    import nbformat
+
+    cfg, base = reference["cfg"], reference["base"]
+    params = dict(target=cfg.target, data=cfg.data, steps=cfg.steps, block_size=cfg.block_size,
+                  num_anchors=cfg.num_anchors, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+                  num_draft_layers=cfg.num_draft_layers, seed=cfg.seed, run_name="nb-ddp", runs_dir=str(base / "nb"),
+                  log_every=1, checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints,
+                  nproc_per_node=2, gpus=[], parallel="ddp", timeout_s=30.0, follow_s=float(RUN_TIMEOUT_S))
+    out = base / "launch-out.ipynb"
+    proc = subprocess.run([sys.executable, "-m", "papermill", str(NOTEBOOK), str(out), "-y", json.dumps(params)],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60,
+                          env=_env(DFLASH_DUMP_GRADS=base / "ddp-grads"))
+    _ok(proc)
+    [run_dir] = list((base / "nb").iterdir())
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", []))
+    assert "torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint node0:29500" in text  # the cluster command
+    assert "finished at step 4/4" in text and "'state': 'finished'" in text  # followed log + job.status()
+    assert (run_dir / "launch.ipynb").is_file() and (run_dir / "plots" / "training.png").is_file()
+    assert TrainConfig.from_json(run_dir / "config.json") == cfg.replace(run_name="nb-ddp", runs_dir=str(base / "nb"))
+    return {"cfg": cfg, "run_dir": run_dir, "grads": base / "ddp-grads", "losses": _losses(run_dir)}
 
 
 def _assert_matches_reference(reference, losses, grads_dir, ranks=(0, 1)):
