@@ -287,6 +287,31 @@ class DistContext:
         self.initialized = False
 
 
+def share_frozen_head(ctx: DistContext, target, dtype: torch.dtype):
+    """(embedding, LM head weight) of the frozen target on a drafter rank; (None, None) on target-only ranks.
+
+    Colocated: the local target's. Split: each target-only rank sends them once to every drafter rank it feeds
+    (shape header, embedding, then the head unless tied), so a drafter-only rank never loads the target."""
+    from .targets import embedding_of, lm_head_weight
+
+    if ctx.layout.colocated:
+        return (embedding_of(target), lm_head_weight(target)) if ctx.is_drafter else (None, None)
+    if ctx.is_target:
+        emb, head = embedding_of(target).weight.detach(), lm_head_weight(target).detach()
+        tied = head.data_ptr() == emb.data_ptr()
+        for d in ctx.layout.served_by(ctx.rank):
+            ctx.send(torch.tensor(list(emb.shape) + [int(tied)], dtype=torch.int64, device=ctx.device), d)
+            ctx.send(emb, d)
+            if not tied:
+                ctx.send(head, d)
+        return None, None
+    src = ctx.layout.feeder[ctx.rank]
+    rows, hidden, tied = ctx.recv(torch.empty(3, dtype=torch.int64, device=ctx.device), src).tolist()
+    emb = ctx.recv(torch.empty(rows, hidden, dtype=dtype, device=ctx.device), src)
+    head = emb if tied else ctx.recv(torch.empty(rows, hidden, dtype=dtype, device=ctx.device), src)
+    return torch.nn.Embedding.from_pretrained(emb, freeze=True), head
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Drafter replication
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,15 +360,6 @@ def wrap_fsdp2(drafter: torch.nn.Module, ctx: DistContext, compute_dtype: torch.
             if ctx.backend == "gloo":  # gloo has no PREMUL_SUM reduce op
                 m.set_force_sum_reduction_for_comms(True)
     return drafter
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The DFlashDrafter inside DDP / torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

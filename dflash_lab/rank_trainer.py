@@ -1,0 +1,440 @@
+"""The training loop of one torchrun rank (or of a single process): setup, the step, metrics, checkpoints.
+
+Each rank runs the step of the threaded engine (step.py: `build_masks`, `drafter_loss`, `block_stats`; optim.py:
+`MasterAdamW`, `lr_at`) on its slice `BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch;
+DDP (or FSDP2) sums the gradients (distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl
+and checkpoints (dist_checkpoint.py: a torchrun checkpoint resumes in a notebook Trainer and back); every rank writes
+system.rank{R}.jsonl (gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead
+and send them to their drafter ranks. A `STOP` (or `CHECKPOINT`) file in the run directory is read by rank 0 at a
+step boundary and its decision broadcast, so every rank leaves (or saves) at the same step.
+
+Fault injection for tests: DFLASH_FAULT="<rank>:<step>" raises on that rank at that step; DFLASH_DUMP_GRADS=<dir>
+saves each drafter rank's summed, clipped gradients after every step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from . import checkpoint, dist_checkpoint, rundir
+from .config import ConfigError, DrafterConfig, TrainConfig
+from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
+from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
+from .drafter import DFlashDrafter
+from .metrics import MetricsLogger, Throughput
+from .optim import MasterAdamW, lr_at
+from .step import DraftInputs, block_stats, build_masks, drafter_loss
+from .targets import FeatureExtractor, load_target, load_target_config, load_tokenizer
+
+STOP_FILE = "STOP"
+CHECKPOINT_FILE = "CHECKPOINT"  # touch it to request a checkpoint at the next step boundary
+STATUS_FILE = "status.json"
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+class RankTrainer:
+    """The training loop of one rank. Build, `train()`, `close()`; rank 0 also owns the run directory's files."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print):
+        self.cfg, self.ctx, self.run_dir = cfg, ctx, Path(run_dir)
+        self.log = (lambda *a: log(*a, flush=True)) if log is print else log
+        self.phase = "loading"
+        dev = ctx.device
+        if cfg.batch_size % ctx.num_drafters:
+            raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
+                              f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
+        self.resume = None
+        if cfg.resume_from and ctx.is_drafter:
+            self.resume = checkpoint.load_checkpoint(cfg.resume_from)
+            diffs = checkpoint.config_differences(self.resume.state["config"], cfg.to_dict())
+            if diffs:
+                raise ConfigError(checkpoint.format_differences(self.resume.path, diffs))
+        torch.manual_seed(cfg.seed)
+        self.dtype = _dtype(cfg.dtype, dev)
+        self.attention = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "sdpa")
+
+        self.tokenizer = load_tokenizer(cfg.target)
+        self.target = None
+        if ctx.is_target:  # same seed as the threaded Trainer: bench:* targets get identical random weights
+            self.target = load_target(cfg.target, device=dev, dtype=self.dtype, seed=cfg.seed, progress_every_s=10.0,
+                                      replica=ctx.layout.target_ranks.index(ctx.rank),
+                                      progress=lambda p: self.log(f"[rank {ctx.rank}] {p.line()}"))
+        target_config = self.target.config if self.target is not None else load_target_config(cfg.target)
+        mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(self.tokenizer, "mask_token_id", None)
+        self.drafter_config = dc = DrafterConfig.from_target(
+            target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
+            target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
+            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+        self.extractor = FeatureExtractor(self.target, dc.target_layer_ids) if self.target is not None else None
+
+        conversations = read_conversations(resolve_data_path(cfg.data))
+        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size)
+        self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
+                                    block_size=cfg.block_size, mask_token_id=dc.mask_token_id,
+                                    gamma=cfg.resolved_gamma, seed=cfg.seed)
+        self.part_size = cfg.batch_size // ctx.num_drafters
+
+        self.embed, self.head = share_frozen_head(ctx, self.target, self.dtype)  # drafter ranks only
+        self.model = self.optimizer = None
+        if ctx.is_drafter:
+            self._build_drafter()
+        self.step_count = 0
+        if self.resume is not None:
+            self._restore(self.resume)
+        self.step_count = ctx.broadcast_int(self.step_count)  # target-only ranks learn the resumed step here
+
+        self.metrics = None
+        self.throughput = Throughput()
+        self.last_metrics: dict | None = None
+        self.last_checkpoint_step = self.resume.step if self.resume is not None else None
+        self.recent_losses: list[float] = []
+        self.diverged_at: int | None = None
+        self._pending_sends: list = []
+        if ctx.is_main:
+            self._init_run_dir()
+        self.monitor = self._start_monitor()
+        self.phase = "ready"
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Setup
+    # ------------------------------------------------------------------------------------------------------------
+    def _build_drafter(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        drafter = DFlashDrafter(self.drafter_config)  # same seeded CPU init as the threaded Trainer
+        drafter.init_weights(torch.Generator().manual_seed(cfg.seed))
+        if ctx.config.parallel == "fsdp2":
+            drafter.to(device=ctx.device)  # fp32 shards ARE the masters; compute dtype comes from the FSDP policy
+            model = wrap_fsdp2(drafter, ctx, self.dtype)
+        else:
+            drafter.to(device=ctx.device, dtype=self.dtype)
+            model = wrap_ddp(torch.compile(drafter) if cfg.compile_drafter else drafter, ctx)
+        self.model = model
+        self.drafter = drafter
+        self.optimizer = MasterAdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.param_names = checkpoint.trainable_names(drafter)
+        if not ctx.layout.colocated:
+            self.feature_buf = torch.empty(self.part_size, cfg.seq_len,
+                                           self.drafter_config.num_target_features * self.drafter_config.hidden_size,
+                                           dtype=self.dtype, device=ctx.device)
+
+    def _init_run_dir(self) -> None:
+        rd, cfg = self.run_dir, self.cfg
+        (rd / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
+        (rd / "plots").mkdir(exist_ok=True)
+        rundir.write_json(rd / rundir.CONFIG_FILE, cfg.to_dict())
+        rundir.write_json(rd / "drafter_config.json", self.drafter_config.to_dict())
+        rundir.write_json(rd / rundir.ENV_FILE, {**rundir.environment_info(), "distributed": self.ctx.describe()})
+        rundir.write_json(rd / "data_report.json", self.data.report)
+        rundir.write_json(rd / "distributed.json", self.ctx.config.to_dict())
+        metrics_path = rd / rundir.METRICS_FILE
+        previous = []
+        if self.resume is not None:  # same run dir: rows after the checkpoint are recomputed, so they are dropped
+            previous = rundir.resume_metrics(rd, self.resume.step, source=checkpoint.run_dir_of(self.resume.path))
+            rundir.log_event(rd, "resumed", step=self.resume.step, checkpoint=str(self.resume.path),
+                             world_size=self.ctx.world_size)
+        self.metrics = MetricsLogger(metrics_path)
+        for row in previous:
+            self.metrics.ring.append(row)
+        rundir.log_event(rd, "start", step=self.step_count, **self.ctx.describe())
+        link = rd / rundir.SYSTEM_FILE  # the dashboard follows system.jsonl: rank 0's samples (all GPUs of node 0)
+        if not link.exists() and not link.is_symlink():
+            try:
+                link.symlink_to(f"system.rank{self.ctx.rank}.jsonl")
+            except OSError:
+                pass
+        self._status("ready")
+
+    def _start_monitor(self):
+        """system.rank{R}.jsonl from the sampler (gpu_monitor.py): this host's GPUs (NVML) + CPU/RAM, every rank."""
+        try:
+            from .gpu_monitor import GpuMonitor
+        except ImportError:
+            return None
+        try:
+            mon = GpuMonitor(interval_s=1.0, jsonl_path=self.run_dir / f"system.rank{self.ctx.rank}.jsonl")
+            mon.start()
+            return mon
+        except Exception as e:  # noqa: BLE001 - monitoring must never stop training
+            self.log(f"[rank {self.ctx.rank}] WARNING: GPU monitor did not start ({type(e).__name__}: {e})")
+            return None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------------------------------------------------
+    def train(self, progress_every_s: float = 10.0) -> dict | None:
+        cfg, ctx = self.cfg, self.ctx
+        total = cfg.steps
+        feeds_only = ctx.is_target and not ctx.is_drafter
+        if ctx.is_main:
+            self.log(f"training from step {self.step_count} to {total} on {ctx.world_size} rank(s) "
+                     f"({ctx.num_drafters} drafter, {len(ctx.layout.target_ranks)} target, {ctx.backend}, "
+                     f"{ctx.config.parallel}) | run dir {self.run_dir} | touch {self.run_dir / STOP_FILE} to stop")
+        self.phase = "training"
+        if feeds_only and self.step_count < total:
+            self._send_features(self.step_count)  # one step ahead of the drafters from here on
+        last_print, stopped = time.monotonic(), False
+        while self.step_count < total:
+            t0 = time.perf_counter()
+            stop, ckpt = ctx.control(*self._requests())
+            if stop:
+                stopped = True
+                if ctx.is_drafter and not ctx.layout.colocated:  # drain the features already sent for this step
+                    ctx.recv(self.feature_buf, ctx.layout.feeder[ctx.rank])
+                break
+            _maybe_fault(ctx.rank, self.step_count)
+            if feeds_only and self.step_count + 1 < total:
+                self._send_features(self.step_count + 1)
+            record = self._drafter_step(self.step_count, t0) if ctx.is_drafter else None
+            self.step_count += 1
+            if ctx.is_drafter and self.diverged_at is None and (
+                    ckpt or (cfg.checkpoint_every and self.step_count % cfg.checkpoint_every == 0)):
+                self.save_checkpoint("periodic" if not ckpt else "requested")
+            if ctx.is_main:
+                now = time.monotonic()
+                if now - last_print >= progress_every_s or self.step_count == total:
+                    last_print = now
+                    self.log(self.progress_line())
+                    self._status("training")
+            del record
+        self._wait_sends()
+        if ctx.is_drafter and self.diverged_at is None and self.last_checkpoint_step != self.step_count:
+            self.save_checkpoint("stop" if stopped else "finish")
+        self.phase = "diverged" if self.diverged_at is not None else ("stopped" if stopped else "finished")
+        if ctx.is_main:
+            self._status(self.phase)
+            rundir.log_event(self.run_dir, self.phase, step=self.step_count)
+            self.log(f"{self.phase} at step {self.step_count}/{total}"
+                     + (f"; resume with: --resume {self.run_dir}" if stopped else ""))
+        ctx.barrier()
+        if self.diverged_at is not None:
+            raise TrainingDiverged(f"loss or grad norm not finite at step {self.diverged_at}; the last good "
+                                   f"checkpoint (step {self.last_checkpoint_step}) is kept. Fix: resume from it with "
+                                   "a lower lr or grad_clip, or check the data around that step.")
+        return self.last_metrics
+
+    def _requests(self) -> tuple[bool, bool]:
+        """Rank 0's view: a STOP / CHECKPOINT file in the run dir (consumed), or divergence. Other ranks: no vote."""
+        if not self.ctx.is_main:
+            return False, False
+        stop_file = _consume(self.run_dir / STOP_FILE)
+        if stop_file:
+            rundir.log_event(self.run_dir, "stop_requested", step=self.step_count, source=STOP_FILE)
+            self.log(f"STOP file found at step {self.step_count}: every rank stops here after a checkpoint")
+        return self.diverged_at is not None or stop_file, _consume(self.run_dir / CHECKPOINT_FILE)
+
+    def _send_features(self, step: int) -> None:
+        """Target-only rank: features of `step` for every drafter rank it feeds (async sends, waited one step later)."""
+        ctx = self.ctx
+        self._wait_sends(keep=len(ctx.layout.served_by(ctx.rank)))
+        parts = self.sampler.batch(step).split(ctx.num_drafters)
+        for d in ctx.layout.served_by(ctx.rank):
+            part = parts[ctx.layout.drafter_ranks.index(d)]
+            feats = self.extractor(part.input_ids.to(ctx.device)).contiguous()  # (b, S, n*H)
+            self._pending_sends.append((torch.distributed.isend(feats, dst=d), feats))
+
+    def _wait_sends(self, keep: int = 0) -> None:
+        while len(self._pending_sends) > keep:
+            work, _ = self._pending_sends.pop(0)
+            work.wait()
+
+    def _drafter_step(self, step: int, t0: float) -> dict:
+        """This rank's slice: features -> drafter loss -> backward (DDP sums) -> clip + AdamW -> stats gathered."""
+        cfg, ctx, dc = self.cfg, self.ctx, self.drafter_config
+        batch = self.sampler.batch(step)
+        part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
+        lr = lr_at(step, peak=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
+                   min_ratio=cfg.min_lr_ratio)
+        cuda = ctx.device.type == "cuda"
+        if ctx.layout.colocated:
+            features = self.extractor(part.input_ids)  # (b, S, n*H)
+        else:  # time this drafter waits for its target rank (supply vs demand): CUDA events, since NCCL's recv
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None  # returns at once
+            tw = time.perf_counter()
+            if cuda:
+                marks[0].record()
+            features = ctx.recv(self.feature_buf, ctx.layout.feeder[ctx.rank])
+            if cuda:
+                marks[1].record()
+            wait = time.perf_counter() - tw
+        masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
+                            sliding_window=dc.sliding_window)
+        ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
+        self.optimizer.zero_grad()
+        loss, raw = drafter_loss(self.model, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
+                                 cfg.loss_chunk_size)
+        loss.backward()  # DDP: gradients summed over drafter ranks here; FSDP2: reduce-scattered (summed)
+        grad_norm = full_tensor(self.optimizer.step(lr, cfg.grad_clip))
+        _maybe_dump_grads(self, step)
+        mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
+        local = torch.cat([loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1).to(loss.device),
+                           torch.full((1,), mem, device=loss.device),
+                           raw["correct"].flatten().float(), raw["has_loss"].flatten().float()])
+        rows = ctx.gather_drafters(local).cpu()  # one small all_gather; .cpu() syncs: step time is device time
+        dt = time.perf_counter() - t0
+        n = raw["correct"].numel()
+        shape = (-1,) + tuple(raw["correct"].shape[1:])
+        correct = rows[:, 3:3 + n].reshape(shape).bool()
+        has_loss = rows[:, 3 + n:].reshape(shape).bool()
+        stats = block_stats(correct, has_loss)
+        loss_total, gnorm = float(rows[:, 0].sum()), float(rows[0, 1])
+        if not (math.isfinite(loss_total) and math.isfinite(gnorm)):
+            self.diverged_at = step + 1
+        tokens = batch.input_ids.numel()
+        self.throughput.update(dt, tokens)
+        record = {
+            "step": step + 1, "loss": loss_total, "lr": lr, "grad_norm": gnorm, "acc": float(stats["acc"]),
+            "sim_tau": float(stats["sim_tau"]), "slot_acc": [round(float(a), 4) for a in stats["slot_acc"]],
+            "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
+            "epoch": self.sampler.position(step)[0], **self.throughput.as_dict(),
+            "world_size": ctx.world_size, "drafter_ranks": ctx.num_drafters,
+            "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0,
+        }
+        if not ctx.layout.colocated:  # this rank's wait (rank 0 logs; its feeder serves like every other)
+            wait = marks[0].elapsed_time(marks[1]) / 1e3 if cuda else wait
+            record["feature_wait_s"] = wait
+            record["feature_wait_frac"] = wait / dt if dt > 0 else 0.0
+        if ctx.device.type == "cuda":
+            for i, r in enumerate(ctx.layout.drafter_ranks):
+                record[f"mem_gb/rank{r}"] = round(float(rows[i, 2]), 3)
+        self.last_metrics = record
+        if math.isfinite(loss_total):
+            self.recent_losses = (self.recent_losses + [loss_total])[-100:]
+        if ctx.is_main:
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == 0 or self.diverged_at:
+                self.metrics.log(record)
+            else:
+                self.metrics.ring.append(record)
+        return record
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints (checkpoint.py's format; rank 0 writes; with FSDP2 every drafter rank helps gather)
+    # ------------------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, reason: str) -> Path | None:
+        """Every drafter rank calls this at the same step (FSDP2 gathers shards); rank 0 writes."""
+        ctx, cfg = self.ctx, self.cfg
+        self.last_checkpoint_step = self.step_count
+        if not ctx.is_main and not (ctx.config.parallel == "fsdp2" and ctx.num_drafters > 1):
+            return None
+        weights, opt_tensors, groups = dist_checkpoint.gather_full_state(self.drafter, self.optimizer,
+                                                                        self.param_names, export_dtype=self.dtype)
+        if not ctx.is_main:
+            return None
+        rng_tensors, rng_meta = checkpoint.rng_state([ctx.device])
+        epoch, index = self.sampler.position(self.step_count)
+        state = {
+            "format_version": checkpoint.FORMAT_VERSION, "step": self.step_count, "reason": reason, "time": time.time(),
+            "loss": (self.last_metrics or {}).get("loss"),
+            "loss_avg": sum(self.recent_losses) / len(self.recent_losses) if self.recent_losses else None,
+            "data": {"epoch": epoch, "index_in_epoch": index,
+                     **dist_checkpoint.data_fingerprint(self.data, self.sampler)},
+            "scheduler": {"next_step": self.step_count, "lr_override": None, "total_steps": cfg.steps,
+                          "warmup_steps": cfg.warmup_steps,
+                          "next_lr": lr_at(self.step_count, peak=cfg.lr, total_steps=cfg.steps,
+                                           warmup_steps=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio)},
+            "optimizer": {"param_names": self.param_names, "param_groups": groups},
+            "rng": rng_meta, "config": cfg.to_dict(), "drafter_config": self.drafter_config.to_dict(),
+            "distributed": ctx.describe(),
+        }
+        files = {checkpoint.DRAFTER_FILE: weights, checkpoint.OPTIMIZER_FILE: opt_tensors,
+                 checkpoint.RNG_FILE: rng_tensors}
+        path = dist_checkpoint.write(self.run_dir, self.step_count, files, state, keep=cfg.keep_checkpoints,
+                                     reason=reason, log=self.log)
+        if path is not None:
+            self.recent_losses = []
+        return path
+
+    def _restore(self, resume) -> None:
+        """Drafter weights, fp32 masters and AdamW state from a checkpoint (every drafter rank reads the files)."""
+        names = resume.state["optimizer"]["param_names"]
+        if names != self.param_names:
+            raise ConfigError(f"checkpoint {resume.path} holds parameters {names[:4]}... that do not match this "
+                              "drafter's. Fix: resume with the config the checkpoint was trained with.")
+        fp = dist_checkpoint.data_fingerprint(self.data, self.sampler)
+        old = resume.state.get("data", {})
+        diffs = [(f"data.{k}", old.get(k), v) for k, v in fp.items() if k in old and old.get(k) != v]
+        if diffs:
+            raise ConfigError(checkpoint.format_differences(resume.path, diffs))
+        if self.ctx.config.parallel == "fsdp2":
+            dist_checkpoint.restore_sharded(self.optimizer, names, resume.optimizer)
+        else:
+            checkpoint.restore_optimizer(self.optimizer, names, resume.optimizer,
+                                         resume.state["optimizer"]["param_groups"])
+        checkpoint.restore_rng(resume.rng, resume.state.get("rng", {}))
+        self.step_count = resume.step
+        if self.ctx.is_main:
+            self.log(f"resumed from {resume.path} at step {resume.step}")
+
+    # ------------------------------------------------------------------------------------------------------------
+    def progress_line(self) -> str:
+        m = self.last_metrics or {}
+        tps = m.get("steady_tokens_per_s") or m.get("tokens_per_s") or 0.0
+        state = "" if m.get("throughput_state") == "steady" else " (warming up)"
+        eta = ""
+        st = self.throughput.steady_step_time or m.get("step_time_s")
+        if st:
+            secs = int(st * (self.cfg.steps - self.step_count))
+            eta = f" | ETA {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s"
+        mem = max((v for k, v in m.items() if k.startswith("mem_gb/")), default=None)
+        wait = f" | feature wait {m['feature_wait_frac']:.0%}" if "feature_wait_frac" in m else ""
+        return (f"step {self.step_count}/{self.cfg.steps} | {tps / 1e3:.1f}k tok/s{state} on {self.ctx.world_size} "
+                f"ranks | loss {m.get('loss', float('nan')):.4f} | acc {m.get('acc', 0):.3f} | sim tau "
+                f"{m.get('sim_tau', 1):.2f}" + (f" | max mem {mem:.1f} GiB" if mem is not None else "") + wait + eta)
+
+    def _status(self, phase: str, **extra) -> None:
+        rundir.write_json(self.run_dir / STATUS_FILE, {
+            "phase": phase, "step": self.step_count, "steps": self.cfg.steps, "world_size": self.ctx.world_size,
+            "time": time.time(), "pid": os.getpid(),
+            "detail": f"torchrun: {self.ctx.world_size} rank(s), {self.ctx.num_drafters} drafter, "
+                      f"{self.ctx.backend}, {self.ctx.config.parallel}", **extra})
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            try:
+                self.monitor.stop()
+            finally:
+                self.monitor = None
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def _consume(path: Path) -> bool:
+    if not path.exists():  # one stat per step: microseconds
+        return False
+    try:
+        os.replace(path, path.with_name(path.name + ".done"))
+    except OSError:
+        pass
+    return True
+
+
+def _maybe_fault(rank: int, step: int) -> None:
+    spec = os.environ.get("DFLASH_FAULT")
+    if spec and spec == f"{rank}:{step}":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} (DFLASH_FAULT={spec})")
+
+
+def _maybe_dump_grads(rt: RankTrainer, step: int) -> None:
+    out = os.environ.get("DFLASH_DUMP_GRADS")
+    if not out:
+        return
+    from safetensors.torch import save_file
+
+    grads = {n: full_tensor(m.grad).detach().float().cpu().contiguous()
+             for n, m in zip(rt.param_names, rt.optimizer.masters) if m.grad is not None}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    save_file(grads, str(Path(out) / f"grads.rank{rt.ctx.rank}.step{step + 1}.safetensors"))
