@@ -6,8 +6,10 @@
 #   SEQ=768 ANCHORS=256 bash bench/distributed_vs_threads.sh   # the micro shape
 #   WITH_SPLIT=1 bash ...   # also torchrun with 1 target rank feeding 1 drafter rank (supply vs demand)
 #
-# tokens/s = sequence tokens of the timed steps / sum of their step times (both engines time a step the same way:
-# wall clock from batch to synced metrics), after WARMUP steps (compile, graph capture, allocator warm-up excluded).
+# tokens/s = sequence tokens of the timed steps / sum of their step times (each engine's own step timer, synced at the
+# end of the step), and tokens_per_s_wall = the same tokens / wall clock from the end of step WARMUP to the last step
+# (everything between steps counts: batch building, logging, the torchrun control broadcast). The first WARMUP steps
+# (compile, CUDA-graph capture, allocator warm-up) are excluded.
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
@@ -58,20 +60,27 @@ for name, dist in {"ddp": DistConfig(parallel="ddp"), "split": DistConfig(target
                                             "block_size": cfg.block_size, "global_batch": cfg.batch_size}))
 EOF
 
-summarise() {  # $1 engine name, $2 metrics.jsonl
+summarise() {  # $1 engine name, $2 metrics.jsonl (one row per step: log_every=1)
 "$PY" - "$1" "$2" <<'EOF'
 import json, os, sys
 engine, path = sys.argv[1], sys.argv[2]
+warm = int(os.environ["WARMUP"])
 rows = [json.loads(l) for l in open(path) if l.strip()]
-rows = [r for r in rows if "loss" in r and r["step"] > int(os.environ["WARMUP"])]
-tok, sec = sum(r["tokens"] for r in rows), sum(r["step_time_s"] for r in rows)
+rows = [r for r in rows if "loss" in r]
+timed = [r for r in rows if r["step"] > warm]
+tok, sec = sum(r["tokens"] for r in timed), sum(r["step_time_s"] for r in timed)
+# wall clock from the end of the last warm-up step to the end of the last step: everything between steps counts
+t_start = next(r["time"] for r in rows if r["step"] == warm)
+wall = timed[-1]["time"] - t_start
 shape = json.load(open(os.path.join(os.environ["OUT"], "shape.json")))
-mem = {k: v for k, v in rows[-1].items() if k.startswith("mem_gb/")} if rows else {}
-print(json.dumps({"engine": engine, "gpus": 2, **shape, "steps_timed": len(rows),
-                  "tokens_per_s": round(tok / sec, 1) if sec else None,
-                  "tokens_per_s_per_gpu": round(tok / sec / 2, 1) if sec else None,
-                  "step_time_s": round(sec / len(rows), 4) if rows else None,
-                  "loss_last": rows[-1]["loss"] if rows else None, **mem}), flush=True)
+mem = {k: v for k, v in timed[-1].items() if k.startswith("mem_gb/")}
+print(json.dumps({"engine": engine, "gpus": 2, **shape, "steps_timed": len(timed),
+                  "tokens_per_s": round(tok / sec, 1), "tokens_per_s_per_gpu": round(tok / sec / 2, 1),
+                  "tokens_per_s_wall": round(tok / wall, 1),
+                  "step_time_s_median": sorted(r["step_time_s"] for r in timed)[len(timed) // 2],
+                  "loss_last": timed[-1]["loss"], **mem}), flush=True)
+with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:
+    f.write(json.dumps({"engine": engine, "tokens_per_s": tok / sec, "tokens_per_s_wall": tok / wall}) + "\n")
 EOF
 }
 
@@ -110,11 +119,9 @@ fi
 
 "$PY" - <<'EOF'
 import json, os
-def tps(p):
-    rows = [json.loads(l) for l in open(p) if l.strip()]
-    rows = [r for r in rows if "loss" in r and r["step"] > int(os.environ["WARMUP"])]
-    return sum(r["tokens"] for r in rows) / sum(r["step_time_s"] for r in rows)
-o = os.environ["OUT"]
-t, d = tps(f"{o}/threads/all_steps.jsonl"), tps(f"{o}/ddp/metrics.jsonl")
-print(json.dumps({"ratio_torchrun_over_threads": round(d / t, 3), "run_dirs": o}))
+res = {r["engine"]: r for r in map(json.loads, open(os.path.join(os.environ["OUT"], "results.jsonl")))}
+t, d = res["threads"], res["torchrun-ddp-nccl"]
+print(json.dumps({"ratio_torchrun_over_threads": round(d["tokens_per_s"] / t["tokens_per_s"], 3),
+                  "ratio_torchrun_over_threads_wall": round(d["tokens_per_s_wall"] / t["tokens_per_s_wall"], 3),
+                  "run_dirs": os.environ["OUT"]}))
 EOF
