@@ -257,3 +257,11 @@ def test_epochs_shuffle_deterministically_and_resample_anchors(small_data):
         assert ok[bb.anchor_valid].all() and bb.input_ids.dtype == torch.long
     with pytest.raises(DataError, match="fewer than batch_size=64"):
         _sampler(small_data, batch_size=64)
+
+
+def test_validate_cli_prints_the_report(capsys):
+    from dflash_lab.data import main
+
+    assert main(["tiny", "--seq-len", "256", "--block-size", "16", "--thinking", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "records read: 3200" in out and "thinking False; mask render" in out and "kept " in out
