@@ -131,7 +131,15 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
     first_s = None
     total = args.warmup + args.steps
     prof, prof_rows = None, None
+    lock = None
     for s in range(total):
+        if s == 1 and args.measure_lock:  # several bench processes: compile together, measure one at a time
+            import fcntl
+
+            lock = open(args.measure_lock, "a")
+            t_wait = time.perf_counter()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            log(f"{variant}: measuring (waited {time.perf_counter() - t_wait:.1f} s for the GPU lock)")
         nxt = make(s + 1) if engine.prefetches else None
         if args.profile and s == args.warmup and variant == args.profile:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -155,6 +163,8 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
             times.append(dt)
         losses.append(loss)
         batch = nxt if nxt is not None else make(s + 1)
+    if lock is not None:
+        lock.close()  # releases the flock
     step_s = statistics.median(times)
     b, S = args.batch_size, shape["seq_len"]
     tps = b * S / step_s
@@ -172,6 +182,9 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
         "draft_positions_per_s": round(tps * shape["num_anchors"] * shape["block_size"] / S, 1),
         "tflop_per_sequence": {k: round(v / 1e12, 2) for k, v in (flops or {}).items()},
         "mfu": m.get("mfu"), "first_step_s": round(first_s, 2), "engine_build_s": round(build_s, 2),
+        "time_to_first_step_s": round(load_report["seconds_all"] + build_s + first_s, 2),
+        "graphs": {x.graphed.name: x.graphed.status() for x in [*engine.targets, *engine.workers]},
+        "compile_times_s": _compile_times(),
         "loss_first": losses[0], "loss_last": losses[-1], "load": load_report, "memory_estimate": estimate,
         "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **env,
     }
@@ -183,6 +196,19 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def _compile_times() -> dict:
+    """Cumulative torch.compile time in this process (dynamo + inductor), by phase."""
+    try:
+        from torch._dynamo.utils import compile_times
+
+        names, secs = compile_times(repr="csv", aggregate=True)
+        keep = ("_compile.compile_inner", "OutputGraph.call_user_compiler", "compile_fx.<locals>.fw_compiler_base",
+                "compile_fx_inner", "async_compile.wait", "bytecode_tracing")
+        return {n: round(float(t), 2) for n, t in zip(names, secs) if n in keep or "compile" in n}
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return {}
 
 
 def _pct(xs, q):
@@ -248,6 +274,8 @@ def parse_args(argv=None):
     p.add_argument("--ttfs", action="store_true", help="measure Trainer construction -> first step instead")
     p.add_argument("--profile", default=None, help="variant to profile (torch.profiler, 3 steps, top kernels)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--measure-lock", default=None, help="file lock held from the 2nd step to the last: several "
+                   "bench processes compile concurrently but time their steps one at a time")
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse, or $DFLASH_COMMIT)")
     args = p.parse_args(argv)
     from .placement import gpus

@@ -122,7 +122,8 @@ class GraphedStep:
         self.replays = 0
         self.eager_calls = 0
         self.fallbacks: dict[str, int] = {}
-        self.capture_seconds = 0.0
+        self.capture_seconds = 0.0  # warm-ups + capture, the first call's overhead
+        self.warmup_seconds: list[float] = []  # the first one includes every compile of the step
 
     def __call__(self, **inputs):
         if self.static is None:
@@ -152,8 +153,10 @@ class GraphedStep:
         with _CAPTURE_LOCK:
             stream = torch.cuda.current_stream()
             for _ in range(self.warmup):  # compile / autotune / cuBLAS workspaces: all before the capture
+                t = time.perf_counter()
                 self.fn(**self.static)
-            stream.synchronize()
+                stream.synchronize()
+                self.warmup_seconds.append(round(time.perf_counter() - t, 3))
             torch.cuda.empty_cache()  # warm-up activations go back to the driver, the graph pool takes them
             graph = torch.cuda.CUDAGraph()
             try:
@@ -184,7 +187,8 @@ class GraphedStep:
     def status(self) -> dict:
         """mode ("graph" | "eager" | "pending"), why it is eager, replays, eager calls and fallback reasons."""
         return {"mode": self.mode, "reason": self.reason, "replays": self.replays, "eager_calls": self.eager_calls,
-                "fallbacks": dict(self.fallbacks), "capture_s": round(self.capture_seconds, 3)}
+                "fallbacks": dict(self.fallbacks), "capture_s": round(self.capture_seconds, 3),
+                "warmup_s": list(self.warmup_seconds)}
 
     def describe(self) -> str:
         if self.mode == "graph":

@@ -179,7 +179,8 @@ class DFlashDrafter(nn.Module):
                 nn.init.ones_(p)
             else:
                 with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+                    # on the generator's device: a CUDA generator inits 1B parameters in ms (CPU: ~20 s)
+                    p.copy_(torch.randn(p.shape, generator=generator, device=generator.device) * std)
 
     def fuse_context(self, target_features: torch.Tensor) -> torch.Tensor:
         # target_features: (b, S, n*H) = concat of the selected target layers' outputs, no shift.

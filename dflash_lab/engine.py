@@ -547,8 +547,13 @@ class Engine:
             except (ImportError, RuntimeError):
                 self._nccl = False
         if self._nccl:
-            self._nccl.all_reduce(flats, streams=streams)
-        else:  # reduce to the first GPU, then copy back (peer copies on the workers' streams)
+            try:
+                self._nccl.all_reduce(flats, streams=streams)
+            except RuntimeError as e:  # keep training on peer copies, and say so once
+                self._nccl = False
+                if self.log:
+                    self.log(f"NCCL all-reduce failed ({e}); summing gradients with peer copies instead")
+        if not self._nccl:  # reduce to the first GPU, then copy back (peer copies on the workers' streams)
             s0 = streams[0]
             for w in ws[1:]:
                 with torch.cuda.stream(w.thread.stream), torch.cuda.stream(s0):
@@ -693,6 +698,29 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
+def _empty_drafter(drafter_config, device: torch.device):
+    """A drafter whose parameters are allocated on `device` without the default (CPU-slow) init."""
+    from .drafter import DFlashDrafter, RotaryEmbedding
+
+    if device.type == "cpu":
+        return DFlashDrafter(drafter_config)
+    with torch.device("meta"):
+        d = DFlashDrafter(drafter_config)
+    d.to_empty(device=device)
+    with torch.device(device):
+        d.rotary_emb = RotaryEmbedding(drafter_config)  # RoPE tables are computed, not initialised
+    return d
+
+
+def _initial_drafter(drafter_config, seed: int, device: torch.device):
+    """The seeded initial weights, made once. On a GPU they are drawn from a CUDA generator (1B parameters in
+    milliseconds instead of ~20 s of CPU construction + init), so a GPU run's init differs from a CPU run's init with
+    the same seed; all replicas of one run are identical either way."""
+    d = _empty_drafter(drafter_config, device)
+    d.init_weights(torch.Generator(device=device).manual_seed(seed))
+    return d
+
+
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
                  compile_backend: str = "inductor", compile_mode: str | None = None) -> Engine:
     """Drafter replicas (identical init), target replicas and worker threads for `placement`.
@@ -701,13 +729,11 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     config.compile_drafter each replica's forward is torch.compile(dynamic=False, mode=compile_mode): inductor
     kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step.
     """
-    from .drafter import DFlashDrafter
     from .optim import MasterAdamW
     from .targets import FeatureExtractor, embedding_of, lm_head_weight
 
     cfg = config
-    base = DFlashDrafter(drafter_config)
-    base.init_weights(torch.Generator().manual_seed(cfg.seed))
+    base = _initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
     state = base.state_dict()
     replicas = [TargetReplica(i, torch.device(d), FeatureExtractor(m, drafter_config.target_layer_ids),
                               cuda_graphs=cfg.cuda_graphs, log=log)
@@ -715,8 +741,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     workers = []
     for i, name in enumerate(placement.drafter_devices):
         dev = torch.device(name)
-        drafter = DFlashDrafter(drafter_config)
-        drafter.load_state_dict(state)
+        drafter = _empty_drafter(drafter_config, dev)
+        drafter.load_state_dict(state)  # identical replicas (GPU -> GPU copies)
         drafter.to(device=dev, dtype=compute_dtype(cfg.dtype, dev))
         forward = drafter
         if cfg.compile_drafter:

@@ -365,6 +365,24 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
     return head.weight
 
 
+def _fused_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    if hidden_states.dtype != self.weight.dtype:
+        return type(self).forward(self, hidden_states)
+    return torch.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
+
+
+def fuse_rms_norms(module: nn.Module) -> int:
+    """Run the Hugging Face RMSNorms under `module` as one fused kernel (fp32 math inside, one rounding) instead of
+    ~6 elementwise kernels each: 136 norms are ~15 ms of a Qwen3-8B paper-shape forward on an H200. Same function
+    up to bf16 rounding. Returns how many norms were switched."""
+    n = 0
+    for m in module.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") and hasattr(m, "weight"):
+            m.forward = _fused_rms_norm_forward.__get__(m)
+            n += 1
+    return n
+
+
 class FeatureExtractor:
     """Runs a frozen target up to max(target_layer_ids) and returns the selected layers' outputs, concatenated.
 
@@ -372,7 +390,7 @@ class FeatureExtractor:
     a call then launches only the layers' own kernels (and can be captured in a CUDA graph).
     """
 
-    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...]):
+    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True):
         self.model = model
         self.decoder = decoder_of(model)
         self.layer_ids = tuple(target_layer_ids)
@@ -382,6 +400,8 @@ class FeatureExtractor:
             raise TargetLoadError(f"target_layer_ids {self.layer_ids} need {self.num_layers_run} layers but the target "
                                   f"has {n}. Fix: use ids < {n}.")
         self._cache: dict = {}
+        if fused_norms and self.device.type == "cuda":
+            fuse_rms_norms(self.decoder.layers[:self.num_layers_run])
 
     @property
     def device(self) -> torch.device:

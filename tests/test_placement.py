@@ -60,7 +60,8 @@ def test_memory_check_before_loading(two_fake_gpus):
     free = {"cuda:0": 140e9, "cuda:1": 20e9}
     info = lambda dev: (free[dev], 150e9)  # noqa: E731
     report = check_placement(make_placement(("cuda:0",)), batch_size=1, mem_get_info=info, **kw)
-    assert 50 < report["cuda:0"]["need_gb"] < 70 and report["cuda:0"]["target_gb"] > 16.3
+    # measured on an H200: 37.5 GB peak (CUDA graphs), 41 GB eager; the estimate must not be below that
+    assert 41 < report["cuda:0"]["need_gb"] < 60 and report["cuda:0"]["target_gb"] > 16.3
     with pytest.raises(PlacementError) as e:
         check_placement(make_placement(("cuda:1",)), batch_size=1, mem_get_info=info, **kw)
     msg = str(e.value)
@@ -77,5 +78,5 @@ def test_drafter_estimate_grows_with_anchors():
     dc = DrafterConfig.from_target(load_target_config("bench:qwen3-8b"))
     small = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=128, micro_batch=1, embed_copy=False)
     large = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=1024, micro_batch=1, embed_copy=False)
-    assert large > small + 10e9
+    assert large > small + 8e9
     assert small > 16 * drafter_num_parameters(dc)  # weights + master + AdamW + grads at least
