@@ -146,13 +146,14 @@ class ChatTemplate:
                 raise RecordIssue("template_mismatch", f"assistant message {k}: its text {answer[:40]!r} is not in "
                                                        "the rendered conversation after its prompt")
             end = at + len(answer)
-            if self.end_of_turn is not None:
-                nxt = self._special_re.search(text, end)
-                if nxt is None or nxt.group(0) != self.end_of_turn:
-                    found = nxt.group(0) if nxt else "end of text"
+            if self.end_of_turn is not None:  # the turn ends at the next end-of-turn token, with no header between
+                j = text.find(self.end_of_turn, end)
+                other = self._forbidden_re.search(text, end, j if j >= 0 else len(text))
+                if j < 0 or other:
+                    found = other.group(0) if other else "end of text"
                     raise RecordIssue("template_mismatch", f"assistant message {k}: expected the end-of-turn token "
                                                            f"{self.end_of_turn!r} after its text, found {found!r}")
-                end = nxt.end()
+                end = j + len(self.end_of_turn)
             spans.append((start, end))
             prev_end = end
         return text, spans, mismatched
