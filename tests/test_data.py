@@ -71,6 +71,12 @@ def test_multi_turn_spans_are_exactly_the_assistant_text_and_end_of_turn(tok):
     ids, mask = tokenize_conversation(tok, PLAIN)
     assert spans(tok, ids, mask) == ["1 2 3<|im_end|>", "<think>\n\n</think>\n\n4 5 6<|im_end|>"]
     assert tok.decode([t for t, m in zip(ids, mask) if not m]).count("<|im_start|>") == 4  # headers never supervised
+    # reasoning given as a separate field, and a turn that is only reasoning
+    ids, mask = tokenize_conversation(tok, [PLAIN[0], {"role": "assistant", "content": "1 2 3",
+                                                       "reasoning_content": "Start at 1."}])
+    assert spans(tok, ids, mask) == ["<think>\nStart at 1.\n</think>\n\n1 2 3<|im_end|>"]
+    ids, mask = tokenize_conversation(tok, [PLAIN[0], {"role": "assistant", "content": "<think>\nHm.\n</think>"}])
+    assert spans(tok, ids, mask) == ["<think>\nHm.\n</think>\n\n<|im_end|>"]
 
 
 def test_thinking_off_does_not_supervise_the_prefilled_empty_think_block(tok, tiny_chat):
