@@ -25,7 +25,7 @@ from . import checkpoint, dist_checkpoint, rundir
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
-from .drafter import DFlashDrafter
+from .engine import _initial_drafter
 from .metrics import MetricsLogger, Throughput
 from .optim import MasterAdamW, lr_at
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
@@ -114,8 +114,9 @@ class RankTrainer:
     # ------------------------------------------------------------------------------------------------------------
     def _build_drafter(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        drafter = DFlashDrafter(self.drafter_config)  # same seeded CPU init as the threaded Trainer
-        drafter.init_weights(torch.Generator().manual_seed(cfg.seed))
+        # The threaded engine's seeded init, on this rank's device (a CUDA generator on GPUs: identical on every
+        # rank and to a Trainer's replicas on the same kind of device).
+        drafter = _initial_drafter(self.drafter_config, cfg.seed, ctx.device)
         if ctx.config.parallel == "fsdp2":
             drafter.to(device=ctx.device)  # fp32 shards ARE the masters; compute dtype comes from the FSDP policy
             model = wrap_fsdp2(drafter, ctx, self.dtype)
