@@ -1,0 +1,86 @@
+"""notebooks/train.ipynb under the papermill CLI: parameters with help, live progress lines, a complete run dir."""
+
+import ast
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from dflash_lab import checkpoint, rundir
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "train.ipynb"
+PAPERMILL = [sys.executable, "-m", "papermill"]
+
+
+def _parameter_names() -> list[str]:
+    nb = nbformat.read(str(NOTEBOOK), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "train.ipynb must have exactly one cell tagged `parameters`"
+    names = []
+    for node in ast.parse(cells[0].source).body:
+        assert isinstance(node, ast.AnnAssign), f"parameters cell line {node.lineno}: use `name: type = literal`"
+        ast.literal_eval(node.value)  # literals only
+        names.append(node.target.id)
+    return names
+
+
+def test_help_notebook_lists_every_parameter_with_help():
+    out = subprocess.run([*PAPERMILL, "--help-notebook", str(NOTEBOOK)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = _parameter_names()
+    assert len(names) >= 20
+    lines = out.stdout.splitlines()
+    for name in names:
+        at = [i for i, line in enumerate(lines) if line.strip().startswith(f"{name}: ")]
+        assert at, f"papermill --help-notebook does not show parameter {name!r}:\n{out.stdout}"
+        text = lines[at[0]].split(")", 1)[1].strip() or lines[at[0] + 1].strip()
+        assert len(text) > 10, f"parameter {name!r} has no help text"
+        assert "Unknown type" not in lines[at[0]], f"parameter {name!r} has no type annotation"
+
+
+def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
+    from dflash_lab.tiny import ensure_tiny_target
+
+    ensure_tiny_target()  # built once, outside the kernel (the notebook's default target is "tiny")
+    out_nb = tmp_path / "out.ipynb"
+    runs_dir = tmp_path / "runs"
+    params = dict(steps=24, seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2,
+                  log_every=4, progress_every_s=1000.0, progress_every_steps=6, checkpoint_every=8,
+                  runs_dir=str(runs_dir), run_name="headless")
+    cmd = [*PAPERMILL, str(NOTEBOOK), str(out_nb), "--log-output", "--no-progress-bar", "--cwd", str(REPO)]
+    for k, v in params.items():
+        cmd += ["-p", k, str(v)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []  # (seconds since start, line): papermill --log-output streams the kernel's output as it comes
+    for line in proc.stdout:
+        seen.append((time.monotonic() - t0, line.rstrip()))
+    assert proc.wait(timeout=300) == 0, "\n".join(line for _, line in seen[-40:])
+    progress = [line for _, line in seen if "step " in line and "tok/s" in line and "loss" in line]
+    steps = [int(line.split("step ", 1)[1].split("/", 1)[0]) for line in progress]
+    assert steps == [6, 12, 18, 24], progress
+    assert all("ETA" in line and "sim tau" in line and "GiB" in line for line in progress)
+
+    (run,) = list(runs_dir.iterdir())
+    for name in ("config.json", "env.json", "metrics.jsonl", "events.jsonl", "summary.json", "plots/training.png",
+                 "checkpoints/drafter.safetensors"):
+        assert (run / name).is_file(), f"{name} missing from {sorted(p.name for p in run.iterdir())}"
+    assert json.loads((run / "config.json").read_text())["steps"] == 24
+    assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-0000016", "step-0000024"]
+    assert [r["step"] for r in rundir.read_jsonl(run / "metrics.jsonl")] == [1, 4, 8, 12, 16, 20, 24]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == 24
+    assert summary["notebook"] == str(run / "train.ipynb")  # found through the papermill parent process
+
+    copy = run / "train.ipynb"  # the detached copier replaces the partial copy with papermill's final write
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not json.loads(copy.read_text())["metadata"]["papermill"].get("end_time"):
+        time.sleep(0.25)
+    nb = json.loads(copy.read_text())
+    assert nb["metadata"]["papermill"]["end_time"] and nb["metadata"]["papermill"]["parameters"]["steps"] == 24
+    last = nb["cells"][-1]
+    assert any("image/png" in o.get("data", {}) for o in last["outputs"]), "the training plot is shown inline"

@@ -1,0 +1,217 @@
+"""Exact resume after SIGKILL, incompatible-config errors, full disk, NaN stop, interrupts, STOP file (tiny target)."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from dflash_lab import TrainConfig, checkpoint, rundir
+from dflash_lab.config import ConfigError
+from dflash_lab.trainer import Trainer, TrainingDiverged
+
+STEPS = 16
+SMALL = dict(target="tiny", steps=STEPS, seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2,
+             lr=3e-3, log_every=1, checkpoint_every=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    """The first 300 tiny training conversations: every Trainer here tokenizes its data, so keep it small."""
+    from dflash_lab.tiny import ensure_tiny_target, tiny_data_path
+
+    ensure_tiny_target()
+    path = tmp_path_factory.mktemp("data") / "train300.jsonl"
+    path.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:300]))
+    return path
+
+
+def _config(tmp_path, data_file, **kw):
+    return TrainConfig(**{**SMALL, "data": str(data_file), "runs_dir": str(tmp_path / "runs"), **kw})
+
+
+def _losses(run_dir):
+    rows = rundir.read_jsonl(run_dir / rundir.METRICS_FILE)
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"duplicate steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_file):
+    """An uninterrupted run: the loss at every step."""
+    tmp = tmp_path_factory.mktemp("ref")
+    t = Trainer(_config(tmp, data_file, run_name="reference"), log=lambda *a: None)
+    t.train()
+    t.close()
+    losses = _losses(t.run_dir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses
+
+
+KILLED = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[2]))
+from dflash_lab import TrainConfig
+from dflash_lab.trainer import Trainer
+t = Trainer(TrainConfig.from_json(sys.argv[1]), run_dir=sys.argv[3], log=lambda *a: None)
+t.train(callbacks=[lambda tr: time.sleep(0.15)])  # slow enough to be killed between checkpoints
+"""
+
+
+def test_sigkill_mid_run_then_resume_logs_identical_losses(tmp_path, data_file, reference):
+    cfg = _config(tmp_path, data_file, run_name="killed")
+    run = rundir.new_run_dir(cfg.runs_dir, cfg.run_name)
+    cfg.to_json(tmp_path / "config.json")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path / "config.json"), str(torch.get_num_threads()),
+                             str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and proc.poll() is None:
+        if max(_losses(run), default=0) >= 10:  # past the step-8 checkpoint, before the step-12 one
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the training process ended early: {proc.stderr.read().decode()[-2000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = max(_losses(run))
+    assert 10 <= killed_at < STEPS
+    ckpt = checkpoint.latest_checkpoint(run)
+    assert ckpt.name == "step-0000008"
+
+    resumed = Trainer(_config(tmp_path, data_file, run_name="killed", resume_from=str(run)), log=lambda *a: None)
+    assert resumed.run_dir == run and resumed.step_count == 8
+    assert sorted(_losses(run)) == list(range(1, 9))  # rows the killed process wrote after step 8 were dropped
+    resumed.train()
+    resumed.close()
+    after = _losses(run)
+    assert sorted(after) == list(range(1, STEPS + 1))
+    assert [after[s] for s in range(9, STEPS + 1)] == [reference[s] for s in range(9, STEPS + 1)]  # bitwise
+    assert [after[s] for s in range(1, 9)] == [reference[s] for s in range(1, 9)]
+    events = [e["event"] for e in rundir.read_jsonl(run / rundir.EVENTS_FILE)]
+    assert "resumed" in events
+
+
+def test_incompatible_resume_names_each_difference(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, steps=4), log=lambda *a: None)
+    t.train()
+    t.close()
+    with pytest.raises(ConfigError) as err:
+        Trainer(_config(tmp_path, data_file, steps=4, seq_len=128, lr=1e-3, resume_from=str(t.run_dir)),
+                log=lambda *a: None)
+    msg = str(err.value)
+    assert "seq_len: 64 (checkpoint) -> 128 (now)" in msg and "lr: 0.003 (checkpoint) -> 0.001 (now)" in msg
+    assert "block_size" not in msg and "Fix:" in msg
+    # steps may change: the run goes on from 4 to 6 in the same run directory
+    more = Trainer(_config(tmp_path, data_file, steps=6, resume_from=str(t.run_dir)), log=lambda *a: None)
+    assert more.step_count == 4 and more.run_dir == t.run_dir
+    more.close()
+
+
+def test_interrupts_between_and_during_steps_leave_the_trainer_usable(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, checkpoint_every=0), log=lambda *a: None)
+
+    def interrupt_at_3(tr):
+        if tr.step_count == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        t.train(callbacks=[interrupt_at_3])
+    assert t.step_count == 3 and t.phase == "interrupted"
+    assert checkpoint.latest_checkpoint(t.run_dir).name == "step-0000003"  # saved on the way out
+
+    main = threading.main_thread().ident
+    fired = []
+
+    def ctrl_c_mid_step(module, args, output):  # runs on the worker thread, inside step 6's forward
+        if t.step_count == 5 and not fired:
+            fired.append(1)
+            signal.pthread_kill(main, signal.SIGINT)  # a real SIGINT to the main thread, as Ctrl-C / kernel interrupt
+            time.sleep(0.3)  # the main thread takes it while this step is still running
+
+    handle = t.drafter.register_forward_hook(ctrl_c_mid_step)
+    t.step(2)
+    with pytest.raises(KeyboardInterrupt, match="trainer is consistent"):
+        t.step(1)
+    handle.remove()
+    assert fired and t.step_count == 6  # the interrupted step completed and was counted
+    t.train()
+    t.close()
+    assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
+
+
+def test_failed_checkpoint_write_keeps_previous_and_training_goes_on(tmp_path, data_file, monkeypatch, reference):
+    logs = []
+    t = Trainer(_config(tmp_path, data_file, steps=8, checkpoint_every=2), log=logs.append)
+    t.step(2)
+    first = t.save_checkpoint()
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    real, calls = checkpoint._write_tensors, []
+
+    def disk_full_on_second_file(path, tensors):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, tensors)
+
+    monkeypatch.setattr(checkpoint, "_write_tensors", disk_full_on_second_file)
+    t.train(steps=4)  # the periodic checkpoint at step 4 fails mid-write
+    warning = [m for m in logs if m.startswith("WARNING")]
+    assert warning and "step-0000002" in warning[0] and "intact" in warning[0] and "No space left" in warning[0]
+    assert [p.name for p in checkpoint.list_checkpoints(t.run_dir)] == ["step-0000002"]
+    assert not list((t.run_dir / "checkpoints").glob("*.tmp"))
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert t.step_count == 4
+    t.train()  # the disk has room again (the writer is only broken once): later checkpoints succeed
+    assert [p.name for p in checkpoint.list_checkpoints(t.run_dir)][-1] == "step-0000008"
+    events = [e["event"] for e in rundir.read_jsonl(t.run_dir / rundir.EVENTS_FILE)]
+    assert "checkpoint_failed" in events
+    t.close()
+
+
+def test_nan_loss_stops_records_the_step_and_keeps_last_good_checkpoint(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, steps=10, checkpoint_every=2), log=lambda *a: None)
+    poison = t.drafter.register_forward_hook(lambda m, a, out: out * float("nan") if t.step_count == 4 else None)
+    with pytest.raises(TrainingDiverged, match="step 5"):
+        t.train()
+    poison.remove()
+    assert t.diverged_at == 5 and t.step_count == 5
+    assert [p.name for p in checkpoint.list_checkpoints(t.run_dir)] == ["step-0000002", "step-0000004"]
+    good = checkpoint.load_checkpoint(t.run_dir)
+    assert good.step == 4 and all(torch.isfinite(v).all() for v in good.drafter.values())
+    rows = rundir.read_jsonl(t.run_dir / rundir.METRICS_FILE)
+    assert rows[-1]["step"] == 5 and rows[-1]["loss"] != rows[-1]["loss"]  # NaN recorded
+    ev = [e for e in rundir.read_jsonl(t.run_dir / rundir.EVENTS_FILE) if e["event"] == "diverged"]
+    assert ev and ev[0]["step"] == 5 and ev[0]["last_good_checkpoint"].endswith("step-0000004")
+    with pytest.raises(TrainingDiverged):
+        t.step(1)
+    with pytest.raises(checkpoint.CheckpointError, match="refusing"):
+        t.save_checkpoint()
+    summary = t.finish()
+    assert summary["status"] == "diverged" and summary["diverged_at"] == 5 and summary["drafter"] is None
+    t.close()
+
+
+def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, checkpoint_every=0), log=lambda *a: None)
+    t.step(5)
+    (t.run_dir / "STOP").touch()
+    t.train()
+    assert t.step_count == 5 and t.phase == "stopped"  # seen before the next step
+    assert checkpoint.latest_checkpoint(t.run_dir).name == "step-0000005"
+    assert not (t.run_dir / "STOP").exists() and (t.run_dir / "STOP.done").exists()
+    t.close()
+    r = Trainer(_config(tmp_path, data_file, checkpoint_every=0, resume_from=str(t.run_dir)), log=lambda *a: None)
+    r.train()
+    summary = r.finish()
+    r.close()
+    assert summary["status"] == "finished" and summary["steps"] == STEPS
+    assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
+    state = json.loads((checkpoint.latest_checkpoint(t.run_dir) / checkpoint.STATE_FILE).read_text())
+    assert state["step"] == STEPS and state["reason"] == "finish" and state["data"]["num_samples"] > 0
