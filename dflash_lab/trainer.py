@@ -326,10 +326,10 @@ class Trainer:
                     time.sleep(0.05)
                     continue
                 self.step(1)
-                if self.controls.checkpoint.is_set() or (cfg.checkpoint_every
-                                                          and self.step_count % cfg.checkpoint_every == 0):
+                if self.run_dir and (self.controls.checkpoint.is_set() or (
+                        cfg.checkpoint_every and self.step_count % cfg.checkpoint_every == 0)):
+                    self._checkpoint_or_warn("requested" if self.controls.checkpoint.is_set() else "periodic")
                     self.controls.checkpoint.clear()
-                    self._checkpoint_or_warn("periodic")
                 for cb in callbacks:
                     cb(self)
                 now = time.monotonic()
