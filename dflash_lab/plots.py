@@ -14,7 +14,7 @@ from .rundir import METRICS_FILE, read_jsonl
 COMPARE_PANELS = (("loss", "training loss (decayed CE)", "loss"),
                   ("tokens_per_s", "sequence tokens/s", "tokens/s"),
                   ("memory_gb", "memory per device (GiB; CPU runs: process RSS)", "GiB"),
-                  ("sim_tau", "acceptance estimate (simulated tau)", "tokens per block"))
+                  ("sim_tau", "acceptance: simulated tau (line), real tau (dots)", "tokens per block"))
 
 
 class PngImage:
@@ -99,7 +99,11 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
             y = part[key].astype(float)
             if smooth > 1 and key in ("loss", "tokens_per_s"):
                 y = y.rolling(smooth, min_periods=1).mean()
-            ax.plot(part["step"], y, lw=1.4, label=label)
+            line, = ax.plot(part["step"], y, lw=1.4, label=label)
+            if key == "sim_tau" and "eval_tau" in part and part["eval_tau"].notna().any():  # real tau, same colour
+                real = part[part["eval_tau"].notna()]
+                ax.plot(real["step"], real["eval_tau"].astype(float), "o--", ms=4, lw=1, color=line.get_color(),
+                        label=f"{label} (real tau)")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(unit, fontsize=9)

@@ -143,6 +143,7 @@ def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
         rows.append({
             "run": d.name, "status": run_status(d), "step": last.get("step", 0), "steps": cfg.get("steps"),
             "loss": last.get("loss"), "sim_tau": last.get("sim_tau"), "acc": last.get("acc"),
+            "eval_tau": next((r["eval_tau"] for r in reversed(metrics) if r.get("eval_tau") is not None), None),
             "tokens_per_s": steady[-1] if steady else last.get("tokens_per_s"),
             "peak_memory_gb": max(mem) if mem else None,
             "target": cfg.get("target"), "devices": ",".join(cfg.get("devices") or []),

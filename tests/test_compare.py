@@ -18,7 +18,8 @@ def _fake_run(root, stamp, name, *, losses, tps, mem_key, mem, status=None):
     with open(d / rundir.METRICS_FILE, "w") as f:
         for i, loss in enumerate(losses):
             f.write(json.dumps({"step": (i + 1) * 10, "loss": loss, "tokens_per_s": tps, "steady_tokens_per_s": tps,
-                                "sim_tau": 1 + i * 0.5, "acc": 0.1 * i, mem_key: mem + i}) + "\n")
+                                "sim_tau": 1 + i * 0.5, "acc": 0.1 * i, mem_key: mem + i,
+                                **({"eval_tau": 2.0 + i} if i % 2 == 0 else {})}) + "\n")
     if status == "finished":
         rundir.write_json(d / "summary.json", {"status": "finished"})
     if status == "diverged":
@@ -62,6 +63,7 @@ def test_load_metrics_and_table(two_runs):
     assert table.loc[a.name, "status"] == "finished" and table.loc[b.name, "status"] == "diverged"
     assert table.loc[a.name, "loss"] == 3.0 and table.loc[b.name, "tokens_per_s"] == 2500.0
     assert table.loc[a.name, "peak_memory_gb"] == 12.0 and table.loc[a.name, "step"] == 30
+    assert table.loc[a.name, "eval_tau"] == 4.0 and table.loc[b.name, "eval_tau"] == 2.0  # last real tau
 
 
 def test_plot_compare_is_a_png(two_runs, tmp_path):
