@@ -68,6 +68,21 @@ def _print_flush(*args) -> None:
     print(*args, flush=True)  # flushed so `papermill --log-output` and `tail -f` show each line as it happens
 
 
+def _counted_loop(fn):
+    """Counts step()/train() calls in progress in `trainer.loops_running` (a dashboard's Run button checks it so it
+    never starts a second loop on a trainer that a busy cell or thread is driving)."""
+
+    def wrapper(self, *args, **kwargs):
+        self.loops_running += 1
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self.loops_running -= 1
+
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = fn.__name__, fn.__doc__, fn
+    return wrapper
+
+
 class Controls:
     """Events a dashboard or a STOP file sets; the training loop reads them at step boundaries only."""
 
@@ -160,6 +175,7 @@ class Trainer:
             self.metrics.ring.append(row)
         self.throughput = Throughput()
         self.controls = Controls()
+        self.loops_running = 0  # step()/train() calls in progress (see _counted_loop)
         self.step_count = 0
         self.last_batch = None
         self.last_metrics: dict | None = previous_rows[-1] if previous_rows else None
@@ -192,6 +208,7 @@ class Trainer:
         return lr_at(self.step_count, peak=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
                      min_ratio=cfg.min_lr_ratio)
 
+    @_counted_loop
     def step(self, n: int = 1) -> dict:
         """Run n optimizer steps; returns the metrics of the last one.
 
@@ -299,6 +316,7 @@ class Trainer:
             mem["rss_gb"] = rss
         return mem
 
+    @_counted_loop
     def train(self, steps: int | None = None, *, progress_every_s: float = 10.0, progress_every_steps: int = 0,
               callbacks=()) -> dict | None:
         """Run until `steps` (default config.steps) total steps; returns the last step's metrics.
