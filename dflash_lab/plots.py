@@ -127,6 +127,7 @@ def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
         ax.barh(short, vals, color=[f"C{i}" for i in range(len(vals))])
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="y", labelsize=8)
+        ax.locator_params(axis="x", nbins=4)  # large numbers (tokens/s) would overlap with more ticks
         ax.grid(alpha=0.3, axis="x")
         ax.invert_yaxis()
     fig.tight_layout()

@@ -182,6 +182,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_step: int | None = None
         self.diverged_at: int | None = None
+        self.resumed_at: int | None = resume.step if resume is not None else None
         self._recent_losses: list[float] = []
         self._driver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-step")
         self.monitor = None
@@ -524,7 +525,9 @@ class Trainer:
             summary["drafter"] = str(self.save_drafter()) if self.diverged_at is None else None
             png = plot_training(self.run_dir)
             summary["plot"] = str(png) if png else None
-            nb = rundir.save_executed_notebook(self.run_dir)
+            # a resumed session keeps the earlier session's notebook: train.ipynb, then train.resumed-0001200.ipynb
+            name = f"train.resumed-{self.resumed_at:07d}.ipynb" if self.resumed_at is not None else "train.ipynb"
+            nb = rundir.save_executed_notebook(self.run_dir, name)
             summary["notebook"] = str(nb) if nb else None
             rundir.write_json(self.run_dir / "summary.json", summary)
             self._event("finish", status=status, step=self.step_count)

@@ -198,7 +198,7 @@ def test_nan_loss_stops_records_the_step_and_keeps_last_good_checkpoint(tmp_path
     t.close()
 
 
-def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_file, reference):
+def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_file, monkeypatch, reference):
     t = Trainer(_config(tmp_path, data_file, checkpoint_every=0), log=lambda *a: None)
     t.step(5)
     (t.run_dir / "STOP").touch()
@@ -209,9 +209,14 @@ def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_
     t.close()
     r = Trainer(_config(tmp_path, data_file, checkpoint_every=0, resume_from=str(t.run_dir)), log=lambda *a: None)
     r.train()
+    executed = tmp_path / "out.ipynb"  # as papermill.execute_notebook would write it, with DFLASH_NOTEBOOK_OUTPUT set
+    executed.write_text(json.dumps({"cells": [], "metadata": {"papermill": {"end_time": "x"}}, "nbformat": 4,
+                                    "nbformat_minor": 5}))
+    monkeypatch.setenv(rundir.NOTEBOOK_ENV, str(executed))
     summary = r.finish()
     r.close()
     assert summary["status"] == "finished" and summary["steps"] == STEPS
+    assert summary["notebook"] == str(t.run_dir / "train.resumed-0000005.ipynb")  # the first session's stays
     assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
     state = json.loads((checkpoint.latest_checkpoint(t.run_dir) / checkpoint.STATE_FILE).read_text())
     assert state["step"] == STEPS and state["reason"] == "finish" and state["data"]["num_samples"] > 0
