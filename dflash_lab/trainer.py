@@ -185,6 +185,7 @@ class Trainer:
         self.resumed_at: int | None = resume.step if resume is not None else None
         self._recent_losses: list[float] = []
         self._driver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-step")
+        self._inflight: cf.Future | None = None
         self.monitor = None
         if resume is not None:
             self._restore(resume)
@@ -222,8 +223,15 @@ class Trainer:
             raise TrainingDiverged(self._diverged_message())
         self.phase = "training"
         for _ in range(n):
-            self._wait(self._driver.submit(self._one_step))
+            self._inflight = self._driver.submit(self._one_step)
+            self._wait(self._inflight)
         return self.last_metrics
+
+    def _settle(self) -> None:
+        """Wait for a step still running on the driver thread (an interrupt can land between submit and wait)."""
+        fut = self._inflight
+        if fut is not None and not fut.done():
+            cf.wait([fut])
 
     def _wait(self, fut: cf.Future):
         """Wait for the driver thread; an interrupt here waits for the step to finish, then re-raises."""
@@ -399,6 +407,7 @@ class Trainer:
                                              "write_run_dir=True (the default).")
         if self.diverged_at is not None:
             raise checkpoint.CheckpointError("refusing to checkpoint: " + self._diverged_message())
+        self._settle()
         root = self.run_dir / checkpoint.CHECKPOINTS_DIR
         if self.last_checkpoint_step == self.step_count and self.last_checkpoint and self.last_checkpoint.is_dir():
             return self.last_checkpoint
