@@ -186,6 +186,7 @@ class Trainer:
         self._recent_losses: list[float] = []
         self._driver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-step")
         self._inflight: cf.Future | None = None
+        self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
         if resume is not None:
             self._restore(resume)
@@ -287,6 +288,7 @@ class Trainer:
         if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
                 or "eval_tau" in record):
             self.metrics.log(record)
+            self._logged_step = self.step_count
         else:
             self.metrics.ring.append(record)
         if not finite:  # the optimiser already applied this step: the weights in memory are no longer trustworthy
@@ -366,6 +368,8 @@ class Trainer:
                     self.log(self.progress_line(target))
         except KeyboardInterrupt:
             self.phase = "interrupted"
+            self._settle()
+            self._log_last_step()
             saved = self._checkpoint_or_warn("interrupt") if self.run_dir else None
             self._event("interrupted", step=self.step_count, checkpoint=str(saved) if saved else None)
             self.log(f"interrupted at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
@@ -377,6 +381,7 @@ class Trainer:
                 self._checkpoint_or_warn("finish")
         else:
             self.phase = "stopped"
+            self._log_last_step()
             saved = self._checkpoint_or_warn("stop") if self.run_dir else None
             self.log(f"stopped at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
                      + (f"; resume with resume_from={str(self.run_dir)!r}" if self.run_dir else ""))
@@ -400,6 +405,13 @@ class Trainer:
         return False
 
     # ----------------------------------------------------------------------------------------------------------
+    def _log_last_step(self) -> None:
+        """On stop / interrupt / finish, the last step goes to metrics.jsonl even off the log_every grid."""
+        m = self.last_metrics
+        if m is not None and self.run_dir is not None and m.get("step") == self.step_count != self._logged_step:
+            self.metrics.log(m)
+            self._logged_step = self.step_count
+
     def save_checkpoint(self, reason: str = "manual") -> Path:
         """Full checkpoint (drafter, optimiser, scheduler, RNG, data position, step) into <run_dir>/checkpoints/."""
         if self.run_dir is None:
