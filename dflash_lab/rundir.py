@@ -45,6 +45,25 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     return path
 
 
+def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str, resume_from: Path | None = None,
+                 resume_step: int = 0) -> tuple[Path, list[dict]]:
+    """The run directory of a Trainer and the metric rows it continues from.
+
+    `run_dir` given: that folder (created if needed). Resuming without one: the checkpoint's own run directory, its
+    metrics.jsonl cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`.
+    """
+    if run_dir:
+        path = Path(run_dir)
+    elif resume_from is not None:
+        path = Path(resume_from)  # resuming continues the same run directory
+    else:
+        path = new_run_dir(runs_dir, name)
+    (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (path / "plots").mkdir(exist_ok=True)
+    rows = resume_metrics(path, resume_step, source=resume_from) if resume_from is not None else []
+    return path, rows
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,

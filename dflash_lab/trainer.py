@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, rundir
+from . import resume as resume_state
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
 from .drafter import DFlashDrafter
@@ -154,18 +155,10 @@ class Trainer:
         self.run_dir: Path | None = None
         previous_rows: list[dict] = []
         if write_run_dir:
-            if run_dir:
-                self.run_dir = Path(run_dir)
-            elif resume is not None and checkpoint.run_dir_of(resume.path) is not None:
-                self.run_dir = checkpoint.run_dir_of(resume.path)  # resuming continues the same run directory
-            else:
-                self.run_dir = rundir.new_run_dir(cfg.runs_dir, cfg.run_name)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / checkpoint.CHECKPOINTS_DIR).mkdir(exist_ok=True)
-            (self.run_dir / "plots").mkdir(exist_ok=True)
-            if resume is not None:  # rows after the checkpoint are recomputed identically: drop them before appending
-                previous_rows = rundir.resume_metrics(self.run_dir, resume.step,
-                                                        source=checkpoint.run_dir_of(resume.path))
+            self.run_dir, previous_rows = rundir.open_run_dir(
+                run_dir, runs_dir=cfg.runs_dir, name=cfg.run_name,
+                resume_from=checkpoint.run_dir_of(resume.path) if resume is not None else None,
+                resume_step=resume.step if resume is not None else 0)
             rundir.write_json(self.run_dir / rundir.CONFIG_FILE, cfg.to_dict())
             rundir.write_json(self.run_dir / "drafter_config.json", self.drafter_config.to_dict())
             rundir.write_json(self.run_dir / rundir.ENV_FILE, rundir.environment_info())
@@ -189,7 +182,8 @@ class Trainer:
         self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
         if resume is not None:
-            self._restore(resume)
+            resume_state.restore(self, resume)
+            self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
         if self.run_dir is not None:
             self._start_monitor()
         self.phase = "ready"
@@ -420,37 +414,11 @@ class Trainer:
         if self.diverged_at is not None:
             raise checkpoint.CheckpointError("refusing to checkpoint: " + self._diverged_message())
         self._settle()
-        root = self.run_dir / checkpoint.CHECKPOINTS_DIR
         if self.last_checkpoint_step == self.step_count and self.last_checkpoint and self.last_checkpoint.is_dir():
             return self.last_checkpoint
-        t0 = time.perf_counter()
-        module = self.workers[0].drafter
-        module = getattr(module, "_orig_mod", module)
-        names = checkpoint.trainable_names(module)
-        opt_tensors, groups = checkpoint.optimizer_tensors(self.workers[0].optimizer, names)
-        rng_tensors, rng_meta = checkpoint.rng_state([w.device for w in self.workers])
-        epoch, index = self.sampler.position(self.step_count)
-        state = {
-            "format_version": checkpoint.FORMAT_VERSION, "step": self.step_count, "reason": reason,
-            "time": time.time(),
-            "loss": (self.last_metrics or {}).get("loss"),
-            "loss_avg": (sum(self._recent_losses) / len(self._recent_losses)) if self._recent_losses else None,
-            "data": {"epoch": epoch, "index_in_epoch": index, **checkpoint.data_fingerprint(self.data, self.sampler)},
-            "scheduler": {"next_step": self.step_count, "next_lr": self.current_lr(),
-                          "lr_override": self.controls.new_lr, "total_steps": self.config.steps,
-                          "warmup_steps": self.config.warmup_steps},
-            "optimizer": {"param_names": names, "param_groups": groups},
-            "rng": rng_meta,
-            "config": self.config.to_dict(), "drafter_config": self.drafter_config.to_dict(),
-        }
-        path = checkpoint.write_checkpoint(root, self.step_count, {
-            checkpoint.DRAFTER_FILE: self._drafter_state(), checkpoint.OPTIMIZER_FILE: opt_tensors,
-            checkpoint.RNG_FILE: rng_tensors}, state)
-        removed = checkpoint.rotate(root, self.config.keep_checkpoints)
+        path = resume_state.save(self, reason)
         self.last_checkpoint, self.last_checkpoint_step = path, self.step_count
         self._recent_losses = []
-        self._event("checkpoint", step=self.step_count, path=str(path), reason=reason,
-                    seconds=round(time.perf_counter() - t0, 3), removed=[p.name for p in removed])
         return path
 
     def _checkpoint_or_warn(self, reason: str) -> Path | None:
@@ -461,25 +429,6 @@ class Trainer:
             self.log(f"WARNING: {e}")
             self._event("checkpoint_failed", step=self.step_count, reason=reason, error=str(e))
             return None
-
-    def _drafter_state(self) -> dict:
-        return {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()
-                if not k.startswith("rotary_emb.")}
-
-    def _restore(self, resume) -> None:
-        """Load drafter, masters + AdamW state, RNG and position from a checkpoint into every worker."""
-        for w in self.workers:
-            checkpoint.restore_replica(getattr(w.drafter, "_orig_mod", w.drafter), w.optimizer, resume)
-        checkpoint.restore_rng(resume.rng, resume.state.get("rng", {}))
-        self.step_count = resume.step
-        self.controls.new_lr = resume.state.get("scheduler", {}).get("lr_override")
-        self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
-        changed = checkpoint.config_differences(resume.state["config"], self.config.to_dict(),
-                                                fields=tuple(self.config.to_dict()))
-        self._event("resumed", step=resume.step, checkpoint=str(resume.path),
-                    changed=[[f, a, b] for f, a, b in changed if f != "resume_from"])
-        self.log(f"resumed from {resume.path} at step {resume.step}"
-                 + (f" (changed: {', '.join(f for f, _, _ in changed if f != 'resume_from')})" if len(changed) > 1 else ""))
 
     def _event(self, event: str, **fields) -> None:
         if self.run_dir is not None:
