@@ -82,7 +82,8 @@ class RankTrainer:
         self.extractor = FeatureExtractor(self.target, dc.target_layer_ids) if self.target is not None else None
 
         conversations = read_conversations(resolve_data_path(cfg.data))
-        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size)
+        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size,
+                                     log=self.log if ctx.is_main else None)  # every rank tokenizes; rank 0 reports
         self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
                                     block_size=cfg.block_size, mask_token_id=dc.mask_token_id,
                                     gamma=cfg.resolved_gamma, seed=cfg.seed)
