@@ -432,7 +432,10 @@ class Trainer:
 
     def _event(self, event: str, **fields) -> None:
         if self.run_dir is not None:
-            rundir.log_event(self.run_dir, event, **fields)
+            try:
+                rundir.log_event(self.run_dir, event, **fields)
+            except OSError as e:  # events are a record, not a reason to stop training (e.g. a full disk)
+                self.log(f"WARNING: could not append {event!r} to events.jsonl ({e})")
 
     def _start_monitor(self) -> None:
         """system.jsonl: the NVML sampler thread (gpu_monitor.py; host CPU/RAM only on a machine without GPUs)."""
