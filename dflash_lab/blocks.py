@@ -181,26 +181,43 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
     return mask_mod
 
 
-_compiled_create_block_mask = None
-
-
 def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                     sliding_window: int | None = None):
-    """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452).
+    """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452), built from the dense mask.
 
-    On CUDA `create_block_mask` is compiled: uncompiled it materialises the dense mask (7 GB/step, speculators#731).
+    Never `create_block_mask` uncompiled (it materialises the dense mask per head: 7 GB/step, speculators#731) nor
+    compiled (its inductor compile took ~200 s of the first step per GPU on an H200): see block_mask_from_dense.
     """
-    global _compiled_create_block_mask
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    b, N = anchors.shape
-    fn = create_block_mask
-    if anchors.device.type == "cuda":
-        if _compiled_create_block_mask is None:
-            _compiled_create_block_mask = torch.compile(create_block_mask)
-        fn = _compiled_create_block_mask
+    dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=sliding_window)
     mod = flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=sliding_window)
-    return fn(mod, B=b, H=None, Q_LEN=N * block_size, KV_LEN=seq_len + N * block_size, device=anchors.device)
+    return block_mask_from_dense(dense, mod)
+
+
+def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int = 128):
+    """FlexAttention BlockMask from the dense boolean mask (b, 1, Q, KV): per (q block, kv block) "full" (all True)
+    or "partial" (some True), exactly what create_block_mask computes, with a few tensor ops and no compile.
+
+    Why not torch.compile(create_block_mask): on an H200 its inductor compile for the paper shape took ~200 s of a
+    220 s first step (and again per GPU); the dense mask of one micro-batch is ~100 MB and reduces in well under 1 ms.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, h, Q, KV = dense.shape
+    pq, pk = (-Q) % block, (-KV) % block
+    if pq or pk:
+        dense = torch.nn.functional.pad(dense, (0, pk, 0, pq), value=False)
+    tiles = dense.view(b, h, (Q + pq) // block, block, (KV + pk) // block, block)
+    full = tiles.all(dim=5).all(dim=3)  # (b, h, Qb, KVb)
+    partial = tiles.any(dim=5).any(dim=3) & ~full
+
+    def ordered(m):  # count, and the True block indices first (ascending), like create_block_mask
+        return (m.sum(-1, dtype=torch.int32),
+                torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32))
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(Q, KV))
 
 
 def kv_length(seq_len: int, num_anchors: int, block_size: int) -> int:

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from .blocks import BlockBatch, dense_mask, flex_mask_mod
+from .blocks import BlockBatch, block_mask_from_dense, dense_mask, flex_mask_mod
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .step import DraftInputs, block_stats, drafter_loss
 
@@ -149,33 +149,6 @@ class StaticBuffers:
 
 def _why_eager(cuda_graphs: bool, device: torch.device) -> str:
     return "no CUDA graphs on CPU" if device.type != "cuda" else "cuda_graphs=False"
-
-
-def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int = 128):
-    """FlexAttention BlockMask from the dense boolean mask (b, 1, Q, KV): per (q block, kv block) "full" (all True)
-    or "partial" (some True), exactly what create_block_mask computes, with a few tensor ops and no compile.
-
-    Why not torch.compile(create_block_mask): on an H200 its inductor compile for the paper shape took ~200 s of a
-    220 s first step (and again per GPU); the dense mask of one micro-batch is ~100 MB and reduces in well under 1 ms.
-    """
-    from torch.nn.attention.flex_attention import BlockMask
-
-    b, h, Q, KV = dense.shape
-    pq, pk = (-Q) % block, (-KV) % block
-    if pq or pk:
-        dense = torch.nn.functional.pad(dense, (0, pk, 0, pq), value=False)
-    tiles = dense.view(b, h, (Q + pq) // block, block, (KV + pk) // block, block)
-    full = tiles.all(dim=5).all(dim=3)  # (b, h, Qb, KVb)
-    partial = tiles.any(dim=5).any(dim=3) & ~full
-
-    def ordered(m):  # count, and the True block indices first (ascending), like create_block_mask
-        return (m.sum(-1, dtype=torch.int32),
-                torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32))
-
-    kv_num, kv_idx = ordered(partial)
-    full_num, full_idx = ordered(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
-                                    seq_lengths=(Q, KV))
 
 
 # ---------------------------------------------------------------------------------------------------------------
