@@ -154,9 +154,9 @@ class HFGenerator:
         # Every sampling knob explicitly: unset values would be filled from the model's generation_config (e.g.
         # Qwen3 ships top_k=20, temperature=0.6), so the recorded settings would not be what was used.
         kw = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                  do_sample=s.temperature > 0, temperature=s.temperature or 1.0, top_p=s.top_p, top_k=s.top_k,
-                  min_p=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0)
-        if s.temperature > 0:
+                  do_sample=s.temperature > 0, repetition_penalty=1.0, no_repeat_ngram_size=0)
+        if s.temperature > 0:  # the warpers act only when sampling (greedy ignores them)
+            kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=0.0)
             if self.device.type == "cuda":
                 with torch.cuda.device(self.device):
                     torch.cuda.manual_seed(seed)

@@ -61,7 +61,7 @@ def _records(path):
     return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def test_hf_regeneration_writes_the_targets_answers_with_settings(full_run, prompts):
+def test_hf_regeneration_writes_the_targets_answers_with_settings(full_run, prompts, tiny):
     out, stats, lines = full_run
     recs = _records(out)
     src = read_chat_data(prompts)
@@ -69,22 +69,33 @@ def test_hf_regeneration_writes_the_targets_answers_with_settings(full_run, prom
     n_turns = sum(sum(m["role"] == "assistant" for m in c) for c in src)
     assert stats.turns == n_turns > N and stats.new_tokens == sum(sum(r["generation"]["new_tokens"])
                                                                   for r in recs.values())
-    # the tiny target is trained to answer these prompts exactly: regenerated == reference for most turns
-    exact = total = 0
+    total = 0
     for conv in src.conversations:
         rec = recs[conv.id]
         assert [m["role"] for m in rec["messages"]] == [m["role"] for m in conv.messages]
         assert [m["content"] for m in rec["messages"] if m["role"] != "assistant"] == \
                [m["content"] for m in conv.messages if m["role"] != "assistant"]
-        for new, old in zip(rec["messages"], conv.messages):
-            if old["role"] == "assistant":
-                total += 1
-                exact += new["content"] == old["content"].split("</think>")[-1].lstrip("\n")
         g = rec["generation"]
         assert {k: g[k] for k in SAMPLING.to_dict()} == SAMPLING.to_dict() and g["model"] == "tiny"
         assert len(g["finish_reasons"]) == len(g["new_tokens"]) == sum(m["role"] == "assistant" for m in conv.messages)
-    assert exact / total >= 0.8, (exact, total)
-    assert stats.finish_reasons["stop"] >= 0.8 * total
+        total += len(g["finish_reasons"])
+    assert stats.finish_reasons["stop"] >= 0.8 * total  # the target ends its turns itself
+    # batched, left-padded, turn-by-turn output == a plain one-conversation greedy decode (thinking off)
+    model, tok = tiny
+    multi = next(c for c in src.conversations if len(c.messages) > 2)
+    history = []
+    for m in recs[multi.id]["messages"]:
+        if m["role"] == "assistant":
+            prompt = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+            ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
+                                     eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id],
+                                     pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+            end = next((i for i, t in enumerate(gen) if t in (tok.convert_tokens_to_ids("<|im_end|>"),
+                                                              tok.pad_token_id)), len(gen))
+            assert m["content"] == tok.decode(gen[:end], skip_special_tokens=False)
+        history.append(m)
     meta = json.loads(meta_path(out).read_text())
     assert meta["settings"]["sampling"] == SAMPLING.to_dict() and meta["last_run"]["samples"] == N
     assert any(line.startswith(f"regenerate: {N}/{N} conversations") for line in lines)  # progress line
