@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -31,6 +32,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from dflash_lab import rundir
     from dflash_lab.tiny import ensure_tiny_target
+
+    # papermill's log_output writes the notebook's cell output (our progress lines) to its logger at INFO level.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    pm_log = logging.getLogger("papermill")
+    pm_log.addHandler(handler)
+    pm_log.setLevel(logging.INFO)
+    pm_log.propagate = False
 
     t0 = time.perf_counter()
     ensure_tiny_target()
