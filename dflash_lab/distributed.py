@@ -192,7 +192,7 @@ class DistContext:
         self.world_size = env["world_size"] if env else 1
         self.local_rank = env["local_rank"] if env else 0
         self.local_world_size = env["local_world_size"] if env else 1
-        self.device = resolve_device(dcfg, self.local_rank, tuple(train_devices), single_process=self.world_size == 1)
+        self.device = resolve_device(dcfg, self.local_rank, tuple(train_devices), single_process=env is None)
         self.backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
         if self.backend == "nccl" and self.device.type != "cuda":
             raise DistributedError(f"rank {self.rank}: backend 'nccl' needs CUDA devices but this rank runs on "

@@ -213,13 +213,14 @@ def launch(run_dir: str | Path, *, nproc_per_node: int = 1, gpus: list[int] | No
            env: dict | None = None, train_args: tuple[str, ...] = ()) -> Job:
     """torchrun --standalone --nproc-per-node N -m dflash_lab.train --config <run_dir>/config.json, in the background.
 
-    gpus: CUDA ordinals for the job (CUDA_VISIBLE_DEVICES); None leaves the environment as is. env: extra variables.
+    gpus: CUDA ordinals for the job (CUDA_VISIBLE_DEVICES), one per process; [] hides every GPU (a CPU job with
+    gloo); None leaves the environment as is. env: extra variables for every rank.
     """
     run_dir = Path(run_dir)
     if not (run_dir / rundir.CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{run_dir / rundir.CONFIG_FILE} does not exist. Fix: create the run with "
                                 "prepare_run(config, dist) first.")
-    if gpus is not None and len(gpus) < nproc_per_node:
+    if gpus and len(gpus) < nproc_per_node:
         raise ValueError(f"gpus={gpus} has fewer GPUs than nproc_per_node={nproc_per_node} (one process per GPU). "
                          "Fix: list one GPU per process.")
     cmd = torchrun_args(run_dir, nproc_per_node=nproc_per_node, train_args=train_args)

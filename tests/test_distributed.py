@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dflash_lab.config import TrainConfig
-from dflash_lab.distributed import DistConfig, rank_layout
+from dflash_lab.distributed import DistConfig, rank_layout, resolve_device
 from dflash_lab.launch import cluster_command, launch, prepare_run, torchrun_args
 
 CFG = TrainConfig(target="tiny", data="tiny", seq_len=64, batch_size=2, block_size=8, num_anchors=4,
@@ -275,6 +275,7 @@ def test_dist_config_validates_and_round_trips():
         DistConfig(parallel="zero3")
     with pytest.raises(Exception, match="backend='nccl' cannot run on device='cpu'"):
         DistConfig(backend="nccl", device="cpu")
+    assert resolve_device(DistConfig(), 1, ("cpu",)) == torch.device("cpu")  # "auto" follows the TrainConfig
 
 
 def test_cluster_commands(tmp_path):
