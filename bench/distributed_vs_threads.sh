@@ -106,13 +106,13 @@ summarise threads "$OUT/threads/all_steps.jsonl"
 
 # 3) torchrun, NCCL, 2 processes, DDP (target + drafter on each GPU)
 timeout 300 "$PY" -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 0 \
-  -m dflash_lab.train --config "$OUT/ddp/config.json" > "$OUT/ddp/launch.log" 2>&1 \
+  -m dflash_lab.train --config "$OUT/ddp/config.json" --no-checkpoints > "$OUT/ddp/launch.log" 2>&1 \
   || { tail -n 40 "$OUT/ddp/launch.log"; exit 1; }
 summarise torchrun-ddp-nccl "$OUT/ddp/metrics.jsonl"
 
 if [ "$WITH_SPLIT" = "1" ]; then  # rank 1 = target only, sends features to rank 0 = drafter only
   timeout 300 "$PY" -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 0 \
-    -m dflash_lab.train --config "$OUT/split/config.json" > "$OUT/split/launch.log" 2>&1 \
+    -m dflash_lab.train --config "$OUT/split/config.json" --no-checkpoints > "$OUT/split/launch.log" 2>&1 \
     || { tail -n 40 "$OUT/split/launch.log"; exit 1; }
   summarise torchrun-split-1target-1drafter "$OUT/split/metrics.jsonl"
 fi

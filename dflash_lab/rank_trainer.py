@@ -49,8 +49,9 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 class RankTrainer:
     """The training loop of one rank. Build, `train()`, `close()`; rank 0 also owns the run directory's files."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print):
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print, checkpoints: bool = True):
         self.cfg, self.ctx, self.run_dir = cfg, ctx, Path(run_dir)
+        self.checkpoints = checkpoints  # False: benchmarks that must not spend minutes writing optimizer state
         self.log = (lambda *a: log(*a, flush=True)) if log is print else log
         self.phase = "loading"
         dev = ctx.device
@@ -329,6 +330,8 @@ class RankTrainer:
         """Every drafter rank calls this at the same step (FSDP2 gathers shards); rank 0 writes."""
         ctx, cfg = self.ctx, self.cfg
         self.last_checkpoint_step = self.step_count
+        if not self.checkpoints:
+            return None
         if not ctx.is_main and not (ctx.config.parallel == "fsdp2" and ctx.num_drafters > 1):
             return None
         weights, opt_tensors, groups = dist_checkpoint.gather_full_state(self.drafter, self.optimizer,

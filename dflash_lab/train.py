@@ -35,6 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parallel", default=None, choices=["ddp", "fsdp2"], help="override distributed.json")
     p.add_argument("--targets-per-node", type=int, default=None, help="override distributed.json")
     p.add_argument("--timeout-s", type=float, default=None, help="process-group timeout (override)")
+    p.add_argument("--no-checkpoints", action="store_true", help="write no checkpoint at all (benchmarks)")
     return p.parse_args(argv)
 
 
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
                               f"process. Fix: torchrun --nproc-per-node {len(cfg.devices)} -m dflash_lab.train "
                               f"--config {args.config} (one process per GPU), or use Trainer in a notebook for the "
                               "threaded engine.")
-        trainer = RankTrainer(cfg, ctx, run_dir)
+        trainer = RankTrainer(cfg, ctx, run_dir, checkpoints=not args.no_checkpoints)
         trainer.train()
         return 0
     except BaseException as e:
