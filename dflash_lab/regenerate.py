@@ -463,7 +463,7 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                 _wait(futs, stop)
         else:
             batches = queue.Queue()
-            for b in _length_grouped_batches(todo, batch_size, gens[0]):
+            for b in _length_grouped_batches(todo, batch_size):
                 batches.put(b)
             with cf.ThreadPoolExecutor(max_workers=len(gens), thread_name_prefix="regen") as pool:
                 futs = [pool.submit(_hf_worker, g, batches, writer, generation, stop) for g in gens]
@@ -501,7 +501,7 @@ def _load_generators(target, devices, sampling, dtype, models, log) -> list[HFGe
     return gens
 
 
-def _length_grouped_batches(convs, batch_size: int, gen: HFGenerator, window: int = 16):
+def _length_grouped_batches(convs, batch_size: int, window: int = 16):
     """Batches of similar prompt length (less padding), numbered in a fixed order: windows of `window` batches are
     sorted by the length of the first prompt, so the grouping depends only on the input order."""
     numbered = 0
