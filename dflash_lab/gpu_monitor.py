@@ -301,8 +301,8 @@ class GpuMonitor:
             import psutil
 
             vm = psutil.virtual_memory()
-            out = {"cpu_pct": psutil.cpu_percent(interval=None), "ram_used_gb": round((vm.total - vm.available) / GB, 2),
-                   "ram_total_gb": round(vm.total / GB, 2)}
+            out = {"cpu_pct": psutil.cpu_percent(interval=None),
+                   "ram_used_gb": round((vm.total - vm.available) / GB, 2), "ram_total_gb": round(vm.total / GB, 2)}
             if self._proc is not None:
                 out["proc_rss_gb"] = round(self._proc.memory_info().rss / GB, 3)
             return out

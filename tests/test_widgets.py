@@ -115,7 +115,7 @@ def test_html_fragments_carry_the_numbers():
                   "no_gpu": True})
     s = m.state(phase="paused", phase_detail="at step 7")
     h = header_html(s)
-    assert '<span class="dfl-step">7</span>' in h and '<span class="dfl-loss">2.5000</span>' in h
+    assert '<span class="dfl-step">7</span>' in h and '<span class="dfl-loss" data-value="2.5">2.5000</span>' in h
     assert '<span class="dfl-phase">paused: at step 7</span>' in h and "warming up" in h
     assert "no NVIDIA GPU" in gpus_html(s) and "host RAM" in gpus_html(s)
     assert "move one GPU from drafters to targets" in balance_html(s)
@@ -134,3 +134,152 @@ def test_jsonl_follower_waits_for_whole_lines_and_survives_rewrites(tmp_path):
     assert f.read_new() == []
     p.write_text('{"step": 1}\n')  # rewritten shorter (a resume truncates the log): start over
     assert f.read_new() == [{"step": 1}]
+
+
+def test_mode_detection_outside_a_kernel(monkeypatch):
+    from widgets.env import dashboard_mode, headless_tool_in_ancestry
+
+    monkeypatch.delenv("DFLASH_DASHBOARD", raising=False)
+    assert dashboard_mode() == ("static", "not running in a Jupyter kernel")
+    assert headless_tool_in_ancestry() is None  # pytest is not papermill
+    monkeypatch.setenv("DFLASH_DASHBOARD", "live")
+    assert dashboard_mode()[0] == "live"
+    monkeypatch.setenv("DFLASH_DASHBOARD", "fancy")
+    with pytest.raises(ValueError, match="DFLASH_DASHBOARD='fancy'"):
+        dashboard_mode()
+
+
+# -- a real Trainer on the embedded tiny target ---------------------------------------------------------------------
+SMALL = dict(target="tiny", data="tiny", seq_len=128, batch_size=4, block_size=8, num_anchors=12, num_draft_layers=2,
+             lr=3e-3, steps=400, log_every=1)
+
+
+def _until(cond, timeout=60.0, what=""):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """TrainingView(config) in live mode: builds the Trainer on a background thread (widgets without a frontend)."""
+    from dflash_lab import TrainConfig
+    from widgets import TrainingView
+
+    cfg = TrainConfig(**SMALL, runs_dir=str(tmp_path_factory.mktemp("runs")))
+    view = TrainingView(cfg, mode="live", log=lambda *a: None)
+    trainer = view.wait_trainer(timeout=300)
+    yield view, trainer
+    view.close()
+    trainer.close()
+
+
+def test_built_in_the_background_with_replica_progress_and_system_jsonl(live):
+    view, trainer = live
+    assert view.trainer is trainer and trainer.phase == "ready"
+    rows = replica_rows(view.builder.replica_progress())
+    assert rows and rows[0]["label"] == "replica 0 (cpu)" and rows[0]["fraction"] == 1.0
+    assert view.monitor.running and view.monitor.jsonl_path == trainer.run_dir / "system.jsonl"
+    _until(lambda: (trainer.run_dir / "system.jsonl").is_file(), 10, "system.jsonl in the run dir")
+    s = view.state()
+    assert s.phase == "ready" and s.step == 0 and s.gpu_status.startswith("no NVIDIA GPU")
+
+
+def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
+    view, trainer = live
+    c = view.controls
+    assert c.run() == "training to step 400"
+    _until(lambda: trainer.step_count >= 3, 60, "3 steps")
+    assert c.run() == "already training" and "loop is running" in c.step_n(2)  # never a second loop
+    c.pause()
+    _until(lambda: trainer.phase == "paused", 30, "the loop to pause")
+    paused_at = trainer.step_count
+    time.sleep(1.0)
+    assert trainer.step_count == paused_at
+    assert view.state().phase_text.startswith(f"paused: at step {paused_at}")
+    assert "ignored" in c.set_lr(-1.0) and trainer.controls.new_lr is None
+    c.set_lr(1e-4)
+    c.checkpoint()
+    assert c.run() == "resumed"
+    _until(lambda: trainer.step_count >= paused_at + 2, 60, "steps after resume")
+    assert trainer.last_metrics["lr"] == 1e-4
+    _until(lambda: trainer.last_checkpoint_step is not None, 30, "the requested checkpoint")
+    from dflash_lab.checkpoint import DRAFTER_FILE
+
+    assert (trainer.last_checkpoint / DRAFTER_FILE).is_file()
+    c.stop()
+    c.join(60)
+    assert trainer.phase == "stopped" and not c.loop_active()
+    stopped_at = trainer.step_count
+    c.step_n(2)
+    c.join(60)
+    assert trainer.step_count == stopped_at + 2 and c.error is None
+    view.refresh()  # one refresh of the real widgets (no frontend attached)
+    s = view.live.state
+    assert s.step == trainer.step_count and s.phase == "idle"
+    assert f'<span class="dfl-step">{trainer.step_count}</span>' in view.live.header.value
+    loss_x = list(view.live.fig.data[0].x)
+    assert loss_x == [float(i) for i in range(1, trainer.step_count + 1)]
+    assert view.live.fig.data[0].y[-1] == pytest.approx(trainer.last_metrics["loss"])
+
+
+def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
+    from widgets import AttachedView
+
+    view, trainer = live
+    att = AttachedView(trainer.run_dir, mode="static")
+    s = att.state()
+    assert s.step == trainer.step_count and s.total_steps == 400  # metrics.jsonl (log_every=1) + config.json
+    assert s.loss == pytest.approx(trainer.last_metrics["loss"]) and s.gpu_status.startswith("no NVIDIA GPU")
+    before = s.step
+    assert view.controls.run().startswith("training to step")
+    _until(lambda: att.state().step >= before + 2, 60, "the attached view to see new steps")
+    att.source.request_stop()  # what the attached dashboard's Stop button does
+    view.controls.join(60)
+    assert trainer.phase == "stopped" and (trainer.run_dir / "STOP.done").is_file()
+    assert att.state().step == trainer.step_count
+
+
+def test_batch_view_marks_mask_anchors_and_blocks(live):
+    from widgets import batch_html
+
+    _, trainer = live
+    batch = trainer.last_batch
+    html = str(batch_html(trainer.tokenizer, batch, 1))
+    n_valid = int(batch.anchor_valid[1].sum())
+    assert f"{n_valid} valid anchors of 12, block size 8" in html
+    assert html.count("<tr><td>") == n_valid  # one table row per valid block
+    assert html.count("border:2px solid #cf222e;margin") == len(set(batch.anchors[1][batch.anchor_valid[1]].tolist()))
+    with pytest.raises(IndexError, match="holds 4 sequences"):
+        batch_html(trainer.tokenizer, batch, 9)
+
+
+# -- headless: papermill runs explore.ipynb; the saved notebook holds a PNG and no widget state ---------------------
+def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
+    import nbformat
+    import papermill
+
+    out = tmp_path / "explore.out.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "explore.ipynb"), str(out), cwd=str(tmp_path),
+                               parameters={"steps": 6, "log_every": 2, "seq_len": 128, "block_size": 8,
+                                           "num_anchors": 12, "num_draft_layers": 2, "hand_steps": 2},
+                               progress_bar=False, kernel_name="python3")
+    nb = nbformat.read(out, as_version=4)
+    raw = out.read_text()
+    assert "widgets" not in nb.metadata and "application/vnd.jupyter.widget" not in raw
+    view_cell = next(c for c in nb.cells if c.cell_type == "code" and "TrainingView(config" in c.source)
+    images = [o for o in view_cell.outputs if o.output_type == "display_data" and "image/png" in o.data]
+    assert len(images) == 1  # rewritten in place (display_id), never appended
+    png = base64.b64decode(images[0].data["image/png"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    train_cell = next(c for c in nb.cells if c.cell_type == "code" and "view.callback" in c.source)
+    assert any("step 6/6" in o.get("text", "") for o in train_cell.outputs)  # the compact progress line
+    inspect_cell = next(c for c in nb.cells if c.cell_type == "code" and "batch_html(" in c.source)
+    assert "dfl-batch" in inspect_cell.outputs[0].data["text/html"]
+    run_dir = next((tmp_path / "runs").iterdir())
+    system = [json.loads(x) for x in (run_dir / "system.jsonl").read_text().splitlines()]
+    assert system and system[0]["no_gpu"] is True
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:4] == [1, 2, 4, 6]

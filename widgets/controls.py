@@ -3,8 +3,8 @@
 A button callback must return at once: on JupyterLab >= 4.4 with ipykernel >= 7 it runs on a kernel subshell while
 the training cell is busy, and the training loop reads `trainer.controls` (threading.Events `pause`, `stop`,
 `checkpoint`, and `new_lr`) at step boundaries. "Run" and "Step N" start `trainer.train()` / `trainer.step(n)` in a
-background thread only when no loop is running (a busy cell's `trainer.train(callbacks=[view.callback])` counts:
-its callback is the heartbeat), so two loops never drive one trainer. No ipywidgets here.
+background thread only when no loop is running (`trainer.loops_running`: a busy cell's `trainer.train()` counts),
+so two loops never drive one trainer. No ipywidgets here.
 """
 
 from __future__ import annotations
@@ -39,16 +39,22 @@ class TrainingControls:
     def heartbeat(self) -> None:
         """Called after every step by a loop this object did not start (the view's callback)."""
         self._heartbeat = time.monotonic()
-        if self.trainer is not None and self._checkpoint_step is not None and not self.trainer.controls.checkpoint.is_set():
-            self.message = f"checkpoint written after step {self.trainer.step_count}"
+        t = self.trainer
+        if t is not None and self._checkpoint_step is not None and not t.controls.checkpoint.is_set():
+            at = getattr(t, "last_checkpoint_step", None)
+            self.message = f"checkpoint written at step {at if at is not None else t.step_count}"
             self._checkpoint_step = None
 
     def loop_active(self) -> bool:
+        """Is something driving the trainer (our thread, a busy cell's train()/step(), a paused loop)?"""
         if self.trainer is None:
             return False
         if self.thread is not None and self.thread.is_alive():
             return True
-        phase = getattr(self.trainer, "phase", "")
+        running = getattr(self.trainer, "loops_running", None)
+        if running is not None:  # the Trainer counts step()/train() calls in progress
+            return running > 0
+        phase = getattr(self.trainer, "phase", "")  # older Trainers: infer from the phase and recent steps
         if phase == "paused":
             return True
         if phase == "training":

@@ -24,6 +24,21 @@ CURVES = [("loss", "loss", 1, 1), ("loss_ema", "loss (EMA)", 1, 1), ("lr", "lr",
           ("tokens_per_s", "tokens/s", 2, 1), ("sim_tau", "sim. acceptance", 2, 2)]
 
 
+def route_to_frontend_subshell(widget) -> None:
+    """Let this widget's incoming messages (clicks, typed values) run on the subshell JupyterLab sends them to.
+
+    ipykernel 7.4 routes a comm's incoming messages to the shell that last SENT on that comm
+    (`Comm._reply_subshell_for`); for a widget built in a cell that is the main shell, so its clicks would queue
+    behind a busy training cell. Forgetting that memo restores the frontend's choice (one subshell per comm target).
+    Controls never send after they are built, so it stays forgotten; a no-op on kernels without the memo.
+    """
+    comm = getattr(widget, "comm", None)
+    lock = getattr(comm, "_reply_subshell_lock", None)
+    if lock is not None:
+        with lock:
+            comm.__dict__.pop("_reply_subshell_id", None)
+
+
 def _figure_widget():
     """A 2x2 plotly FigureWidget, or None if plotly's widget support (anywidget) is missing."""
     try:
@@ -73,7 +88,8 @@ class LiveDashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.title = W.HTML(f"<b>{title}</b>")
-        children = [self.title, self.header, self.replicas, self.gpus, self.balance, self.fig if self.fig is not None else self.image]
+        children = [self.title, self.header, self.replicas, self.gpus, self.balance,
+                    self.fig if self.fig is not None else self.image]
         if buttons:
             children.append(self._controls_row(buttons))
         children.append(self.message)
@@ -118,6 +134,8 @@ class LiveDashboard:
         if "set_lr" in buttons:
             lr = W.FloatText(value=float(self.model.last.get("lr") or 3e-4), layout=W.Layout(width="110px"))
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
+        for w in row:
+            route_to_frontend_subshell(w)
         return W.HBox(row)
 
     # -- refresh --------------------------------------------------------------------------------------------------

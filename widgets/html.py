@@ -13,9 +13,11 @@ PHASE_COLOURS = {"training": "#1a7f37", "paused": "#9a6700", "stopped": "#57606a
                  "failed": "#cf222e", "ready": "#0969da"}
 
 
-def _v(cls: str, text: str, title: str = "") -> str:
+def _v(cls: str, text: str, title: str = "", value=None) -> str:
+    """A value in a `dfl-<cls>` span; `value` (the unrounded number) goes into data-value for tests and tools."""
     t = f' title="{html.escape(title)}"' if title else ""
-    return f'<span class="dfl-{cls}"{t}>{html.escape(text)}</span>'
+    d = f' data-value="{value!r}"' if isinstance(value, (int, float)) else ""
+    return f'<span class="dfl-{cls}"{t}{d}>{html.escape(text)}</span>'
 
 
 def _num(x, spec: str) -> str:
@@ -30,9 +32,10 @@ def header_html(s: DashboardState) -> str:
     cells = [
         ("phase", f'<b style="color:{colour}">{_v("phase", s.phase_text)}</b>'),
         ("step", f'{_v("step", str(s.step))}{html.escape(total)}'),
-        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s))} now &middot; '
+        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s), value=s.tokens_per_s)} now &middot; '
                      f'{_v("tps-steady", steady, "median over the steps since warm-up ended")}'),
-        ("loss", f'{_v("loss", _num(s.loss, ".4f"))} <small>(ema {_v("loss-ema", _num(s.loss_ema, ".4f"))})</small>'),
+        ("loss", f'{_v("loss", _num(s.loss, ".4f"), value=s.loss)} '
+                 f'<small>(ema {_v("loss-ema", _num(s.loss_ema, ".4f"))})</small>'),
         ("lr", _v("lr", _num(s.lr, ".3g"))),
         ("sim. acceptance", _v("sim-tau", _num(s.sim_tau, ".2f"),
                                "simulated acceptance length from block accuracy (not a real decode)")),

@@ -280,7 +280,8 @@ class DashboardModel:
         self.last = r
         loss = r.get("loss")
         if isinstance(loss, (int, float)) and math.isfinite(loss):
-            self.loss_ema = loss if self.loss_ema is None else self.ema_beta * self.loss_ema + (1 - self.ema_beta) * loss
+            b = self.ema_beta
+            self.loss_ema = loss if self.loss_ema is None else b * self.loss_ema + (1 - b) * loss
             self.curves["loss"].append(step, loss)
             self.curves["loss_ema"].append(step, self.loss_ema)
         for name in ("lr", "tokens_per_s", "sim_tau", "acc"):

@@ -95,7 +95,6 @@ class TrainerSource:
 
     def __init__(self, trainer=None, monitor=None, controls=None, builder=None):
         self._trainer, self.monitor, self.controls, self.builder = trainer, monitor, controls, builder
-        self._prev_phase = None
 
     @property
     def trainer(self):
@@ -118,10 +117,8 @@ class TrainerSource:
         if self.controls is not None and self.controls.target_steps:
             model.total_steps = self.controls.target_steps
         added = model.pull(t.metrics.ring)
-        phase = getattr(t, "phase", "")
-        if self.controls is not None and (added or (phase == "training" and self._prev_phase != "training")):
-            self.controls.heartbeat()  # new steps (or a loop just started): a loop is running
-        self._prev_phase = phase
+        if self.controls is not None and added:
+            self.controls.heartbeat()  # new steps: a loop is running (for Trainers without loops_running)
         info = trainer_phase(t, self.controls)
         if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
             info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"

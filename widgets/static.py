@@ -61,6 +61,10 @@ def _memory_panel(ax, s: DashboardState) -> None:
                     va="center", fontsize=7)
         ax.set_title(f"GPU memory (NVML {s.gpus[0].mem_view})", fontsize=10)
         ax.invert_yaxis()
+    elif not s.host:
+        ax.text(0.5, 0.5, s.gpu_status or "no system sample yet", ha="center", va="center", fontsize=9)
+        ax.set_axis_off()
+        return
     else:
         h = s.host
         ax.barh(["host RAM"], [h.get("ram_total_gb") or 0], color="#eaeef2")

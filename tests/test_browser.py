@@ -1,0 +1,222 @@
+"""Real browser: JupyterLab on localhost + Debian's chromium via Playwright runs notebooks/explore.ipynb (tiny, CPU).
+
+Asserts, by reading the dashboard's DOM, that step, tokens/s and loss change between two screenshots while the
+training cell is busy, that Pause (clicked while that cell runs) stops the step count, and that Stop ends the cell
+so the inspector and hand-step cells run. Screenshots go to tests/artifacts/browser/ (gitignored); their paths are
+printed. Installs what it needs if missing: chromium via apt-get (~1 min), playwright==1.65.2 via pip. Never runs
+`playwright install` (it cannot download browsers here).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "tests" / "artifacts" / "browser"
+CHROMIUM = "/usr/bin/chromium"
+PLAYWRIGHT_PIN = "playwright==1.65.2"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def _ensure_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    if shutil.which("apt-get") is None:
+        pytest.skip("Debian's chromium is not installed and apt-get is unavailable on this machine: install a "
+                    f"Chromium at {CHROMIUM} to run the browser test")
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        pytest.skip("chromium is missing and apt-get needs root (no sudo): run `apt-get install -y chromium` as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    t0 = time.monotonic()
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-q", "chromium"]):
+        out = subprocess.run(sudo + cmd, capture_output=True, text=True, env=env, timeout=900)
+        if out.returncode != 0:
+            pytest.fail(f"`{' '.join(cmd)}` failed ({out.returncode}):\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+    print(f"installed chromium with apt-get in {time.monotonic() - t0:.0f} s")
+
+
+def _ensure_playwright() -> None:
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", PLAYWRIGHT_PIN], capture_output=True,
+                             text=True, timeout=600)
+        if out.returncode != 0:
+            pytest.fail(f"pip install {PLAYWRIGHT_PIN} failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab serving tmp_path (holding explore.ipynb with papermill-injected parameters), with a token."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    src = ROOT / "notebooks" / "explore.ipynb"
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = load_notebook_node(str(src))  # what `papermill -p` does: an injected-parameters cell after `parameters`
+    # 2000 steps (~20 min on a CPU) never finish during the test: the Stop button ends the training cell.
+    nb = parameterize_notebook(nb, {"steps": 2000, "log_every": 5, "hand_steps": 3})
+    nbformat.write(nb, root / "explore.ipynb")
+    settings = tmp_path / "lab-settings"
+    notif = settings / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                         "checkForUpdates": False}))
+    tracker = settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)  # start the notebook's kernel without the "Select Kernel" dialog
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    token = os.urandom(12).hex()
+    port = _free_port()
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    env.pop("DFLASH_DASHBOARD", None)
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                proc.kill()
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield {"url": url, "token": token, "root": root, "log": tmp_path / "lab.log"}
+    os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernel it started (its own session)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+JS_READ = """() => {
+  const q = (c) => document.querySelector('.dflash-dashboard .dfl-' + c);
+  const v = (c) => { const e = q(c); return e ? (e.dataset.value ?? e.textContent) : null; };
+  return {step: v('step'), tps: v('tps'), loss: v('loss'), phase: v('phase')};
+}"""
+
+
+def _read(page) -> dict:
+    r = page.evaluate(JS_READ)
+    return {"step": int(r["step"]), "tps": float(r["tps"]), "loss": float(r["loss"]), "phase": r["phase"]}
+
+
+def _wait_step(page, at_least: int, timeout_s: float) -> None:
+    page.wait_for_function(
+        "(n) => { const e = document.querySelector('.dflash-dashboard .dfl-step');"
+        " return e && parseInt(e.textContent) >= n; }", arg=at_least, timeout=timeout_s * 1000)
+
+
+def _wait_phase(page, word: str, timeout_s: float) -> None:
+    page.wait_for_function(
+        "(w) => { const e = document.querySelector('.dflash-dashboard .dfl-phase');"
+        " return e && e.textContent.startsWith(w); }", arg=word, timeout=timeout_s * 1000)
+
+
+def test_dashboard_live_in_jupyterlab(lab):
+    _ensure_chromium()
+    _ensure_playwright()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shots = []
+    t0 = time.monotonic()
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(lab["root"].parent / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000})
+        try:
+            page = ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab['url']}/lab/tree/explore.ipynb?token={lab['token']}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            try:  # older settings layouts may still ask for the kernel once
+                page.click(".jp-Dialog button:has-text('Select')", timeout=5_000)
+            except Exception:  # noqa: BLE001 - no dialog: the kernel started on its own
+                pass
+            page.click("li.lm-MenuBar-item:has-text('Run')")
+            page.click(".lm-Menu-item[data-command='runmenu:run-all']")
+
+            page.wait_for_selector(".dflash-dashboard", timeout=120_000)
+            _wait_step(page, 3, 120)
+            first = _read(page)
+            path = ARTIFACTS / "dashboard-1.png"
+            page.locator(".dflash-dashboard").screenshot(path=str(path))
+            shots.append(path)
+            _wait_step(page, first["step"] + 4, 90)
+            time.sleep(0.8)  # let one more refresh land so all numbers come from one state
+            second = _read(page)
+            path = ARTIFACTS / "dashboard-2.png"
+            page.locator(".dflash-dashboard").screenshot(path=str(path))
+            shots.append(path)
+            assert second["step"] > first["step"], (first, second)
+            assert second["tps"] != first["tps"], (first, second)
+            assert second["loss"] != first["loss"], (first, second)
+            assert first["phase"].startswith("training") and second["phase"].startswith("training")
+
+            # Pause while the training cell is busy (its prompt shows [*]): the click is served by a subshell.
+            busy = page.locator(".jp-InputPrompt:has-text('[*]')").count()
+            assert busy >= 1, "the training cell should be running when Pause is clicked"
+            page.click(".dflash-dashboard .dfl-btn-pause")
+            _wait_phase(page, "paused", 30)
+            paused_at = _read(page)["step"]
+            time.sleep(3.0)  # ~6 dashboard refreshes, many step times of the tiny model
+            still = _read(page)
+            assert still["step"] == paused_at, (paused_at, still)
+            path = ARTIFACTS / "dashboard-paused.png"
+            page.locator(".dflash-dashboard").screenshot(path=str(path))
+            shots.append(path)
+
+            page.click(".dflash-dashboard .dfl-btn-run")  # resume
+            _wait_step(page, paused_at + 2, 60)
+            page.click(".dflash-dashboard .dfl-btn-stop")
+            _wait_phase(page, "stopped", 60)
+            stopped_at = _read(page)["step"]
+            # Stop ended the cell: the inspector renders, then the hand-step cell takes 3 more steps.
+            page.wait_for_selector(".dfl-batch", timeout=60_000)
+            _wait_step(page, stopped_at + 3, 60)
+            path = ARTIFACTS / "dashboard-final.png"
+            page.locator(".dflash-dashboard").screenshot(path=str(path))
+            shots.append(path)
+            page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
+            shots.append(ARTIFACTS / "notebook.png")
+        except BaseException:
+            path = ARTIFACTS / "failure.png"  # what the page looked like when the test gave up
+            page.screenshot(path=str(path), full_page=True)
+            shots.append(path)
+            raise
+        finally:
+            ctx.close()
+            for s in shots:
+                print(f"screenshot: {s}")
+            print(f"browser test: {time.monotonic() - t0:.0f} s in the browser")
+    assert stopped_at > paused_at
