@@ -179,7 +179,8 @@ class SpeculativeDecoder:
                 "tokens or lower max_new_tokens.")
 
     def _target_forward(self, ids: torch.Tensor, cache):
-        out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        out = self.target(input_ids=ids, past_key_values=cache, use_cache=True,
+                          output_hidden_states=bool(self.layer_ids))
         feats = None
         if self.layer_ids:
             # DFlash id i = output of decoder layer i = HF hidden_states[i + 1]; no shift.

@@ -1,8 +1,10 @@
 """Speculative decoding: cached drafting == the training forward, lossless greedy output on 20 held-out prompts of
 the tiny target, speculative sampling reproduces the target's distribution, acceptance statistics, bad input."""
 
+import atexit
 import functools
 import math
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -30,6 +32,7 @@ def tiny_trained_run() -> Path:
     from dflash_lab import TrainConfig, Trainer
 
     root = Path(tempfile.mkdtemp(prefix="dflash-spec-"))
+    atexit.register(shutil.rmtree, root, True)
     trainer = Trainer(TrainConfig(**TINY_TRAIN, steps=20, eval_every=10, runs_dir=str(root)), log=lambda *a: None)
     try:
         trainer.step(20)
