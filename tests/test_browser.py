@@ -202,7 +202,7 @@ def test_dashboard_live_in_jupyterlab(lab):
             _wait_phase(page, "stopped", 60)
             stopped_at = _read(page)["step"]
             # Stop ended the cell: the inspector renders, then the hand-step cell takes 3 more steps.
-            page.wait_for_selector(".dfl-batch", timeout=60_000)
+            page.wait_for_selector(".dfi", timeout=60_000)  # dflash_lab.inspector's token-level view
             _wait_step(page, stopped_at + 3, 60)
             path = ARTIFACTS / "dashboard-final.png"
             page.locator(".dflash-dashboard").screenshot(path=str(path))

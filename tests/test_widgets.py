@@ -242,20 +242,6 @@ def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
     assert att.state().step == trainer.step_count
 
 
-def test_batch_view_marks_mask_anchors_and_blocks(live):
-    from widgets import batch_html
-
-    _, trainer = live
-    batch = trainer.last_batch
-    html = str(batch_html(trainer.tokenizer, batch, 1))
-    n_valid = int(batch.anchor_valid[1].sum())
-    assert f"{n_valid} valid anchors of 12, block size 8" in html
-    assert html.count("<tr><td>") == n_valid  # one table row per valid block
-    assert html.count("border:2px solid #cf222e;margin") == len(set(batch.anchors[1][batch.anchor_valid[1]].tolist()))
-    with pytest.raises(IndexError, match="holds 4 sequences"):
-        batch_html(trainer.tokenizer, batch, 9)
-
-
 # -- headless: papermill runs explore.ipynb; the saved notebook holds a PNG and no widget state ---------------------
 def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     import nbformat
@@ -276,10 +262,24 @@ def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     train_cell = next(c for c in nb.cells if c.cell_type == "code" and "view.callback" in c.source)
     assert any("step 6/6" in o.get("text", "") for o in train_cell.outputs)  # the compact progress line
-    inspect_cell = next(c for c in nb.cells if c.cell_type == "code" and "batch_html(" in c.source)
-    assert "dfl-batch" in inspect_cell.outputs[0].data["text/html"]
+    inspect_cell = next(c for c in nb.cells if c.cell_type == "code" and "SampleView(" in c.source)
+    assert "class='dfi'" in inspect_cell.outputs[0].data["text/html"]  # the token-level view of the last batch
     run_dir = next((tmp_path / "runs").iterdir())
     system = [json.loads(x) for x in (run_dir / "system.jsonl").read_text().splitlines()]
     assert system and system[0]["no_gpu"] is True
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[:4] == [1, 2, 4, 6]
+
+
+def test_model_side_imports_without_jupyter_packages():
+    """widgets.overhead / model / sources / controls run on GPU servers without ipywidgets, plotly or IPython."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('ipywidgets', 'plotly', 'anywidget', 'IPython'): sys.modules[m] = None\n"
+            "import widgets, widgets.overhead, widgets.model, widgets.sources, widgets.controls, widgets.builder\n"
+            "assert widgets.DashboardModel is widgets.model.DashboardModel\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -9,7 +9,7 @@ Reads dflash_lab's public API and ring buffers; dflash_lab never imports this pa
 so `widgets.model` and `widgets.overhead` work where ipywidgets / plotly are not installed (GPU servers).
 """
 
-__all__ = ["TrainingView", "AttachedView", "DashboardModel", "DashboardState", "dashboard_mode", "batch_html"]
+__all__ = ["TrainingView", "AttachedView", "DashboardModel", "DashboardState", "dashboard_mode"]
 
 
 def __getattr__(name):
@@ -25,8 +25,4 @@ def __getattr__(name):
         from .env import dashboard_mode
 
         return dashboard_mode
-    if name == "batch_html":
-        from .batch_view import batch_html
-
-        return batch_html
     raise AttributeError(f"module 'widgets' has no attribute {name!r}")

@@ -62,11 +62,12 @@ class LiveDashboard:
     """Widgets + refresh thread over a source (TrainerSource / RunDirSource) and a DashboardModel."""
 
     def __init__(self, source, model: DashboardModel, *, buttons: dict | None = None, refresh_hz: float = 2.0,
-                 title: str = ""):
+                 title: str = "", lr: float = 3e-4):
         if not 0 < refresh_hz <= 2.0:
             raise ValueError(f"refresh_hz={refresh_hz}: use 0 < refresh_hz <= 2 (plotly resends whole curves; "
                              "faster refreshes cost the kernel more than they show).")
         self.source, self.model = source, model
+        self.initial_lr = lr  # what the Set LR box shows first (the config's peak lr)
         self.period = 1.0 / refresh_hz
         self.header = W.HTML()
         self.replicas = W.HTML()
@@ -132,7 +133,7 @@ class LiveDashboard:
             n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="90px"))
             row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps in the background"), n]
         if "set_lr" in buttons:
-            lr = W.FloatText(value=float(self.model.last.get("lr") or 3e-4), layout=W.Layout(width="110px"))
+            lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="110px"))
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
         for w in row:
             route_to_frontend_subshell(w)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 from dataclasses import dataclass, field
 
 # A side that waits more than this share of a step is worth a GPU move.
@@ -259,10 +260,15 @@ class DashboardModel:
         self._recent: list[dict] = []  # last `balance_window` records (wait fractions, step times)
         self._balance_window = balance_window
         self.placement: tuple[int | None, int | None] = (None, None)  # (target GPUs, drafter GPUs)
+        self._lock = threading.RLock()  # a refresh thread and the notebook's thread may both read and feed it
 
     # -- input --------------------------------------------------------------------------------------------------
     def add_metrics(self, records) -> int:
         """Add metric records in step order; records at or below the last step seen are ignored. Returns #added."""
+        with self._lock:
+            return self._add_metrics(records)
+
+    def _add_metrics(self, records) -> int:
         added = 0
         for r in records:
             step = r.get("step")
@@ -302,7 +308,8 @@ class DashboardModel:
         """Read what is new in a metrics RingBuffer (by step) and the newest monitor sample."""
         added = 0
         if metrics_ring is not None:
-            added = self.add_metrics(new_by_step(metrics_ring.snapshot(), self.last_step))
+            with self._lock:
+                added = self._add_metrics(new_by_step(metrics_ring.snapshot(), self.last_step))
         if system_ring is not None:
             self.add_system(system_ring.last())
         return added
@@ -310,6 +317,10 @@ class DashboardModel:
     # -- output -------------------------------------------------------------------------------------------------
     def state(self, *, phase: str = "training", phase_detail: str = "", error: str | None = None,
               replicas=None, step: int | None = None, total_steps: int | None = None) -> DashboardState:
+        with self._lock:
+            return self._state(phase, phase_detail, error, replicas, step, total_steps)
+
+    def _state(self, phase, phase_detail, error, replicas, step, total_steps) -> DashboardState:
         r = self.last
         total = total_steps or self.total_steps
         step = self.last_step if step is None else max(step, self.last_step)

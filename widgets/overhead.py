@@ -8,15 +8,17 @@ what the live dashboard does each tick: poll the trainer's ring buffer and the m
 render the HTML fragments, and (with --widgets on, the default where ipywidgets + plotly + anywidget import) push
 them into real widgets and one batched plotly FigureWidget update (no browser attached: the comm messages are built
 and dropped). Blocks of --steps-per-block steps alternate off/on (order flipped every repeat) after a warm-up;
-the result is the median steps/s of each mode, their difference, and the measured cost of one monitor sample and
-one refresh (cost x rate = the CPU share the dashboard takes, independent of machine noise). One JSON line on
-stdout.
+the result is the median steps/s of each mode and their difference, the median of the per-repeat on/off ratios
+(robust to a shared machine's drift), process CPU seconds per step in each mode, and the measured cost of one
+monitor sample and one refresh (cost x rate = the CPU share the dashboard takes, independent of machine noise).
+One JSON line on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -92,9 +94,12 @@ def run(args) -> dict:
                       num_anchors=args.num_anchors, batch_size=args.batch_size, log_every=10, runs_dir=str(tmp),
                       run_name="overhead")
     trainer = Trainer(cfg, log=lambda *_: None)
+    if getattr(trainer, "monitor", None) is not None:  # GPU runs start their own sampler: "off" means none at all
+        trainer.monitor.stop()
     print(f"warm-up: {args.warmup} steps on {','.join(args.devices)}", file=sys.stderr)
     trainer.step(args.warmup)
     rates = {"off": [], "on": []}
+    cpu = {"off": [], "on": []}  # process CPU seconds per step (all threads: training + monitor + refresh)
     monitor_costs, refresh_costs = [], []
     monitor_status = None
     for r in range(args.repeats):
@@ -105,9 +110,9 @@ def run(args) -> dict:
                 monitor.start()
                 refresher = _Refresher(trainer, monitor, args.refresh_hz, use_widgets)
                 refresher.start()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             trainer.step(args.steps_per_block)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if mode == "on":
                 refresher.stop()
                 monitor.stop()
@@ -115,19 +120,34 @@ def run(args) -> dict:
                 monitor_status = monitor.status
                 refresh_costs += refresher.costs
             rates[mode].append(args.steps_per_block / dt)
+            cpu[mode].append(dc / args.steps_per_block)
             print(f"repeat {r + 1}/{args.repeats} {mode:>3}: {rates[mode][-1]:.3f} steps/s", file=sys.stderr)
     trainer.close()
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    # Each repeat's on/off pair ran back to back: their ratio cancels slow drifts of a shared machine.
+    paired = statistics.median(1 - b / a for a, b in zip(rates["off"], rates["on"]))
     mon_ms = 1e3 * statistics.median(monitor_costs) if monitor_costs else None
     ref_ms = 1e3 * statistics.median(refresh_costs) if refresh_costs else None
     share = ((mon_ms or 0) * args.monitor_hz + (ref_ms or 0) * args.refresh_hz) / 1e3
+    import torch
+
+    from dflash_lab.rundir import environment_info
+
+    env = environment_info()
+    dev = args.devices[0]
+    name = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else f"cpu x{os.cpu_count()}"
     return {
-        "bench": "dashboard_overhead", "devices": list(args.devices), "target": args.target,
+        "bench": "dashboard_overhead", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": env.get("git_commit"), "torch": env.get("torch"), "device_name": name,
+        "devices": list(args.devices), "target": args.target,
         "seq_len": args.seq_len, "num_anchors": args.num_anchors, "batch_size": args.batch_size,
         "widgets": use_widgets, "monitor_hz": args.monitor_hz, "refresh_hz": args.refresh_hz,
         "repeats": args.repeats, "steps_per_block": args.steps_per_block,
         "steps_per_s_off_median": round(off, 4), "steps_per_s_on_median": round(on, 4),
         "slowdown_pct": round(100 * (off - on) / off, 3),
+        "paired_slowdown_pct_median": round(100 * paired, 3),
+        "cpu_s_per_step_off_median": round(statistics.median(cpu["off"]), 5),
+        "cpu_s_per_step_on_median": round(statistics.median(cpu["on"]), 5),
         "off_runs": [round(x, 4) for x in rates["off"]], "on_runs": [round(x, 4) for x in rates["on"]],
         "monitor_sample_ms_median": None if mon_ms is None else round(mon_ms, 4),
         "refresh_ms_median": None if ref_ms is None else round(ref_ms, 4),
@@ -159,8 +179,9 @@ def main(argv=None) -> int:
         with open(args.out, "a") as f:
             f.write(line + "\n")
     print(f"steps/s off {res['steps_per_s_off_median']:.3f}, on {res['steps_per_s_on_median']:.3f}: "
-          f"slowdown {res['slowdown_pct']:+.2f}% (dashboard CPU share {res['dashboard_cpu_share_pct']:.3f}%)",
-          file=sys.stderr)
+          f"slowdown {res['slowdown_pct']:+.2f}% (median of paired repeats {res['paired_slowdown_pct_median']:+.2f}%); "
+          f"CPU s/step off {res['cpu_s_per_step_off_median']:.4f}, on {res['cpu_s_per_step_on_median']:.4f}; "
+          f"dashboard CPU share {res['dashboard_cpu_share_pct']:.3f}%", file=sys.stderr)
     return 0
 
 

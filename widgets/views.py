@@ -75,7 +75,7 @@ class _View:
     why: str
 
     def __init__(self, source, model: DashboardModel, *, mode: str | None, refresh_hz: float, static_every_s: float,
-                 buttons: dict | None, title: str):
+                 buttons: dict | None, title: str, lr: float = 3e-4):
         if mode is None:
             mode, why = dashboard_mode()
         else:
@@ -88,7 +88,7 @@ class _View:
         if mode == "live":
             from .dashboard import LiveDashboard
 
-            self.live = LiveDashboard(source, model, buttons=buttons, refresh_hz=refresh_hz, title=title)
+            self.live = LiveDashboard(source, model, buttons=buttons, refresh_hz=refresh_hz, title=title, lr=lr)
         else:
             self.static = StaticDisplay(source, model, every_s=static_every_s)
 
@@ -159,7 +159,7 @@ class TrainingView(_View):
                    "step_n": c.step_n, "set_lr": c.set_lr}
         self.source = TrainerSource(trainer, self.monitor, self.controls, builder=self.builder)
         super().__init__(self.source, model, mode=mode, refresh_hz=refresh_hz, static_every_s=static_every_s,
-                         buttons=buttons, title="dflash-lab")
+                         buttons=buttons, title="dflash-lab", lr=getattr(cfg, "lr", 3e-4))
         if trainer is not None:
             self._attach(trainer)
         elif self.mode == "live":
