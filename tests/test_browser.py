@@ -7,6 +7,7 @@ printed. Installs what it needs if missing: chromium via apt-get (~1 min), playw
 `playwright install` (it cannot download browsers here).
 """
 
+import importlib
 import json
 import os
 import shutil
@@ -56,6 +57,7 @@ def _ensure_playwright() -> None:
                              text=True, timeout=600)
         if out.returncode != 0:
             pytest.fail(f"pip install {PLAYWRIGHT_PIN} failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+        importlib.invalidate_caches()  # the package appeared after this interpreter started
 
 
 def _free_port() -> int:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dflash_lab.gpu_monitor import NO_GPU, GpuMonitor, map_cuda_to_nvml, parse_visible_devices
+from dflash_lab.gpu_monitor import NO_GPU, GpuMonitor, _norm_uuid, map_cuda_to_nvml, parse_visible_devices
 
 
 def _nvml_available() -> bool:
@@ -108,5 +108,10 @@ def test_gpu_sample_has_memory_busy_power_and_torch_allocator(tmp_path):
     assert 0 < g["mem_used_gb"] <= g["mem_total_gb"]
     assert 0 <= g["kernel_busy_pct"] <= 100 and g["power_w"] > 0 and 0 < g["temp_c"] < 120
     assert g["torch_allocated_gb"] >= 0.25 and g["torch_reserved_gb"] >= g["torch_allocated_gb"]
-    assert torch.cuda.get_device_properties(0).uuid is not None
+    import pynvml  # the row labelled cuda:0 is the physical GPU whose UUID torch reports for ordinal 0
+
+    pynvml.nvmlInit()
+    nv_uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(g["nvml"]))
+    pynvml.nvmlShutdown()
+    assert _norm_uuid(nv_uuid) == _norm_uuid(str(torch.cuda.get_device_properties(0).uuid))
     del x

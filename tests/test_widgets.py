@@ -242,6 +242,21 @@ def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
     assert att.state().step == trainer.step_count
 
 
+def test_a_diverging_run_shows_failed_with_the_error(live):
+    """Last user of the shared trainer: an absurd LR from the dashboard makes the loss non-finite for real."""
+    view, trainer = live
+    c = view.controls
+    c.set_lr(1e6)
+    c.step_n(20)
+    c.join(120)
+    assert trainer.diverged_at is not None, "lr=1e6 should make the loss non-finite within 20 steps"
+    s = view.state()
+    assert s.phase_text == f"failed: diverged at step {trainer.diverged_at}"
+    assert s.error.startswith("TrainingDiverged: training stopped: loss=")
+    view.refresh()
+    assert "dfl-error" in view.live.header.value and "#cf222e" in view.live.header.value
+
+
 # -- headless: papermill runs explore.ipynb; the saved notebook holds a PNG and no widget state ---------------------
 def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     import nbformat

@@ -10,7 +10,7 @@ import html
 from .model import DashboardState, format_rate
 
 PHASE_COLOURS = {"training": "#1a7f37", "paused": "#9a6700", "stopped": "#57606a", "finished": "#0969da",
-                 "failed": "#cf222e", "ready": "#0969da"}
+                 "failed": "#cf222e", "diverged": "#cf222e", "interrupted": "#9a6700", "ready": "#0969da"}
 
 
 def _v(cls: str, text: str, title: str = "", value=None) -> str:

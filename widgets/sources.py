@@ -65,9 +65,16 @@ def trainer_phase(trainer, controls=None) -> dict:
         if e:
             error = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
             break
+    broken = getattr(getattr(trainer, "engine", None), "broken", None)  # a worker's error (device + step)
+    if error is None and broken is not None:
+        error = f"{type(broken).__name__}: {broken}"
+    if error is None and getattr(trainer, "diverged_at", None) is not None:
+        m = getattr(trainer, "last_metrics", None) or {}
+        error = (f"loss {m.get('loss')} / grad norm {m.get('grad_norm')} not finite at step {trainer.diverged_at}; "
+                 "resume_from the last good checkpoint with a lower lr")
     if controls is not None and controls.error:
         error = controls.error
-    if error and phase not in ("failed",):
+    if error and phase != "failed":
         phase = "failed"
     progress = None
     for name in LOAD_PROGRESS_ATTRS:
@@ -83,6 +90,8 @@ def trainer_phase(trainer, controls=None) -> dict:
         detail = f"{done} of {len(rows)} replicas loaded"
     elif phase == "paused":
         detail = f"at step {getattr(trainer, 'step_count', '?')}"
+    elif phase == "failed" and getattr(trainer, "diverged_at", None) is not None:
+        detail = f"diverged at step {trainer.diverged_at}"
     if controls is not None and controls.message and phase not in ("failed",):
         detail = f"{detail}; {controls.message}" if detail else controls.message
     return {"phase": phase, "phase_detail": detail, "error": error, "replicas": progress,
