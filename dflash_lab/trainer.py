@@ -456,7 +456,7 @@ class Trainer:
         eta = ""
         st = self.throughput.steady_step_time or m.get("step_time_s")
         if st:
-            secs = int(st * (target - self.step_count))
+            secs = int(st * max(0, target - self.step_count))  # past the target (hand steps): ETA 0
             eta = f" | ETA {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s"
         mem = "".join(f" | {k.split('/')[1]} {v:.1f} GiB" for k, v in m.items() if k.startswith("mem_gb/"))
         if not mem and m.get("rss_gb") is not None:
