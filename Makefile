@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python -m dflash_lab.demo --steps $(DEMO_STEPS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not slow and not browser"
