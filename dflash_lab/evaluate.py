@@ -297,8 +297,13 @@ def _check_lengths(dec: SpeculativeDecoder, prompt_sets: dict[str, list[list[int
 def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, temperature: float = 0.0,
              max_new_tokens: int = 128, n_prompts: int | None = 20, untrained: bool = True,
              target: str | None = None, seed: int | None = None, device: str = "auto",
-             enable_thinking: bool | None = None, log=print) -> EvalReport:
-    """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets."""
+             enable_thinking: bool | None = None, threads: int | None = 1, log=print) -> EvalReport:
+    """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets.
+
+    threads: torch CPU threads when the device is the CPU (None = leave torch's setting). Decoding at batch size 1 is
+    latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were ~10x
+    slower than 1 (threads waiting for each other on every small matmul).
+    """
     from .config import TrainConfig
     from .export import load_drafter, train_config_of
     from .targets import load_target, load_tokenizer
@@ -322,6 +327,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     seed = seed if seed is not None else (train_cfg.seed if train_cfg else 0)
     dev = _device(device)
     dtype = resolve_dtype("auto", dev)
+    if dev.type == "cpu" and threads:
+        torch.set_num_threads(threads)
     if temperature < 0:
         raise EvalError(f"temperature={temperature} must be >= 0 (0 = greedy, lossless check on).")
     if max_new_tokens < 1:
@@ -520,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure an untrained drafter of the same shape and seed (default on)")
     ap.add_argument("--target", default=None, help="target model (default: the run's config.json)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda:N")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads on the CPU (default 1: fastest for "
+                    "small targets at batch size 1; 0 = torch's default)")
     ap.add_argument("--notebook", action=argparse.BooleanOptionalAction, default=True,
                     help="execute notebooks/eval.ipynb into <run>/eval.ipynb (default on); --no-notebook "
                          "evaluates in this process")
@@ -531,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         params = {"run": str(args.run), "prompts": args.prompts, "block_size": args.block_size,
                   "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                   "n_prompts": args.n_prompts, "untrained": args.untrained, "target": args.target,
-                  "device": args.device}
+                  "device": args.device, "threads": args.threads or None}
         nb = None
         if args.notebook:
             nb = run_notebook(params, src.run_dir / "eval.ipynb")

@@ -7,7 +7,7 @@ import pytest
 
 from dflash_lab import evaluate as ev
 from dflash_lab.speculative import PromptTooLongError
-from tests.test_speculative import tiny_models, tiny_trained_run
+from tests.test_speculative import one_thread, tiny_models, tiny_trained_run  # noqa: F401 (autouse fixture)
 
 
 def test_prompt_files_formats_and_errors(tmp_path):

@@ -24,6 +24,16 @@ TINY_TRAIN = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_
                   num_draft_layers=2, lr=3e-3, seed=0, log_every=5, run_name="spec-test")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Batch-1 decoding of tiny models is latency-bound: extra intra-op threads only wait for each other (these
+    tests took 11 min with 2 threads vs 36 s with 1 on a busy 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @functools.lru_cache(maxsize=1)
 def tiny_trained_run() -> Path:
     """A run directory with a drafter trained 20 steps on the tiny target (eval_every=10 exercises heldout_tau).
