@@ -168,7 +168,8 @@ class EvalReport:
 
     def tau(self, decoder: str = "trained", prompt_set: str | None = None) -> float:
         """Pooled tau of a decoder over all its iterations (of one prompt set, or of all)."""
-        rows = [r for r in self.rows() if r["decoder"] == decoder and (prompt_set is None or r["prompt_set"] == prompt_set)]
+        rows = [r for r in self.rows()
+                if r["decoder"] == decoder and (prompt_set is None or r["prompt_set"] == prompt_set)]
         if not rows:
             raise KeyError(f"no results for decoder {decoder!r} / prompt set {prompt_set!r}; have "
                            f"{sorted({(r['decoder'], r['prompt_set']) for r in self.rows()})}")
@@ -189,8 +190,9 @@ class EvalReport:
         cols = ["decoder", "prompt_set", "block_size", "prompts", "tau", "tokens_per_s", "speedup",
                 "identical_to_target"]
         fmt = {"tau": "{:.2f}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x"}
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt.get(c, '{}').format(r[c]) if r[c] is not None else '-')}</td>"
-                                        for c in cols) + "</tr>" for r in self.rows())
+        cell = lambda r, c: fmt.get(c, "{}").format(r[c]) if r[c] is not None else "-"  # noqa: E731
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r, c))}</td>" for c in cols) + "</tr>"
+                       for r in self.rows())
         return (f"<p>step {self.step} of {html.escape(self.run_dir)}, T={self.temperature}, "
                 f"max_new_tokens={self.max_new_tokens}</p><table><tr>"
                 + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{body}</table>")
@@ -223,6 +225,8 @@ class EvalReport:
 
         d.mkdir(parents=True, exist_ok=True)
         write_json(d / EVAL_FILE, self.to_dict())
+        from .eval_plots import plot_eval
+
         paths = {"json": d / EVAL_FILE}
         paths.update(plot_eval(self, d / "plots"))
         return paths
@@ -390,77 +394,6 @@ def heldout_tau(source, prompts=None, block_size: int | None = None, max_new_tok
     finally:
         drafter.train(was_training)
     return sum(accepted) / len(accepted) + 1 if accepted else 1.0
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Plots (matplotlib Figure objects, no pyplot state: PNG files that render on GitHub)
-# ------------------------------------------------------------------------------------------------------------------
-
-def plot_eval(report: EvalReport, out_dir: str | Path) -> dict[str, Path]:
-    """eval_tau.png (tau per prompt set and decoder), eval_acceptance.png (histogram + per-slot rate),
-    eval_speedup.png; returns their paths."""
-    from matplotlib.figure import Figure
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in report.rows() if r["decoder"] != BASELINE]
-    decoders = list(dict.fromkeys(r["decoder"] for r in rows))
-    sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
-    width = 0.8 / max(1, len(decoders))
-    colors = {"trained": "tab:blue", "untrained": "tab:gray"}
-    paths = {}
-
-    fig = Figure(figsize=(6, 3.6), dpi=110)
-    ax = fig.add_subplot()
-    for j, d in enumerate(decoders):
-        vals = [next((r["tau"] for r in rows if r["decoder"] == d and r["prompt_set"] == s), 0) for s in sets]
-        bars = ax.bar([i + j * width for i in range(len(sets))], vals, width, label=d, color=colors.get(d))
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.axhline(1.0, color="k", lw=0.6, ls=":")
-    ax.set_xticks([i + width * (len(decoders) - 1) / 2 for i in range(len(sets))], sets)
-    ax.set_ylabel("tau (accepted + 1 per iteration)")
-    ax.set_ylim(0, report.block_size + 0.5)
-    ax.set_title(f"Acceptance length, B={report.block_size}, T={report.temperature}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["tau"] = out / "eval_tau.png"
-    fig.savefig(paths["tau"])
-
-    fig = Figure(figsize=(9, 3.6), dpi=110)
-    ax1, ax2 = fig.subplots(1, 2)
-    for j, d in enumerate(decoders):
-        hist, rate = report.acceptance(d)
-        n = max(1, sum(hist))
-        ax1.bar([a + j * width for a in range(report.block_size)], [h / n for h in hist], width, label=d,
-                color=colors.get(d))
-        ax2.plot(range(1, report.block_size), rate, marker="o", label=d, color=colors.get(d))
-    ax1.set_xlabel("draft tokens accepted in an iteration")
-    ax1.set_ylabel("fraction of iterations")
-    ax1.set_title("Acceptance histogram")
-    ax2.set_xlabel("block slot k")
-    ax2.set_ylabel("P(slot k accepted)")
-    ax2.set_ylim(0, 1.02)
-    ax2.set_title("Acceptance per block position")
-    ax1.legend(fontsize=8)
-    fig.tight_layout()
-    paths["acceptance"] = out / "eval_acceptance.png"
-    fig.savefig(paths["acceptance"])
-
-    fig = Figure(figsize=(6, 3.6), dpi=110)
-    ax = fig.add_subplot()
-    for j, d in enumerate(decoders):
-        vals = [next((r["speedup"] or 0 for r in rows if r["decoder"] == d and r["prompt_set"] == s), 0) for s in sets]
-        bars = ax.bar([i + j * width for i in range(len(sets))], vals, width, label=d, color=colors.get(d))
-        ax.bar_label(bars, fmt="%.2fx", fontsize=8)
-    ax.axhline(1.0, color="k", lw=0.6, ls=":")
-    ax.set_xticks([i + width * (len(decoders) - 1) / 2 for i in range(len(sets))], sets)
-    ax.set_ylabel("speedup vs target alone (B=1)")
-    ax.set_title("Wall-clock speedup (same loop, block size 1 = baseline)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["speedup"] = out / "eval_speedup.png"
-    fig.savefig(paths["speedup"])
-    return paths
 
 
 def load_report(run_dir: str | Path) -> dict:

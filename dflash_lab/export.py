@@ -137,7 +137,8 @@ def resolve_drafter(path: str | Path) -> DrafterSource:
     looked: list[str] = []
     if not p.exists():
         raise DrafterNotFoundError(f"{p} does not exist. Pass a run directory (runs/<stamp>-<name>-<id>/), a "
-                                   f"checkpoint directory holding {WEIGHTS}, an exported directory, or a .safetensors file.")
+                                   f"checkpoint directory holding {WEIGHTS}, an exported directory, or a "
+                                   ".safetensors file.")
     if p.is_file():
         if p.suffix != ".safetensors":
             raise DrafterNotFoundError(f"{p} is not a .safetensors file. Pass a run directory, a checkpoint directory "
@@ -189,11 +190,12 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype:
 
 def _load_state(drafter: DFlashDrafter, state: dict, where: str) -> None:
     want = export_state_names(drafter.config)
-    got = set(state)
+    got = {k for k in state if not k.startswith("rotary_emb.")}  # RoPE tables are recomputed, never learned
     missing, extra = sorted(set(want) - got), sorted(got - set(want))
     if missing or extra:
-        raise ValueError(f"{where} does not match the drafter config: missing {missing[:6]}{'...' if len(missing) > 6 else ''}, "
-                         f"unexpected {extra[:6]}{'...' if len(extra) > 6 else ''}. Fix: pass the weights together with "
+        more = lambda xs: f"{xs[:6]}{'...' if len(xs) > 6 else ''}"  # noqa: E731
+        raise ValueError(f"{where} does not match the drafter config: missing {more(missing)}, unexpected "
+                         f"{more(extra)}. Fix: pass the weights together with "
                          "the drafter_config.json / config.json they were saved with.")
     own = drafter.state_dict()
     for k in want:
@@ -303,7 +305,8 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     from safetensors.torch import save_file
 
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not supported. Fix: use one of {sorted(_DTYPES)} (serving uses bfloat16).")
+        raise ValueError(f"dtype={dtype!r} is not supported. Fix: use one of {sorted(_DTYPES)} "
+                         "(serving uses bfloat16).")
     src, drafter = load_drafter(source)
     out = Path(out_dir).expanduser()
     if out.resolve() == src.run_dir.resolve() and src.kind != "exported":

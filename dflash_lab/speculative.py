@@ -169,13 +169,14 @@ class SpeculativeDecoder:
     # ---------------------------------------------------------------------------------------------------------
     def check_prompt(self, prompt_len: int, max_new_tokens: int, *, name: str = "prompt") -> None:
         need = prompt_len + max_new_tokens + self.block_size
+        room = self.max_positions - max_new_tokens - self.block_size
         if prompt_len < 1:
             raise ValueError(f"{name} is empty (0 tokens). Fix: pass at least one token.")
         if need > self.max_positions:
             raise PromptTooLongError(
                 f"{name} has {prompt_len} tokens; with max_new_tokens={max_new_tokens} and block_size="
                 f"{self.block_size} it needs {need} positions, but the target's context is {self.max_positions} "
-                f"(max_position_embeddings). Fix: shorten the prompt to <= {self.max_positions - max_new_tokens - self.block_size} "
+                f"(max_position_embeddings). Fix: shorten the prompt to <= {room} "
                 "tokens or lower max_new_tokens.")
 
     def _target_forward(self, ids: torch.Tensor, cache):

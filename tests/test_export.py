@@ -126,7 +126,8 @@ def test_resolver_prefers_best_then_newest_and_lists_what_it_looked_for(tmp_path
     empty.mkdir()
     with pytest.raises(export.DrafterNotFoundError) as e:
         export.resolve_drafter(empty)
-    assert "checkpoints/step-*/drafter.safetensors" in str(e.value) and "checkpoints/drafter.safetensors" in str(e.value)
+    msg = str(e.value)
+    assert "checkpoints/step-*/drafter.safetensors" in msg and "checkpoints/drafter.safetensors" in msg
     lone = tmp_path / "lone.safetensors"
     save_file({"x": torch.zeros(1)}, str(lone))
     with pytest.raises(export.DrafterNotFoundError, match="no drafter_config.json"):

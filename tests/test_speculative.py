@@ -198,7 +198,8 @@ def test_sampled_speculative_decoding_matches_target_distribution():
         batch = torch.tensor([ids + [int(t)] for t in top])
         p2 = torch.softmax(target(batch).logits[:, -1] / T, -1)  # (k, V)
     joint = (p1[top, None] * p2).flatten()
-    exact = {(int(top[i // p2.shape[1]]), i % p2.shape[1]): float(joint[i]) for i in torch.nonzero(joint > 1e-6).flatten().tolist()}
+    V = p2.shape[1]
+    exact = {(int(top[i // V]), i % V): float(joint[i]) for i in torch.nonzero(joint > 1e-6).flatten().tolist()}
     keys = set(exact) | set(counts)
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in keys)
     expected = _expected_tv(torch.tensor(list(exact.values())), n)
