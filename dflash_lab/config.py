@@ -201,6 +201,9 @@ class TrainConfig:
     """Thinking mode passed to the chat template (must match serving); None = the template's default."""
     data_errors: str = "skip"
     """Unusable records: "skip" (counted with file:line in data_report.json) or "raise" (stop at the first)."""
+    feature_cache: str | None = None
+    """Directory of an offline feature cache (`python -m dflash_lab.feature_cache`): features are read from it
+    instead of running the target's layers (only its embedding and LM head are used). None = online features."""
     run_name: str = "run"
     """Short name used in the run directory `runs/<UTC stamp>-<run_name>-<id>/`."""
     runs_dir: str = "runs"

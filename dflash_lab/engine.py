@@ -169,7 +169,8 @@ class TargetReplica:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.extractor.decoder.embed_tokens.weight.dtype
+        dtype = getattr(self.extractor, "dtype", None)  # CachedFeatureExtractor: the cache's compute dtype
+        return dtype if dtype is not None else self.extractor.decoder.embed_tokens.weight.dtype
 
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(b, S) host ids -> (b, S, n*H) on this device; in graph mode the static output (valid until next call)."""
@@ -719,8 +720,17 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     cfg = config
     base = _initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
     state = base.state_dict()
-    replicas = [TargetReplica(i, torch.device(d), FeatureExtractor(m, drafter_config.target_layer_ids),
-                              cuda_graphs=cfg.cuda_graphs, log=log)
+    def extractor(device, model):
+        if not cfg.feature_cache:  # online: run the target up to its last needed layer
+            return FeatureExtractor(model, drafter_config.target_layer_ids)
+        from .feature_cache import CachedFeatureExtractor  # offline: read features, run no target layer
+
+        return CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids,
+                                      dtype=embedding_of(model).weight.dtype)
+
+    # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
+    replicas = [TargetReplica(i, torch.device(d), extractor(d, m), cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache,
+                              log=log)
                 for i, (d, m) in enumerate(zip(placement.target_devices, targets))]
     workers = []
     for i, name in enumerate(placement.drafter_devices):

@@ -148,3 +148,29 @@ def test_errors_name_the_problem_and_the_fix(setup, cache_dir, tmp_path, monkeyp
     with pytest.raises(DataError, match=r"needs ~0.00 GiB more but .* has 0.00 GiB free. Fix: free disk space"):
         write_feature_cache(tmp_path / "full", data, target=model, layer_ids=LAYERS, log=logs.append)
     assert "GiB in" in logs[0] and not list((tmp_path / "full").glob("*.safetensors"))  # estimate shown, nothing written
+
+
+def test_trainer_trains_from_the_cache_like_from_the_live_target(setup, tmp_path):
+    """TrainConfig.feature_cache: the Trainer reads features from the cache (no target layer runs) and logs the same
+    losses as with online features."""
+    from dflash_lab import TrainConfig, Trainer
+    from dflash_lab.chat_formats import ChatData
+    from dflash_lab.data import read_conversations, resolve_data_path, tokenize_dataset
+
+    tok, model, _ = setup
+    convs = read_conversations(resolve_data_path("tiny")).conversations[:8]
+    data_file = tmp_path / "small.jsonl"
+    data_file.write_text("".join(json.dumps({"messages": c.messages}) + "\n" for c in convs))
+    kw = dict(target="tiny", data=str(data_file), seq_len=128, batch_size=4, block_size=8, num_anchors=6,
+              num_draft_layers=1, target_layer_ids=LAYERS, steps=3, lr=1e-3)
+    data = tokenize_dataset(tok, ChatData(convs), seq_len=128, block_size=8)
+    write_feature_cache(tmp_path / "cache", data, target=model, layer_ids=LAYERS, log=lambda *a: None)
+    losses = []
+    for cache in (None, str(tmp_path / "cache")):
+        tr = Trainer(TrainConfig(**kw, feature_cache=cache), write_run_dir=False, log=lambda *a: None)
+        if cache:
+            assert type(tr.engine.targets[0].extractor).__name__ == "CachedFeatureExtractor"
+        tr.step(3)
+        losses.append([r["loss"] for r in tr.history])
+        tr.close()
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
