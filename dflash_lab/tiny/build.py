@@ -270,15 +270,23 @@ def build(out: Path = ASSETS_DIR, force: bool = False, log=print) -> Path:
     torch.use_deterministic_algorithms(True)
 
     log(f"[1/5] generating {N_TRAIN} train + {N_HELDOUT} held-out conversations (seed {SEED})")
-    train_convs, heldout = tasks.make_datasets(SEED, N_TRAIN, N_HELDOUT)
+    train_convs, heldout = tasks.make_datasets(SEED, N_TRAIN, N_HELDOUT + 50)  # spares for the length filter
 
     log(f"[2/5] training a byte-level BPE tokenizer (vocab {BPE_VOCAB})")
     tokenizer = train_tokenizer(train_convs)
-    for name, convs in (("train", train_convs), ("heldout", heldout)):
-        short = [c for c in convs if assistant_content_tokens(tokenizer, c) < MIN_ASSISTANT_TOKENS]
-        if short:
-            raise RuntimeError(f"{len(short)} {name} conversations have < {MIN_ASSISTANT_TOKENS} assistant tokens, "
-                               f"e.g. {short[0]}; lengthen that task in dflash_lab/tiny/tasks.py")
+    # A few short draws (e.g. 8 numbered lines) fall under MIN_ASSISTANT_TOKENS: drop them, counted, and keep
+    # exactly N_HELDOUT held-out conversations from the spares.
+    def long_enough(convs: list[dict]) -> list[dict]:
+        return [c for c in convs if assistant_content_tokens(tokenizer, c) >= MIN_ASSISTANT_TOKENS]
+
+    n_train, n_heldout = len(train_convs), len(heldout)
+    train_convs, heldout = long_enough(train_convs), long_enough(heldout)[:N_HELDOUT]
+    log(f"      dropped {n_train - len(train_convs)} train conversations with < {MIN_ASSISTANT_TOKENS} assistant "
+        f"tokens; held-out: {len(heldout)} of {n_heldout} drawn")
+    if len(heldout) < N_HELDOUT:
+        raise RuntimeError(f"only {len(heldout)} held-out conversations have >= {MIN_ASSISTANT_TOKENS} assistant "
+                           "tokens; lengthen the short tasks in dflash_lab/tiny/tasks.py")
+    for convs in (train_convs, heldout):
         if any("<|mask|>" in m["content"] for c in convs for m in c["messages"]):
             raise RuntimeError("the DFlash mask token <|mask|> occurs in the data; it must stay unused")
 
