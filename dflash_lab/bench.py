@@ -110,7 +110,8 @@ def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool)
 
 def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placement, variant: str, env: dict,
                 load_report: dict, estimate: dict) -> dict:
-    from .engine import build_engine
+    from .engine_build import build_engine
+    from .engine_metrics import engine_flops
 
     cuda_graphs, compile_drafter = VARIANTS[variant]
     cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter)
@@ -169,7 +170,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
     b, S = args.batch_size, shape["seq_len"]
     tps = b * S / step_s
     m = engine.metrics(tokens_per_s=tps)
-    flops = engine.flops_per_sequence()
+    flops = engine_flops(engine)
     row = {
         "shape": args.shape, "variant": variant, "cuda_graphs": cuda_graphs, "compile_drafter": compile_drafter,
         "target": shape["target"], "seq_len": S, "num_anchors": shape["num_anchors"], "block_size": shape["block_size"],

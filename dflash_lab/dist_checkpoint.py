@@ -8,7 +8,6 @@ The files are exactly a notebook Trainer's, so either can resume the other's che
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -16,12 +15,6 @@ import torch
 
 from . import checkpoint, rundir
 from .distributed import full_tensor, shard_like
-
-
-def data_fingerprint(data, sampler) -> dict:
-    """What must not change between a checkpoint and its resume for step k to see the same batch."""
-    return {"num_samples": len(data), "steps_per_epoch": sampler.steps_per_epoch,
-            "lengths_sha1": hashlib.sha1(data.lengths.numpy().tobytes()).hexdigest()}
 
 
 def gather_full_state(drafter: torch.nn.Module, optimizer, names: list[str], *,

@@ -311,7 +311,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     from .config import TrainConfig
     from .export import load_drafter, train_config_of
     from .targets import load_target, load_tokenizer
-    from .trainer import resolve_dtype
+    from .prepare import resolve_dtype
 
     if not str(run).strip():
         raise EvalError("run is empty. Fix: pass the run directory (runs/<stamp>-<name>-<id>/), a checkpoint "

@@ -22,14 +22,17 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, dist_checkpoint, rundir
-from .config import ConfigError, DrafterConfig, TrainConfig
-from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
+from .config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
-from .engine import _initial_drafter
+from .engine_build import initial_drafter
 from .metrics import MetricsLogger, Throughput
-from .optim import MasterAdamW, lr_at
+from .optim import MasterAdamW
+from .placement import make_placement
+from .prepare import prepare_run
+from .progress import progress_line
+from .resume import checkpoint_state
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
-from .targets import FeatureExtractor, load_target, load_target_config, load_tokenizer
+from .targets import load_target
 
 STOP_FILE = "STOP"
 CHECKPOINT_FILE = "CHECKPOINT"  # touch it to request a checkpoint at the next step boundary
@@ -40,17 +43,14 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
-
-
 class RankTrainer:
     """The training loop of one rank. Build, `train()`, `close()`; rank 0 also owns the run directory's files."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print, checkpoints: bool = True):
-        self.cfg, self.ctx, self.run_dir = cfg, ctx, Path(run_dir)
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print, checkpoints: bool = True,
+                 explicit=None):
+        """`explicit`: on resume, the config fields set on the command line (`--steps`); only these override the
+        checkpoint's config (resume.py)."""
+        self.ctx, self.run_dir = ctx, Path(run_dir)
         self.checkpoints = checkpoints  # False: benchmarks that must not spend minutes writing optimizer state
         self.log = (lambda *a: log(*a, flush=True)) if log is print else log
         self.phase = "loading"
@@ -58,36 +58,22 @@ class RankTrainer:
         if cfg.batch_size % ctx.num_drafters:
             raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
                               f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
-        self.resume = None
-        if cfg.resume_from and ctx.is_drafter:
-            self.resume = checkpoint.load_checkpoint(cfg.resume_from)
-            diffs = checkpoint.config_differences(self.resume.state["config"], cfg.to_dict())
-            if diffs:
-                raise ConfigError(checkpoint.format_differences(self.resume.path, diffs))
-        torch.manual_seed(cfg.seed)
-        self.dtype = _dtype(cfg.dtype, dev)
-        self.attention = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "sdpa")
-
-        self.tokenizer = load_tokenizer(cfg.target)
+        # The same preparation as the notebook Trainer (prepare.py): data format, error policy, thinking mode,
+        # feature cache and resume rules hold here by construction. This rank's placement is its own device.
+        log_main = self.log if ctx.is_main else None  # every rank tokenizes; rank 0 reports
+        self.prepared = prep = prepare_run(cfg, explicit=explicit, placement=make_placement((str(dev),)),
+                                           log=log_main, check_memory=False)
+        self.cfg = self.config = cfg = prep.config
+        self.resume, self.schedule = prep.resume, prep.schedule
+        self.dtype, self.attention = prep.dtype(dev), prep.attention(dev)
+        self.tokenizer, self.drafter_config = prep.tokenizer, prep.drafter_config
+        self.data, self.sampler = prep.data, prep.sampler
         self.target = None
         if ctx.is_target:  # same seed as the threaded Trainer: bench:* targets get identical random weights
             self.target = load_target(cfg.target, device=dev, dtype=self.dtype, seed=cfg.seed, progress_every_s=10.0,
                                       replica=ctx.layout.target_ranks.index(ctx.rank),
                                       progress=lambda p: self.log(f"[rank {ctx.rank}] {p.line()}"))
-        target_config = self.target.config if self.target is not None else load_target_config(cfg.target)
-        mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(self.tokenizer, "mask_token_id", None)
-        self.drafter_config = dc = DrafterConfig.from_target(
-            target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
-            target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
-        self.extractor = FeatureExtractor(self.target, dc.target_layer_ids) if self.target is not None else None
-
-        conversations = read_conversations(resolve_data_path(cfg.data))
-        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size,
-                                     log=self.log if ctx.is_main else None)  # every rank tokenizes; rank 0 reports
-        self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
-                                    block_size=cfg.block_size, mask_token_id=dc.mask_token_id,
-                                    gamma=cfg.resolved_gamma, seed=cfg.seed)
+        self.extractor = prep.feature_extractor(self.target, dev) if self.target is not None else None
         self.part_size = cfg.batch_size // ctx.num_drafters
 
         self.embed, self.head = share_frozen_head(ctx, self.target, self.dtype)  # drafter ranks only
@@ -95,7 +81,7 @@ class RankTrainer:
         if ctx.is_drafter:
             self._build_drafter()
         self.step_count = 0
-        if self.resume is not None:
+        if self.resume is not None and ctx.is_drafter:  # data and drafter shape were checked in prepare_run
             self._restore(self.resume)
         self.step_count = ctx.broadcast_int(self.step_count)  # target-only ranks learn the resumed step here
 
@@ -118,7 +104,7 @@ class RankTrainer:
         cfg, ctx = self.cfg, self.ctx
         # The threaded engine's seeded init, on this rank's device (a CUDA generator on GPUs: identical on every
         # rank and to a Trainer's replicas on the same kind of device).
-        drafter = _initial_drafter(self.drafter_config, cfg.seed, ctx.device)
+        drafter = initial_drafter(self.drafter_config, cfg.seed, ctx.device)
         if ctx.config.parallel == "fsdp2":
             drafter.to(device=ctx.device)  # fp32 shards ARE the masters; compute dtype comes from the FSDP policy
             model = wrap_fsdp2(drafter, ctx, self.dtype)
@@ -259,8 +245,7 @@ class RankTrainer:
         cfg, ctx, dc = self.cfg, self.ctx, self.drafter_config
         batch = self.sampler.batch(step)
         part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
-        lr = lr_at(step, peak=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
-                   min_ratio=cfg.min_lr_ratio)
+        lr = self.schedule.lr(step)
         cuda = ctx.device.type == "cuda"
         if ctx.layout.colocated:
             features = self.extractor(part.input_ids)  # (b, S, n*H)
@@ -339,21 +324,8 @@ class RankTrainer:
         if not ctx.is_main:
             return None
         rng_tensors, rng_meta = checkpoint.rng_state([ctx.device])
-        epoch, index = self.sampler.position(self.step_count)
-        state = {
-            "format_version": checkpoint.FORMAT_VERSION, "step": self.step_count, "reason": reason, "time": time.time(),
-            "loss": (self.last_metrics or {}).get("loss"),
-            "loss_avg": sum(self.recent_losses) / len(self.recent_losses) if self.recent_losses else None,
-            "data": {"epoch": epoch, "index_in_epoch": index,
-                     **dist_checkpoint.data_fingerprint(self.data, self.sampler)},
-            "scheduler": {"next_step": self.step_count, "lr_override": None, "total_steps": cfg.steps,
-                          "warmup_steps": cfg.warmup_steps,
-                          "next_lr": lr_at(self.step_count, peak=cfg.lr, total_steps=cfg.steps,
-                                           warmup_steps=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio)},
-            "optimizer": {"param_names": self.param_names, "param_groups": groups},
-            "rng": rng_meta, "config": cfg.to_dict(), "drafter_config": self.drafter_config.to_dict(),
-            "distributed": ctx.describe(),
-        }
+        state = checkpoint_state(self, reason, self.recent_losses, names=self.param_names, groups=groups,
+                                 rng=rng_meta, extra={"distributed": ctx.describe()})
         files = {checkpoint.DRAFTER_FILE: weights, checkpoint.OPTIMIZER_FILE: opt_tensors,
                  checkpoint.RNG_FILE: rng_tensors}
         path = dist_checkpoint.write(self.run_dir, self.step_count, files, state, keep=cfg.keep_checkpoints,
@@ -368,11 +340,6 @@ class RankTrainer:
         if names != self.param_names:
             raise ConfigError(f"checkpoint {resume.path} holds parameters {names[:4]}... that do not match this "
                               "drafter's. Fix: resume with the config the checkpoint was trained with.")
-        fp = dist_checkpoint.data_fingerprint(self.data, self.sampler)
-        old = resume.state.get("data", {})
-        diffs = [(f"data.{k}", old.get(k), v) for k, v in fp.items() if k in old and old.get(k) != v]
-        if diffs:
-            raise ConfigError(checkpoint.format_differences(resume.path, diffs))
         if self.ctx.config.parallel == "fsdp2":
             dist_checkpoint.restore_sharded(self.optimizer, names, resume.optimizer)
         else:
@@ -385,19 +352,8 @@ class RankTrainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def progress_line(self) -> str:
-        m = self.last_metrics or {}
-        tps = m.get("steady_tokens_per_s") or m.get("tokens_per_s") or 0.0
-        state = "" if m.get("throughput_state") == "steady" else " (warming up)"
-        eta = ""
-        st = self.throughput.steady_step_time or m.get("step_time_s")
-        if st:
-            secs = int(st * (self.cfg.steps - self.step_count))
-            eta = f" | ETA {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s"
-        mem = max((v for k, v in m.items() if k.startswith("mem_gb/")), default=None)
-        wait = f" | feature wait {m['feature_wait_frac']:.0%}" if "feature_wait_frac" in m else ""
-        return (f"step {self.step_count}/{self.cfg.steps} | {tps / 1e3:.1f}k tok/s{state} on {self.ctx.world_size} "
-                f"ranks | loss {m.get('loss', float('nan')):.4f} | acc {m.get('acc', 0):.3f} | sim tau "
-                f"{m.get('sim_tau', 1):.2f}" + (f" | max mem {mem:.1f} GiB" if mem is not None else "") + wait + eta)
+        return progress_line(self.last_metrics or {}, step=self.step_count, target=self.cfg.steps,
+                             steady_step_time=self.throughput.steady_step_time, ranks=self.ctx.world_size)
 
     def _status(self, phase: str, **extra) -> None:
         rundir.write_json(self.run_dir / STATUS_FILE, {

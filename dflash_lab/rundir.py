@@ -32,6 +32,20 @@ SYSTEM_FILE = "system.jsonl"
 EVENTS_FILE = "events.jsonl"
 ENV_FILE = "env.json"
 NOTEBOOK_ENV = "DFLASH_NOTEBOOK_OUTPUT"  # set by an in-process papermill.execute_notebook caller (see README)
+RUNS_ENV = "DFLASH_LAB_RUNS"  # where runs go when runs_dir is left at its default "runs"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout holding dflash_lab/ and notebooks/
+
+
+def resolve_runs_dir(runs_dir: str | Path = "runs") -> Path:
+    """Where `runs_dir` points, independent of the process's working directory (a notebook kernel runs in
+    notebooks/): an absolute path as is; the default "runs" -> $DFLASH_LAB_RUNS if set, else <project>/runs; any
+    other relative path -> under the project root. So `python -m dflash_lab.runs list` sees every run."""
+    path = Path(runs_dir).expanduser()
+    if path.is_absolute():
+        return path
+    if str(runs_dir) == "runs" and os.environ.get(RUNS_ENV):
+        return Path(os.environ[RUNS_ENV]).expanduser().resolve()
+    return PROJECT_ROOT / path
 PACKAGES = ("dflash-lab", "torch", "transformers", "safetensors", "numpy", "nvidia-ml-py", "papermill", "nbclient",
             "ipykernel", "ipywidgets", "jupyterlab", "plotly", "matplotlib", "pandas")
 
@@ -39,7 +53,7 @@ PACKAGES = ("dflash-lab", "torch", "transformers", "safetensors", "numpy", "nvid
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
-    path = Path(runs_dir) / f"{stamp}-{safe}-{secrets.token_hex(3)}"
+    path = resolve_runs_dir(runs_dir) / f"{stamp}-{safe}-{secrets.token_hex(3)}"
     (path / "checkpoints").mkdir(parents=True)
     (path / "plots").mkdir()
     return path

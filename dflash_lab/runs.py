@@ -33,7 +33,7 @@ def is_run_dir(path: Path) -> bool:
 
 def list_runs(runs_dir: str | Path = "runs", *, newest_first: bool = True) -> list[Path]:
     """Run directories under `runs_dir` (those with a config.json), ordered by their UTC stamp."""
-    root = Path(runs_dir)
+    root = rundir.resolve_runs_dir(runs_dir)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if is_run_dir(p)]
@@ -48,7 +48,7 @@ def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4)
     if not run_dirs:
         found = list_runs(runs_dir)[:newest]
         if not found:
-            raise FileNotFoundError(f"no run directories (with a config.json) under {Path(runs_dir).resolve()}. "
+            raise FileNotFoundError(f"no run directories (with a config.json) under {rundir.resolve_runs_dir(runs_dir)}. "
                                     "Fix: train first (notebooks/train.ipynb) or pass run_dirs explicitly.")
         return found
     out = []
@@ -167,7 +167,7 @@ def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
     pm.execute_notebook(str(REPO / "notebooks" / "compare.ipynb"), str(out), cwd=str(REPO), progress_bar=False,
-                        parameters={"run_dirs": selected, "runs_dir": str(Path(runs_dir).resolve()),
+                        parameters={"run_dirs": selected, "runs_dir": str(rundir.resolve_runs_dir(runs_dir)),
                                     "newest": newest})
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
     html = out.with_suffix(".html")

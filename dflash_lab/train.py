@@ -39,7 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Path]:
+def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Path, set[str]]:
+    """The run's configs, with the command line's changes; the last item names the TrainConfig fields the command
+    line set (on resume only these override the checkpoint's config)."""
     config_path = Path(args.config)
     cfg = TrainConfig.from_json(config_path)
     changes = {}
@@ -53,7 +55,7 @@ def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Pat
     over = {k: v for k, v in {"backend": args.backend, "device": args.device, "parallel": args.parallel,
                               "targets_per_node": args.targets_per_node, "timeout_s": args.timeout_s}.items()
             if v is not None}
-    return cfg, (dcfg.replace(**over) if over else dcfg), run_dir
+    return cfg, (dcfg.replace(**over) if over else dcfg), run_dir, set(changes)
 
 
 def main(argv=None) -> int:
@@ -62,14 +64,14 @@ def main(argv=None) -> int:
     ctx = trainer = None
     run_dir = Path(args.config).resolve().parent
     try:
-        cfg, dcfg, run_dir = load_configs(args)
+        cfg, dcfg, run_dir, explicit = load_configs(args)
         ctx = DistContext(dcfg, train_devices=cfg.devices)
         if not ctx.distributed and len(cfg.devices) > 1:
             raise ConfigError(f"TrainConfig.devices={cfg.devices!r} names {len(cfg.devices)} devices but this is ONE "
                               f"process. Fix: torchrun --nproc-per-node {len(cfg.devices)} -m dflash_lab.train "
                               f"--config {args.config} (one process per GPU), or use Trainer in a notebook for the "
                               "threaded engine.")
-        trainer = RankTrainer(cfg, ctx, run_dir, checkpoints=not args.no_checkpoints)
+        trainer = RankTrainer(cfg, ctx, run_dir, checkpoints=not args.no_checkpoints, explicit=explicit)
         trainer.train()
         return 0
     except BaseException as e:

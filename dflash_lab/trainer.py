@@ -26,36 +26,14 @@ import torch
 
 from . import checkpoint, rundir
 from . import resume as resume_state
-from .config import ConfigError, DrafterConfig, TrainConfig
-from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
+from .config import TrainConfig
 from .drafter import DFlashDrafter
-from .engine import build_engine
+from .engine_build import build_engine
 from .metrics import MetricsLogger, Throughput
-from .optim import lr_at
-from .placement import check_placement, make_placement
-from .targets import load_target_config, load_targets, load_tokenizer
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
-
-
-def check_devices(names: tuple[str, ...], field: str) -> list[torch.device]:
-    devices = [torch.device(n) for n in names]
-    for d in devices:
-        if d.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ConfigError(f"TrainConfig.{field}={names!r} asks for {d} but no CUDA GPU is visible. "
-                                  'Fix: use devices=("cpu",) or run on a GPU machine.')
-            if d.index is not None and d.index >= torch.cuda.device_count():
-                raise ConfigError(f"TrainConfig.{field}: {d} does not exist; {torch.cuda.device_count()} GPUs are "
-                                  "visible (CUDA_VISIBLE_DEVICES applies). Fix: use cuda:0..cuda:"
-                                  f"{torch.cuda.device_count() - 1}.")
-        elif d.type != "cpu":
-            raise ConfigError(f"TrainConfig.{field}: unsupported device {d}. Fix: use 'cpu' or 'cuda:N'.")
-    return devices
+from .prepare import prepare_run
+from .progress import process_rss_gb, progress_line
+from .run_end import finish_run, save_drafter
+from .targets import load_targets
 
 
 STOP_FILE = "STOP"
@@ -96,58 +74,30 @@ class Controls:
 
 class Trainer:
     def __init__(self, config: TrainConfig, *, run_dir: str | Path | None = None, write_run_dir: bool = True,
-                 log=_print_flush):
-        self.config = cfg = config
+                 log=_print_flush, explicit=None):
+        """`explicit`: on resume, the config fields you set (only these override the checkpoint's config); None =
+        those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params)."""
         self.log = log
         self.phase = "loading data"
-        resume = None
-        if cfg.resume_from:  # read and check the checkpoint before loading any model: a bad resume fails fast
-            resume = checkpoint.load_checkpoint(cfg.resume_from)
-            diffs = checkpoint.config_differences(resume.state["config"], cfg.to_dict())
-            if diffs:
-                raise ConfigError(checkpoint.format_differences(resume.path, diffs))
-        torch.manual_seed(cfg.seed)
-        self.tokenizer = load_tokenizer(cfg.target)
-        target_config = load_target_config(cfg.target)
-        mask_id = cfg.mask_token_id
-        if mask_id is None:
-            mask_id = getattr(self.tokenizer, "mask_token_id", None)
-        self.drafter_config = DrafterConfig.from_target(
-            target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
-            target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
-        # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
-        self.placement = make_placement(cfg.devices, cfg.target_devices)
-        self.memory_estimate = check_placement(
-            self.placement, target_config=target_config, drafter_config=self.drafter_config, seq_len=cfg.seq_len,
-            num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size)
+        # Everything but the weights, decided once and shared with torchrun ranks (prepare.py). A resume reads and
+        # checks the checkpoint first and takes its config, with only the fields you set on top (resume.py).
+        self.prepared = prep = prepare_run(config, explicit=explicit, log=log)
+        self.config = cfg = prep.config
+        self.tokenizer, self.drafter_config, self.placement = prep.tokenizer, prep.drafter_config, prep.placement
+        self.memory_estimate, self.data, self.sampler = prep.memory_estimate, prep.data, prep.sampler
+        self.schedule = prep.schedule
+        resume = prep.resume
         self.phase = "loading targets"
         self.load_progress: dict = {}  # replica -> targets.LoadProgress (widgets read it while loading)
         self._load_logged: dict = {}
         t0 = time.perf_counter()
-        targets = load_targets(cfg.target, self.placement.target_devices, seed=cfg.seed,
-                               dtype=lambda d: resolve_dtype(cfg.dtype, d), progress=self._on_load_progress)
+        targets = load_targets(cfg.target, self.placement.target_devices, seed=cfg.seed, dtype=prep.dtype,
+                               progress=self._on_load_progress)
         self.target_load_seconds = time.perf_counter() - t0
         self.target = targets[0]
-        self._target_config = target_config
 
-        self.phase = "loading data"
-        conversations = read_conversations(resolve_data_path(cfg.data), data_format=cfg.data_format,
-                                           on_error=cfg.data_errors)
-        self.data = tokenize_dataset(self.tokenizer, conversations, seq_len=cfg.seq_len, block_size=cfg.block_size,
-                                     enable_thinking=cfg.enable_thinking, on_error=cfg.data_errors, log=self.log)
-        if self.data.report.total_skipped:  # never silent: the counts here, file:line examples in data_report.json
-            self.log(f"data: kept {len(self.data)} of {self.data.report['records']} records, skipped "
-                     f"{self.data.report['skipped']}")
-        self.sampler = BatchSampler(self.data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors,
-                                    block_size=cfg.block_size, mask_token_id=self.drafter_config.mask_token_id,
-                                    gamma=cfg.resolved_gamma, seed=cfg.seed)
-        if resume is not None:
-            checkpoint.check_resume(resume, data=self.data, sampler=self.sampler,
-                                    drafter_config=self.drafter_config.to_dict())
-
-        # Identical drafter replicas (seeded init), target replicas and one worker thread per device (engine.py).
-        self.engine = build_engine(cfg, self.placement, targets, self.drafter_config, target_config=target_config,
+        # Identical drafter replicas (seeded init), target replicas and one worker thread per device (engine_build.py).
+        self.engine = build_engine(cfg, self.placement, targets, self.drafter_config, target_config=prep.target_config,
                                    log=self.log)
         self.workers = self.engine.workers
         self._prefetched: tuple[int, object] | None = None
@@ -184,6 +134,8 @@ class Trainer:
         if resume is not None:
             resume_state.restore(self, resume)
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
+            self._event("resumed", step=resume.step, checkpoint=str(resume.path),
+                        changed=[list(o) for o in prep.overrides])
         if self.run_dir is not None:
             self._start_monitor()
         self.phase = "ready"
@@ -202,8 +154,7 @@ class Trainer:
         cfg = self.config
         if self.controls.new_lr is not None:
             return self.controls.new_lr
-        return lr_at(self.step_count, peak=cfg.lr, total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
-                     min_ratio=cfg.min_lr_ratio)
+        return self.schedule.lr(self.step_count)
 
     @_counted_loop
     def step(self, n: int = 1) -> dict:
@@ -316,7 +267,7 @@ class Trainer:
         for w in self.workers:
             if w.device.type == "cuda":
                 mem[f"mem_gb/{w.device}"] = round(torch.cuda.memory_allocated(w.device) / 2**30, 3)
-        rss = _process_rss_gb()
+        rss = process_rss_gb()
         if rss is not None:
             mem["rss_gb"] = rss
         return mem
@@ -416,7 +367,10 @@ class Trainer:
         self._settle()
         if self.last_checkpoint_step == self.step_count and self.last_checkpoint and self.last_checkpoint.is_dir():
             return self.last_checkpoint
-        path = resume_state.save(self, reason)
+        t0 = time.perf_counter()
+        path, removed = resume_state.save(self, reason, self._recent_losses)
+        self._event("checkpoint", step=self.step_count, path=str(path), reason=reason,
+                    seconds=round(time.perf_counter() - t0, 3), removed=[p.name for p in removed])
         self.last_checkpoint, self.last_checkpoint_step = path, self.step_count
         self._recent_losses = []
         return path
@@ -449,61 +403,21 @@ class Trainer:
             self.monitor = None
 
     def progress_line(self, target: int | None = None) -> str:
-        m = self.last_metrics or {}
-        target = target or self.config.steps
-        tps = m.get("steady_tokens_per_s") or m.get("tokens_per_s") or 0.0
-        state = "" if m.get("throughput_state") == "steady" else " (warming up)"
-        eta = ""
-        st = self.throughput.steady_step_time or m.get("step_time_s")
-        if st:
-            secs = int(st * max(0, target - self.step_count))  # past the target (hand steps): ETA 0
-            eta = f" | ETA {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s"
-        mem = "".join(f" | {k.split('/')[1]} {v:.1f} GiB" for k, v in m.items() if k.startswith("mem_gb/"))
-        if not mem and m.get("rss_gb") is not None:
-            mem = f" | rss {m['rss_gb']:.1f} GiB"
-        return (f"step {self.step_count}/{target} | {tps / 1e3:.1f}k tok/s{state} | loss {m.get('loss', float('nan')):.4f}"
-                f" | acc {m.get('acc', 0):.3f} | sim tau {m.get('sim_tau', 1):.2f}{mem}{eta}")
+        return progress_line(self.last_metrics or {}, step=self.step_count, target=target or self.config.steps,
+                             steady_step_time=self.throughput.steady_step_time)
 
     def save_drafter(self, path: str | Path | None = None) -> Path:
         """Drafter weights only (safetensors, export names, no embedding/head)."""
-        from safetensors.torch import save_file
-
         path = Path(path) if path else (self.run_dir / "checkpoints" / "drafter.safetensors")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()
-                 if not k.startswith("rotary_emb.")}
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(state, str(tmp), metadata={"step": str(self.step_count)})
-        tmp.replace(path)
-        return path
+        return save_drafter(self.drafter, path, self.step_count)
 
     def finish(self) -> dict:
-        """End of a run: save the drafter, plot the curves, copy the executed notebook; returns a summary.
+        """End of a run: save the drafter, plot the curves, copy the executed notebook; returns a summary (run_end.py).
 
         A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite).
         """
-        status = "diverged" if self.diverged_at is not None else (
-            "finished" if self.step_count >= self.config.steps else "stopped")
-        summary = {"status": status, "steps": self.step_count, "target_steps": self.config.steps,
-                   "run_dir": str(self.run_dir) if self.run_dir else None,
-                   "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-                   "diverged_at": self.diverged_at}
-        hist = [r for r in self.history if "loss" in r]
-        if hist:
-            summary.update(loss_first=hist[0]["loss"], loss_last=hist[-1]["loss"], sim_tau_last=hist[-1]["sim_tau"],
-                           steady_tokens_per_s=self.throughput.steady_tps)
-        if self.run_dir:
-            from .plots import plot_training
-
-            summary["drafter"] = str(self.save_drafter()) if self.diverged_at is None else None
-            png = plot_training(self.run_dir)
-            summary["plot"] = str(png) if png else None
-            # a resumed session keeps the earlier session's notebook: train.ipynb, then train.resumed-0001200.ipynb
-            name = f"train.resumed-{self.resumed_at:07d}.ipynb" if self.resumed_at is not None else "train.ipynb"
-            nb = rundir.save_executed_notebook(self.run_dir, name)
-            summary["notebook"] = str(nb) if nb else None
-            rundir.write_json(self.run_dir / "summary.json", summary)
-            self._event("finish", status=status, step=self.step_count)
+        summary = finish_run(self)
+        self._event("finish", status=summary["status"], step=self.step_count)
         return summary
 
     def close(self) -> None:
@@ -515,18 +429,3 @@ class Trainer:
         self._driver.shutdown(wait=True)
         self.engine.shutdown()
         self.metrics.close()
-
-
-_PROCESS = None
-
-
-def _process_rss_gb() -> float | None:
-    """Resident memory of this process (the CPU-side 'memory' figure; ~20 us per call)."""
-    global _PROCESS
-    if _PROCESS is None:
-        try:
-            import psutil
-        except ImportError:
-            return None
-        _PROCESS = psutil.Process()
-    return round(_PROCESS.memory_info().rss / 2**30, 3)

@@ -7,7 +7,7 @@ import torch
 
 from dflash_lab.bench import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.engine import build_engine
+from dflash_lab.engine_build import build_engine
 from dflash_lab.placement import make_placement
 from dflash_lab.targets import load_target_config, load_targets
 

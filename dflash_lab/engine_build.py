@@ -1,0 +1,79 @@
+"""Building an engine from a config, a placement and loaded targets: identical drafter replicas (seeded init),
+target replicas with their feature extractors, one worker per drafter device. Dtype and attention backend come from
+prepare.plan_device (decided once per device); features from prepare.make_feature_extractor (online or cached)."""
+
+from __future__ import annotations
+
+import torch
+
+from .drafter import DFlashDrafter, RotaryEmbedding
+from .engine import Engine
+from .optim import MasterAdamW
+from .prepare import make_feature_extractor, plan_device
+from .targets import embedding_of, lm_head_weight
+from .workers import TargetReplica, Worker
+
+
+def empty_drafter(drafter_config, device: torch.device) -> DFlashDrafter:
+    """A drafter whose parameters are allocated on `device` without the default (CPU-slow) init."""
+    if device.type == "cpu":
+        return DFlashDrafter(drafter_config)
+    with torch.device("meta"):
+        d = DFlashDrafter(drafter_config)
+    d.to_empty(device=device)
+    with torch.device(device):
+        d.rotary_emb = RotaryEmbedding(drafter_config)  # RoPE tables are computed, not initialised
+    return d
+
+
+def initial_drafter(drafter_config, seed: int, device: torch.device) -> DFlashDrafter:
+    """The seeded initial weights, made once. On a GPU they are drawn from a CUDA generator (1B parameters in
+    milliseconds instead of ~20 s of CPU construction + init), so a GPU run's init differs from a CPU run's init with
+    the same seed; all replicas of one run are identical either way. torchrun ranks (rank_trainer.py) use it too."""
+    d = empty_drafter(drafter_config, device)
+    d.init_weights(torch.Generator(device=device).manual_seed(seed))
+    return d
+
+
+def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
+                 compile_backend: str = "inductor", compile_mode: str | None = None) -> Engine:
+    """Drafter replicas (identical init), target replicas and worker threads for `placement`.
+
+    `targets`: loaded target models aligned with placement.target_devices (targets.load_targets). With
+    config.compile_drafter each replica's forward is torch.compile(dynamic=False, mode=compile_mode): inductor
+    kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step.
+    """
+    cfg = config
+    base = initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
+    state = base.state_dict()
+    # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
+    replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
+                              cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache, log=log)
+                for i, (d, m) in enumerate(zip(placement.target_devices, targets))]
+    workers = []
+    for i, name in enumerate(placement.drafter_devices):
+        dev, plan = torch.device(name), plan_device(cfg, name)
+        drafter = empty_drafter(drafter_config, dev)
+        drafter.load_state_dict(state)  # identical replicas (GPU -> GPU copies)
+        drafter.to(device=dev, dtype=plan.dtype)
+        forward = drafter
+        if cfg.compile_drafter:
+            forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=compile_mode)
+        if placement.colocated:
+            src = targets[i]
+        else:  # any replica will do (identical); prefer one on this device (CPU tests)
+            same = [m for d, m in zip(placement.target_devices, targets) if torch.device(d) == dev]
+            src = same[0] if same else targets[0]
+        embed, head = embedding_of(src), lm_head_weight(src)
+        if embed.weight.device != dev:  # frozen copies next to the drafter (split placements)
+            tied = head is embed.weight
+            embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(dev), freeze=True)
+            head = embed.weight if tied else head.detach().to(dev)
+        workers.append(Worker(index=i, device=dev, drafter=drafter, forward_module=forward,
+                              optimizer=MasterAdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+                              embed=embed, head_weight=head, attention=plan.attention, seq_len=cfg.seq_len,
+                              layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
+                              chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log))
+    return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
+                  target_config=target_config if target_config is not None else getattr(targets[0], "config", None),
+                  drafter_config=drafter_config, log=log)

@@ -1,0 +1,159 @@
+"""One preparation step for every way to start a run: `TrainConfig -> PreparedRun`, before any model loads.
+
+    prepared = prepare_run(config)          # tokenizer, configs, data, sampler, placement, resume state
+    prepared.dtype("cuda:0"), prepared.attention("cuda:0")   # decided once per device, here
+
+The notebook Trainer (trainer.py), every torchrun rank (rank_trainer.py), bench.py and preflight.py start from it,
+so every path honours the same settings by construction: the data format, the error policy, the thinking mode, the
+feature cache, the devices. (Two copies of this set-up drifted once: torchrun ranks silently lost three data
+settings and the feature cache.) What it does NOT do is load weights: the Trainer loads a target per placement
+device, a torchrun rank only its own (or none on a drafter-only rank).
+
+On resume the effective config is the checkpoint's, with the fields the user set explicitly on top (resume.py);
+`PreparedRun.config` is that effective config, and `overrides` lists what the user changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import checkpoint
+from .config import DrafterConfig, TrainConfig
+from .data import BatchSampler, TokenizedData, load_dataset
+from .feature_cache import CachedFeatureExtractor
+from .placement import Placement, check_placement, make_placement
+from .resume import Override, resumed_config, schedule_after
+from .schedule import LRSchedule
+from .targets import FeatureExtractor, load_target_config, load_tokenizer
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What runs on one device: its compute dtype and the drafter's attention backend."""
+
+    device: str
+    dtype: torch.dtype
+    attention: str  # "flex" (BlockMask) or "sdpa" (dense mask)
+
+
+def resolve_dtype(name: str, device: str | torch.device) -> torch.dtype:
+    """"auto" -> bf16 on CUDA, fp32 on CPU (bf16 matmuls on CPU are slow and less exact); else the named dtype."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def plan_device(config: TrainConfig, device: str | torch.device) -> DevicePlan:
+    """The one place that turns `dtype="auto"` / `attention="auto"` into a decision for a device: bf16 + flex on
+    CUDA, fp32 + SDPA on CPU (flex attention has no fast CPU kernel)."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    dtype = resolve_dtype(config.dtype, dev)
+    attention = ("flex" if cuda else "sdpa") if config.attention == "auto" else config.attention
+    return DevicePlan(device=str(dev), dtype=dtype, attention=attention)
+
+
+def make_feature_extractor(config: TrainConfig, drafter_config: DrafterConfig, target_model, plan: DevicePlan):
+    """Online: run `target_model` up to the last needed layer. With `config.feature_cache`: read the cached features
+    (only the target's embedding and LM head are used). The one place both training paths get features from."""
+    if not config.feature_cache:
+        return FeatureExtractor(target_model, drafter_config.target_layer_ids)
+    return CachedFeatureExtractor(config.feature_cache, layer_ids=drafter_config.target_layer_ids, dtype=plan.dtype)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """Everything a run needs before it loads a model; identical for the notebook and torchrun paths."""
+
+    config: TrainConfig  # the effective config (on resume: the checkpoint's plus the user's overrides)
+    tokenizer: Any
+    target_config: Any
+    drafter_config: DrafterConfig
+    data: TokenizedData
+    sampler: BatchSampler
+    placement: Placement
+    plans: dict[str, DevicePlan]  # one per placement device
+    memory_estimate: dict  # placement.check_placement's report ({} on CPU)
+    schedule: LRSchedule
+    resume: checkpoint.Checkpoint | None = None
+    overrides: tuple[Override, ...] = field(default=())
+
+    def plan(self, device: str | torch.device) -> DevicePlan:
+        key = str(torch.device(device))
+        if key == "cuda":
+            key = "cuda:0"
+        plan = self.plans.get(key)
+        return plan if plan is not None else plan_device(self.config, device)
+
+    def dtype(self, device: str | torch.device) -> torch.dtype:
+        return self.plan(device).dtype
+
+    def attention(self, device: str | torch.device) -> str:
+        return self.plan(device).attention
+
+    def feature_extractor(self, target_model, device: str | torch.device):
+        return make_feature_extractor(self.config, self.drafter_config, target_model, self.plan(device))
+
+    def summary(self) -> dict:
+        """A comparable description of the prepared inputs (tests compare two paths with it)."""
+        cfg, b = self.config, self.sampler.batch(0)
+        return {"config": cfg.to_dict(), "drafter_config": self.drafter_config.to_dict(),
+                "data_report": dict(self.data.report), "num_samples": len(self.data),
+                "input_ids": self.data.input_ids.tolist(), "loss_mask": self.data.loss_mask.tolist(),
+                "batch0_anchors": b.anchors.tolist(), "placement": self.placement.describe(),
+                "plans": {k: (str(v.dtype), v.attention) for k, v in self.plans.items()},
+                "resume_step": self.resume.step if self.resume is not None else None,
+                "schedule": self.schedule.to_dict(),
+                "overrides": [tuple(o) for o in self.overrides]}
+
+
+def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | None = None, log=print,
+                check_memory: bool = True) -> PreparedRun:
+    """TrainConfig -> PreparedRun. Reads and checks a checkpoint first (a bad resume fails before anything loads),
+    then tokenizer, target config, drafter config, placement + memory check, data, sampler.
+
+    `explicit`: the config fields the user set (resume: only these override the checkpoint's config; None = the
+    fields that differ from TrainConfig's defaults). `placement`: a torchrun rank passes its own device; by default
+    `config.devices` / `config.target_devices`.
+    """
+    resume = None
+    overrides: tuple[Override, ...] = ()
+    if config.resume_from:
+        resume = checkpoint.load_checkpoint(config.resume_from)
+        config, overrides = resumed_config(resume, config, explicit=explicit, log=log)
+    cfg = config
+    torch.manual_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.target)
+    target_config = load_target_config(cfg.target)
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
+    drafter_config = DrafterConfig.from_target(
+        target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
+        target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
+        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+    # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
+    placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
+    memory = {}
+    if check_memory:
+        memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
+                                 seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
+                                 chunk_size=cfg.loss_chunk_size)
+    plans = {d: plan_device(cfg, d) for d in placement.devices}
+    if cfg.feature_cache:  # a wrong cache (layers, path) fails now, not after the target loaded
+        CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids)
+    data = load_dataset(tokenizer, cfg.data, seq_len=cfg.seq_len, block_size=cfg.block_size,
+                        enable_thinking=cfg.enable_thinking, data_format=cfg.data_format, on_error=cfg.data_errors,
+                        log=log)
+    if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
+        log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
+    sampler = BatchSampler(data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
+                           mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed)
+    if resume is not None:
+        checkpoint.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
+    return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
+                       data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
+                       schedule=schedule_after(resume, cfg), resume=resume, overrides=overrides)

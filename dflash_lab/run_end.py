@@ -1,0 +1,46 @@
+"""The end of a notebook run: the drafter's weights alone, the training plot, the executed notebook, summary.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from . import rundir
+from .plots import plot_training
+
+
+def save_drafter(drafter, path: Path, step: int) -> Path:
+    """Drafter weights only (safetensors, export names, no embedding/head), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()
+             if not k.startswith("rotary_emb.")}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata={"step": str(step)})
+    tmp.replace(path)
+    return path
+
+
+def finish_run(trainer) -> dict:
+    """Summary of a Trainer's run; with a run directory also the drafter, plots/training.png, the notebook and
+    summary.json. A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite)."""
+    status = "diverged" if trainer.diverged_at is not None else (
+        "finished" if trainer.step_count >= trainer.config.steps else "stopped")
+    summary = {"status": status, "steps": trainer.step_count, "target_steps": trainer.config.steps,
+               "run_dir": str(trainer.run_dir) if trainer.run_dir else None,
+               "last_checkpoint": str(trainer.last_checkpoint) if trainer.last_checkpoint else None,
+               "diverged_at": trainer.diverged_at}
+    hist = [r for r in trainer.history if "loss" in r]
+    if hist:
+        summary.update(loss_first=hist[0]["loss"], loss_last=hist[-1]["loss"], sim_tau_last=hist[-1]["sim_tau"],
+                       steady_tokens_per_s=trainer.throughput.steady_tps)
+    if trainer.run_dir:
+        summary["drafter"] = str(trainer.save_drafter()) if trainer.diverged_at is None else None
+        png = plot_training(trainer.run_dir)
+        summary["plot"] = str(png) if png else None
+        # a resumed session keeps the earlier session's notebook: train.ipynb, then train.resumed-0001200.ipynb
+        name = f"train.resumed-{trainer.resumed_at:07d}.ipynb" if trainer.resumed_at is not None else "train.ipynb"
+        nb = rundir.save_executed_notebook(trainer.run_dir, name)
+        summary["notebook"] = str(nb) if nb else None
+        rundir.write_json(trainer.run_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,181 @@
+"""The engine's per-device parts: a frozen target replica and a drafter worker (flat gradients, static inputs, the
+captured forward+backward of step.py, its optimiser). engine.py runs them; engine_build.py makes them."""
+
+from __future__ import annotations
+
+import torch
+
+from .blocks import BlockBatch, block_mask_from_dense, dense_mask, flex_mask_mod
+from .cuda_graphs import GraphedStep, copy_into, input_mismatch
+from .step import DraftInputs, drafter_loss
+from .streams import DeviceThread, StaticBuffers, Timeline, mark
+
+def _why_eager(cuda_graphs: bool, device: torch.device) -> str:
+    return "no CUDA graphs on CPU" if device.type != "cuda" else "cuda_graphs=False"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Target replica and drafter worker
+# ---------------------------------------------------------------------------------------------------------------
+
+class TargetReplica:
+    """A frozen target on one device; its forward (up to the last needed layer) is captured like the drafter step."""
+
+    def __init__(self, index: int, device: torch.device, extractor, *, cuda_graphs: bool, log=None):
+        self.index, self.device, self.extractor = index, torch.device(device), extractor
+        self.graphed = GraphedStep(lambda input_ids: extractor(input_ids), name=f"target[{index}]@{self.device}",
+                                   enabled=cuda_graphs and self.device.type == "cuda", warmup=1, log=log,
+                                   disabled_reason=_why_eager(cuda_graphs, self.device))
+        self.buffers = StaticBuffers(self.device)
+        self.timeline = Timeline()
+        self.thread: DeviceThread | None = None  # set by the Engine (own thread if split, the worker's if colocated)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        dtype = getattr(self.extractor, "dtype", None)  # CachedFeatureExtractor: the cache's compute dtype
+        return dtype if dtype is not None else self.extractor.decoder.embed_tokens.weight.dtype
+
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(b, S) host ids -> (b, S, n*H) on this device; in graph mode the static output (valid until next call)."""
+        ids = self.buffers.stage("input_ids", input_ids) if self.device.type == "cuda" else input_ids.to(self.device)
+        return self.graphed(input_ids=ids)
+
+
+class Worker:
+    """One drafter replica on one device: flat gradient buffer, static inputs, captured forward+backward, optimiser."""
+
+    def __init__(self, *, index: int, device, drafter: torch.nn.Module, optimizer, embed: torch.nn.Embedding,
+                 head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
+                 sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None):
+        self.index, self.device = index, torch.device(device)
+        self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
+        self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
+        self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
+        self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
+        self.block_size = drafter.config.block_size
+        self.thread = DeviceThread(self.device, "drafter")
+        self.target: TargetReplica | None = None  # colocated only
+        self.timeline = Timeline()
+        self.buffers = StaticBuffers(self.device)
+        self.inbox: list[torch.Tensor | None] = [None, None]  # split: feature slots the target side writes
+        self.inbox_free = [torch.cuda.Event() if self.device.type == "cuda" else None for _ in range(2)]
+        self._features: torch.Tensor | None = None
+        self._mask_mods: dict | None = None
+        self._static_masks: dict = {}
+        self.graphed = GraphedStep(self._forward_backward, name=f"drafter[{index}]@{self.device}",
+                                   enabled=cuda_graphs and self.device.type == "cuda", warmup=2, log=log,
+                                   disabled_reason=_why_eager(cuda_graphs, self.device))
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        if len({(p.dtype, p.device) for p in params}) != 1:
+            raise ValueError("all trainable drafter parameters must share one dtype and device")
+        self.params = params
+        self.flat_grad = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=self.device)
+        views, offset = [], 0
+        for p in params:
+            views.append(self.flat_grad[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self._grad_views = views
+        self.attach_grads()
+
+    def attach_grads(self) -> None:
+        """Point every p.grad at its view of the flat buffer (backward accumulates into it in place)."""
+        for p, v in zip(self.params, self._grad_views):
+            if p.grad is not v:
+                p.grad = v
+
+    # -- inputs ---------------------------------------------------------------------------------------------------
+    def take_features(self, slot: int) -> torch.Tensor:
+        """Split placements: the features the target side pushed into inbox[slot] (ordered by an event wait)."""
+        src = self.inbox[slot]
+        if self.device.type != "cuda":
+            return src
+        if self._features is None or self._features.shape != src.shape:
+            self._features = torch.empty_like(src)
+        self._features.copy_(src, non_blocking=True)
+        self.inbox_free[slot].record()  # the target side may overwrite this slot now
+        return self._features
+
+    def _stage(self, part: BlockBatch) -> dict:
+        names = ("draft_ids", "position_ids", "labels", "loss_weights", "anchors", "anchor_valid")
+        if self.device.type != "cuda":
+            t = {k: getattr(part, k).to(self.device) for k in names}
+        else:
+            t = {k: self.buffers.stage(k, getattr(part, k)) for k in names}
+        b = part.anchors.shape[0]
+        ctx = self.buffers.bufs.get("ctx_pos")
+        if ctx is None or ctx.shape != (b, self.seq_len):
+            ctx = torch.arange(self.seq_len, device=self.device)[None].expand(b, -1).contiguous()
+            self.buffers.bufs["ctx_pos"] = ctx
+        t["ctx_pos"] = ctx
+        return t
+
+    def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor) -> dict:
+        """Attention masks per layer type, built from the (static) anchors outside any graph."""
+        S, B = self.seq_len, self.block_size
+        types = sorted(set(self.layer_types))
+        window = {t: self.sliding_window if t == "sliding_attention" else None for t in types}
+        if self.attention == "sdpa":
+            return {t: dense_mask(anchors, anchor_valid, seq_len=S, block_size=B, sliding_window=window[t])
+                    for t in types}
+        static = anchors is self.buffers.bufs.get("anchors") and anchor_valid is self.buffers.bufs.get("anchor_valid")
+        if static and self._mask_mods is None:  # closures over the STATIC anchors: the graph's flex kernels read them
+            self._mask_mods = {t: flex_mask_mod(anchors, anchor_valid, seq_len=S, block_size=B,
+                                                sliding_window=window[t]) for t in types}
+        mods = self._mask_mods if static else {
+            t: flex_mask_mod(anchors, anchor_valid, seq_len=S, block_size=B, sliding_window=window[t]) for t in types}
+        masks = {t: block_mask_from_dense(dense_mask(anchors, anchor_valid, seq_len=S, block_size=B,
+                                                     sliding_window=window[t]), mods[t]) for t in types}
+        if not static:
+            return masks
+        out = {}
+        for t, m in masks.items():  # refresh the kept BlockMask in place (same tensors every step)
+            kept = self._static_masks.get(t)
+            if kept is None:
+                self._static_masks[t] = kept = m
+            elif input_mismatch(t, m, kept) is None:
+                copy_into(kept, m)
+            else:
+                kept = m
+            out[t] = kept
+        return out
+
+    # -- the captured step ------------------------------------------------------------------------------------
+    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos,
+                          mask_full=None, mask_sliding=None):
+        self.flat_grad.zero_()
+        masks = {k: v for k, v in (("full_attention", mask_full), ("sliding_attention", mask_sliding))
+                 if v is not None}
+        # input_ids / loss_mask / anchors are not needed past this point (features and masks carry them).
+        bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
+                        position_ids=position_ids, labels=labels, loss_weights=loss_weights,
+                        block_size=self.block_size)
+        loss, raw = drafter_loss(self.forward_module, self.embed, self.head_weight, features,
+                                 DraftInputs(bb, masks, ctx_pos), self.chunk_size)
+        loss.backward()
+        return loss.detach(), raw["correct"], raw["has_loss"]
+
+    def forward_backward(self, part: BlockBatch, features: torch.Tensor, step: int) -> dict:
+        m0 = mark(self.device)
+        self.attach_grads()
+        t = self._stage(part)
+        masks = self._masks(t["anchors"], t["anchor_valid"])
+        loss, correct, has_loss = self.graphed(
+            features=features, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
+            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], mask_full=masks.get("full_attention"),
+            mask_sliding=masks.get("sliding_attention"))
+        out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone()}
+        self.timeline.add(step, "drafter", m0, mark(self.device))
+        return out
+
+    def optimizer_step(self, lr: float, grad_clip: float, step: int = -1) -> torch.Tensor:
+        m0 = mark(self.device)
+        self.attach_grads()
+        norm = self.optimizer.step(lr, grad_clip)
+        for p, m in zip(self.optimizer.params, self.optimizer.masters):
+            if m is not p:
+                m.grad = None  # fp32 master grads are rebuilt each step: do not hold 4 bytes/param between steps
+        self.timeline.add(step, "optimizer", m0, mark(self.device))
+        return norm
+
+    def shutdown(self) -> None:
+        self.thread.shutdown()

@@ -1,0 +1,78 @@
+"""prepare.py: the notebook Trainer and a torchrun rank start from the same prepared inputs, every data setting
+included (format, error policy, thinking mode, feature cache, target devices); dtype/attention decided per device."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_lab import TrainConfig
+from dflash_lab.distributed import DistConfig, DistContext
+from dflash_lab.feature_cache import CachedFeatureExtractor, write_feature_cache
+from dflash_lab.prepare import plan_device, prepare_run
+from dflash_lab.rank_trainer import RankTrainer
+from dflash_lab.trainer import Trainer
+
+LAYERS = (1, 3, 5)
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    """Non-default data settings and an offline feature cache built for exactly them."""
+    from dflash_lab.data import load_dataset, read_conversations, resolve_data_path
+    from dflash_lab.targets import load_target, load_tokenizer
+
+    tmp = tmp_path_factory.mktemp("prepare")
+    convs = read_conversations(resolve_data_path("tiny")).conversations[:8]
+    data_file = tmp / "small.jsonl"
+    data_file.write_text("".join(json.dumps({"messages": c.messages}) + "\n" for c in convs))
+    tok = load_tokenizer("tiny")
+    data = load_dataset(tok, str(data_file), seq_len=128, block_size=8, enable_thinking=False, data_format="openai",
+                        on_error="raise")
+    write_feature_cache(tmp / "cache", data, target=load_target("tiny"), layer_ids=LAYERS, log=lambda *a: None)
+    cfg = TrainConfig(target="tiny", data=str(data_file), data_format="openai", data_errors="raise",
+                      enable_thinking=False, feature_cache=str(tmp / "cache"), target_devices=("cpu",), seq_len=128,
+                      batch_size=2, block_size=8, num_anchors=4, num_draft_layers=1, target_layer_ids=LAYERS, steps=2,
+                      runs_dir=str(tmp / "runs"))
+    return cfg, tmp
+
+
+def test_trainer_and_torchrun_rank_get_identical_prepared_inputs(settings):
+    cfg, tmp = settings
+    trainer = Trainer(cfg, write_run_dir=False, log=lambda *a: None)
+    ctx = DistContext(DistConfig(), train_devices=cfg.devices, env=None)
+    rank = RankTrainer(cfg, ctx, tmp / "rank_run", log=lambda *a: None)
+    try:
+        a, b = trainer.prepared.summary(), rank.prepared.summary()
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == b[key], key
+        # every setting reached the reader, the tokenizer and the features on both paths
+        assert a["config"]["enable_thinking"] is False and a["config"]["data_format"] == "openai"
+        assert a["config"]["data_errors"] == "raise" and a["num_samples"] == 8
+        assert type(trainer.engine.targets[0].extractor) is CachedFeatureExtractor
+        assert type(rank.extractor) is CachedFeatureExtractor
+        assert rank.dtype == trainer.prepared.dtype("cpu") == torch.float32
+        assert rank.attention == trainer.workers[0].attention == "sdpa"
+    finally:
+        trainer.close()
+        rank.close()
+
+
+def test_format_and_error_policy_reach_the_reader(settings):
+    """The comparison above is not vacuous: the format and the error policy it checks do act on the data."""
+    from dflash_lab.chat_formats import DataError
+
+    cfg, _ = settings
+    with pytest.raises(DataError, match="small.jsonl:1"):  # raise: stops at the first record, naming it
+        prepare_run(cfg.replace(feature_cache=None, data_format="sharegpt"), log=None)
+    with pytest.raises(DataError, match="skipped 8"):  # skip: counts all 8 (then finds nothing usable)
+        prepare_run(cfg.replace(feature_cache=None, data_format="sharegpt", data_errors="skip"), log=None)
+
+
+def test_dtype_and_attention_are_decided_once_per_device():
+    cfg = TrainConfig()
+    assert (plan_device(cfg, "cpu").dtype, plan_device(cfg, "cpu").attention) == (torch.float32, "sdpa")
+    assert (plan_device(cfg, "cuda:1").dtype, plan_device(cfg, "cuda:1").attention) == (torch.bfloat16, "flex")
+    forced = cfg.replace(dtype="float32", attention="flex")
+    assert (plan_device(forced, "cuda:0").dtype, plan_device(forced, "cuda:0").attention) == (torch.float32, "flex")
