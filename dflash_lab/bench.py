@@ -32,7 +32,9 @@ import time
 import torch
 
 from .blocks import build_block_batch, raw_weight_total, sample_anchors
-from .config import DrafterConfig, TrainConfig, default_gamma
+from .config import TrainConfig, default_gamma
+from .prepare import prepare_run
+from .targets import load_targets
 
 SHAPES = {
     "tiny": dict(target="bench:tiny", seq_len=128, num_anchors=8, block_size=16),
@@ -326,16 +328,11 @@ def main(argv=None) -> int:
     if args.ttfs:
         emit(time_to_first_step(args, shape, env))
         return 0
-    from .placement import check_placement, make_placement
-    from .targets import load_target_config, load_targets
-
-    placement = make_placement(args.drafters, None if args.colocated else args.targets)
-    target_cfg = load_target_config(shape["target"])
-    drafter_cfg = DrafterConfig.from_target(target_cfg, block_size=shape["block_size"],
-                                            mask_token_id=MASK_TOKEN_ID.get(shape["target"]))
-    estimate = check_placement(placement, target_config=target_cfg, drafter_config=drafter_cfg,
-                               seq_len=shape["seq_len"], num_anchors=shape["num_anchors"], batch_size=args.batch_size,
-                               chunk_size=args.chunk_size)
+    # The same preparation as a training run (prepare.py): placement and memory check, drafter config, dtypes.
+    first = VARIANTS[args.variants[0]]
+    prep = prepare_run(train_config(args, shape, cuda_graphs=first[0], compile_drafter=first[1]), log=log)
+    placement, target_cfg, drafter_cfg = prep.placement, prep.target_config, prep.drafter_config
+    estimate = prep.memory_estimate
     log(f"{args.shape}: {placement.describe()}; estimate {estimate}")
     last: dict = {}
 
@@ -344,8 +341,7 @@ def main(argv=None) -> int:
         log(p.line())
 
     t0 = time.perf_counter()
-    dtype = torch.bfloat16 if placement.is_cuda else torch.float32
-    models = load_targets(shape["target"], placement.target_devices, dtype=dtype, progress=progress)
+    models = load_targets(shape["target"], placement.target_devices, dtype=prep.dtype, progress=progress)
     load_report = {"seconds_all": round(time.perf_counter() - t0, 2),
                    "replicas": {str(k): {"device": v.device, "seconds": round(v.seconds, 2), "gb": round(v.gb_total, 2),
                                          "tensors": v.tensors_total, "memory_gb": v.memory_gb}

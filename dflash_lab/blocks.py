@@ -193,6 +193,33 @@ def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_le
     return block_mask_from_dense(dense, mod)
 
 
+def flex_mask_mods(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+                   layer_types: tuple[str, ...], sliding_window: int | None) -> dict:
+    """{layer type: mask_mod}: closures over `anchors` (a CUDA-graph worker builds them once over its static buffers)."""
+    return {t: flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size,
+                             sliding_window=sliding_window if t == "sliding_attention" else None)
+            for t in sorted(set(layer_types))}
+
+
+def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+                    backend: str, layer_types: tuple[str, ...], sliding_window: int | None,
+                    mask_mods: dict | None = None) -> dict:
+    """The drafter's attention masks, one per layer type: dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for
+    "flex". The one place masks are built (engine workers and torchrun ranks both call it). `mask_mods`: flex
+    closures to reuse (see flex_mask_mods); by default made over `anchors`."""
+    masks = {}
+    for t in sorted(set(layer_types)):
+        window = sliding_window if t == "sliding_attention" else None
+        dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+        if backend == "sdpa":
+            masks[t] = dense
+            continue
+        mod = mask_mods[t] if mask_mods is not None else flex_mask_mod(
+            anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+        masks[t] = block_mask_from_dense(dense, mod)
+    return masks
+
+
 def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int = 128):
     """FlexAttention BlockMask from the dense boolean mask (b, 1, Q, KV): per (q block, kv block) "full" (all True)
     or "partial" (some True), exactly what create_block_mask computes, with a few tensor ops and no compile.

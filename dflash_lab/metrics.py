@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from .model_size import layer_matmul_parameters, text_config
+
 
 class RingBuffer:
     """Thread-safe bounded history of metric dicts (the dashboard reads it; the engine never calls widgets)."""
@@ -139,24 +141,20 @@ class Throughput:
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
-def _layer_params(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> int:
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    return attn + 3 * hidden * intermediate
-
-
 def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: int) -> dict:
-    """Model FLOPs for one training sequence: target forward up to max(ids), drafter fwd+bwd (3x), head (2x fwd)."""
-    tc = target_cfg.get_text_config() if hasattr(target_cfg, "get_text_config") else target_cfg
+    """Model FLOPs for one training sequence: target forward up to max(ids), drafter fwd+bwd (3x), head (2x fwd).
+    Parameter counts come from model_size.py (the model preflight and placement use)."""
+    tc = text_config(target_cfg)
     S, N, B = seq_len, num_anchors, drafter_cfg.block_size
     P = N * B
     t_head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    t_layer = _layer_params(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
-                            getattr(tc, "num_key_value_heads", tc.num_attention_heads), t_head_dim)
+    t_layer = layer_matmul_parameters(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
+                                      getattr(tc, "num_key_value_heads", tc.num_attention_heads), t_head_dim)
     layers_run = max(drafter_cfg.target_layer_ids) + 1
     target = 2 * t_layer * layers_run * S + 2 * 2 * S * (S / 2) * (tc.num_attention_heads * t_head_dim) * layers_run
     d = drafter_cfg
     H, D = d.hidden_size, d.num_hidden_layers
-    d_layer = _layer_params(H, d.intermediate_size, d.num_attention_heads, d.num_key_value_heads, d.head_dim)
+    d_layer = layer_matmul_parameters(H, d.intermediate_size, d.num_attention_heads, d.num_key_value_heads, d.head_dim)
     kv_params = 2 * H * d.num_key_value_heads * d.head_dim
     n = d.num_target_features
     drafter_fwd = (2 * d_layer * D * P + 2 * kv_params * D * S + 2 * n * H * H * S

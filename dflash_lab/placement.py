@@ -7,14 +7,10 @@ Two layouts:
   `devices=("cuda:1",)`); features travel GPU -> GPU (peer copy, no host round-trip) and the target side runs one
   batch ahead of the drafter side.
 
-`check_placement` compares an estimate of what each GPU must hold (weights, optimiser state, activations; numbers
-below) with its free memory and raises an actionable `PlacementError` ("target needs ~61 GB, cuda:3 has 20 GB free:
-...") before minutes are spent loading. The estimate is deliberately simple and errs high
-(bench/results/ records estimate vs measured peak):
-- target: bf16 weights + one forward's live activations of its micro-batch + the feature buffers;
-- drafter: 16 bytes/parameter (bf16 weights 2 + fp32 master 4 + AdamW moments 8 + bf16 grads 2) + the larger of
-  the saved activations of one step and the transient fp32 master gradients (4 bytes/parameter), + the frozen
-  embedding/head copies when the target lives on another GPU.
+`check_placement` compares what each GPU must hold (memory_model.py: weights, optimiser state, activations, item by
+item, the same model preflight shows) with its free memory and raises an actionable `PlacementError` ("cuda:3 needs
+~61 GB ... and has 20 GB free: ...") before minutes are spent loading. `device_plan` decides each device's compute
+dtype and attention backend (the one place; prepare.py applies it to a TrainConfig).
 """
 
 from __future__ import annotations
@@ -24,8 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from .config import ConfigError
+from .memory_model import device_memory
+from .model_size import drafter_parameters, target_parameters
 
-GiB = 2**30
+# The parameter model lives in model_size.py (shared with preflight and the FLOP count); these names stay for callers.
+target_num_parameters, drafter_num_parameters = target_parameters, drafter_parameters
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class PlacementError(ConfigError):
@@ -145,66 +146,40 @@ def make_placement(devices, target_devices=None) -> Placement:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Memory estimates (bytes). Parameter counts come from the configs, so nothing needs to be loaded.
+# Memory estimates (bytes). Parameter counts come from the configs (model_size.py), so nothing needs to be loaded.
 # ---------------------------------------------------------------------------------------------------------------
 
-def _text(cfg):
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+def resolve_dtype(name: str, device: str | torch.device) -> torch.dtype:
+    """"auto" -> bf16 on CUDA, fp32 on CPU (bf16 matmuls on CPU are slow and less exact); else the named dtype."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return DTYPES[name]
 
 
-def target_num_parameters(target_config) -> int:
-    tc = _text(target_config)
-    H, I, L, V = tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers, tc.vocab_size
-    nh = tc.num_attention_heads
-    kv = getattr(tc, "num_key_value_heads", None) or nh
-    hd = getattr(tc, "head_dim", None) or H // nh
-    layer = H * nh * hd * 2 + H * kv * hd * 2 + 3 * H * I + 2 * H + 2 * hd
-    head = 0 if getattr(tc, "tie_word_embeddings", False) else V * H
-    return V * H + L * layer + H + head
+@dataclass(frozen=True)
+class DevicePlan:
+    """What runs on one device: its compute dtype and the drafter's attention backend."""
+
+    device: str
+    dtype: torch.dtype
+    attention: str  # "flex" (BlockMask) or "sdpa" (dense mask)
 
 
-def drafter_num_parameters(drafter_config) -> int:
-    d = drafter_config
-    H = d.hidden_size
-    layer = (H * d.num_attention_heads * d.head_dim * 2 + H * d.num_key_value_heads * d.head_dim * 2
-             + 3 * H * d.intermediate_size + 2 * H + 2 * d.head_dim)
-    return d.num_hidden_layers * layer + d.num_target_features * H * H + 2 * H
-
-
-def estimate_target_bytes(target_config, *, seq_len: int, micro_batch: int, num_features: int,
-                          dtype_bytes: int = 2) -> int:
-    tc = _text(target_config)
-    H, I = tc.hidden_size, tc.intermediate_size
-    weights = target_num_parameters(target_config) * dtype_bytes
-    rows = micro_batch * seq_len
-    live = rows * (6 * H + 3 * I) * dtype_bytes  # one layer's forward temporaries (no grad: nothing is saved)
-    features = 2 * rows * num_features * H * dtype_bytes  # static output + feature slots
-    return int(weights + live + features + 1 * GiB)  # + CUDA context / cuBLAS workspaces
-
-
-def estimate_drafter_bytes(drafter_config, *, seq_len: int, num_anchors: int, micro_batch: int,
-                           embed_copy: bool, chunk_size: int = 4096, dtype_bytes: int = 2) -> int:
-    d = drafter_config
-    H, I, D = d.hidden_size, d.intermediate_size, d.num_hidden_layers
-    P = drafter_num_parameters(d)
-    states = P * (dtype_bytes + 4 + 8 + dtype_bytes)
-    rows = micro_batch * num_anchors * d.block_size  # query rows (b * N * B)
-    ctx = micro_batch * seq_len
-    attn = d.num_attention_heads * d.head_dim
-    kvd = d.num_key_value_heads * d.head_dim
-    # saved for backward, bytes per row; calibrated on an H200 (Qwen3-8B drafter, paper shape: ~8 GB measured)
-    per_layer = rows * (12 * H + 12 * attn + 4 * I) + ctx * (8 * kvd + 4 * H)
-    acts = D * per_layer + ctx * (d.num_target_features * H * dtype_bytes * 2 + 12 * H)
-    head = min(chunk_size, rows) * d.vocab_size * 4 + rows * H * 4  # chunk logits/probs + the hidden-state grad
-    embed = (1 if d.tie_word_embeddings else 2) * d.vocab_size * H * dtype_bytes if embed_copy else 0
-    return int(states + max(acts + head, 4 * P) + embed + 1 * GiB)
+def device_plan(device: str | torch.device, *, dtype: str = "auto", attention: str = "auto") -> DevicePlan:
+    """The one place that turns `dtype="auto"` / `attention="auto"` into a decision for a device: bf16 + flex on
+    CUDA, fp32 + SDPA on CPU (flex attention has no fast CPU kernel). prepare.plan_device applies a TrainConfig."""
+    dev = torch.device(device)
+    backend = ("flex" if dev.type == "cuda" else "sdpa") if attention == "auto" else attention
+    return DevicePlan(device=str(dev), dtype=resolve_dtype(dtype, dev), attention=backend)
 
 
 def check_placement(placement: Placement, *, target_config, drafter_config, seq_len: int, num_anchors: int,
-                    batch_size: int, chunk_size: int = 4096, mem_get_info=None) -> dict[str, dict]:
+                    batch_size: int, chunk_size: int = 4096, mem_get_info=None, plan=None) -> dict[str, dict]:
     """Batch divisibility and free memory per GPU, before loading. Returns {device: {need_gb, free_gb, ...}}.
 
-    `mem_get_info(device) -> (free, total)` defaults to torch.cuda.mem_get_info (tests pass a fake).
+    The need per device is memory_model.device_memory's (the model preflight shows item by item). `plan(device)`:
+    the DevicePlan to assume (default: device_plan, bf16 + flex on GPUs). `mem_get_info(device) -> (free, total)`
+    defaults to torch.cuda.mem_get_info (tests pass a fake).
     """
     T, D = len(placement.target_devices), len(placement.drafter_devices)
     for n, what in ((D, "drafter workers"), (T, "target replicas")):
@@ -215,18 +190,18 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
     if not placement.is_cuda:
         return report
     mem_get_info = mem_get_info or (lambda dev: torch.cuda.mem_get_info(torch.device(dev)))
-    t_need = estimate_target_bytes(target_config, seq_len=seq_len, micro_batch=batch_size // T,
-                                   num_features=drafter_config.num_target_features)
-    d_need = estimate_drafter_bytes(drafter_config, seq_len=seq_len, num_anchors=num_anchors,
-                                    micro_batch=batch_size // D, embed_copy=not placement.colocated,
-                                    chunk_size=chunk_size)
+    items = device_memory(drafter_devices=placement.drafter_devices, target_devices=placement.target_devices,
+                          target_config=target_config, drafter_config=drafter_config,
+                          target_params=target_parameters(target_config),
+                          drafter_params=drafter_parameters(drafter_config), seq_len=seq_len,
+                          num_anchors=num_anchors, batch_size=batch_size, chunk_size=chunk_size,
+                          plan=plan or device_plan)
     for dev in placement.devices:
-        parts = {}
-        if dev in placement.target_devices:
-            parts["target"] = t_need
-        if dev in placement.drafter_devices:
-            parts["drafter"] = d_need
-        need = sum(parts.values())
+        parts = {"target": sum(v for k, v in items[dev].items() if k.startswith("target")),
+                 "drafter": sum(v for k, v in items[dev].items() if k.startswith(("drafter", "fp32", "features",
+                                                                                    "embedding")))}
+        parts = {k: v for k, v in parts.items() if v}
+        need = sum(items[dev].values())  # + allocator slack and CUDA context (memory_model.py)
         free, total = mem_get_info(dev)
         report[dev] = {"need_gb": round(need / 1e9, 1), "free_gb": round(free / 1e9, 1),
                        "total_gb": round(total / 1e9, 1), **{f"{k}_gb": round(v / 1e9, 1) for k, v in parts.items()}}

@@ -27,10 +27,14 @@ from pathlib import Path
 import torch
 
 from .config import DrafterConfig, TrainConfig
+from .model_size import drafter_parameters, target_parameters
+from .placement import Placement
 
-GIB = 2**30
-CUDA_OVERHEAD_BYTES = 1 * GIB
-ALLOCATOR_SLACK = 0.10
+config_param_count = target_parameters  # the parameter model is model_size.py's (kept name for callers)
+from .memory_model import CUDA_OVERHEAD_BYTES, GIB, device_memory  # noqa: F401 (re-exported)
+from .prepare import plan_device, prepare_run
+from .targets import load_target_config, resolve_target_path
+
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -53,33 +57,6 @@ def safetensors_param_count(model_dir: str | Path) -> int | None:
                 numel *= d
             total += numel
     return total
-
-
-def config_param_count(tc) -> int:
-    """Parameter count of a decoder-only HF LM from its config (dense and Qwen-style MoE)."""
-    H, L, V = tc.hidden_size, tc.num_hidden_layers, tc.vocab_size
-    nh = tc.num_attention_heads
-    nkv = getattr(tc, "num_key_value_heads", None) or nh
-    hd = getattr(tc, "head_dim", None) or H // nh
-    attn = H * nh * hd * 2 + H * nkv * hd * 2 + 2 * hd  # q, o, k, v (+ q_norm/k_norm)
-    experts = getattr(tc, "num_experts", 0) or getattr(tc, "num_local_experts", 0) or 0
-    if experts:
-        mlp = experts * 3 * H * tc.moe_intermediate_size + H * experts
-        shared = getattr(tc, "shared_expert_intermediate_size", 0) or 0
-        mlp += 3 * H * shared + (H if shared else 0)
-    else:
-        mlp = 3 * H * tc.intermediate_size
-    per_layer = attn + mlp + 2 * H
-    head = 0 if getattr(tc, "tie_word_embeddings", False) else V * H
-    return V * H + L * per_layer + H + head
-
-
-def drafter_param_count(dc: DrafterConfig) -> int:
-    from .drafter import DFlashDrafter
-
-    with torch.device("meta"):
-        model = DFlashDrafter(dc)
-    return sum(p.numel() for p in model.parameters())
 
 
 def _bytes(dtype: torch.dtype) -> int:
@@ -201,115 +178,41 @@ def _capacity(device: str, given) -> int | None:
     return None
 
 
-def target_activation_bytes(tc, *, batch: int, seq_len: int, num_features: int, dtype_bytes: int) -> int:
-    """Forward-only target up to max(ids): one layer's transients + the kept feature outputs."""
-    H = tc.hidden_size
-    nh = tc.num_attention_heads
-    nkv = getattr(tc, "num_key_value_heads", None) or nh
-    hd = getattr(tc, "head_dim", None) or H // nh
-    inter = getattr(tc, "intermediate_size", 0) or 0
-    if getattr(tc, "num_experts", 0):
-        inter = max(inter, tc.moe_intermediate_size * getattr(tc, "num_experts_per_tok", 1))
-    per_token = 3 * H + (nh + 2 * nkv) * hd + nh * hd + 3 * inter
-    return batch * seq_len * (per_token + num_features * H) * dtype_bytes
-
-
-def drafter_activation_bytes(dc: DrafterConfig, *, batch: int, seq_len: int, num_anchors: int, dtype_bytes: int,
-                             chunk_size: int, backend: str) -> int:
-    """What autograd keeps for one micro-batch of the drafter step, plus the head's chunk buffers."""
-    H, Iw, D = dc.hidden_size, dc.intermediate_size, dc.num_hidden_layers
-    nh, nkv, hd = dc.num_attention_heads, dc.num_key_value_heads, dc.head_dim
-    n = len(dc.target_layer_ids)
-    Q = num_anchors * dc.block_size
-    KV = seq_len + Q
-    c = dtype_bytes
-    per_layer = c * (Q * (4 * H + 3 * nh * hd + 4 * Iw) + KV * 5 * nkv * hd) \
-        + 4 * (4 * Q * H + 2 * Q * nh * hd + 2 * KV * nkv * hd)  # fp32 norm intermediates
-    if backend == "sdpa_math":  # CPU SDPA with a boolean mask keeps the attention probabilities
-        per_layer += c * nh * Q * KV
-    once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
-    rows = num_anchors * (dc.block_size - 1)
-    head = c * 2 * rows * H + min(chunk_size, rows) * dc.vocab_size * (4 + 4 + c)
-    mask = Q * KV if backend.startswith("sdpa") else 0
-    return batch * (D * per_layer + per_layer + once + mask) + head  # + one layer of gradient transients
-
-
 def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s: float | None = None,
              gpu_memory_gib=None, cache_dtype: torch.dtype = torch.bfloat16, log=None) -> Preflight:
     """Pre-flight for `config`. `data`: TokenizedData (tokenized here with the target's tokenizer when None);
     `gpu_memory_gib`: capacity per device (a number or {device: GiB}); by default the visible GPU's memory, or host
     RAM for "cpu"; `tokens_per_s`: sequence tokens/s (padded, as the Trainer counts them) for the ETA."""
-    from .targets import resolve_target_path
-
     cfg = config
+    prep = None
+    if data is None:  # the same preparation as a run (prepare.py): tokenizer, every data setting, drafter config
+        prep = prepare_run(cfg, placement=Placement(tuple(cfg.devices), tuple(cfg.target_devices or cfg.devices)),
+                           check_memory=False, log=log)  # devices unchecked: estimate a GPU job from any machine
+        data = prep.data
     path = None
     if target_config is None:
-        from transformers import AutoConfig
-
         path = resolve_target_path(cfg.target)
-        target_config = AutoConfig.from_pretrained(path)
+        target_config = prep.target_config if prep is not None else load_target_config(cfg.target)
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else 0
-    dc = DrafterConfig.from_target(tc, num_draft_layers=cfg.num_draft_layers,
-                                   num_target_features=cfg.num_target_features, target_layer_ids=cfg.target_layer_ids,
-                                   block_size=cfg.block_size, mask_token_id=mask_id, layer_types=cfg.layer_types,
-                                   sliding_window=cfg.sliding_window)
+    if prep is not None:
+        dc = prep.drafter_config
+    else:
+        dc = DrafterConfig.from_target(tc, num_draft_layers=cfg.num_draft_layers,
+                                       num_target_features=cfg.num_target_features,
+                                       target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size,
+                                       mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else 0,
+                                       layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
     counted = safetensors_param_count(path) if path is not None and Path(path).is_dir() else None
-    target_params = counted if counted is not None else config_param_count(tc)
+    target_params = counted if counted is not None else target_parameters(tc)
     source = "safetensors headers" if counted is not None else "from config"
-    drafter_params = drafter_param_count(dc)
-    if data is None:
-        from .data import load_dataset
-        from .targets import load_tokenizer
+    drafter_params = drafter_parameters(dc)
 
-        data = load_dataset(load_tokenizer(cfg.target), cfg.data, seq_len=cfg.seq_len, block_size=cfg.block_size,
-                            enable_thinking=getattr(cfg, "enable_thinking", None),
-                            data_format=getattr(cfg, "data_format", "auto"), log=log)
-
-    workers = list(cfg.devices)
-    tdevs = list(cfg.target_devices) if cfg.target_devices else list(workers)
-    if len(tdevs) == 1:
-        tdevs = tdevs * len(workers)
-    micro = cfg.batch_size // len(workers)
+    per = {name: DeviceEstimate(name, items, _capacity(name, gpu_memory_gib)) for name, items in device_memory(
+        drafter_devices=tuple(cfg.devices), target_devices=tuple(cfg.target_devices or cfg.devices),
+        target_config=tc, drafter_config=dc, target_params=target_params, drafter_params=drafter_params,
+        seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size,
+        plan=lambda d: plan_device(cfg, d)).items()}
     n = len(dc.target_layer_ids)
-    per: dict[str, DeviceEstimate] = {}
-
-    def dev(name: str) -> DeviceEstimate:
-        if name not in per:
-            per[name] = DeviceEstimate(name, {}, _capacity(name, gpu_memory_gib))
-        return per[name]
-
-    def add(name: str, key: str, nbytes: float) -> None:
-        d = dev(name)
-        d.items[key] = d.items.get(key, 0) + int(nbytes)
-
-    def cbytes(name: str) -> int:
-        if cfg.dtype == "auto":
-            return 2 if torch.device(name).type == "cuda" else 4
-        return 2 if cfg.dtype == "bfloat16" else 4
-
-    for t in dict.fromkeys(tdevs):
-        add(t, "target weights", target_params * cbytes(t))
-    for w, t in zip(workers, tdevs):
-        add(t, "target activations", target_activation_bytes(tc, batch=micro, seq_len=cfg.seq_len,
-                                                             num_features=n, dtype_bytes=cbytes(t)))
-        c = cbytes(w)
-        add(w, "drafter weights+grads", drafter_params * 2 * c)
-        add(w, "fp32 master + AdamW m, v", drafter_params * (12 if c != 4 else 8))
-        backend = cfg.attention if cfg.attention != "auto" else ("flex" if torch.device(w).type == "cuda" else "sdpa")
-        if backend == "sdpa" and torch.device(w).type == "cpu":
-            backend = "sdpa_math"
-        add(w, "drafter activations", drafter_activation_bytes(dc, batch=micro, seq_len=cfg.seq_len,
-                                                               num_anchors=cfg.num_anchors, dtype_bytes=c,
-                                                               chunk_size=cfg.loss_chunk_size, backend=backend))
-        if t != w:  # features are copied from the target's device to the drafter's
-            add(w, "features (copied in)", micro * cfg.seq_len * n * dc.hidden_size * c)
-        if torch.device(w).type == "cuda" and "embedding + head copy" not in per[w].items and t != w:
-            add(w, "embedding + head copy", dc.vocab_size * dc.hidden_size * c * (1 if dc.tie_word_embeddings else 2))
-    for d in per.values():
-        if torch.device(d.device).type == "cuda":
-            d.items["allocator slack 10%"] = int(ALLOCATOR_SLACK * d.total)
-            d.items["CUDA context"] = CUDA_OVERHEAD_BYTES
 
     warnings = []
     for d in per.values():

@@ -24,38 +24,15 @@ from . import checkpoint
 from .config import DrafterConfig, TrainConfig
 from .data import BatchSampler, TokenizedData, load_dataset
 from .feature_cache import CachedFeatureExtractor
-from .placement import Placement, check_placement, make_placement
-from .resume import Override, resumed_config, schedule_after
+from .placement import (DevicePlan, Placement, check_placement, device_plan, make_placement,  # noqa: F401
+                        resolve_dtype)
+from .resume import Override, resumed_config
 from .schedule import LRSchedule
 from .targets import FeatureExtractor, load_target_config, load_tokenizer
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """What runs on one device: its compute dtype and the drafter's attention backend."""
-
-    device: str
-    dtype: torch.dtype
-    attention: str  # "flex" (BlockMask) or "sdpa" (dense mask)
-
-
-def resolve_dtype(name: str, device: str | torch.device) -> torch.dtype:
-    """"auto" -> bf16 on CUDA, fp32 on CPU (bf16 matmuls on CPU are slow and less exact); else the named dtype."""
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return DTYPES[name]
-
-
 def plan_device(config: TrainConfig, device: str | torch.device) -> DevicePlan:
-    """The one place that turns `dtype="auto"` / `attention="auto"` into a decision for a device: bf16 + flex on
-    CUDA, fp32 + SDPA on CPU (flex attention has no fast CPU kernel)."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    dtype = resolve_dtype(config.dtype, dev)
-    attention = ("flex" if cuda else "sdpa") if config.attention == "auto" else config.attention
-    return DevicePlan(device=str(dev), dtype=dtype, attention=attention)
+    """`config.dtype` / `config.attention` decided for `device` (placement.device_plan: the one place)."""
+    return device_plan(device, dtype=config.dtype, attention=config.attention)
 
 
 def make_feature_extractor(config: TrainConfig, drafter_config: DrafterConfig, target_model, plan: DevicePlan):
@@ -141,7 +118,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     if check_memory:
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
                                  seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
-                                 chunk_size=cfg.loss_chunk_size)
+                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d))
     plans = {d: plan_device(cfg, d) for d in placement.devices}
     if cfg.feature_cache:  # a wrong cache (layers, path) fails now, not after the target loaded
         CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids)
@@ -156,4 +133,4 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         checkpoint.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
-                       schedule=schedule_after(resume, cfg), resume=resume, overrides=overrides)
+                       schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides)

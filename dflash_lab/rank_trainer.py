@@ -1,7 +1,7 @@
 """The training loop of one torchrun rank (or of a single process): setup, the step, metrics, checkpoints.
 
-Each rank runs the step of the threaded engine (step.py: `build_masks`, `drafter_loss`, `block_stats`; optim.py:
-`MasterAdamW`, `lr_at`) on its slice `BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch;
+Each rank runs the plain step that the threaded engine's workers run in halves (step.py: `build_masks`,
+`train_step`, `block_stats`; optim.py: `MasterAdamW`; schedule.py) on its slice `BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch;
 DDP (or FSDP2) sums the gradients (distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl
 and checkpoints (dist_checkpoint.py: a torchrun checkpoint resumes in a notebook Trainer and back); every rank writes
 system.rank{R}.jsonl (gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead
@@ -31,7 +31,7 @@ from .placement import make_placement
 from .prepare import prepare_run
 from .progress import progress_line
 from .resume import checkpoint_state
-from .step import DraftInputs, block_stats, build_masks, drafter_loss
+from .step import DraftInputs, block_stats, build_masks, train_step
 from .targets import load_target
 
 STOP_FILE = "STOP"
@@ -261,11 +261,11 @@ class RankTrainer:
         masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
                             sliding_window=dc.sliding_window)
         ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
-        self.optimizer.zero_grad()
-        loss, raw = drafter_loss(self.model, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
-                                 cfg.loss_chunk_size)
-        loss.backward()  # DDP: gradients summed over drafter ranks here; FSDP2: reduce-scattered (summed)
-        grad_norm = full_tensor(self.optimizer.step(lr, cfg.grad_clip))
+        # The step (step.py): DDP sums the gradients over drafter ranks in backward; FSDP2 reduce-scatters them.
+        out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
+                         lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size)
+        loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
+        raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         _maybe_dump_grads(self, step)
         mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
         local = torch.cat([loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1).to(loss.device),

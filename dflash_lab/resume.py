@@ -2,7 +2,8 @@
 
 Which config: the checkpoint's. Only the fields the user set explicitly override it, each printed
 (`lr: 0.0006 -> 0.0003 (set by you)`); a field that would change the model's shape or the data stream is refused with
-the list (FIXED_ON_RESUME). Changing `steps` extends (or shortens) the run with the schedule of schedule.py. The same
+the list (FIXED_ON_RESUME). Changing `steps` extends (or shortens) the run; the cosine is re-planned for the new
+total (schedule.py says how, and the change of lr at the resumed step is printed). The same
 rule holds from Python, the notebook (notebook_params.py says which parameters were set), papermill and torchrun
 (`--steps`). "Set explicitly" from Python means: differs from TrainConfig's default, unless `explicit=` names them.
 
@@ -84,6 +85,10 @@ def resumed_config(resume: checkpoint.Checkpoint, requested: TrainConfig, *, exp
             + ("" if changes else " (nothing overridden)"))
         for c in changes:
             log("  " + c.line())
+        before, after = LRSchedule.of(base).lr(resume.step), LRSchedule.of(config).lr(resume.step)
+        if before != after:  # schedule.py: the curve is re-planned for the new steps / scaled by the new lr
+            log(f"  lr schedule re-planned: lr at step {resume.step} {before:.3g} -> {after:.3g}, cosine to step "
+                f"{config.steps}")
     return config, tuple(changes)
 
 
@@ -118,25 +123,10 @@ def checkpoint_state(run, reason: str, recent_losses: list[float], *, names, gro
         "loss_avg": sum(recent_losses) / len(recent_losses) if recent_losses else None,  # rotation keeps the best
         "data": {"epoch": epoch, "index_in_epoch": index, **checkpoint.data_fingerprint(run.data, run.sampler)},
         "scheduler": {"next_step": step, "next_lr": lr_override if lr_override is not None else run.schedule.lr(step),
-                      "lr_override": lr_override, "total_steps": cfg.steps, "warmup_steps": cfg.warmup_steps,
-                      "tail_from": run.schedule.tail_from, "tail_ratio": run.schedule.tail_ratio},
+                      "lr_override": lr_override, "total_steps": cfg.steps, "warmup_steps": cfg.warmup_steps},
         "optimizer": {"param_names": names, "param_groups": groups},
         "rng": rng, "config": cfg.to_dict(), "drafter_config": run.drafter_config.to_dict(), **(extra or {}),
     }
-
-
-def schedule_after(resume: checkpoint.Checkpoint | None, config: TrainConfig) -> LRSchedule:
-    """The lr schedule of a (resumed) run: the checkpoint's curve, extended from the resumed step if `steps`
-    changed (schedule.py)."""
-    if resume is None:
-        return LRSchedule.of(config)
-    sched = resume.state.get("scheduler", {})
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    old = TrainConfig.from_dict({k: v for k, v in resume.state["config"].items() if k in known})
-    before = LRSchedule.of(old, tail=sched)
-    if old.steps == config.steps and old.warmup_ratio == config.warmup_ratio and old.min_lr_ratio == config.min_lr_ratio:
-        return LRSchedule.of(config, tail=sched)  # same plan (an lr override scales it)
-    return before.extended(resume.step, config)
 
 
 def restore(trainer, resume: checkpoint.Checkpoint) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .blocks import BlockBatch, dense_mask, flex_block_mask
+from .blocks import BlockBatch, attention_masks
 
 
 def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
@@ -91,14 +91,9 @@ class DraftInputs:
 
 def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: tuple[str, ...],
                 sliding_window: int | None) -> dict:
-    """{"full_attention": mask, "sliding_attention": mask} as dense bool (sdpa) or BlockMask (flex)."""
-    make = dense_mask if backend == "sdpa" else flex_block_mask
-    masks = {}
-    for t in set(layer_types):
-        window = sliding_window if t == "sliding_attention" else None
-        masks[t] = make(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
-                        sliding_window=window)
-    return masks
+    """{"full_attention": mask, "sliding_attention": mask} for `batch` (blocks.attention_masks)."""
+    return attention_masks(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
+                           backend=backend, layer_types=layer_types, sliding_window=sliding_window)
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
@@ -141,15 +136,25 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
     return {"slot_acc": per_slot_acc, "sim_tau": sim_tau, "acc": c.sum() / h.sum().clamp(min=1)}
 
 
-def train_step(drafter, optimizer, extractor, embed, head_weight, inputs: DraftInputs, *, lr: float,
-               grad_clip: float, chunk_size: int) -> dict:
-    """One optimizer step on one device, as a plain function (the engine runs the same pieces across workers).
-
-    Returns tensors (loss, grad_norm, slot_acc, sim_tau, acc); reading them with .item() syncs the device.
-    """
-    features = extractor(inputs.batch.input_ids)  # (b, S, n*H) no grad, layers above max(ids) never run
-    optimizer.zero_grad()
+def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
+                     inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
+    (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
     loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size)
     loss.backward()
+    return loss.detach(), raw["correct"], raw["has_loss"]
+
+
+def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
+               inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int) -> dict:
+    """One optimizer step: zero grads -> forward + loss + backward -> clip + AdamW. The step a torchrun rank runs
+    (DDP/FSDP2 sum the gradients inside backward). The threaded engine runs the same two halves with its own
+    cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
+    the sum, then `optimizer.step` on every worker.
+
+    Returns tensors {loss, grad_norm, correct, has_loss}; reading them (.item()) syncs the device.
+    """
+    optimizer.zero_grad()
+    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size)
     grad_norm = optimizer.step(lr, grad_clip)
-    return {"loss": loss.detach(), "grad_norm": grad_norm, **block_stats(raw["correct"], raw["has_loss"])}
+    return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}

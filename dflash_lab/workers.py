@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocks import BlockBatch, block_mask_from_dense, dense_mask, flex_mask_mod
+from .blocks import BlockBatch, attention_masks, flex_mask_mods
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
-from .step import DraftInputs, drafter_loss
+from .step import DraftInputs, forward_backward
 from .streams import DeviceThread, StaticBuffers, Timeline, mark
 
 def _why_eager(cuda_graphs: bool, device: torch.device) -> str:
@@ -110,21 +110,17 @@ class Worker:
         return t
 
     def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor) -> dict:
-        """Attention masks per layer type, built from the (static) anchors outside any graph."""
-        S, B = self.seq_len, self.block_size
-        types = sorted(set(self.layer_types))
-        window = {t: self.sliding_window if t == "sliding_attention" else None for t in types}
-        if self.attention == "sdpa":
-            return {t: dense_mask(anchors, anchor_valid, seq_len=S, block_size=B, sliding_window=window[t])
-                    for t in types}
-        static = anchors is self.buffers.bufs.get("anchors") and anchor_valid is self.buffers.bufs.get("anchor_valid")
-        if static and self._mask_mods is None:  # closures over the STATIC anchors: the graph's flex kernels read them
-            self._mask_mods = {t: flex_mask_mod(anchors, anchor_valid, seq_len=S, block_size=B,
-                                                sliding_window=window[t]) for t in types}
-        mods = self._mask_mods if static else {
-            t: flex_mask_mod(anchors, anchor_valid, seq_len=S, block_size=B, sliding_window=window[t]) for t in types}
-        masks = {t: block_mask_from_dense(dense_mask(anchors, anchor_valid, seq_len=S, block_size=B,
-                                                     sliding_window=window[t]), mods[t]) for t in types}
+        """Attention masks per layer type (blocks.attention_masks), built from the (static) anchors outside any
+        graph. Flex in graph mode: the mask_mods close over the STATIC anchors, and the kept BlockMask tensors are
+        refreshed in place, so the captured flex kernels read this step's masks."""
+        kw = dict(seq_len=self.seq_len, block_size=self.block_size, layer_types=self.layer_types,
+                  sliding_window=self.sliding_window)
+        static = (self.attention == "flex" and anchors is self.buffers.bufs.get("anchors")
+                  and anchor_valid is self.buffers.bufs.get("anchor_valid"))
+        if static and self._mask_mods is None:
+            self._mask_mods = flex_mask_mods(anchors, anchor_valid, **kw)
+        masks = attention_masks(anchors, anchor_valid, backend=self.attention,
+                                mask_mods=self._mask_mods if static else None, **kw)
         if not static:
             return masks
         out = {}
@@ -142,6 +138,7 @@ class Worker:
     # -- the captured step ------------------------------------------------------------------------------------
     def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos,
                           mask_full=None, mask_sliding=None):
+        """step.forward_backward on this worker's static inputs (flat tensors: what GraphedStep captures)."""
         self.flat_grad.zero_()
         masks = {k: v for k, v in (("full_attention", mask_full), ("sliding_attention", mask_sliding))
                  if v is not None}
@@ -149,10 +146,8 @@ class Worker:
         bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
                         block_size=self.block_size)
-        loss, raw = drafter_loss(self.forward_module, self.embed, self.head_weight, features,
-                                 DraftInputs(bb, masks, ctx_pos), self.chunk_size)
-        loss.backward()
-        return loss.detach(), raw["correct"], raw["has_loss"]
+        return forward_backward(self.forward_module, self.embed, self.head_weight, features,
+                                DraftInputs(bb, masks, ctx_pos), self.chunk_size)
 
     def forward_backward(self, part: BlockBatch, features: torch.Tensor, step: int) -> dict:
         m0 = mark(self.device)

@@ -99,8 +99,8 @@ def test_a_training_step_from_the_cache_equals_one_with_the_live_target(setup, c
             batch = sampler.batch(step)
             masks = build_masks(batch, seq_len=160, backend="sdpa", layer_types=dc.layer_types, sliding_window=None)
             inputs = DraftInputs(batch, masks, torch.arange(160)[None].expand(4, -1))
-            out = train_step(drafter, opt, extractor, embedding_of(model), lm_head_weight(model), inputs, lr=1e-3,
-                             grad_clip=1.0, chunk_size=4096)
+            out = train_step(drafter, opt, embedding_of(model), lm_head_weight(model), extractor(batch.input_ids),
+                             inputs, lr=1e-3, grad_clip=1.0, chunk_size=4096)
             losses.append(out["loss"].item())
         results.append((losses, drafter.state_dict()))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5, abs=1e-6)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dflash_lab.config import DrafterConfig
-from dflash_lab.placement import (PlacementError, check_placement, drafter_num_parameters, estimate_drafter_bytes,
+from dflash_lab.placement import (PlacementError, check_placement, drafter_num_parameters,
                                   gpus, make_placement, target_num_parameters)
 from dflash_lab.targets import load_target_config
 
@@ -60,8 +60,9 @@ def test_memory_check_before_loading(two_fake_gpus):
     free = {"cuda:0": 140e9, "cuda:1": 20e9}
     info = lambda dev: (free[dev], 150e9)  # noqa: E731
     report = check_placement(make_placement(("cuda:0",)), batch_size=1, mem_get_info=info, **kw)
-    # measured on an H200: 37.5 GB peak (CUDA graphs), 41 GB eager; the estimate must not be below that
-    assert 41 < report["cuda:0"]["need_gb"] < 60 and report["cuda:0"]["target_gb"] > 16.3
+    # measured on an H200: 37.5 GB peak (CUDA graphs), 41 GB eager, 55 GB (51 GiB) in another run; the estimate
+    # (memory_model.py, shared with preflight: 60.7 GB with slack and context) must not be below that
+    assert 55 < report["cuda:0"]["need_gb"] < 65 and report["cuda:0"]["target_gb"] > 16.3
     with pytest.raises(PlacementError) as e:
         check_placement(make_placement(("cuda:1",)), batch_size=1, mem_get_info=info, **kw)
     msg = str(e.value)
@@ -74,9 +75,11 @@ def test_memory_check_before_loading(two_fake_gpus):
         check_placement(make_placement(("cuda:0", "cuda:1")), batch_size=3, mem_get_info=info, **kw)
 
 
-def test_drafter_estimate_grows_with_anchors():
-    dc = DrafterConfig.from_target(load_target_config("bench:qwen3-8b"))
-    small = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=128, micro_batch=1, embed_copy=False)
-    large = estimate_drafter_bytes(dc, seq_len=3072, num_anchors=1024, micro_batch=1, embed_copy=False)
-    assert large > small + 8e9
-    assert small > 16 * drafter_num_parameters(dc)  # weights + master + AdamW + grads at least
+def test_drafter_estimate_grows_with_anchors(two_fake_gpus):
+    tc = load_target_config("bench:qwen3-8b")
+    dc = DrafterConfig.from_target(tc)
+    kw = dict(target_config=tc, drafter_config=dc, seq_len=3072, batch_size=1, mem_get_info=lambda d: (1e12, 1e12))
+    small = check_placement(make_placement(("cuda:1",), ("cuda:0",)), num_anchors=128, **kw)["cuda:1"]["need_gb"]
+    large = check_placement(make_placement(("cuda:1",), ("cuda:0",)), num_anchors=1024, **kw)["cuda:1"]["need_gb"]
+    assert large > small + 8
+    assert small * 1e9 > 16 * drafter_num_parameters(dc)  # weights + master + AdamW + grads at least

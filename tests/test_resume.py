@@ -220,3 +220,39 @@ def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_
     assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
     state = json.loads((checkpoint.latest_checkpoint(t.run_dir) / checkpoint.STATE_FILE).read_text())
     assert state["step"] == STEPS and state["reason"] == "finish" and state["data"]["num_samples"] > 0
+
+
+def test_resume_takes_the_checkpoint_config_and_prints_each_override(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, steps=4, run_name="orig"), log=lambda *a: None)
+    t.train()
+    t.close()
+    logs = []
+    # A notebook-like request: defaults everywhere except what the user set (resume_from, steps, lr).
+    asked = TrainConfig(resume_from=str(t.run_dir), steps=8, lr=1e-3, runs_dir=str(tmp_path / "runs"))
+    more = Trainer(asked, log=logs.append, explicit={"resume_from", "steps", "lr"})
+    cfg = more.config
+    assert (cfg.seq_len, cfg.batch_size, cfg.num_draft_layers, cfg.run_name) == (64, 2, 2, "orig")  # checkpoint's
+    assert (cfg.steps, cfg.lr) == (8, 1e-3)
+    assert "  lr: 0.003 -> 0.001 (set by you)" in logs and "  steps: 4 -> 8 (set by you)" in logs
+    # The finished 4-step run (lr decayed to 0) goes on along the 8-step cosine: lr/2 at step 4, printed.
+    assert t.schedule.lr(4) == 0 and more.current_lr() == pytest.approx(0.5e-3)
+    assert "  lr schedule re-planned: lr at step 4 0 -> 0.0005, cosine to step 8" in logs
+    more.train()
+    assert more.step_count == 8
+    more.close()
+    again = checkpoint.load_checkpoint(more.run_dir)
+    assert again.state["config"]["steps"] == 8 and again.state["config"]["lr"] == 1e-3
+
+
+def test_resume_with_only_resume_from_keeps_the_run_settings(tmp_path, data_file, reference):
+    t = Trainer(_config(tmp_path, data_file, steps=4, checkpoint_every=2), log=lambda *a: None)
+    t.train()
+    t.close()
+    whole = _losses(t.run_dir)
+    ckpt = str(t.run_dir / "checkpoints" / "step-0000002")
+    asked = TrainConfig(resume_from=ckpt, steps=200, checkpoint_every=0)  # notebook defaults, not set by the user
+    more = Trainer(asked, log=lambda *a: None, explicit={"resume_from"})
+    assert more.config == _config(tmp_path, data_file, steps=4, checkpoint_every=2, resume_from=ckpt)
+    more.train()
+    assert more.step_count == 4 and _losses(t.run_dir) == whole
+    more.close()

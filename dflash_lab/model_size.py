@@ -1,0 +1,54 @@
+"""The one parameter model: how many parameters the target and the drafter have, from their configs alone.
+
+Preflight (its report and ETA), placement (the "does it fit" check before loading) and the FLOP/MFU count
+(metrics.flops_per_sequence) all read their numbers here, so they cannot disagree about the size of a model;
+tests/test_model_size.py checks the closed forms against the real modules.
+"""
+
+from __future__ import annotations
+
+
+def text_config(cfg):
+    """The language-model part of a (possibly multimodal) HF config."""
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def layer_matmul_parameters(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Weights of one dense decoder layer's matmuls (q, k, v, o, gate, up, down): 2x this = FLOPs per token."""
+    return hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 3 * hidden * intermediate
+
+
+def target_parameters(target_config) -> int:
+    """Parameter count of a decoder-only HF LM from its config (dense and Qwen-style MoE)."""
+    tc = text_config(target_config)
+    H, L, V = tc.hidden_size, tc.num_hidden_layers, tc.vocab_size
+    nh = tc.num_attention_heads
+    nkv = getattr(tc, "num_key_value_heads", None) or nh
+    hd = getattr(tc, "head_dim", None) or H // nh
+    attn = H * nh * hd * 2 + H * nkv * hd * 2 + 2 * hd  # q, o, k, v (+ q_norm/k_norm)
+    experts = getattr(tc, "num_experts", 0) or getattr(tc, "num_local_experts", 0) or 0
+    if experts:
+        mlp = experts * 3 * H * tc.moe_intermediate_size + H * experts
+        shared = getattr(tc, "shared_expert_intermediate_size", 0) or 0
+        mlp += 3 * H * shared + (H if shared else 0)
+    else:
+        mlp = 3 * H * tc.intermediate_size
+    per_layer = attn + mlp + 2 * H  # + input/post-attention norms
+    head = 0 if getattr(tc, "tie_word_embeddings", False) else V * H
+    return V * H + L * per_layer + H + head
+
+
+def drafter_matmul_parameters(drafter_config) -> int:
+    """The drafter's trainable matmul weights: every layer's projections + the feature fusion `fc` (n*H -> H)."""
+    d = drafter_config
+    layer = layer_matmul_parameters(d.hidden_size, d.intermediate_size, d.num_attention_heads,
+                                    d.num_key_value_heads, d.head_dim)
+    return d.num_hidden_layers * layer + d.num_target_features * d.hidden_size * d.hidden_size
+
+
+def drafter_parameters(drafter_config) -> int:
+    """All trainable drafter parameters: the matmuls + per layer 2 norms (H) and q/k norms (head_dim), + the
+    feature norm and the final norm (H each). No embedding or LM head (the target's, frozen)."""
+    d = drafter_config
+    norms = d.num_hidden_layers * (2 * d.hidden_size + 2 * d.head_dim) + 2 * d.hidden_size
+    return drafter_matmul_parameters(d) + norms
