@@ -76,3 +76,33 @@ def test_dtype_and_attention_are_decided_once_per_device():
     assert (plan_device(cfg, "cuda:1").dtype, plan_device(cfg, "cuda:1").attention) == (torch.bfloat16, "flex")
     forced = cfg.replace(dtype="float32", attention="flex")
     assert (plan_device(forced, "cuda:0").dtype, plan_device(forced, "cuda:0").attention) == (torch.float32, "flex")
+
+
+def test_torchrun_resume_overrides_only_the_command_line_fields(tmp_path):
+    """`python -m dflash_lab.train --config <run>/config.json --resume <run> --steps 6`: the checkpoint's config with
+    `steps` alone changed, printed; the run goes on to step 6 on the rank loop."""
+    from dflash_lab import rundir
+    from dflash_lab.distributed import DIST_CONFIG_FILE
+    from dflash_lab.train import load_configs, parse_args
+    from tests.golden import config as golden_config
+
+    cfg = golden_config(tmp_path).replace(steps=4, checkpoint_every=2)
+    first = Trainer(cfg, log=lambda *a: None)
+    first.train()
+    first.close()
+    rundir.write_json(first.run_dir / DIST_CONFIG_FILE, DistConfig().to_dict())
+    args = parse_args(["--config", str(first.run_dir / "config.json"), "--resume", str(first.run_dir),
+                       "--steps", "6"])
+    asked, dcfg, run_dir, explicit = load_configs(args)
+    assert explicit == {"resume_from", "steps"}
+    logs = []
+    ctx = DistContext(dcfg, train_devices=asked.devices, env=None)
+    rank = RankTrainer(asked, ctx, run_dir, log=logs.append, explicit=explicit)
+    try:
+        assert rank.step_count == 4 and rank.config.steps == 6 and rank.config.lr == cfg.lr
+        assert "  steps: 4 -> 6 (set by you)" in logs
+        rank.train(progress_every_s=1e9)
+        assert rank.step_count == 6
+    finally:
+        rank.close()
+        ctx.close()

@@ -267,7 +267,8 @@ def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     out = tmp_path / "explore.out.ipynb"
     papermill.execute_notebook(str(ROOT / "notebooks" / "explore.ipynb"), str(out), cwd=str(tmp_path),
                                parameters={"steps": 6, "log_every": 2, "seq_len": 128, "block_size": 8,
-                                           "num_anchors": 12, "num_draft_layers": 2, "hand_steps": 2},
+                                           "num_anchors": 12, "num_draft_layers": 2, "hand_steps": 2,
+                                           "runs_dir": str(tmp_path / "runs")},  # "runs" = <project>/runs
                                progress_bar=False, kernel_name="python3")
     nb = nbformat.read(out, as_version=4)
     raw = out.read_text()
