@@ -268,17 +268,15 @@ class RankTrainer:
         raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         _maybe_dump_grads(self, step)
         mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
-        local = torch.cat([loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1).to(loss.device),
-                           torch.full((1,), mem, device=loss.device),
-                           raw["correct"].flatten().float(), raw["has_loss"].flatten().float()])
-        rows = ctx.gather_drafters(local).cpu()  # one small all_gather; .cpu() syncs: step time is device time
+        dev = loss.device
+        rows = _gather_named(ctx, {  # one small all_gather; .cpu() inside syncs: the step time is device time
+            "loss": loss.detach().float().reshape(1), "grad_norm": grad_norm.detach().float().reshape(1).to(dev),
+            "mem_gb": torch.full((1,), mem, device=dev), "correct": raw["correct"].flatten().float(),
+            "has_loss": raw["has_loss"].flatten().float()})
         dt = time.perf_counter() - t0
-        n = raw["correct"].numel()
-        shape = (-1,) + tuple(raw["correct"].shape[1:])
-        correct = rows[:, 3:3 + n].reshape(shape).bool()
-        has_loss = rows[:, 3 + n:].reshape(shape).bool()
-        stats = block_stats(correct, has_loss)
-        loss_total, gnorm = float(rows[:, 0].sum()), float(rows[0, 1])
+        shape = (-1,) + tuple(raw["correct"].shape[1:])  # (ranks * b, N, B-1)
+        stats = block_stats(rows["correct"].reshape(shape).bool(), rows["has_loss"].reshape(shape).bool())
+        loss_total, gnorm = float(rows["loss"].sum()), float(rows["grad_norm"][0, 0])
         if not (math.isfinite(loss_total) and math.isfinite(gnorm)):
             self.diverged_at = step + 1
         tokens = batch.input_ids.numel()
@@ -297,7 +295,7 @@ class RankTrainer:
             record["feature_wait_frac"] = wait / dt if dt > 0 else 0.0
         if ctx.device.type == "cuda":
             for i, r in enumerate(ctx.layout.drafter_ranks):
-                record[f"mem_gb/rank{r}"] = round(float(rows[i, 2]), 3)
+                record[f"mem_gb/rank{r}"] = round(float(rows["mem_gb"][i, 0]), 3)
         self.last_metrics = record
         if math.isfinite(loss_total):
             self.recent_losses = (self.recent_losses + [loss_total])[-100:]
@@ -373,6 +371,13 @@ class RankTrainer:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+def _gather_named(ctx: DistContext, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every drafter rank's 1-D `fields`, gathered in ONE all_gather; returns {name: (num_drafters, len) on CPU}."""
+    sizes = [t.numel() for t in fields.values()]
+    rows = ctx.gather_drafters(torch.cat(list(fields.values()))).cpu()
+    return dict(zip(fields, rows.split(sizes, dim=1)))
+
+
 def _consume(path: Path) -> bool:
     if not path.exists():  # one stat per step: microseconds
         return False
