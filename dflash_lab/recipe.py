@@ -29,6 +29,21 @@ from .config import ConfigError, TrainConfig
 RESULTS = "results.json"
 
 
+class PhaseFigures(dict):
+    """One phase's figures (a plain dict, saved in results.json); a notebook shows it as a compact table in which
+    long lists (curves, per-row evaluations) are summarised by their length."""
+
+    def _repr_html_(self) -> str:
+        def cell(v):
+            if isinstance(v, list) and len(v) > 4:
+                return f"{len(v)} entries (see results.json)"
+            return html.escape(json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v))
+
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{cell(v)}</td></tr>"
+                       for k, v in self.items())
+        return f"<table>{rows}</table>"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecipeConfig:
     """Every knob of the recipe; the notebook's parameters map 1:1 onto these fields."""
@@ -61,10 +76,10 @@ class RecipeConfig:
     eval_every: int = 0
     """Periodic real tau on held-out prompts while training (0 = off)."""
     eval_prompts: int = 8
-    eval_max_new_tokens: int = 96
+    eval_max_new_tokens: int = 64
     eval_block_sizes: tuple[int, ...] = (16, 8)
     eval_temperatures: tuple[float, ...] = (0.0, 1.0)
-    eval_budget_s: float = 240.0
+    eval_budget_s: float = 120.0
     """No new (block size, temperature) evaluation starts after this many seconds of evaluation."""
     threads: int | None = None
     """torch CPU threads (None = leave torch's setting)."""
@@ -223,7 +238,7 @@ class Recipe:
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
     def _record(self, phase: str, t0: float, **figures) -> dict:
-        figures["seconds"] = round(time.perf_counter() - t0, 1)
+        figures = PhaseFigures(figures, seconds=round(time.perf_counter() - t0, 1))
         self.results["phases"][phase] = figures
         self.log(f"[recipe] {phase}: {figures['seconds']} s")
         self._save()
