@@ -13,6 +13,7 @@ import torch
 from dflash_lab import models
 
 NAME = "smollm2-135m-instruct"
+pytestmark = pytest.mark.slow  # in `make test`, not in `make test-fast`: ~1.5 CPU-minutes + a one-time ~50 s conversion
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,16 @@ def test_two_training_steps_then_speculative_decoding_equals_target_greedy(folde
     model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
     assert type(model).__name__ == "DFlashDraftModel"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_feature_extractor_returns_the_right_llama_layers(target, tokenizer):
+    """DFlash id i = OUTPUT of decoder layer i = HF hidden_states[i + 1], for LlamaForCausalLM too."""
+    from dflash_lab.targets import FeatureExtractor
+
+    ids = torch.tensor([tokenizer("Hello there, how are you doing today?")["input_ids"]])
+    feats = FeatureExtractor(target, (1, 14, 27))(ids)
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    want = torch.cat([hs[2], hs[15], hs[28]], dim=-1)
+    assert feats.shape == (1, ids.shape[1], 3 * 576)
+    torch.testing.assert_close(feats, want, atol=1e-4, rtol=1e-4)
