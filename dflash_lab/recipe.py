@@ -177,7 +177,12 @@ class Recipe:
         finally:
             trainer.close()
         self.run_dir = Path(summary["run_dir"])
+        report = json.loads((self.run_dir / "data_report.json").read_text())
+        # first turns are often greetings with short answers: conversations under 2 * block_size supervised tokens
+        # are dropped, so say how much data actually trained
+        data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
         return self._record("train", t0, run_dir=str(self.run_dir), status=summary["status"], steps=summary["steps"],
+                            data=data,
                             loss_first=summary.get("loss_first"), loss_last=summary.get("loss_last"),
                             sim_tau_last=summary.get("sim_tau_last"),
                             tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
