@@ -201,7 +201,7 @@ def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size
     n = len(histories)
     return {"checked": n, "identical": n - len(diverged), "match_rate": round((n - len(diverged)) / max(n, 1), 4),
             "dtype": str(next(gen.model.parameters()).dtype).replace("torch.", ""), "device": str(gen.device),
-            "batch_size": batch_size, "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
+            "batch_size": min(batch_size, n), "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
             "summary": f"{n - len(diverged)}/{n} identical to single-sequence greedy"}
 
 
