@@ -134,3 +134,27 @@ def test_feature_extractor_returns_the_right_llama_layers(target, tokenizer):
     want = torch.cat([hs[2], hs[15], hs[28]], dim=-1)
     assert feats.shape == (1, ids.shape[1], 3 * 576)
     torch.testing.assert_close(feats, want, atol=1e-4, rtol=1e-4)
+
+
+def test_recipe_notebook_runs_headless_with_tiny_settings(folder, tmp_path):
+    """notebooks/recipes/smollm2.ipynb end to end on the CPU (the H200 run uses the same notebook, full settings)."""
+    from pathlib import Path
+
+    import papermill as pm
+
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "recipe"
+    params = dict(work_dir=str(work), n_train=4, regen_batch_size=4, regen_max_new_tokens=40, match_check=2,
+                  steps=1, seq_len=96, batch_size=2, num_anchors=2, num_draft_layers=1, eval_prompts=1,
+                  eval_max_new_tokens=8, eval_block_sizes=[16], eval_temperatures=[0.0], threads=1)
+    pm.execute_notebook(str(repo / "notebooks" / "recipes" / "smollm2.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, cwd=str(repo), kernel_name="python3", progress_bar=False)
+    res = json.loads((work / "results.json").read_text())
+    assert list(res["phases"]) == ["get_model", "build_data", "regenerate", "train", "evaluate", "export"]
+    assert "Q4_1" in res["weights_note"]
+    regen = res["phases"]["regenerate"]
+    assert regen["conversations"] == 4 and regen["greedy_match"]["identical"] == 2  # fp32: batched == single
+    rows = res["phases"]["evaluate"]["rows"]
+    assert {r["decoder"] for r in rows} == {"trained", "untrained", "target only"}
+    assert all(r["tau"] >= 1.0 for r in rows)
+    assert res["phases"]["export"]["config"]["dflash_config"]["mask_token_id"] == 7
