@@ -22,6 +22,11 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 # Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
 KNOWN_MASK_TOKEN_IDS = {"qwen3": 151669, "qwen3_moe": 151669, "qwen3_5": 248070, "qwen3_next": 248070, "gpt_oss": 200000}
+# --- real targets (issue 12): model_type "llama" is shared by many vocabularies, so key by (model_type, vocab_size).
+# 49,152 = the SmolLM/SmolLM2 tokenizer, which has no mask token and no spare embedding rows: id 7 is "<gh_stars>",
+# a StarCoder-style repository-metadata special token that no chat template emits and chat text never contains
+# (tests/test_real_target.py checks the chitchat data). See dflash_lab/models.py.
+KNOWN_MASK_TOKEN_IDS_BY_VOCAB = {("llama", 49152): 7}
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -159,7 +164,9 @@ class DrafterConfig:
         L = tc.num_hidden_layers
         ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(L, num_target_features)
         if mask_token_id is None:
-            mask_token_id = KNOWN_MASK_TOKEN_IDS.get(getattr(tc, "model_type", ""))
+            model_type = getattr(tc, "model_type", "")
+            mask_token_id = KNOWN_MASK_TOKEN_IDS_BY_VOCAB.get((model_type, tc.vocab_size),
+                                                              KNOWN_MASK_TOKEN_IDS.get(model_type))
             if mask_token_id is None or mask_token_id >= tc.vocab_size:
                 raise ConfigError(
                     f"mask_token_id is not set and no default is known for model_type={tc.model_type!r} with "

@@ -90,6 +90,8 @@ class RegenStats:
     skipped: dict = dataclasses.field(default_factory=dict)
     out: str = ""
     backend: str = ""
+    greedy_match: dict | None = None
+    """Batched vs single-sequence greedy on the first prompts (`greedy_match_check`), local back end at T=0."""
 
     @property
     def samples_per_s(self) -> float:
@@ -109,7 +111,8 @@ class RegenStats:
         return (f"regenerated {self.samples} conversations ({self.turns} turns, {self.new_tokens:,} new tokens) in "
                 f"{self.seconds:.1f}s: {self.samples_per_s:.2f} samples/s, {self.tokens_per_s:,.0f} new tokens/s "
                 f"[{self.backend}]; {self.already_done} already done; finish {dict(self.finish_reasons)}; "
-                f"skipped {self.skipped or 0} -> {self.out}")
+                f"skipped {self.skipped or 0} -> {self.out}" + (f"; greedy match {self.greedy_match['summary']}"
+                                                                 if self.greedy_match else ""))
 
     def _repr_html_(self) -> str:
         import html
@@ -140,7 +143,12 @@ class HFGenerator:
             raise DataError(f"tokenizer {tokenizer.name_or_path} has no eos token and the template no end-of-turn "
                             "token: generation would never stop. Fix: set generation_config.eos_token_id.")
         self.stop_ids = sorted(stop)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        if tokenizer.pad_token is None:
+            # Llama-family tokenizers (SmolLM2 from its GGUF, Llama 3) ship no pad token and batched encoding refuses
+            # to pad ("Asking to pad but the tokenizer does not have a padding token"). Left padding is masked out
+            # by the attention mask, so the pad id's value never reaches an answer: the first stop token serves.
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(self.stop_ids[0])
+        self.pad_id = tokenizer.pad_token_id
         self.kwargs = {} if sampling.enable_thinking is None else {"enable_thinking": sampling.enable_thinking}
 
     def prompt(self, history: list[dict]) -> str:
@@ -172,6 +180,29 @@ class HFGenerator:
             text = self.tokenizer.decode(toks, skip_special_tokens=False)
             results.append((text, "length" if end is None else "stop", len(row) if end is None else end + 1))
         return results
+
+
+def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size: int) -> dict:
+    """Does batched, left-padded greedy reproduce what the target says ALONE (batch 1, as served)? Generates each
+    history both ways with the same model and dtype and compares token ids. In bf16, batching changes reduction
+    orders and flips near-tied argmaxes (issue 12: 11 of 24 SmolLM2 prompts diverged on CPU; 0 of 24 in fp32), so
+    the training text would not be the served text: record the rate and regenerate in the dtype that matches."""
+    t0 = time.perf_counter()
+    batched = []
+    for b0 in range(0, len(histories), batch_size):
+        batched += gen(histories[b0:b0 + batch_size], seed=0)
+    single = [gen([h], seed=0)[0] for h in histories]
+    diverged = []
+    for i, ((tb, _, nb), (ts, _, ns)) in enumerate(zip(batched, single)):
+        if tb != ts:
+            a, b = gen.tokenizer.encode(tb, add_special_tokens=False), gen.tokenizer.encode(ts, add_special_tokens=False)
+            first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diverged.append({"index": i, "first_differing_token": first, "batched_tokens": nb, "single_tokens": ns})
+    n = len(histories)
+    return {"checked": n, "identical": n - len(diverged), "match_rate": round((n - len(diverged)) / max(n, 1), 4),
+            "dtype": str(next(gen.model.parameters()).dtype).replace("torch.", ""), "device": str(gen.device),
+            "batch_size": min(batch_size, n), "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
+            "summary": f"{n - len(diverged)}/{n} identical to single-sequence greedy"}
 
 
 class ServerGenerator:
@@ -408,10 +439,13 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                batch_size: int = 16, sampling: SamplingConfig | None = None, server_url: str | None = None,
                server_model: str | None = None, concurrency: int = 8, dtype: str = "auto",
                data_format: str = "auto", limit: int | None = None, overwrite: bool = False, log=print,
-               progress_every_s: float = 10.0, on_progress=None, models: dict | None = None) -> RegenStats:
+               progress_every_s: float = 10.0, on_progress=None, models: dict | None = None,
+               match_check: int = 0) -> RegenStats:
     """Regenerate every conversation of `data` into `out` (JSONL). Resumes if `out` exists. Returns RegenStats.
 
     `models` optionally maps device name -> an already loaded model (skips loading; used by notebooks and tests).
+    `match_check` > 0 (local back end, temperature 0): first compare batched vs single-sequence greedy on that many
+    first prompts (`greedy_match_check`); the result goes to the stats and `<out>.meta.json`.
     """
     sampling = sampling or SamplingConfig()
     out = Path(out)
@@ -454,6 +488,12 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         generation.update(model=server.model, server_url=server_url)
     else:
         gens = _load_generators(target, devices, sampling, dtype, models, log)
+        if match_check > 0 and sampling.temperature == 0:
+            firsts = [_Job(c).next_prompt() for c in todo[:match_check]]
+            stats.greedy_match = greedy_match_check(gens[0], firsts, batch_size)
+            log(f"regenerate: batched vs single-sequence greedy ({stats.greedy_match['dtype']} on "
+                f"{stats.greedy_match['device']}): {stats.greedy_match['summary']} "
+                f"({stats.greedy_match['seconds']} s)")
     writer = _Writer(out, stats, settings, log, progress_every_s, on_progress)  # the clock starts here
     stop = threading.Event()
     try:
@@ -537,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (server back end)")
     p.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    p.add_argument("--match-check", type=int, default=0,
+                   help="compare batched vs single-sequence greedy on the first N prompts (recorded in .meta.json)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (small models on CPU: 1 is fastest, and far faster on a busy machine)")
     a = p.parse_args(argv)
@@ -546,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                               enable_thinking={"on": True, "off": False, "template": None}[a.thinking], seed=a.seed)
     regenerate(a.data, a.out, target=a.target, devices=tuple(a.devices), batch_size=a.batch_size, sampling=sampling,
                server_url=a.server_url, server_model=a.server_model, concurrency=a.concurrency, dtype=a.dtype,
-               data_format=a.format, limit=a.limit, overwrite=a.overwrite, log=lambda s: print(s, flush=True))
+               data_format=a.format, limit=a.limit, overwrite=a.overwrite, log=lambda s: print(s, flush=True),
+               match_check=a.match_check)
     return 0
 
 

@@ -3,6 +3,7 @@
 Targets are named by a string:
 - "tiny": the embedded tiny target (CPU tests, demo);
 - a local Hugging Face model directory, or a hub id (must be in the local HF cache when offline);
+- a known real model name, e.g. "smollm2-135m-instruct" (`python -m dflash_lab.models get NAME` converts it once);
 - "bench:<name>": a REAL architecture from `dflash_lab/bench_configs/<name>.json` (e.g. bench:qwen3-8b, the dense
   32B-class bench:qwen3-32b) with random weights made directly on the GPU: benchmarks need no download. These use
   the tiny tokenizer (their token ids are valid rows of the large vocabulary).
@@ -29,6 +30,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from . import models
 
 BENCH_PREFIX = "bench:"
 BENCH_CONFIG_DIR = Path(__file__).resolve().parent / "bench_configs"
@@ -60,8 +63,15 @@ def is_bench_target(target: str) -> bool:
 
 
 def resolve_target_path(target: str) -> str:
-    """"tiny" -> the embedded model dir; "bench:<name>" -> itself (checked); an existing dir -> itself; a
-    path-like string that does not exist -> error; anything else is treated as a Hugging Face hub id."""
+    """"tiny" -> the embedded model dir; "bench:<name>" -> itself (checked); a known real model name
+    (`dflash_lab.models.KNOWN_MODELS`, e.g. "smollm2-135m-instruct") -> its converted cache folder (error naming
+    `python -m dflash_lab.models get NAME` if not converted); an existing dir -> itself; a path-like string that does
+    not exist -> error; anything else is treated as a Hugging Face hub id."""
+    if models.is_known(target):
+        try:
+            return str(models.resolve(target))
+        except models.ModelNotReady as e:
+            raise TargetLoadError(str(e)) from e
     if target == "tiny":
         from .tiny import ensure_tiny_target
 

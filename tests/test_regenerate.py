@@ -216,3 +216,33 @@ def test_sampling_config_validates():
         SamplingConfig(top_p=0)
     with pytest.raises(DataError, match="SamplingConfig.temperature=-1"):
         SamplingConfig(temperature=-1)
+
+
+def test_tokenizer_without_pad_token_gets_one_and_batches(tiny):
+    """Llama-family tokenizers (SmolLM2, Llama 3) ship no pad token: batched generation used to stop at once with
+    "Asking to pad but the tokenizer does not have a padding token"."""
+    import copy
+
+    from dflash_lab.regenerate import HFGenerator
+
+    model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.pad_token = None
+    gen = HFGenerator(model, tok, SamplingConfig(max_new_tokens=8, enable_thinking=False))
+    assert tok.pad_token_id == gen.pad_id == gen.stop_ids[0]
+    outs = gen([[{"role": "user", "content": "hi"}],
+                [{"role": "user", "content": "tell me a much longer story about a cat and a dog"}]], seed=0)
+    assert len(outs) == 2 and all(n >= 1 for _, _, n in outs)
+
+
+def test_greedy_match_check_is_recorded_in_meta(tiny, prompts, tmp_path):
+    """fp32 on the CPU: batched left-padded greedy equals single-sequence greedy on every checked prompt, and the
+    rate lands in the stats and <out>.meta.json."""
+    out = tmp_path / "regen.jsonl"
+    stats = regenerate(prompts, out, target="tiny", batch_size=4, limit=4, match_check=4,
+                       sampling=SamplingConfig(max_new_tokens=48, enable_thinking=False), models={"cpu": tiny[0]},
+                       log=lambda *a: None)
+    gm = stats.greedy_match
+    assert gm["checked"] == 4 and gm["identical"] == 4 and gm["match_rate"] == 1.0 and gm["dtype"] == "float32"
+    meta = json.loads(meta_path(out).read_text())
+    assert meta["last_run"]["greedy_match"]["identical"] == 4

