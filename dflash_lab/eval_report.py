@@ -238,9 +238,11 @@ def latest_eval(run_dir: str | Path) -> Path | None:
 
 
 def eval_summary(path: str | Path) -> dict:
-    """Headline figures of a saved eval.json: trained tau, block size, temperature, dtype, step, speedup."""
+    """Headline figures of a saved eval.json: trained tau, block size, temperature, dtype, step, speedup. Figures of
+    the "heldout" prompt set when the evaluation has one (a row of its table), else pooled over its prompt sets."""
     d = json.loads(Path(path).read_text())
     trained = [r for r in d.get("summary", []) if r["decoder"] == "trained"]
+    trained = [r for r in trained if r["prompt_set"] == "heldout"] or trained
     speed = [r["speedup"] for r in trained if r.get("speedup")]
     return {"eval_tau": pooled_tau(trained) if trained else None, "eval_block_size": d.get("block_size"),
             "eval_temperature": d.get("temperature"), "eval_dtype": d.get("dtype"), "eval_step": d.get("step"),
