@@ -132,3 +132,15 @@ def test_heldout_tau_is_logged_every_eval_every_steps():
     target, tok, drafter = tiny_models()
     tau = ev.heldout_tau((target, drafter, tok), block_size=8, max_new_tokens=32, n_prompts=4)
     assert 1.0 <= tau <= 8.0
+
+
+def test_an_exported_folder_is_written_into_only_with_out(tmp_path):
+    """Evaluating a serving folder puts the evaluation under runs/exports/<name>/evals/ unless --out names a folder."""
+    from dflash_lab.export import export_drafter
+
+    exported = export_drafter(tiny_trained_run(), tmp_path / "serve", log=lambda *a: None)
+    plan = ev.plan_eval(exported, target="tiny")
+    assert plan.out_dir.parent == ev.REPO / "runs" / "exports" / "serve" / "evals"
+    assert plan.out_dir.name.endswith("-b8-t0-fp32") and not plan.out_dir.exists()
+    assert ev.plan_eval(exported, target="tiny", out_dir=exported / "my-eval").out_dir == exported / "my-eval"
+    assert ev.plan_eval(exported, target="tiny", dtype="bfloat16", block_size=4).out_dir.name.endswith("-b4-t0-bf16")
