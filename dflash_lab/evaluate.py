@@ -1,18 +1,20 @@
 """Measure a trained drafter by real speculative decoding: tau, acceptance per block slot, tokens/s and speedup.
 
-    python -m dflash_lab.evaluate <run dir | checkpoint> [--prompts FILE ...] [--block-size B] [--temperature T]
-                                  [--max-new-tokens N] [--n-prompts K] [--no-untrained] [--no-notebook]
+    python -m dflash_lab.evaluate <run dir | checkpoint | export> [--prompts FILE ...] [--block-size B]
+        [--temperature T] [--max-new-tokens N] [--n-prompts K] [--dtype auto|bfloat16|float32]
+        [--decoding auto|static|dynamic] [--out DIR] [--no-untrained] [--no-notebook]
 
-runs notebooks/eval.ipynb with papermill into <run dir>/eval.ipynb (which calls `evaluate()` below, writes
-<run dir>/eval.json and PNG plots into <run dir>/plots/), then prints a compact table: tau and speedup of the
-trained drafter, of an untrained drafter (same seed, random init: the floor a drafter must beat) and of the
-target alone (block size 1, the speedup baseline). At temperature 0 it also checks that every drafter's output is
-identical to the target-only output (lossless).
+checks every setting first (a bad one is one line with the fix, and nothing is written), then runs
+notebooks/eval.ipynb with papermill into a NEW folder <run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/ (eval.ipynb,
+eval.json, plots/; an exported serving folder goes to runs/exports/<name>/evals/ unless --out), then prints a
+compact table: tau and speedup of the trained drafter, of an untrained drafter (same seed, random init: the floor a
+drafter must beat) and of the target alone (block size 1, the speedup baseline). At temperature 0 every drafter's
+output is compared with the target-only output, with a verdict per differing prompt (eval_report.py).
 
-Prompts are JSONL: {"messages": [...]} (trailing assistant turns are dropped and the chat template's generation
-prompt is added) or {"prompt": "text"} (one user turn); default: the tiny target's held-out and train prompts.
-Timing is wall clock on whatever device runs the target; on a shared CPU the speedup is noisy (+-10%), tau is not.
-`heldout_tau()` is the cheap version the Trainer calls every `eval_every` steps.
+On a GPU all three decode with static KV caches and one CUDA graph per iteration (static_decode.py), so the speedup
+compares like with like; on the CPU they use the dynamic loop (speculative.py). Timing is wall clock; on a shared
+CPU the speedup is noisy (+-10%), tau is not. `heldout_tau()` is the cheap version the Trainer calls every
+`eval_every` steps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .drafter import DFlashDrafter
+from .eval_prompts import EvalError, default_prompt_files, load_prompts, prompt_files_of
 from .eval_report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, pooled_tau
 from .speculative import GenerationResult, PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder, speculative_generate
@@ -35,89 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "eval.ipynb"
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 DECODING = {"auto": "auto", "static": True, "dynamic": False}
-
-
-class EvalError(ValueError):
-    """Bad evaluation input (prompts file, run, target); the message says what to pass instead."""
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Prompts
-# ------------------------------------------------------------------------------------------------------------------
-
-def _render(tokenizer, messages: list[dict], enable_thinking: bool | None) -> list[int]:
-    while messages and messages[-1].get("role") == "assistant":
-        messages = messages[:-1]
-    if not messages:
-        return []
-    if getattr(tokenizer, "chat_template", None):
-        kw = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
-    else:
-        text = "\n".join(m.get("content") or "" for m in messages)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def load_prompts(path: str | Path, tokenizer, *, n_prompts: int | None = None,
-                 enable_thinking: bool | None = None) -> list[list[int]]:
-    """Token ids of the prompts in a JSONL file ({"messages": [...]} or {"prompt": "..."} per line); the first
-    n_prompts. An empty file, a line without a usable prompt, or a prompt that renders empty raises EvalError."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise EvalError(f"prompts file {p} does not exist. Expected JSONL with one {{\"messages\": [...]}} or "
-                        "{\"prompt\": \"...\"} object per line.")
-    out: list[list[int]] = []
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if n_prompts is not None and len(out) >= n_prompts:
-                break
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{p}:{lineno}: not valid JSON ({e.msg}). Fix or remove that line.") from e
-            if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-                ids = _render(tokenizer, obj["messages"], enable_thinking)
-            elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-                ids = _render(tokenizer, [{"role": "user", "content": obj["prompt"]}], enable_thinking)
-            else:
-                raise EvalError(f"{p}:{lineno}: expected {{\"messages\": [...]}} or {{\"prompt\": \"...\"}}.")
-            if not ids:
-                raise EvalError(f"{p}:{lineno}: the prompt is empty after dropping assistant turns. Fix: give at "
-                                "least one user message.")
-            out.append(ids)
-    if not out:
-        raise EvalError(f"prompts file {p} is empty: it holds no prompts. Fix: add one JSON object per line, e.g. "
-                        "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}.")
-    return out
-
-
-def default_prompt_files(target: str, data: str = "tiny") -> dict[str, Path]:
-    """Prompt sets used when none are given: for the tiny target its held-out set and its training prompts."""
-    if target == "tiny":
-        from .tiny import tiny_data_path, tiny_heldout_path
-
-        return {"heldout": Path(tiny_heldout_path()), "train": Path(tiny_data_path())}
-    if data and data != "tiny" and Path(data).is_file():
-        return {"train": Path(data)}
-    raise EvalError(f"no default prompts for target {target!r}. Fix: pass prompts=<JSONL file> (--prompts FILE).")
-
-
-def _prompt_sets(prompts, target: str, data: str) -> dict[str, Path]:
-    if prompts is None or prompts == "" or prompts == []:
-        return default_prompt_files(target, data)
-    if isinstance(prompts, dict):
-        return {str(k): Path(v) for k, v in prompts.items()}
-    if isinstance(prompts, (str, Path)):
-        prompts = [prompts]
-    sets = {}
-    for p in prompts:
-        name = Path(p).stem
-        while name in sets:
-            name += "'"
-        sets[name] = Path(p)
-    return sets
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -231,7 +151,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EvalError(f"device={device!r} but no CUDA GPU is visible. Fix: --device cpu (or auto).")
     torch_dtype = DTYPES[dtype] or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    files = _prompt_sets(prompts, target_name, train_cfg.data if train_cfg else "")
+    files = prompt_files_of(prompts, target_name, train_cfg.data if train_cfg else "")
     missing = [str(f) for f in files.values() if not Path(f).expanduser().is_file()]
     if missing:
         raise EvalError(f"prompts file {', '.join(missing)} does not exist. Fix: pass JSONL files with one "
