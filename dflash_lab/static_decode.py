@@ -66,6 +66,8 @@ def static_path_problem(target, drafter: DFlashDrafter | None) -> str | None:
         return f"the target's attention implementation is {impl!r} (static path: sdpa or eager)"
     if not hasattr(decoder_of(target), "rotary_emb"):
         return "the target's decoder has no rotary_emb"
+    if drafter is not None and next(drafter.parameters()).device != next(target.parameters()).device:
+        return "the drafter and the target are on different devices (one graph spans one device)"
     return None
 
 
