@@ -1,7 +1,8 @@
 """`make demo`: train a drafter on the embedded tiny target by executing notebooks/train.ipynb headless, then
-evaluate it with real speculative decoding. Prints the run directory, the loss at start and end, tau and the time.
+evaluate it with real speculative decoding. Prints the run directory, the loss at start and end, the evaluation table
+and a final line quoting its held-out rows (tau trained vs untrained, speedup) and the time.
 
-    python -m dflash_lab.demo [--steps 600] [--runs-dir runs]
+    python -m dflash_lab.demo [--steps 600] [--runs-dir runs] [--eval-prompts 20] [--eval-tokens 128]
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
     ap.add_argument("--runs-dir", default=str(REPO / "runs"), help="where the run directory is created")
     ap.add_argument("--no-eval", action="store_true", help="skip the speculative-decoding evaluation")
+    ap.add_argument("--eval-prompts", type=int, default=20, help="prompts per prompt set in the evaluation")
+    ap.add_argument("--eval-tokens", type=int, default=128, help="new tokens per prompt in the evaluation")
     args = ap.parse_args(argv)
 
-    import papermill as pm
-
     from dflash_lab import rundir
+    from dflash_lab.notebook_exec import execute
     from dflash_lab.tiny import ensure_tiny_target
 
     # papermill's log_output writes the notebook's cell output (our progress lines) to its logger at INFO level.
@@ -47,23 +49,32 @@ def main(argv: list[str] | None = None) -> int:
     out_nb = run_dir / "train.ipynb"
     print(f"[demo] training {args.steps} steps on the embedded tiny target (CPU); run dir: {run_dir}", flush=True)
     os.environ["DFLASH_NOTEBOOK_OUTPUT"] = str(out_nb)
-    pm.execute_notebook(str(REPO / "notebooks" / "train.ipynb"), str(out_nb), cwd=str(REPO), log_output=True,
-                        progress_bar=False, kernel_name="python3",
-                        parameters={**DEMO_PARAMETERS, "steps": args.steps, "runs_dir": args.runs_dir,
-                                    "run_dir": str(run_dir)})
+    execute(REPO / "notebooks" / "train.ipynb", out_nb, cwd=REPO,
+            parameters={**DEMO_PARAMETERS, "steps": args.steps, "runs_dir": args.runs_dir, "run_dir": str(run_dir)})
     train_s = time.perf_counter() - t0
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"[demo] trained in {train_s:.0f} s: loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
           f"simulated tau {summary['sim_tau_last']:.2f}", flush=True)
+    quoted = ""
     if not args.no_eval:
-        try:
-            from dflash_lab import evaluate
-        except ImportError:
-            print("[demo] dflash_lab.evaluate is not available: skipping the speculative-decoding evaluation")
-        else:
-            evaluate.main([str(run_dir)])
-    print(f"[demo] done in {time.perf_counter() - t0:.0f} s; results in {run_dir}", flush=True)
+        from dflash_lab import evaluate
+
+        if evaluate.main([str(run_dir), "--n-prompts", str(args.eval_prompts), "--max-new-tokens",
+                          str(args.eval_tokens)]) != 0:
+            return 2
+        quoted = "; " + headline(evaluate.load_report(run_dir))
+    print(f"[demo] done in {time.perf_counter() - t0:.0f} s{quoted}; results in {run_dir}", flush=True)
     return 0
+
+
+def headline(saved: dict) -> str:
+    """The evaluation's held-out rows, quoted from its table: trained and untrained tau, trained speedup."""
+    rows = {(r["decoder"], r["prompt_set"]): r for r in saved["summary"]}
+    pset = "heldout" if ("trained", "heldout") in rows else next(s for d, s in rows if d == "trained")
+    t, u = rows[("trained", pset)], rows.get(("untrained", pset))
+    speed = f", speedup {t['speedup']:.2f}x" if t.get("speedup") else ""
+    return (f"{pset} prompts: tau trained {t['tau']:.2f}" + (f" vs untrained {u['tau']:.2f}" if u else "")
+            + f"{speed} (the table's '{pset}' rows)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .evaluate import BASELINE, EvalReport
+from .eval_report import BASELINE, EvalReport
 
 COLORS = {"trained": "tab:blue", "untrained": "tab:gray"}
 

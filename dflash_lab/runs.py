@@ -2,7 +2,7 @@
 
     from dflash_lab import runs
     dirs = runs.list_runs("runs")            # newest first: [Path('runs/20250101T120000Z-train-a1b2c3'), ...]
-    runs.runs_table(dirs)                     # one row per run: status, steps, last loss, tokens/s, memory
+    runs.runs_table(dirs)                     # one row per run: status, steps, last loss, tokens/s, memory, eval tau
     frame = runs.load_metrics(dirs)           # one row per logged step, column `run` names the run
 
 Command line:
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from . import rundir
+from .eval_report import eval_summary, latest_eval
 
 _STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +106,7 @@ def load_metrics(run_dirs) -> "pandas.DataFrame":  # noqa: F821
             continue
         for r in rows:
             r["memory_gb"] = _memory_gb(r)
+        _add_latest_eval(rows, d)
         f = pd.DataFrame(rows)
         f.insert(0, "run", d.name)
         f.insert(1, "label", run_label(d))
@@ -112,6 +114,21 @@ def load_metrics(run_dirs) -> "pandas.DataFrame":  # noqa: F821
     if not frames:
         return pd.DataFrame(columns=["run", "label", "step", "loss", "tokens_per_s", "memory_gb", "sim_tau"])
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def _add_latest_eval(rows: list[dict], run_dir: Path) -> None:
+    """Put the latest evaluation's trained tau (evals/<...>/eval.json) on the logged row of the evaluated step, so the
+    real-tau points of compare.ipynb include it; periodic eval_tau values logged while training are kept."""
+    found = latest_eval(run_dir)
+    if found is None:
+        return
+    ev = eval_summary(found)
+    if ev["eval_tau"] is None:
+        return
+    step = ev["eval_step"] if ev["eval_step"] is not None else rows[-1]["step"]
+    row = min(rows, key=lambda r: abs(r["step"] - step))
+    if row.get("eval_tau") is None:
+        row["eval_tau"] = ev["eval_tau"]
 
 
 def load_system(run_dirs) -> "pandas.DataFrame":  # noqa: F821
@@ -126,6 +143,17 @@ def load_system(run_dirs) -> "pandas.DataFrame":  # noqa: F821
             f.insert(0, "run", Path(d).name)
             frames.append(f)
     return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame(columns=["run"])
+
+
+def _eval_columns(run_dir: Path, metrics: list[dict]) -> dict:
+    """eval_tau / eval_block_size / eval_speedup: the run's latest evaluation (trained drafter, its heldout row);
+    heldout_tau: the last real tau logged while training (eval_every), which eval_tau falls back to."""
+    found = latest_eval(run_dir)
+    ev = eval_summary(found) if found else {}
+    logged = next((r["eval_tau"] for r in reversed(metrics) if r.get("eval_tau") is not None), None)
+    return {"eval_tau": ev["eval_tau"] if ev.get("eval_tau") is not None else logged,
+            "eval_block_size": ev.get("eval_block_size"), "eval_speedup": ev.get("eval_speedup"),
+            "heldout_tau": logged}
 
 
 def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
@@ -143,7 +171,7 @@ def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
         rows.append({
             "run": d.name, "status": run_status(d), "step": last.get("step", 0), "steps": cfg.get("steps"),
             "loss": last.get("loss"), "sim_tau": last.get("sim_tau"), "acc": last.get("acc"),
-            "eval_tau": next((r["eval_tau"] for r in reversed(metrics) if r.get("eval_tau") is not None), None),
+            **_eval_columns(d, metrics),
             "tokens_per_s": steady[-1] if steady else last.get("tokens_per_s"),
             "peak_memory_gb": max(mem) if mem else None,
             "target": cfg.get("target"), "devices": ",".join(cfg.get("devices") or []),
@@ -160,15 +188,15 @@ def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
 def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Path = "runs/compare.ipynb") -> Path:
     """Execute notebooks/compare.ipynb headless into `out` and write `out` as HTML next to it; returns the HTML."""
     import nbformat
-    import papermill as pm
     from nbconvert import HTMLExporter
+
+    from .notebook_exec import execute
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
-    pm.execute_notebook(str(REPO / "notebooks" / "compare.ipynb"), str(out), cwd=str(REPO), progress_bar=False,
-                        parameters={"run_dirs": selected, "runs_dir": str(rundir.resolve_runs_dir(runs_dir)),
-                                    "newest": newest})
+    execute(REPO / "notebooks" / "compare.ipynb", out, cwd=REPO, log_output=False,
+            parameters={"run_dirs": selected, "runs_dir": str(rundir.resolve_runs_dir(runs_dir)), "newest": newest})
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
     html = out.with_suffix(".html")
     html.write_text(body)
@@ -190,8 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         import pandas as pd
 
         table = runs_table(list_runs(args.runs_dir))
-        with pd.option_context("display.width", 200, "display.max_columns", 12):
-            print(table if len(table) else f"no runs under {args.runs_dir}")
+        if not len(table):
+            print(f"no runs under {args.runs_dir}")
+            return 0
+        with pd.option_context("display.float_format", "{:.4g}".format):
+            print(table.to_string())  # every column, never "..."
         return 0
     html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)
     print(f"wrote {Path(args.out)} and {html}")

@@ -79,6 +79,10 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stopped: str  # "eos" | "max_new_tokens"
+    # Per output token: the target's top-1 minus top-2 logit where it chose that token, and its runner-up token id.
+    # At a divergence between two computations they tell a numerical near-tie from a real mismatch (evaluate.py).
+    margins: list[float] = field(default_factory=list)
+    runner_up: list[int] = field(default_factory=list)
 
     @property
     def iterations(self) -> int:
@@ -179,6 +183,16 @@ class SpeculativeDecoder:
                 f"(max_position_embeddings). Fix: shorten the prompt to <= {room} "
                 "tokens or lower max_new_tokens.")
 
+    def checked_prompt(self, prompt_ids, max_new_tokens: int, temperature: float) -> torch.Tensor:
+        """The prompt as a 1-D long tensor after checking it and the generation settings."""
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+        self.check_prompt(ids.numel(), max_new_tokens)
+        return ids
+
     def _target_forward(self, ids: torch.Tensor, cache):
         out = self.target(input_ids=ids, past_key_values=cache, use_cache=True,
                           output_hidden_states=bool(self.layer_ids))
@@ -187,6 +201,12 @@ class SpeculativeDecoder:
             # DFlash id i = output of decoder layer i = HF hidden_states[i + 1]; no shift.
             feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)  # (1, T, n*H)
         return out.logits[0].float(), feats  # logits (T, V)
+
+    @staticmethod
+    def _top2(logits: torch.Tensor) -> tuple[list[float], list[int]]:
+        """(top-1 minus top-2 logit, runner-up id) per row of logits (T, V)."""
+        top = logits.topk(2, dim=-1)
+        return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist()
 
     def _draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                p: int) -> list[int]:
@@ -243,13 +263,8 @@ class SpeculativeDecoder:
         """Speculative generation for one prompt (a list or 1-D tensor of token ids)."""
         from transformers import DynamicCache
 
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+        ids = self.checked_prompt(prompt_ids, max_new_tokens, temperature)
         n = ids.numel()
-        self.check_prompt(n, max_new_tokens)
         B = self.block_size
         sync = torch.cuda.synchronize if self.target_device.type == "cuda" else (lambda: None)
 
@@ -257,6 +272,7 @@ class SpeculativeDecoder:
         cache = DynamicCache(config=self.target.config)
         logits, feats = self._target_forward(ids[None].to(self.target_device), cache)
         out = [self._pick(logits[-1], temperature, generator)]
+        margins, runner_up = self._top2(logits[-1:])
         sync()
         t1 = time.perf_counter()
 
@@ -274,6 +290,9 @@ class SpeculativeDecoder:
             accepted.append(a)
             out.extend(drafts[:a])
             out.append(nxt)
+            m, r = self._top2(logits[: a + 1])
+            margins += m
+            runner_up += r
             done = any(t in self.eos_ids for t in out[-(a + 1):])
             keep = p + a + 1  # positions 0..p+a are verified; the bonus token is not in the cache yet
             cache.crop(keep - cache.get_seq_length())  # negative = tokens to remove
@@ -281,15 +300,8 @@ class SpeculativeDecoder:
             p = keep
         sync()
         t2 = time.perf_counter()
-
-        stopped = "max_new_tokens"
-        for i, t in enumerate(out):
-            if t in self.eos_ids:
-                out, stopped = out[: i + 1], "eos"
-                break
-        out = out[:max_new_tokens]
-        return GenerationResult(prompt_len=n, output_ids=out, accepted=accepted, block_size=B, prefill_s=t1 - t0,
-                                decode_s=t2 - t1, stopped=stopped)
+        return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, margins, runner_up, self.eos_ids,
+                             max_new_tokens)
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, generator) -> int:
@@ -308,6 +320,21 @@ class SpeculativeDecoder:
             return a, target_tokens[a]
         probs = torch.softmax(logits / temperature, dim=-1).cpu()
         return speculative_accept(probs, drafts, generator)
+
+
+def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_size: int, prefill_s: float,
+                  decode_s: float, margins: list[float], runner_up: list[int], eos_ids: set,
+                  max_new_tokens: int) -> GenerationResult:
+    """Cut the emitted tokens at the first eos and at max_new_tokens (the last block may overshoot both)."""
+    stopped = "max_new_tokens"
+    for i, t in enumerate(out):
+        if t in eos_ids:
+            out, stopped = out[: i + 1], "eos"
+            break
+    out = out[:max_new_tokens]
+    return GenerationResult(prompt_len=prompt_len, output_ids=out, accepted=accepted, block_size=block_size,
+                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped,
+                            margins=[round(m, 5) for m in margins[: len(out)]], runner_up=runner_up[: len(out)])
 
 
 def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None

@@ -66,6 +66,34 @@ def test_load_metrics_and_table(two_runs):
     assert table.loc[a.name, "eval_tau"] == 4.0 and table.loc[b.name, "eval_tau"] == 2.0  # last real tau
 
 
+def _fake_eval(run_dir, name, *, step, tau_heldout, tau_train, block_size=8):
+    """An evaluation folder as evaluate.py writes it (only the fields runs.py reads)."""
+    rows = [{"decoder": "trained", "prompt_set": s, "tau": t, "iterations": 10, "accepted": round((t - 1) * 10),
+             "speedup": 1.5} for s, t in (("heldout", tau_heldout), ("train", tau_train))]
+    (run_dir / "evals" / name).mkdir(parents=True)
+    rundir.write_json(run_dir / "evals" / name / "eval.json",
+                      {"summary": rows, "block_size": block_size, "temperature": 0.0, "dtype": "bfloat16",
+                       "step": step})
+
+
+def test_latest_evaluation_of_each_run_in_table_curves_and_list(two_runs, capsys):
+    """runs_table / `runs list` / load_metrics (compare's real-tau points) use the NEWEST evaluation folder, quoting
+    its heldout row; `runs list` prints every column in full (no "...")."""
+    root, a, b = two_runs
+    _fake_eval(a, "20260101T120000Z-b8-t0-bf16", step=20, tau_heldout=3.6, tau_train=4.8)
+    _fake_eval(a, "20260101T130000Z-b4-t0-bf16", step=20, tau_heldout=2.9, tau_train=3.3, block_size=4)
+    table = runs.runs_table([a, b])
+    assert table.loc[a.name, "eval_tau"] == pytest.approx(2.9) and table.loc[a.name, "eval_block_size"] == 4
+    assert table.loc[a.name, "heldout_tau"] == 4.0 and table.loc[b.name, "eval_tau"] == 2.0  # b: logged fallback
+    frame = runs.load_metrics([a, b])
+    part = frame[frame["run"] == a.name].set_index("step")
+    assert part.loc[20, "eval_tau"] == pytest.approx(2.9)  # the evaluated step had no logged real tau
+    assert part.loc[10, "eval_tau"] == 2.0 and part.loc[30, "eval_tau"] == 4.0  # logged values are kept
+    assert runs.main(["list", "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "..." not in out and "eval_tau" in out and "tokens_per_s" in out and "2.9" in out and "2500" in out
+
+
 def test_plot_compare_is_a_png(two_runs, tmp_path):
     root, a, b = two_runs
     img = plots.plot_compare(runs.load_metrics([a, b]), out=tmp_path / "cmp.png")

@@ -1,5 +1,6 @@
-"""Evaluation: prompts files (formats, empty, too long), the eval CLI executing notebooks/eval.ipynb into the run dir
-(eval.json, PNG plots, lossless column), and real tau on held-out prompts during training (eval_every)."""
+"""Evaluation: prompts files (formats, empty, too long), the eval CLI executing notebooks/eval.ipynb into its own
+folder per evaluation (eval.json, PNG plots, lossless verdicts), one-line errors, and real tau on held-out prompts
+during training (eval_every)."""
 
 import json
 
@@ -43,34 +44,83 @@ def test_prompt_longer_than_the_context_is_reported_with_its_length(tmp_path):
         ev.evaluate(run, prompts=str(long), max_new_tokens=16, untrained=False, log=lambda *a: None)
 
 
-def test_eval_cli_runs_the_notebook_into_the_run_dir(capsys):
-    run = tiny_trained_run()
-    rc = ev.main([str(run), "--n-prompts", "3", "--max-new-tokens", "24"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert f"eval notebook: {run / 'eval.ipynb'}" in out
-    assert "tau trained" in out and "untrained" in out
+def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
+    """Two evaluations (block size 8, then 4) land in two folders under <run>/evals/, each with its notebook, JSON and
+    plots; neither overwrites the other, and latest_eval() / load_report(run) pick the newer one."""
+    from dflash_lab.eval_report import eval_dirs, latest_eval
 
-    saved = json.loads((run / "eval.json").read_text())
+    run = tiny_trained_run()
+    before = set(eval_dirs(run))
+    assert ev.main([str(run), "--n-prompts", "3", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert ev.main([str(run), "--n-prompts", "2", "--max-new-tokens", "12", "--block-size", "4",
+                    "--no-untrained", "--no-notebook"]) == 0
+    out2 = capsys.readouterr().out
+    first, second = [d for d in eval_dirs(run) if d not in before]
+    assert first.name.endswith("-b8-t0-fp32") and second.name.endswith("-b4-t0-fp32")
+    assert f"eval folder: {first}" in out and f"eval folder: {second}" in out2
+    # the tau line quotes rows of the table (per prompt set), not a pooled figure that matches no row
+    saved = json.loads((first / "eval.json").read_text())
     rows = {(r["decoder"], r["prompt_set"]): r for r in saved["summary"]}
+    assert f"trained heldout {rows[('trained', 'heldout')]['tau']:.2f}" in out
     assert set(rows) == {(d, s) for d in ("trained", "untrained", "target only") for s in ("heldout", "train")}
     for (d, s), r in rows.items():
         assert r["prompts"] == 3 and 1.0 <= r["tau"] <= 8.0
         if d != "target only":
-            assert r["identical_to_target"] == 3, (d, s)  # lossless at temperature 0
+            assert r["identical_to_target"] == 3 and r["real_mismatches"] == 0, (d, s)  # lossless at T=0 in fp32
             assert r["speedup"] > 0
+    assert {v["verdict"] for v in saved["verdicts"]} == {"identical"} and len(saved["verdicts"]) == 12
     assert rows[("target only", "heldout")]["tau"] == 1.0
     assert len(saved["acceptance"]["trained"]["histogram"]) == 8
     assert len(saved["acceptance"]["trained"]["slot_rate"]) == 7
-
+    assert json.loads((second / "eval.json").read_text())["block_size"] == 4  # the first one is untouched:
+    assert saved["block_size"] == 8 and json.loads((first / "eval.json").read_text()) == saved
     for name in ("eval_tau.png", "eval_acceptance.png", "eval_speedup.png"):
-        png = run / "plots" / name
+        png = first / "plots" / name
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
-    nb = json.loads((run / "eval.ipynb").read_text())
+    nb = json.loads((first / "eval.ipynb").read_text())
     assert nb["metadata"]["papermill"]["parameters"]["run"] == str(run)
     images = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) == 3  # static PNGs: the notebook renders on GitHub
+    assert latest_eval(run) == second / "eval.json" and ev.load_report(run)["block_size"] == 4
+
+
+def test_expected_errors_are_one_line_and_leave_nothing_behind(tmp_path, capsys):
+    """A drafter without its run (no target recorded) and no --target: one line naming the fix, exit code 2, and
+    no evaluation folder or notebook written (checked before papermill starts)."""
+    import shutil
+
+    run = tiny_trained_run()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(run / "checkpoints" / "drafter.safetensors", bare)
+    shutil.copy(run / "drafter_config.json", bare)
+    assert ev.main([str(bare / "drafter.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Fix: pass --target" in err, err
+    assert ev.main([str(bare / "drafter.safetensors"), "--target", "tiny", "--prompts", str(tmp_path / "no.jsonl")]) == 2
+    assert "no.jsonl does not exist" in capsys.readouterr().err
+    assert sorted(p.name for p in bare.iterdir()) == ["drafter.safetensors", "drafter_config.json"]
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "eval.json").write_text("{}")
+    assert ev.main([str(run), "--out", str(tmp_path / "taken")]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+
+
+def test_lossless_verdicts_tell_a_near_tie_from_a_real_mismatch():
+    from dflash_lab.eval_report import lossless_verdict
+
+    base = {"output_ids": [5, 6, 7, 8], "margins": [3.0, 2.0, 0.25, 1.0], "runner_up": [1, 2, 9, 3]}
+    tie = {"output_ids": [5, 6, 9, 4], "margins": [3.0, 2.0, 0.125, 1.0], "runner_up": [1, 2, 7, 3]}
+    v = lossless_verdict(tie, base, near_tie_margin=1.0)
+    assert v["verdict"] == "numerical near-tie (margin 0.25)" and v["index"] == 2
+    assert (v["spec_token"], v["target_token"], v["margin_spec"], v["margin_target"]) == (9, 7, 0.125, 0.25)
+    assert lossless_verdict(tie, base, near_tie_margin=1e-3)["verdict"] == "real mismatch (margin 0.125 / 0.25)"
+    wrong = {"output_ids": [5, 6, 4, 4], "margins": [3.0, 2.0, 0.125, 1.0], "runner_up": [1, 2, 7, 3]}
+    assert lossless_verdict(wrong, base, 1.0)["verdict"].startswith("real mismatch")  # 4 is not target's runner-up
+    assert lossless_verdict(base, base, 1.0) == {"verdict": "identical", "index": None}
+    assert lossless_verdict({**base, "output_ids": [5, 6]}, base, 1.0)["verdict"].startswith("real mismatch")
 
 
 def test_heldout_tau_is_logged_every_eval_every_steps():
@@ -82,3 +132,15 @@ def test_heldout_tau_is_logged_every_eval_every_steps():
     target, tok, drafter = tiny_models()
     tau = ev.heldout_tau((target, drafter, tok), block_size=8, max_new_tokens=32, n_prompts=4)
     assert 1.0 <= tau <= 8.0
+
+
+def test_an_exported_folder_is_written_into_only_with_out(tmp_path):
+    """Evaluating a serving folder puts the evaluation under runs/exports/<name>/evals/ unless --out names a folder."""
+    from dflash_lab.export import export_drafter
+
+    exported = export_drafter(tiny_trained_run(), tmp_path / "serve", log=lambda *a: None)
+    plan = ev.plan_eval(exported, target="tiny")
+    assert plan.out_dir.parent == ev.REPO / "runs" / "exports" / "serve" / "evals"
+    assert plan.out_dir.name.endswith("-b8-t0-fp32") and not plan.out_dir.exists()
+    assert ev.plan_eval(exported, target="tiny", out_dir=exported / "my-eval").out_dir == exported / "my-eval"
+    assert ev.plan_eval(exported, target="tiny", dtype="bfloat16", block_size=4).out_dir.name.endswith("-b4-t0-bf16")

@@ -245,3 +245,113 @@ def test_prompt_longer_than_the_context_says_so():
         dec.generate(list(range(1, 250)) * 2 + [1, 2], max_new_tokens=32)
     with pytest.raises(ValueError, match="empty"):
         dec.generate([], max_new_tokens=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static caches + CUDA graphs (static_decode.py): the same tokens as the dynamic loop and as target greedy
+# ---------------------------------------------------------------------------------------------------------------
+
+def _greedy(target, ids, n, eos):
+    dev = next(target.parameters()).device
+    return target.generate(torch.tensor([ids], device=dev), do_sample=False, max_new_tokens=n, eos_token_id=eos,
+                           pad_token_id=0)[0, len(ids):].tolist()
+
+
+def _tiny_llama(device="cpu", dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+
+
+def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
+    """Static caches (eager on the CPU), starting with a cache too short so it grows: same tokens, same accepted
+    counts and same top-2 margins as the dynamic loop, and the target's greedy output."""
+    from dflash_lab.static_decode import StaticSpeculativeDecoder
+
+    target, tok, drafter = tiny_models()
+    eos = tok.eos_token_id
+    dyn = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos)
+    static = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, max_length=32)
+    accepted = []
+    for ids in heldout_prompt_ids(tok, 6):
+        a, b = dyn.generate(ids, max_new_tokens=40), static.generate(ids, max_new_tokens=40)
+        assert b.output_ids == a.output_ids == _greedy(target, ids, 40, eos)
+        assert b.accepted == a.accepted and b.runner_up == a.runner_up
+        assert b.margins == pytest.approx(a.margins, abs=1e-3)
+        accepted += b.accepted
+    assert static.length >= 32 and any(x > 0 for x in accepted)
+    # sampling: the same generator stream gives the same tokens
+    ids = heldout_prompt_ids(tok, 1)[0]
+    a = dyn.generate(ids, max_new_tokens=30, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    b = static.generate(ids, max_new_tokens=30, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    assert a.output_ids == b.output_ids
+
+
+def test_static_decoder_runs_a_llama_target_losslessly_on_cpu():
+    """Architecture-agnostic: a Llama target (no q_norm/k_norm, tied head) with a random drafter."""
+    from dflash_lab.static_decode import speculative_generate
+
+    target = _tiny_llama()
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=1, block_size=4, mask_token_id=255,
+                                   num_target_features=2)
+    drafter = DFlashDrafter(dc)
+    drafter.init_weights(torch.Generator().manual_seed(0))
+    prompts = [list(range(5, 25)), [7, 3, 9, 100, 42]]
+    run = speculative_generate(target, drafter.eval(), prompts, block_size=4, max_new_tokens=20, fast=True)
+    for p, r in zip(prompts, run.results):
+        assert r.output_ids == _greedy(target, p, 20, None)
+    assert 1.0 <= run.tau <= 4.0 and run.new_tokens == 40
+    only = speculative_generate(target, None, prompts, block_size=1, max_new_tokens=20, fast=True)
+    assert [r.output_ids for r in only.results] == [r.output_ids for r in run.results] and only.tau == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_path_equals_eager_path_and_is_lossless_in_fp32(dtype):
+    """On the GPU: the graphed iteration gives token for token what the same step gives eagerly (both dtypes), and
+    in fp32 the output equals the target's own greedy generate() (exact check; bf16 may differ at near-ties)."""
+    from dflash_lab.static_decode import StaticSpeculativeDecoder
+
+    target, tok, drafter = tiny_models()
+    dev = torch.device("cuda")
+    target = target.to(dev, dtype)
+    drafter = drafter.to(dev, dtype)
+    eos = tok.eos_token_id
+    graphed = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, graphs=True)
+    eager = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, graphs=False)
+    only = StaticSpeculativeDecoder(target, None, block_size=1, eos_token_id=eos, graphs=True)
+    accepted = []
+    try:
+        for ids in heldout_prompt_ids(tok, 10):
+            g, e = graphed.generate(ids, max_new_tokens=48), eager.generate(ids, max_new_tokens=48)
+            assert g.output_ids == e.output_ids and g.accepted == e.accepted
+            accepted += g.accepted
+            if dtype == torch.float32:
+                assert g.output_ids == _greedy(target, ids, 48, eos) == only.generate(ids, max_new_tokens=48).output_ids
+        assert graphed.graph_status.startswith("graphs: captured"), graphed.graph_status
+        assert only.graph_status.startswith("graphs: captured"), only.graph_status
+        assert sum(a > 0 for a in accepted) >= 5
+    finally:
+        target.to("cpu", torch.float32)
+        drafter.to("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_path_on_a_llama_target_equals_greedy_in_fp32():
+    from dflash_lab.static_decode import StaticSpeculativeDecoder
+
+    target = _tiny_llama("cuda")
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=16, mask_token_id=255,
+                                   num_target_features=3)
+    drafter = DFlashDrafter(dc)
+    drafter.init_weights(torch.Generator().manual_seed(0))
+    drafter = drafter.to("cuda").eval()
+    dec = StaticSpeculativeDecoder(target, drafter, block_size=16, eos_token_id=None, graphs=True)
+    for ids in ([1, 2, 3, 4, 5, 6, 7, 8], list(range(30, 90))):
+        assert dec.generate(ids, max_new_tokens=64).output_ids == _greedy(target, ids, 64, None)
+    assert dec.graph_status.startswith("graphs: captured"), dec.graph_status

@@ -1,0 +1,249 @@
+"""Results of one evaluation: the table, lossless verdicts that explain themselves, and where they are saved.
+
+Lossless verdicts. At temperature 0 a drafter's output must equal the target-only output. When it does not, the
+first differing token tells why: both computations chose their token as the target's argmax, so if each one's
+runner-up is the other's choice and both top-1/top-2 logit margins are within `near_tie_margin` (default by
+dtype: 1.0 logit in bf16/fp16, where verifying 16 tokens at once and 1 at a time round differently, 1e-3 in
+fp32), the two computations merely broke a near-tie differently: "numerical near-tie (margin x)". Anything else is
+a "real mismatch" (a decoding bug). Run with `--dtype float32` for an exact check.
+
+Every evaluation gets its own folder, `<run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/` (eval.json, eval.ipynb,
+plots/); `latest_eval(run)` finds the newest (a legacy `<run>/eval.json` counts when there is no folder).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASELINE = "target only"
+EVAL_FILE = "eval.json"
+EVALS_DIR = "evals"
+NEAR_TIE_MARGIN = {"float32": 1e-3, "bfloat16": 1.0, "float16": 1.0}
+
+
+def pooled_tau(rows: list[dict]) -> float:
+    """tau over all iterations of result rows or per-prompt results (each with iterations + accepted)."""
+    its = sum(r["iterations"] for r in rows)
+    acc = sum(r["accepted"] if isinstance(r["accepted"], int) else sum(r["accepted"]) for r in rows)
+    return acc / its + 1 if its else 1.0
+
+
+def lossless_verdict(spec: dict, base: dict, near_tie_margin: float) -> dict:
+    """Compare one prompt's speculative output with the target-only output (result dicts with output_ids, margins,
+    runner_up). Returns {"verdict", "index", "spec_token", "target_token", "margin_spec", "margin_target"}."""
+    a, b = spec["output_ids"], base["output_ids"]
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if j is None:
+        if len(a) == len(b):
+            return {"verdict": "identical", "index": None}
+        return {"verdict": "real mismatch (one output is a prefix of the other)", "index": min(len(a), len(b))}
+    m_spec = spec.get("margins", [])[j] if j < len(spec.get("margins", [])) else None
+    m_base = base.get("margins", [])[j] if j < len(base.get("margins", [])) else None
+    swapped = (j < len(spec.get("runner_up", [])) and j < len(base.get("runner_up", []))
+               and spec["runner_up"][j] == b[j] and base["runner_up"][j] == a[j])
+    out = {"index": j, "spec_token": a[j], "target_token": b[j], "margin_spec": m_spec, "margin_target": m_base}
+    if swapped and m_spec is not None and m_base is not None and max(m_spec, m_base) <= near_tie_margin:
+        out["verdict"] = f"numerical near-tie (margin {max(m_spec, m_base):.3g})"
+    else:
+        shown = "?" if m_spec is None or m_base is None else f"{m_spec:.3g} / {m_base:.3g}"
+        out["verdict"] = f"real mismatch (margin {shown})"
+    return out
+
+
+@dataclass
+class EvalReport:
+    """Results of one evaluation: per decoder (trained / untrained / target only) and prompt set, per prompt."""
+
+    run_dir: str
+    weights: str
+    step: int | None
+    target: str
+    block_size: int
+    temperature: float
+    max_new_tokens: int
+    results: dict = field(default_factory=dict)  # {decoder: {prompt set: [GenerationResult.to_dict() + ids, margins]}}
+    dtype: str = "float32"
+    decoding: str = ""  # how decoding ran (static caches + CUDA graphs, or the dynamic loop)
+    near_tie_margin: float | None = None  # None = NEAR_TIE_MARGIN[dtype]
+    out_dir: str = ""  # where save() writes by default ("" = a new folder under <run>/evals/)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EvalReport":
+        keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
+        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir") if k in d}
+        return cls(**{k: d[k] for k in keys}, **extra)
+
+    @property
+    def tie_margin(self) -> float:
+        return self.near_tie_margin if self.near_tie_margin is not None else NEAR_TIE_MARGIN.get(self.dtype, 1.0)
+
+    def verdicts(self) -> list[dict]:
+        """One row per (drafter, prompt set, prompt) at temperature 0: identical / near-tie / real mismatch."""
+        if self.temperature != 0:
+            return []
+        rows = []
+        for name, sets in self.results.items():
+            if name == BASELINE:
+                continue
+            for sname, res in sets.items():
+                base = self.results.get(BASELINE, {}).get(sname, [])
+                for i, (a, b) in enumerate(zip(res, base)):
+                    rows.append({"decoder": name, "prompt_set": sname, "prompt": i,
+                                 **lossless_verdict(a, b, self.tie_margin)})
+        return rows
+
+    def rows(self) -> list[dict]:
+        """One row per (decoder, prompt set): prompts, tau, tokens/s, speedup vs target only, lossless counts."""
+        verdicts = self.verdicts()
+        rows = []
+        for name, sets in self.results.items():
+            for sname, res in sets.items():
+                its = sum(r["iterations"] for r in res)
+                acc = sum(sum(r["accepted"]) for r in res)
+                toks = sum(r["new_tokens"] for r in res)
+                secs = sum(r["prefill_s"] + r["decode_s"] for r in res)
+                base = self.results.get(BASELINE, {}).get(sname)
+                speedup = None
+                if base:
+                    b_toks = sum(r["new_tokens"] for r in base)
+                    b_secs = sum(r["prefill_s"] + r["decode_s"] for r in base)
+                    speedup = (b_secs / b_toks) / (secs / toks) if toks and b_toks and secs else None
+                mine = [v["verdict"] for v in verdicts if v["decoder"] == name and v["prompt_set"] == sname]
+                checked = self.temperature == 0 and base and name != BASELINE
+                rows.append({"decoder": name, "prompt_set": sname, "block_size": 1 if name == BASELINE else
+                             self.block_size, "prompts": len(res), "iterations": its, "accepted": acc,
+                             "tau": (acc / its + 1) if its else 1.0,
+                             "tau_per_prompt_mean": sum(r["tau"] for r in res) / len(res),
+                             "new_tokens": toks, "tokens_per_s": toks / secs if secs else 0.0, "speedup": speedup,
+                             "identical_to_target": mine.count("identical") if checked else None,
+                             "near_ties": sum(v.startswith("numerical") for v in mine) if checked else None,
+                             "real_mismatches": sum(v.startswith("real") for v in mine) if checked else None})
+        return rows
+
+    def tau(self, decoder: str = "trained", prompt_set: str | None = None) -> float:
+        """Pooled tau of a decoder over all its iterations (of one prompt set, or of all)."""
+        rows = [r for r in self.rows()
+                if r["decoder"] == decoder and (prompt_set is None or r["prompt_set"] == prompt_set)]
+        if not rows:
+            raise KeyError(f"no results for decoder {decoder!r} / prompt set {prompt_set!r}; have "
+                           f"{sorted({(r['decoder'], r['prompt_set']) for r in self.rows()})}")
+        return pooled_tau(rows)
+
+    def table(self) -> str:
+        """A compact text table; `lossless` = identical / prompts, then near-ties and real mismatches."""
+        head = (f"{'decoder':<13}{'prompts':<10}{'B':>3}{'n':>5}{'tau':>7}{'tok/s':>9}{'speedup':>9}"
+                f"{'lossless':>10}{'ties':>6}{'real':>6}")
+        lines = [head, "-" * len(head)]
+        for r in self.rows():
+            sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+            checked = r["identical_to_target"] is not None
+            same = f"{r['identical_to_target']}/{r['prompts']}" if checked else "-"
+            ties, real = (str(r["near_ties"]), str(r["real_mismatches"])) if checked else ("-", "-")
+            lines.append(f"{r['decoder']:<13}{r['prompt_set']:<10}{r['block_size']:>3}{r['prompts']:>5}"
+                         f"{r['tau']:>7.2f}{r['tokens_per_s']:>9.1f}{sp:>9}{same:>10}{ties:>6}{real:>6}")
+        return "\n".join(lines)
+
+    def verdict_lines(self) -> list[str]:
+        """One line per prompt whose output differs from the target's (empty when all are identical)."""
+        return [f"{v['decoder']} {v['prompt_set']} prompt {v['prompt']}: token {v['index']}: {v['verdict']} "
+                f"(speculative {v.get('spec_token')} vs target {v.get('target_token')})"
+                for v in self.verdicts() if v["verdict"] != "identical"]
+
+    def _repr_html_(self) -> str:
+        cols = ["decoder", "prompt_set", "block_size", "prompts", "tau", "tokens_per_s", "speedup",
+                "identical_to_target", "near_ties", "real_mismatches"]
+        fmt = {"tau": "{:.2f}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x"}
+        cell = lambda r, c: fmt.get(c, "{}").format(r[c]) if r[c] is not None else "-"  # noqa: E731
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r, c))}</td>" for c in cols) + "</tr>"
+                       for r in self.rows())
+        diffs = "".join(f"<li>{html.escape(line)}</li>" for line in self.verdict_lines())
+        return (f"<p>step {self.step} of {html.escape(self.run_dir)}, T={self.temperature}, {self.dtype}, "
+                f"max_new_tokens={self.max_new_tokens}; {html.escape(self.decoding)}</p><table><tr>"
+                + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{body}</table>"
+                + (f"<p>outputs that differ from the target's:</p><ul>{diffs}</ul>" if diffs else ""))
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def acceptance(self, decoder: str = "trained") -> tuple[list[int], list[float]]:
+        """(histogram of accepted drafts per iteration 0..B-1, acceptance rate per block slot 1..B-1), pooled."""
+        hist = [0] * self.block_size
+        for res in self.results.get(decoder, {}).values():
+            for r in res:
+                hist = [a + b for a, b in zip(hist, r["accept_histogram"])]
+        n = max(1, sum(hist))
+        rate = [sum(hist[k:]) / n for k in range(1, self.block_size)]
+        return hist, rate
+
+    def to_dict(self) -> dict:
+        return {"run_dir": self.run_dir, "weights": self.weights, "step": self.step, "target": self.target,
+                "block_size": self.block_size, "temperature": self.temperature,
+                "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
+                "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "summary": self.rows(), "verdicts": self.verdicts(),
+                "acceptance": {d: dict(zip(("histogram", "slot_rate"), self.acceptance(d)))
+                               for d in self.results if d != BASELINE},
+                "results": self.results}
+
+    def save(self, out_dir: str | Path | None = None) -> dict[str, Path]:
+        """Write eval.json and the PNG plots into out_dir (default: a new folder under <run>/evals/)."""
+        from .eval_plots import plot_eval
+        from .rundir import write_json
+
+        d = Path(out_dir or self.out_dir or new_eval_dir(self.run_dir, self.block_size, self.temperature, self.dtype))
+        d.mkdir(parents=True, exist_ok=True)
+        write_json(d / EVAL_FILE, self.to_dict())
+        paths = {"dir": d, "json": d / EVAL_FILE}
+        paths.update(plot_eval(self, d / "plots"))
+        return paths
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Where evaluations live
+# ------------------------------------------------------------------------------------------------------------------
+
+def eval_dir_name(block_size: int, temperature: float, dtype: str, *, now: _dt.datetime | None = None) -> str:
+    """`<UTC stamp>-b<B>-t<T>-<dtype>`, e.g. 20261130T193000Z-b16-t0-bf16."""
+    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    short = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
+    return f"{stamp}-b{block_size}-t{temperature:g}-{short}"
+
+
+def new_eval_dir(run_dir: str | Path, block_size: int, temperature: float, dtype: str) -> Path:
+    """A folder that does not exist yet: <run_dir>/evals/<name>[-2, -3, ...] (not created)."""
+    base = Path(run_dir) / EVALS_DIR / eval_dir_name(block_size, temperature, dtype)
+    path, k = base, 2
+    while path.exists():
+        path, k = base.with_name(f"{base.name}-{k}"), k + 1
+    return path
+
+
+def eval_dirs(run_dir: str | Path) -> list[Path]:
+    """Evaluation folders of a run holding an eval.json, oldest first (the stamp leads the name)."""
+    root = Path(run_dir) / EVALS_DIR
+    found = [p for p in root.iterdir() if (p / EVAL_FILE).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_eval(run_dir: str | Path) -> Path | None:
+    """The eval.json of the newest evaluation of a run (a legacy <run>/eval.json when there is no evals/ folder)."""
+    dirs = eval_dirs(run_dir)
+    if dirs:
+        return dirs[-1] / EVAL_FILE
+    legacy = Path(run_dir) / EVAL_FILE
+    return legacy if legacy.is_file() else None
+
+
+def eval_summary(path: str | Path) -> dict:
+    """Headline figures of a saved eval.json: trained tau, block size, temperature, dtype, step, speedup. Figures of
+    the "heldout" prompt set when the evaluation has one (a row of its table), else pooled over its prompt sets."""
+    d = json.loads(Path(path).read_text())
+    trained = [r for r in d.get("summary", []) if r["decoder"] == "trained"]
+    trained = [r for r in trained if r["prompt_set"] == "heldout"] or trained
+    speed = [r["speedup"] for r in trained if r.get("speedup")]
+    return {"eval_tau": pooled_tau(trained) if trained else None, "eval_block_size": d.get("block_size"),
+            "eval_temperature": d.get("temperature"), "eval_dtype": d.get("dtype"), "eval_step": d.get("step"),
+            "eval_speedup": sum(speed) / len(speed) if speed else None, "eval_dir": str(Path(path).parent)}
