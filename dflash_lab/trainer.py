@@ -34,6 +34,7 @@ from .metrics import MetricsLogger, Throughput
 from .optim import lr_at
 from .placement import check_placement, make_placement
 from .targets import load_target_config, load_targets, load_tokenizer
+from .validation import Validator, tau_gap_event, validation_line
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -181,6 +182,7 @@ class Trainer:
         self._inflight: cf.Future | None = None
         self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
+        self.validator: Validator | None = None  # built at the first step (loads the held-out set once)
         if resume is not None:
             resume_state.restore(self, resume)
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
@@ -278,9 +280,11 @@ class Trainer:
 
             self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
             self.phase = "training"
+        if finite:
+            self._validate(record)  # issue 12: held-out validation / real tau on their steps (validation.py)
         self.last_metrics = record
         if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
-                or "eval_tau" in record):
+                or "eval_tau" in record or "val_acc" in record or "real_tau" in record):
             self.metrics.log(record)
             self._logged_step = self.step_count
         else:
@@ -293,6 +297,25 @@ class Trainer:
             raise TrainingDiverged(self._diverged_message())
         self._recent_losses = (self._recent_losses + [loss])[-100:]
         return record
+
+    def _validate(self, record: dict) -> None:
+        """Held-out validation and real tau when due (validation.Validator); warns when sim and real tau part ways."""
+        if self.validator is None:
+            self.validator = Validator(self)
+        if not any(self.validator.due(self.step_count, self.config.steps)):
+            return
+        phase, self.phase = self.phase, "validating"
+        try:
+            self.validator.run(self, record)
+        finally:
+            self.phase = phase
+        self.log(validation_line(record))
+        gap = tau_gap_event(record, self.history)
+        if gap:
+            self._event("tau_gap", **gap)
+            self.log(f"WARNING: tau gap at step {gap['step']}: simulated tau {gap['sim_tau']:.2f} (training) vs REAL "
+                     f"tau {gap['real_tau']:.2f} on held-out prompts; the training metric overstates acceptance, "
+                     "trust real_tau (docs/tau-gap.md)")
 
     def _diverged_message(self) -> str:
         m = self.last_metrics or {}
