@@ -21,15 +21,13 @@ import time
 
 import torch
 
-from dflash_lab.blocks import loss_decay_weights  # noqa: F401 (keeps the import graph honest for readers)
 from dflash_lab.config import TrainConfig
 from dflash_lab.data import ChatTemplate, read_conversations, resolve_data_path, tokenize_conversation
-from dflash_lab.evaluate import load_prompts  # noqa: F401
 from dflash_lab.speculative import SpeculativeDecoder
 from dflash_lab.step import block_stats
 from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.trainer import Trainer
-from dflash_lab.validation import acceptance_lengths, chain_tau, teacher_forced
+from dflash_lab.validation import acceptance_lengths, chain_tau, heldout_source, teacher_forced
 
 DEMO = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
             num_draft_layers=2, lr=3e-3, seed=0, log_every=50)
@@ -108,7 +106,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafter", default=None, help="load drafter weights saved by an earlier run (skip training)")
     ap.add_argument("--save", default=None, help="save the trained drafter's state_dict here")
-    ap.add_argument("--config", default="{}", help="JSON overrides of the demo TrainConfig")
+    ap.add_argument("--config", default="{}", help="JSON overrides of the demo TrainConfig, e.g. a real target: "
+                    '\'{"target": "...", "data": "train.jsonl", "devices": ["cuda:0"], "block_size": 16}\'')
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -123,14 +122,13 @@ def main() -> None:
             torch.save(trainer.drafter.state_dict(), args.save)
     print(f"train {time.perf_counter() - t0:.0f}s; last train sim tau {trainer.last_metrics and trainer.last_metrics['sim_tau']}",
           flush=True)
-    from dflash_lab.tiny import tiny_heldout_path
-
-    sets = {"train": resolve_data_path(cfg.data)}
-    if cfg.data == "tiny":
-        sets["heldout"] = tiny_heldout_path()
+    sets = {"train": (resolve_data_path(cfg.data), None)}
+    held = heldout_source(cfg.data, cfg.heldout_data)
+    if held is not None:
+        sets["heldout"] = held
     res = {}
-    for name, path in sets.items():
-        convs = read_conversations(path).conversations
+    for name, (path, split) in sets.items():
+        convs = read_conversations(path, split=split).conversations
         res[name] = measure(trainer, convs, args.n, args.max_new_tokens, lambda s: print(name, s, flush=True))
     if args.out:
         with open(args.out, "w") as f:

@@ -128,6 +128,10 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
     Simulated tau per block = 1 + number of leading slots predicted right (a wrong or unsupervised slot ends the
     run), averaged over blocks whose first slot is supervised. Training accuracy is NOT acceptance: only real
     speculative decoding (speculative.py) is trusted.
+    Issue 12: this mean over uniformly sampled anchors is not serving's tau, whose blocks start where the previous
+    block failed: on the tiny target (600 steps, B=8, held-out text) it read 5.75 where replaying decoding on the same
+    text gave 3.66 and real decoding 3.67. validation.py reports the replay (`val_chain_tau`) and real tau beside it
+    (docs/tau-gap.md).
     """
     c = (correct & has_loss).flatten(0, 1).float()  # (blocks, B-1)
     h = has_loss.flatten(0, 1).float()

@@ -15,6 +15,7 @@ A `tau_gap` event (and a WARNING line) fires when the simulated and the real tau
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,8 +159,9 @@ def real_tau_interval(cfg) -> int:
 
 
 def due(step: int, every: int, last_step: int) -> bool:
-    """A periodic measurement runs on multiples of `every` and at the run's last step."""
-    return every > 0 and (step % every == 0 or step == last_step)
+    """A periodic measurement runs on multiples of `every` and at the last step of a run that spans at least one
+    interval (so a short run, e.g. a 5-step test, measures nothing)."""
+    return every > 0 and (step % every == 0 or step == last_step >= every)
 
 
 def tau_gap(sim_tau: float, real_tau: float) -> bool:
@@ -240,17 +242,21 @@ class Validator:
         if not (do_val or do_real):
             return {}
         drafter, target, out = self._drafter(trainer), trainer.target, {}
+        t0 = time.perf_counter()
         if do_val:
             if self._extractor is None:  # its own instance: never the engine's captured extractor
                 self._extractor = FeatureExtractor(target, drafter.config.target_layer_ids, fused_norms=False)
             out.update(validation_metrics(drafter, self._extractor, embedding_of(target), lm_head_weight(target),
                                           self.data, gamma=trainer.config.resolved_gamma,
                                           chunk_size=trainer.config.loss_chunk_size))
+            out["val_s"] = round(time.perf_counter() - t0, 3)  # .tolist()/float() above synced the device
+            t0 = time.perf_counter()
         if do_real:
             out["real_tau"] = heldout_tau((target, drafter, trainer.tokenizer), prompts=self.data.prompts,
                                           max_new_tokens=trainer.config.real_tau_new_tokens,
                                           n_prompts=len(self.data.prompts))
             out["real_tau_prompts"] = len(self.data.prompts)
+            out["real_tau_s"] = round(time.perf_counter() - t0, 3)
         dev = next(target.parameters()).device
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

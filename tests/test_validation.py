@@ -12,8 +12,8 @@ from dflash_lab.config import ConfigError
 from dflash_lab.speculative import SpeculativeDecoder
 from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.tiny import tiny_heldout_path
-from dflash_lab.validation import (acceptance_lengths, all_anchors, chain_tau, heldout_source, real_tau_interval,
-                                   tau_gap, tau_gap_event, teacher_forced, val_interval)
+from dflash_lab.validation import (acceptance_lengths, all_anchors, chain_tau, due, heldout_source,
+                                   real_tau_interval, tau_gap, tau_gap_event, teacher_forced, val_interval)
 
 TINY = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
             num_draft_layers=2, lr=3e-3, seed=0, log_every=5)
@@ -124,7 +124,7 @@ def test_tau_gap_rule_and_event():
                        hist)
     assert ev["step"] == 10 and ev["real_tau"] == 2.0 and ev["val_sim_tau"] == 3.0
     assert ev["sim_tau"] == pytest.approx((4 * 12 + 5 * 13 + 14) / 10)  # mean of the last 10 steps
-    assert tau_gap_event({"step": 10, "sim_tau": 3.0, "real_tau": 2.9}, hist[-1:]) is None
+    assert tau_gap_event({"step": 10, "sim_tau": 3.0, "real_tau": 2.9}, [{"step": 9, "sim_tau": 3.2}]) is None
     assert tau_gap_event({"step": 10, "sim_tau": 9.0}, hist) is None  # no real tau at this step
 
 
@@ -164,6 +164,8 @@ def test_heldout_source_and_intervals(tmp_path):
         heldout_source("tiny", str(tmp_path / "missing.jsonl"))
     assert val_interval(TrainConfig(steps=2000)) == 100 and val_interval(TrainConfig(steps=20)) == 50
     assert real_tau_interval(TrainConfig(steps=2000)) == 0  # tiny: off by default
+    assert [s for s in range(1, 131) if due(s, 50, 130)] == [50, 100, 130]
+    assert not any(due(s, 50, 20) for s in range(1, 21))  # a short run measures nothing
     assert real_tau_interval(TrainConfig(target="some/model", steps=2000)) == 200
     assert real_tau_interval(TrainConfig(target="some/model", steps=300)) == 100
 
