@@ -120,8 +120,8 @@ def main() -> None:
         trainer.train(progress_every_s=30)
         if args.save:
             torch.save(trainer.drafter.state_dict(), args.save)
-    print(f"train {time.perf_counter() - t0:.0f}s; last train sim tau {trainer.last_metrics and trainer.last_metrics['sim_tau']}",
-          flush=True)
+    last = trainer.last_metrics or {}
+    print(f"train {time.perf_counter() - t0:.0f}s; last training sim tau {last.get('sim_tau')}", flush=True)
     sets = {"train": (resolve_data_path(cfg.data), None)}
     held = heldout_source(cfg.data, cfg.heldout_data)
     if held is not None:

@@ -275,7 +275,7 @@ class TrainConfig:
     "validation" split. "" = none (validation and real tau off)."""
     val_every: int | None = None
     """Teacher-forced validation (`val_acc`, `val_slot_acc`, `val_sim_tau`) every N steps and at the last step;
-    None = auto (every max(50, steps // 20) steps, so runs under 50 steps skip it); 0 = off."""
+    None = auto (every max(50, steps // 10) steps, so runs under 50 steps skip it); 0 = off."""
     val_sequences: int = 16
     """Held-out sequences in the fixed validation set (every valid anchor of each is scored)."""
     real_tau_every: int | None = None

@@ -306,9 +306,11 @@ class Trainer:
             return
         phase, self.phase = self.phase, "validating"
         try:
-            self.validator.run(self, record)
+            out = self.validator.run(self, record)
         finally:
             self.phase = phase
+        if not out:  # e.g. no held-out data (the validator said so once)
+            return
         self.log(validation_line(record))
         gap = tau_gap_event(record, self.history)
         if gap:

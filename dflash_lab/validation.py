@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .blocks import build_block_batch
-from .data import read_conversations, tokenize_dataset
+from .data import DataError, read_conversations, tokenize_dataset
 from .drafter import DFlashDrafter
 from .evaluate import heldout_tau, load_prompts
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
@@ -145,8 +145,8 @@ def heldout_source(data: str, heldout_data: str | None) -> tuple[Path, str | Non
 
 
 def val_interval(cfg) -> int:
-    """Steps between validations (0 = off): None = every max(50, steps // 20)."""
-    return cfg.val_every if cfg.val_every is not None else max(50, cfg.steps // 20)
+    """Steps between validations (0 = off): None = every max(50, steps // 10), about 10 per run."""
+    return cfg.val_every if cfg.val_every is not None else max(50, cfg.steps // 10)
 
 
 def real_tau_interval(cfg) -> int:
@@ -213,15 +213,32 @@ class Validator:
     def __init__(self, trainer):
         cfg = trainer.config
         self.val_every, self.real_every = val_interval(cfg), real_tau_interval(cfg)
-        self.data = None
-        if self.val_every or self.real_every:
-            self.data = load_validation_set(trainer.tokenizer, cfg, block_size=trainer.drafter_config.block_size)
-        if self.data is None:
-            self.val_every = self.real_every = 0
-        elif not self.data.prompts:
-            self.real_every = 0
+        self.data: ValidationSet | None = None
+        self._loaded = False
         self._copy = None
         self._extractor = None
+
+    def _load(self, trainer) -> None:
+        """The held-out set, once, at the first measurement due (a short run that measures nothing reads nothing)."""
+        cfg, self._loaded = trainer.config, True
+        try:
+            self.data = load_validation_set(trainer.tokenizer, cfg, block_size=trainer.drafter_config.block_size)
+        except DataError as e:  # never stop a training run for its validation set: say so and go on
+            trainer.log(f"WARNING: validation and real tau are off: the held-out data is unusable ({e})")
+            self.val_every = self.real_every = 0
+            return
+        if self.data is None:
+            trainer.log(f"note: validation and real tau are off: no held-out conversations for data={cfg.data!r} "
+                        "(looked for heldout.jsonl next to it or a heldout/test/validation split). Fix: pass "
+                        "heldout_data=<JSONL of held-out conversations>.")
+            self.val_every = self.real_every = 0
+            return
+        if not self.data.prompts:
+            self.real_every = 0
+        trainer.log(f"validation: {self.data.input_ids.shape[0]} held-out sequences from {self.data.source}"
+                    + (f" every {self.val_every} steps" if self.val_every else " off")
+                    + (f"; real tau on {len(self.data.prompts)} prompts x {cfg.real_tau_new_tokens} tokens every "
+                       f"{self.real_every} steps" if self.real_every else "; real tau off"))
 
     def due(self, step: int, last_step: int) -> tuple[bool, bool]:
         return due(step, self.val_every, last_step), due(step, self.real_every, last_step)
@@ -238,6 +255,10 @@ class Validator:
     @torch.no_grad()
     def run(self, trainer, record: dict) -> dict:
         """Measurements due at record["step"]: adds val_* / real_tau* keys to `record` and returns them."""
+        if not any(self.due(record["step"], trainer.config.steps)):
+            return {}
+        if not self._loaded:
+            self._load(trainer)
         do_val, do_real = self.due(record["step"], trainer.config.steps)
         if not (do_val or do_real):
             return {}

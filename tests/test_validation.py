@@ -162,7 +162,7 @@ def test_heldout_source_and_intervals(tmp_path):
     assert heldout_source(str(dd), None) == (dd, "test")
     with pytest.raises(FileNotFoundError, match="heldout_data"):
         heldout_source("tiny", str(tmp_path / "missing.jsonl"))
-    assert val_interval(TrainConfig(steps=2000)) == 100 and val_interval(TrainConfig(steps=20)) == 50
+    assert val_interval(TrainConfig(steps=2000)) == 200 and val_interval(TrainConfig(steps=20)) == 50
     assert real_tau_interval(TrainConfig(steps=2000)) == 0  # tiny: off by default
     assert [s for s in range(1, 131) if due(s, 50, 130)] == [50, 100, 130]
     assert not any(due(s, 50, 20) for s in range(1, 21))  # a short run measures nothing
