@@ -56,6 +56,20 @@ def test_chain_replays_decoding_by_jumping_the_acceptance_length():
     assert acceptance_lengths(c, torch.ones_like(c)).tolist() == [[3, 1]]
 
 
+def test_simulated_tau_multiplies_per_slot_accuracies():
+    """1 + sum_k prod_{j<=k} acc_j (issue 12: the per-block mean of run lengths overstated real tau 1.57x)."""
+    from dflash_lab.step import block_stats
+
+    c = torch.tensor([[[True, True, True], [True, True, False], [True, False, True], [False, True, True]]])
+    h = torch.ones_like(c)
+    h[0, 3, 2] = False  # slot 3 of the last block has no label: it leaves slot 3's denominator
+    st = block_stats(c, h)
+    assert st["slot_acc"].tolist() == pytest.approx([0.75, 0.75, 2 / 3])
+    assert float(st["sim_tau"]) == pytest.approx(1 + 0.75 + 0.75 ** 2 + 0.75 ** 2 * 2 / 3)
+    assert float(st["acc"]) == pytest.approx(8 / 11)
+    assert float(block_stats(c & False, h)["sim_tau"]) == 1.0
+
+
 @pytest.fixture(scope="module")
 def trained():
     """A tiny-target trainer after 40 steps (enough for tau > 1), with validation and real tau off."""
@@ -175,3 +189,23 @@ def test_heldout_source_and_intervals(tmp_path):
 def test_config_rejects_bad_validation_settings(field, value):
     with pytest.raises(ConfigError, match=f"TrainConfig.{field}="):
         TrainConfig(**{field: value})
+
+
+@pytest.mark.gpu
+def test_validation_on_gpu_leaves_the_captured_training_step_alone(tmp_path):
+    """On a GPU the step is a replayed CUDA graph: measuring between steps (copy of worker 0's drafter, own feature
+    extractor, no_grad) must not change what the next steps compute."""
+    common = dict(TINY, steps=6, log_every=1, devices=("cuda:0",), cuda_graphs=True)
+    on = Trainer(TrainConfig(**common, val_every=2, real_tau_every=3, val_sequences=4, real_tau_prompts=2,
+                             real_tau_new_tokens=16, runs_dir=str(tmp_path)), **QUIET)
+    off = Trainer(TrainConfig(**common, val_every=0, real_tau_every=0), write_run_dir=False, **QUIET)
+    try:
+        on.train()
+        off.step(6)
+        for a, b in zip(on.history, off.history):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a["step"], a["loss"], b["loss"])
+        measured = {r["step"]: r for r in on.history if "val_acc" in r or "real_tau" in r}
+        assert sorted(measured) == [2, 3, 4, 6] and measured[6]["real_tau"] >= 1.0
+    finally:
+        on.close()
+        off.close()
