@@ -182,7 +182,7 @@ class Trainer:
         self._inflight: cf.Future | None = None
         self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
-        self.validator: Validator | None = None  # built at the first step (loads the held-out set once)
+        self.validator: Validator | None = None  # made at the first step; reads the held-out set when first due
         if resume is not None:
             resume_state.restore(self, resume)
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step

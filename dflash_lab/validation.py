@@ -5,7 +5,9 @@ reached ~2.0 on held-out prompts (issue 12, docs/tau-gap.md). Two numbers make t
 
 - validation (`val_acc`, `val_slot_acc`, `val_sim_tau`): the drafter in eval mode, no gradient, on a FIXED set of
   held-out sequences with anchors at EVERY valid position (deterministic, no sampling noise), scored by the same
-  `step.block_stats` as the training metrics;
+  `step.block_stats` as the training metrics; and `val_chain_tau`, a replay of speculative decoding on that text
+  (start each answer at its first token, jump by the teacher-forced acceptance length), which equals real tau when
+  the text is the target's own greedy output;
 - real tau (`real_tau`, `real_tau_prompts`): `speculative.SpeculativeDecoder` (target + current drafter weights) on
   a few fixed held-out prompts, temperature 0. Only this number is what serving will see.
 
@@ -29,7 +31,7 @@ from .step import DraftInputs, block_stats, build_masks, drafter_loss
 from .targets import FeatureExtractor, embedding_of, lm_head_weight
 
 # Validation runs anchors in passes of this many blocks per sequence: the dense mask of one pass is
-# b x (N*B) x (S + N*B) booleans (8 x 1024 x 1536 = 12.6 MB at seq_len 512, B 16).
+# VAL_BATCH x (N*B) x (S + N*B) booleans (4 x 1024 x 1536 = 6.3 MB at seq_len 512, B 16).
 ANCHORS_PER_PASS = 64
 
 
@@ -183,20 +185,21 @@ class ValidationSet:
     source: str
 
 
-def load_validation_set(tokenizer, cfg, *, block_size: int) -> ValidationSet | None:
+def load_validation_set(tokenizer, cfg, *, block_size: int, max_positions: int = 1 << 30) -> ValidationSet | None:
     """Tokenize the held-out conversations the way training does (chat template, masks, truncation to seq_len)."""
     src = heldout_source(cfg.data, cfg.heldout_data)
     if src is None:
         return None
     path, split = src
     chat = read_conversations(path, data_format=cfg.data_format, on_error="skip", split=split)
-    n = max(cfg.val_sequences, cfg.real_tau_prompts)
-    convs = [c.messages for c in chat.conversations[:n]]
-    data = tokenize_dataset(tokenizer, convs[:cfg.val_sequences], seq_len=cfg.seq_len, block_size=block_size,
+    convs = [c.messages for c in chat.conversations[:cfg.val_sequences]]
+    data = tokenize_dataset(tokenizer, convs, seq_len=cfg.seq_len, block_size=block_size,
                             enable_thinking=cfg.enable_thinking, on_error="skip")
     prompts = []
     if path.suffix == ".jsonl" and split is None:  # render prompts exactly as `evaluate` does
         prompts = load_prompts(path, tokenizer, n_prompts=cfg.real_tau_prompts, enable_thinking=cfg.enable_thinking)
+        # a prompt that cannot fit with its generation budget would stop the decoder: leave it out
+        prompts = [p for p in prompts if len(p) + cfg.real_tau_new_tokens + block_size <= max_positions]
     return ValidationSet(data.input_ids.long(), data.loss_mask.bool(), prompts,
                          f"{path}" + (f" (split {split})" if split else ""))
 
@@ -222,7 +225,8 @@ class Validator:
         """The held-out set, once, at the first measurement due (a short run that measures nothing reads nothing)."""
         cfg, self._loaded = trainer.config, True
         try:
-            self.data = load_validation_set(trainer.tokenizer, cfg, block_size=trainer.drafter_config.block_size)
+            self.data = load_validation_set(trainer.tokenizer, cfg, block_size=trainer.drafter_config.block_size,
+                                            max_positions=trainer.drafter_config.max_position_embeddings)
         except DataError as e:  # never stop a training run for its validation set: say so and go on
             trainer.log(f"WARNING: validation and real tau are off: the held-out data is unusable ({e})")
             self.val_every = self.real_every = 0
@@ -262,6 +266,15 @@ class Validator:
         do_val, do_real = self.due(record["step"], trainer.config.steps)
         if not (do_val or do_real):
             return {}
+        try:
+            return self._measure(trainer, record, do_val, do_real)
+        except Exception as e:  # noqa: BLE001 - a measurement must never stop a training run: say so, stop measuring
+            trainer.log(f"WARNING: validation failed at step {record['step']} ({type(e).__name__}: {e}); validation "
+                        "and real tau are off for the rest of this run")
+            self.val_every = self.real_every = 0
+            return {}
+
+    def _measure(self, trainer, record: dict, do_val: bool, do_real: bool) -> dict:
         drafter, target, out = self._drafter(trainer), trainer.target, {}
         t0 = time.perf_counter()
         if do_val:
