@@ -16,6 +16,7 @@ A `tau_gap` event (and a WARNING line) fires when the simulated and the real tau
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ import torch
 
 from .blocks import build_block_batch
 from .data import DataError, read_conversations, tokenize_dataset
-from .drafter import DFlashDrafter
 from .evaluate import heldout_tau, load_prompts
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
 from .targets import FeatureExtractor, embedding_of, lm_head_weight
@@ -250,10 +250,10 @@ class Validator:
     def _drafter(self, trainer):
         src = trainer.drafter
         dev = next(trainer.target.parameters()).device
-        if self._copy is None:
-            self._copy = DFlashDrafter(src.config).to(device=dev, dtype=next(src.parameters()).dtype)
-            self._copy.requires_grad_(False).eval()
-        self._copy.load_state_dict(src.state_dict())
+        if self._copy is None:  # deepcopy: device-to-device, no CPU init of a 1B-parameter drafter
+            self._copy = copy.deepcopy(src).to(dev).requires_grad_(False).eval()
+        else:
+            self._copy.load_state_dict(src.state_dict())
         return self._copy
 
     @torch.no_grad()
