@@ -275,6 +275,23 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
+    # validation (issue 12): honest metrics beside the training ones (dflash_lab/validation.py, docs/tau-gap.md)
+    heldout_data: str | None = None
+    """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
+    held-out chats; a data file -> `heldout.jsonl` next to it; a `datasets` directory -> its "heldout", "test" or
+    "validation" split. "" = none (validation and real tau off)."""
+    val_every: int | None = None
+    """Teacher-forced validation (`val_acc`, `val_slot_acc`, `val_sim_tau`) every N steps and at the last step;
+    None = auto (every max(50, steps // 10) steps, so runs under 50 steps skip it); 0 = off."""
+    val_sequences: int = 16
+    """Held-out sequences in the fixed validation set (every valid anchor of each is scored)."""
+    real_tau_every: int | None = None
+    """Real speculative decoding (`real_tau`) on held-out prompts every N steps and at the last step; None = auto:
+    on for real targets (every max(100, steps // 10) steps), off for the CPU tiny target; 0 = off."""
+    real_tau_prompts: int = 8
+    """Held-out prompts per real-tau measurement (temperature 0, block size of the run)."""
+    real_tau_new_tokens: int = 64
+    """New tokens generated per prompt in a real-tau measurement."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -333,6 +350,16 @@ class TrainConfig:
         if self.batch_size % len(self.devices):
             _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                   f"use a multiple of {len(self.devices)}")
+        # validation (issue 12)
+        for name in ("val_every", "real_tau_every"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                _fail(c, name, v, "must be None (auto), 0 (off) or a positive interval", f"set {name}=None or e.g. 100")
+        for name in ("val_sequences", "real_tau_prompts", "real_tau_new_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                _fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
+                      f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
 
     @property
     def resolved_gamma(self) -> float:

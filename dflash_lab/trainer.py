@@ -34,6 +34,7 @@ from .prepare import prepare_run
 from .progress import process_rss_gb, progress_line
 from .run_end import finish_run, save_drafter
 from .targets import load_targets
+from .validation import Validator, tau_gap_event, validation_line
 
 
 STOP_FILE = "STOP"
@@ -131,6 +132,7 @@ class Trainer:
         self._inflight: cf.Future | None = None
         self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
+        self.validator: Validator | None = None  # made at the first step; reads the held-out set when first due
         if resume is not None:
             resume_state.restore(self, resume)
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
@@ -229,9 +231,11 @@ class Trainer:
 
             self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
             self.phase = "training"
+        if finite:
+            self._validate(record)  # issue 12: held-out validation / real tau on their steps (validation.py)
         self.last_metrics = record
         if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
-                or "eval_tau" in record):
+                or "eval_tau" in record or "val_acc" in record or "real_tau" in record):
             self.metrics.log(record)
             self._logged_step = self.step_count
         else:
@@ -244,6 +248,27 @@ class Trainer:
             raise TrainingDiverged(self._diverged_message())
         self._recent_losses = (self._recent_losses + [loss])[-100:]
         return record
+
+    def _validate(self, record: dict) -> None:
+        """Held-out validation and real tau when due (validation.Validator); warns when sim and real tau part ways."""
+        if self.validator is None:
+            self.validator = Validator(self)
+        if not any(self.validator.due(self.step_count, self.config.steps)):
+            return
+        phase, self.phase = self.phase, "validating"
+        try:
+            out = self.validator.run(self, record)
+        finally:
+            self.phase = phase
+        if not out:  # e.g. no held-out data (the validator said so once)
+            return
+        self.log(validation_line(record))
+        gap = tau_gap_event(record, self.history)
+        if gap:
+            self._event("tau_gap", **gap)
+            self.log(f"WARNING: tau gap at step {gap['step']}: simulated tau {gap['sim_tau']:.2f} (training) vs REAL "
+                     f"tau {gap['real_tau']:.2f} on held-out prompts; the training metric overstates acceptance, "
+                     "trust real_tau (docs/tau-gap.md)")
 
     def _diverged_message(self) -> str:
         m = self.last_metrics or {}
