@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .sinks import sink_problem
+
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 # Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
@@ -268,6 +270,9 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
+    # -- metric sinks (issue 15) --
+    metric_sinks: tuple[str, ...] = ()
+    """Optional extra metric sinks (sinks.py): "tensorboard" (<run_dir>/tensorboard/) and/or "wandb" (offline)."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -326,6 +331,14 @@ class TrainConfig:
         if self.batch_size % len(self.devices):
             _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                   f"use a multiple of {len(self.devices)}")
+        # -- metric sinks (issue 15) --
+        if isinstance(self.metric_sinks, str):
+            _fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
+        object.__setattr__(self, "metric_sinks", tuple(self.metric_sinks))
+        for name in self.metric_sinks:
+            if (problem := sink_problem(name)) is not None:
+                _fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
+                      "with the package installed")
 
     @property
     def resolved_gamma(self) -> float:

@@ -33,6 +33,7 @@ from .engine import build_engine
 from .metrics import MetricsLogger, Throughput
 from .optim import lr_at
 from .placement import check_placement, make_placement
+from .sinks import with_sinks
 from .targets import load_target_config, load_targets, load_tokenizer
 
 
@@ -181,6 +182,7 @@ class Trainer:
             rundir.write_json(self.run_dir / rundir.ENV_FILE, rundir.environment_info())
             rundir.write_json(self.run_dir / "data_report.json", self.data.report)
         self.metrics = MetricsLogger(self.run_dir / rundir.METRICS_FILE if self.run_dir else None)
+        self.metrics.sink = with_sinks(self.metrics.sink, cfg.metric_sinks, self.run_dir, config=cfg.to_dict(), log=log)
         for row in previous_rows:
             self.metrics.ring.append(row)
         self.throughput = Throughput()

@@ -149,6 +149,7 @@ class LiveDashboard:
             row.append(wire("Checkpoint now", buttons["checkpoint"], tooltip="save at the next step boundary"))
         if "step_n" in buttons:
             n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="90px"))
+            n.add_class("dfl-step-n-input")
             row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps (while paused: N steps, then "
                                                                    "paused again)"), n]
         if "set_lr" in buttons:
