@@ -154,6 +154,7 @@ JS_LAYOUT = """() => {
   const header = dash.querySelector('.dfl-header');
   return {dash: box(dash), cell: box(dash.closest('.jp-OutputArea-output')), plot: svg ? box(svg) : null,
           header_height: header.getBoundingClientRect().height,
+          header_right: Math.max(...Array.from(header.children).map((c) => c.getBoundingClientRect().right)),
           header_cells: Array.from(header.children).map((c) => Math.round(c.getBoundingClientRect().top))};
 }"""
 
@@ -173,6 +174,7 @@ def _check_layout(page, width: int) -> dict:
     assert lay["plot"]["right"] <= lay["cell"]["right"] + 1, f"plot clipped at {width} px: {lay}"
     assert lay["plot"]["width"] >= 0.9 * lay["dash"]["width"], f"plot does not fill the cell at {width} px: {lay}"
     assert len(set(lay["header_cells"])) == 1, f"header wrapped at {width} px: {lay}"
+    assert lay["header_right"] <= lay["dash"]["right"], f"header clipped at {width} px: {lay}"
     return lay
 
 

@@ -378,6 +378,8 @@ def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     assert system and system[0]["no_gpu"] is True
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[:4] == [1, 2, 4, 6]
+    summary = json.loads((run_dir / "summary.json").read_text())  # the finish cell: the run is complete
+    assert summary["status"] == "finished" and summary["steps"] == 8  # 6 trained + 2 by hand
 
 
 def test_model_side_imports_without_jupyter_packages():

@@ -61,10 +61,11 @@ def _figure_widget():
             fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers" if key in ("val_sim_tau", "real_tau")
                                      else "lines", opacity=0.45 if key == "loss" else 1.0,
                                      showlegend=legend is not None, legend=legend or "legend"), row=r, col=c)
-        legend = dict(orientation="h", yanchor="bottom", xanchor="right", bgcolor="rgba(255,255,255,0.6)",
-                      font=dict(size=10))
+        # legends inside their panels: top right of the loss panel (the loss falls), bottom right of tau (it rises)
+        legend = dict(orientation="h", xanchor="right", bgcolor="rgba(255,255,255,0.7)", font=dict(size=10))
         fig.update_layout(height=PLOT_HEIGHT_PX, autosize=True, margin=dict(l=55, r=15, t=40, b=30),
-                          legend=dict(legend, x=0.465, y=1.005), legend2=dict(legend, x=1.0, y=0.415),
+                          legend=dict(legend, x=0.46, y=0.99, yanchor="top"),
+                          legend2=dict(legend, x=0.995, y=0.01, yanchor="bottom"),
                           uirevision="keep")  # keep the user's zoom across updates
         fig.update_yaxes(tickformat="~g", exponentformat="none")
         fig.update_xaxes(tickformat="d")
@@ -97,7 +98,8 @@ class LiveDashboard:
             self.image = W.Image(format="png")
             self.image_every_s, self._image_time = 5.0, 0.0
         self._sent_version = -1
-        self._autosize_pending = True
+        self._shown_at: float | None = None  # when start() ran (the dashboard was just displayed)
+        self._fit_after_s = [2.0, 6.0]
         self._last_html: dict[str, str] = {}
         self.state: DashboardState | None = None
         self.last_refresh_s = 0.0
@@ -181,9 +183,23 @@ class LiveDashboard:
                 self._set_html(self.message, "message", f"<small>{controls.message}</small>")
             if s.series_version != self._sent_version:
                 self._send_curves(s)
+            self._fit_width()
             self.last_refresh_s = time.perf_counter() - t0
             self.refreshes += 1
             return s
+
+    def _fit_width(self) -> None:
+        """Ask plotly.js to size the plot to its cell, 2 s and 6 s after the dashboard is shown.
+
+        The widget's first render can happen before the cell is laid out (zero width: plotly falls back to 700 px);
+        window resizes are followed by plotly's `responsive` handler, but nothing re-measures after that first
+        render. A relayout sent before the plot exists would replace it with an empty one, hence the delay.
+        """
+        if self.fig is None or self._shown_at is None or not self._fit_after_s:
+            return
+        if time.monotonic() - self._shown_at >= self._fit_after_s[0]:
+            self._fit_after_s.pop(0)
+            self.fig._send_relayout_msg({"autosize": True})  # plotly_relayout would send only changed values
 
     def _set_html(self, widget, key: str, value: str) -> None:
         if self._last_html.get(key) != value:
@@ -207,9 +223,6 @@ class LiveDashboard:
             shapes.append(dict(type="rect", xref="x3", yref="y3 domain", x0=0, x1=s.steady_from_step, y0=0, y1=1,
                                fillcolor="#9a6700", opacity=0.12, line_width=0, layer="below"))
         with self.fig.batch_update():  # one message for all curves
-            if self._autosize_pending and self.refreshes >= 1:  # the plot is on the page now: fit its cell
-                self.fig._send_relayout_msg({"autosize": True})  # plotly_relayout sends only changed values
-                self._autosize_pending = False
             for i, (key, *_rest) in enumerate(CURVES):
                 x, y = s.series.get(key, ([], []))
                 self.fig.data[i].x = np.asarray(x, dtype=np.float64)
@@ -233,6 +246,8 @@ class LiveDashboard:
             self._stop.wait(max(self.period - self.last_refresh_s, 0.05))
 
     def start(self) -> "LiveDashboard":
+        if self._shown_at is None:
+            self._shown_at = time.monotonic()
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="dflash-dashboard", daemon=True)

@@ -30,7 +30,7 @@ def header_html(s: DashboardState) -> str:
     colour = PHASE_COLOURS.get(s.phase, "#8250df")
     total = f" / {s.total_steps}" if s.total_steps else ""
     warm = s.throughput_state != "steady"
-    steady = "warming up" if warm else f"{format_rate(s.steady_tokens_per_s)} steady"
+    steady = "warming up" if warm else f"steady {format_rate(s.steady_tokens_per_s)}"
     tau = _v("sim-tau", _num(s.sim_tau, ".2f"), "simulated acceptance length from block accuracy on the training "
                                                 "batch (not a real decode)", s.sim_tau)
     if s.val_sim_tau is not None:
@@ -40,18 +40,20 @@ def header_html(s: DashboardState) -> str:
     cells = [
         ("phase", f'<b style="color:{colour}">{_v("phase", s.phase)}</b>'),
         ("step", f'{_v("step", str(s.step))}{html.escape(total)}'),
-        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s), value=s.tokens_per_s)} <small>now &middot; '
-                     f'{_v("tps-steady", steady, "median over the steps since warm-up ended")}</small>'),
+        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s), "now", s.tokens_per_s)} '
+                     f'<small>{_v("tps-steady", steady, "median over the steps since warm-up ended")}</small>'),
         ("loss", f'{_v("loss", _num(s.loss, ".4f"), value=s.loss)} '
                  f'<small>ema {_v("loss-ema", _num(s.loss_ema, ".4f"), "per-step EMA (beta 0.9)", s.loss_ema)}'
                  '</small>'),
         ("lr", _v("lr", _num(s.lr, ".3g"), value=s.lr)),
-        ("acceptance (tau)", tau),
+        ("tau", tau),
     ]
     if s.phase == "training":  # no ETA when idle, paused, stopped or finished
         cells.append(("ETA", _v("eta", s.eta_text, "~ = estimated from warm-up steps")))
-    items = "".join(f'<div style="margin-right:20px;flex:0 0 auto"><div style="font-size:11px;color:#57606a">{k}'
-                    f'</div><div style="font-size:15px">{v}</div></div>' for k, v in cells)
+    # clamp(): 15 px values at >= 1,400 px windows, down to 12 px at 1,024 px, so the line fits a narrow cell
+    items = "".join(f'<div style="margin-right:clamp(10px,1.2vw,20px);flex:0 0 auto">'
+                    f'<div style="font-size:11px;color:#57606a">{k}</div>'
+                    f'<div style="font-size:clamp(12px,1.1vw,15px)">{v}</div></div>' for k, v in cells)
     lines = []
     if s.phase_detail:
         lines.append(_v("phase-detail", s.phase_detail))
