@@ -124,6 +124,19 @@ def test_html_fragments_carry_the_numbers():
     assert "ETA" in header_html(m.state(phase="training"))
 
 
+def test_eight_gpu_rows_are_compact_and_aligned():
+    from widgets.html import gpus_html
+
+    m = DashboardModel()
+    m.add_system({"time": 1.0, "host": {}, "gpus": [
+        {"label": f"cuda:{i} (gpu {i})", "name": "NVIDIA H200", "mem_used_gb": 10.0 * (i + 1), "mem_total_gb": 140.0,
+         "mem_view": "v2", "kernel_busy_pct": 90 + i, "power_w": 500.0 + i, "temp_c": 60 + i} for i in range(8)]})
+    h = gpus_html(m.state())
+    assert h.count('class="dfl-gpu"') == 8 and "display:grid" in h  # one grid: columns line up across rows
+    assert "80.0 / 140 GB" in h and "97%" in h and "507 W" in h and "67 &deg;C" in h  # memory vs capacity, busy, W, C
+    assert 'style="width:57.1%' in h  # the 8th bar: 80 of 140 GB
+
+
 def test_loss_ema_advances_per_step_not_per_logged_line():
     every = DashboardModel()
     every.add_metrics([rec(i, 10.0 if i <= 10 else 2.0) for i in range(1, 101)])
@@ -175,6 +188,10 @@ def test_run_dir_states_from_what_the_run_records(tmp_path):
     info = src.poll(m)
     assert (info["phase"], info["phase_detail"]) == ("stopped", "at step 110 of 400")
     assert m.state(**info).warning == "sim tau 4.1 vs real tau 2.0"
+    with open(tmp_path / "system.jsonl", "a") as f:  # a sample after the end: the readings stay frozen
+        f.write(json.dumps({"time": 2.0, "host": {"cpu_pct": 99.0}, "gpus": [], "no_gpu": True}) + "\n")
+    src.poll(m)
+    assert m.state(phase="stopped").host["cpu_pct"] == 50.0 and m.state(phase="stopped").eta_text == "-"
     # an old-style summary that says "finished" at 110/400 is shown as what it is
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "steps": 110, "target_steps": 400}))
     assert src.poll(m)["phase"] == "stopped"
