@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .sinks import sink_problem
+
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 # Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
@@ -275,6 +277,7 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
+<<<<<<< HEAD
     # validation (issue 12): honest metrics beside the training ones (dflash_lab/validation.py, docs/tau-gap.md)
     heldout_data: str | None = None
     """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
@@ -292,6 +295,11 @@ class TrainConfig:
     """Held-out prompts per real-tau measurement (temperature 0, block size of the run)."""
     real_tau_new_tokens: int = 64
     """New tokens generated per prompt in a real-tau measurement."""
+=======
+    # -- metric sinks (issue 15) --
+    metric_sinks: tuple[str, ...] = ()
+    """Optional extra metric sinks (sinks.py): "tensorboard" (<run_dir>/tensorboard/) and/or "wandb" (offline)."""
+>>>>>>> dash
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -350,6 +358,7 @@ class TrainConfig:
         if self.batch_size % len(self.devices):
             _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                   f"use a multiple of {len(self.devices)}")
+<<<<<<< HEAD
         # validation (issue 12)
         for name in ("val_every", "real_tau_every"):
             v = getattr(self, name)
@@ -360,6 +369,16 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 _fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
                       f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
+=======
+        # -- metric sinks (issue 15) --
+        if isinstance(self.metric_sinks, str):
+            _fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
+        object.__setattr__(self, "metric_sinks", tuple(self.metric_sinks))
+        for name in self.metric_sinks:
+            if (problem := sink_problem(name)) is not None:
+                _fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
+                      "with the package installed")
+>>>>>>> dash
 
     @property
     def resolved_gamma(self) -> float:

@@ -33,6 +33,7 @@ from .metrics import MetricsLogger, Throughput
 from .prepare import prepare_run
 from .progress import process_rss_gb, progress_line
 from .run_end import finish_run, save_drafter
+from .sinks import with_sinks
 from .targets import load_targets
 from .validation import Validator, tau_gap_event, validation_line
 
@@ -71,6 +72,23 @@ class Controls:
         self.stop = threading.Event()
         self.checkpoint = threading.Event()
         self.new_lr: float | None = None
+        # -- dashboard semantics (issue 15) --
+        # Stop ends the run: later step()/train() calls from cells (Run All) return at once until a Run / Step N
+        # button (or `controls.stopped.clear()`) says to go on.
+        self.stopped = threading.Event()
+        self.paused_steps = 0  # Step N while paused: the paused loop takes this many steps, then stays paused
+        self._lock = threading.Lock()
+
+    def add_paused_steps(self, n: int) -> None:
+        with self._lock:
+            self.paused_steps += n
+
+    def take_paused_step(self) -> bool:
+        with self._lock:
+            if self.paused_steps > 0:
+                self.paused_steps -= 1
+                return True
+            return False
 
 
 class Trainer:
@@ -115,6 +133,7 @@ class Trainer:
             rundir.write_json(self.run_dir / rundir.ENV_FILE, rundir.environment_info())
             rundir.write_json(self.run_dir / "data_report.json", self.data.report)
         self.metrics = MetricsLogger(self.run_dir / rundir.METRICS_FILE if self.run_dir else None)
+        self.metrics.sink = with_sinks(self.metrics.sink, cfg.metric_sinks, self.run_dir, config=cfg.to_dict(), log=log)
         for row in previous_rows:
             self.metrics.ring.append(row)
         self.throughput = Throughput()
@@ -169,6 +188,10 @@ class Trainer:
             raise ValueError(f"step(n={n}): n must be >= 1.")
         if self.diverged_at is not None:
             raise TrainingDiverged(self._diverged_message())
+        if self.controls.stopped.is_set() and self.loops_running == 1:  # a cell after Stop: the run stays stopped
+            self.log(f"step({n}) skipped: this run was stopped at step {self.step_count}; press Run or Step N "
+                     "(or call trainer.controls.stopped.clear()) to train further")
+            return self.last_metrics
         self.phase = "training"
         for _ in range(n):
             self._inflight = self._driver.submit(self._one_step)
@@ -312,6 +335,10 @@ class Trainer:
         target = steps if steps is not None else cfg.steps
         if self.diverged_at is not None:
             raise TrainingDiverged(self._diverged_message())
+        if self.controls.stopped.is_set():  # a cell after Stop (Run All): the run stays stopped
+            self.log(f"train() skipped: this run was stopped at step {self.step_count}; press Run (or call "
+                     "trainer.controls.stopped.clear()) to continue")
+            return self.last_metrics
         last_print = time.monotonic()
         self.log(f"training from step {self.step_count} to {target}"
                  + (f" | run dir {self.run_dir}" if self.run_dir else "")
@@ -320,8 +347,11 @@ class Trainer:
             while self.step_count < target:
                 if self._stop_requested():
                     break
-                if self.controls.pause.is_set():
+                if self.controls.pause.is_set() and not self.controls.take_paused_step():
                     self.phase = "paused"
+                    if self.run_dir and self.controls.checkpoint.is_set():  # "Checkpoint now" acts while paused
+                        self._checkpoint_or_warn("requested")
+                        self.controls.checkpoint.clear()
                     time.sleep(0.05)
                     continue
                 self.step(1)
@@ -361,6 +391,7 @@ class Trainer:
         """controls.stop (dashboard) or a STOP file in the run dir; both are consumed (a resume does not stop)."""
         if self.controls.stop.is_set():
             self.controls.stop.clear()
+            self.controls.stopped.set()
             self._event("stop_requested", step=self.step_count, source="controls.stop")
             return True
         stop = self.run_dir / STOP_FILE if self.run_dir else None
@@ -369,6 +400,7 @@ class Trainer:
                 os.replace(stop, self.run_dir / "STOP.done")
             except OSError:
                 pass
+            self.controls.stopped.set()
             self._event("stop_requested", step=self.step_count, source=str(stop))
             self.log(f"STOP file found at step {self.step_count}: checkpointing and stopping")
             return True

@@ -1,10 +1,13 @@
 """Real browser: JupyterLab on localhost + Debian's chromium via Playwright runs notebooks/explore.ipynb (tiny, CPU).
 
 Asserts, by reading the dashboard's DOM, that step, tokens/s and loss change between two screenshots while the
-training cell is busy, that Pause (clicked while that cell runs) stops the step count, and that Stop ends the cell
-so the inspector and hand-step cells run. Screenshots go to tests/artifacts/browser/ (gitignored); their paths are
-printed. Installs what it needs if missing: chromium via apt-get (~1 min), playwright==1.65.2 via pip. Never runs
-`playwright install` (it cannot download browsers here).
+training cell is busy; that the plot fills the cell without being clipped at 1,600 and 1,024 px wide windows; that
+Pause (clicked while that cell runs) stops the step count and Step N then takes exactly N steps and stays paused;
+that Stop ends the cell, the inspector renders, the hand-step cell skips its steps (a stopped run stays stopped) and
+the finish cell writes summary.json; and that an AttachedView of that run directory says "stopped". Screenshots go
+to tests/artifacts/browser/ (gitignored; docs/ holds copies); their paths are printed. Installs what it needs if
+missing: chromium via apt-get (~1 min), playwright==1.65.2 via pip. Never runs `playwright install` (it cannot
+download browsers here).
 """
 
 import importlib
@@ -144,6 +147,37 @@ def _wait_phase(page, word: str, timeout_s: float) -> None:
         " return e && e.textContent.startsWith(w); }", arg=word, timeout=timeout_s * 1000)
 
 
+JS_LAYOUT = """() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, width: r.width}; };
+  const dash = document.querySelector('.dflash-dashboard');
+  const svg = dash.querySelector('.js-plotly-plot .main-svg');
+  const header = dash.querySelector('.dfl-header');
+  return {dash: box(dash), cell: box(dash.closest('.jp-OutputArea-output')), plot: svg ? box(svg) : null,
+          header_height: header.getBoundingClientRect().height,
+          header_right: Math.max(...Array.from(header.children).map((c) => c.getBoundingClientRect().right)),
+          header_cells: Array.from(header.children).map((c) => Math.round(c.getBoundingClientRect().top))};
+}"""
+
+
+def _check_layout(page, width: int) -> dict:
+    """The plot fills the dashboard (>= 90% of its width) and ends inside the cell; the header is one line."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    deadline = time.monotonic() + 20
+    while True:  # plotly re-lays out on the window's resize event
+        lay = page.evaluate(JS_LAYOUT)
+        ok = (lay["plot"] is not None and lay["plot"]["right"] <= lay["cell"]["right"] + 1
+              and lay["plot"]["width"] >= 0.9 * lay["dash"]["width"])
+        if ok or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert lay["plot"] is not None, "no plotly plot in the dashboard"
+    assert lay["plot"]["right"] <= lay["cell"]["right"] + 1, f"plot clipped at {width} px: {lay}"
+    assert lay["plot"]["width"] >= 0.9 * lay["dash"]["width"], f"plot does not fill the cell at {width} px: {lay}"
+    assert len(set(lay["header_cells"])) == 1, f"header wrapped at {width} px: {lay}"
+    assert lay["header_right"] <= lay["dash"]["right"], f"header clipped at {width} px: {lay}"
+    return lay
+
+
 def test_dashboard_live_in_jupyterlab(lab):
     _ensure_chromium()
     _ensure_playwright()
@@ -155,7 +189,7 @@ def test_dashboard_live_in_jupyterlab(lab):
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             str(lab["root"].parent / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000})
+            viewport={"width": 1600, "height": 1000})
         try:
             page = ctx.new_page()
             page.set_default_timeout(60_000)
@@ -184,6 +218,12 @@ def test_dashboard_live_in_jupyterlab(lab):
             assert second["tps"] != first["tps"], (first, second)
             assert second["loss"] != first["loss"], (first, second)
             assert first["phase"].startswith("training") and second["phase"].startswith("training")
+            for width in (1600, 1024):  # no clipped plot, no wrapped header, at both widths
+                _check_layout(page, width)
+                path = ARTIFACTS / f"dashboard-{width}.png"
+                page.locator(".dflash-dashboard").screenshot(path=str(path))
+                shots.append(path)
+            page.set_viewport_size({"width": 1600, "height": 1000})
 
             # Pause while the training cell is busy (its prompt shows [*]): the click is served by a subshell.
             busy = page.locator(".jp-InputPrompt:has-text('[*]')").count()
@@ -198,19 +238,49 @@ def test_dashboard_live_in_jupyterlab(lab):
             page.locator(".dflash-dashboard").screenshot(path=str(path))
             shots.append(path)
 
+            # Step N while paused: exactly N steps, then paused again
+            page.fill(".dflash-dashboard .dfl-step-n-input input", "3")
+            page.click(".dflash-dashboard .dfl-btn-step-n")
+            _wait_step(page, paused_at + 3, 60)
+            time.sleep(1.5)
+            after = _read(page)
+            assert after["step"] == paused_at + 3 and after["phase"] == "paused", (paused_at, after)
+            paused_at = after["step"]
+
             page.click(".dflash-dashboard .dfl-btn-run")  # resume
             _wait_step(page, paused_at + 2, 60)
             page.click(".dflash-dashboard .dfl-btn-stop")
             _wait_phase(page, "stopped", 60)
             stopped_at = _read(page)["step"]
-            # Stop ended the cell: the inspector renders, then the hand-step cell takes 3 more steps.
+            # Stop ended the cell: the inspector renders, the hand-step cell skips (the run stays stopped) and
+            # the finish cell writes summary.json.
             page.wait_for_selector(".dfi", timeout=60_000)  # dflash_lab.inspector's token-level view
-            _wait_step(page, stopped_at + 3, 60)
+            page.wait_for_selector(".jp-OutputArea-output:has-text(\"'status': 'stopped'\")", timeout=90_000)
+            assert _read(page)["step"] == stopped_at
             path = ARTIFACTS / "dashboard-final.png"
-            page.locator(".dflash-dashboard").screenshot(path=str(path))
+            page.locator(".dflash-dashboard").first.screenshot(path=str(path))
             shots.append(path)
             page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
             shots.append(ARTIFACTS / "notebook.png")
+
+            # Attach to the stopped run from a new cell: it says stopped (summary.json and the step of the target)
+            page.click(".jp-Notebook .jp-Cell:last-child .jp-InputArea-prompt")
+            page.keyboard.press("Escape")
+            page.keyboard.press("b")
+            page.keyboard.press("Enter")
+            page.keyboard.type("from widgets import AttachedView\nAttachedView(trainer.run_dir)")
+            page.keyboard.press("Shift+Enter")
+            page.wait_for_function("() => document.querySelectorAll('.dflash-dashboard').length >= 2")
+            attached = page.locator(".dflash-dashboard").nth(1)
+            attached.locator(".dfl-phase").wait_for()
+            deadline = time.monotonic() + 30
+            while attached.locator(".dfl-phase").text_content() != "stopped" and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert attached.locator(".dfl-phase").text_content() == "stopped"
+            assert attached.locator(".dfl-phase-detail").text_content().startswith(f"at step {stopped_at} of 2000")
+            path = ARTIFACTS / "attached-stopped.png"
+            attached.screenshot(path=str(path))
+            shots.append(path)
         except BaseException:
             path = ARTIFACTS / "failure.png"  # what the page looked like when the test gave up
             page.screenshot(path=str(path), full_page=True)

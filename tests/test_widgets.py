@@ -116,12 +116,92 @@ def test_html_fragments_carry_the_numbers():
     s = m.state(phase="paused", phase_detail="at step 7")
     h = header_html(s)
     assert '<span class="dfl-step">7</span>' in h and '<span class="dfl-loss" data-value="2.5">2.5000</span>' in h
-    assert '<span class="dfl-phase">paused: at step 7</span>' in h and "warming up" in h
+    assert '<span class="dfl-phase">paused</span>' in h and "warming up" in h
+    assert '<span class="dfl-phase-detail">at step 7</span>' in h.split("dfl-message-line")[1]  # its own line
+    assert "flex-wrap:nowrap" in h and "ETA" not in h  # one line; no ETA while paused
     assert "no NVIDIA GPU" in gpus_html(s) and "host RAM" in gpus_html(s)
     assert "move one GPU from drafters to targets" in balance_html(s)
+    assert "ETA" in header_html(m.state(phase="training"))
+
+
+def test_eight_gpu_rows_are_compact_and_aligned():
+    from widgets.html import gpus_html
+
+    m = DashboardModel()
+    m.add_system({"time": 1.0, "host": {}, "gpus": [
+        {"label": f"cuda:{i} (gpu {i})", "name": "NVIDIA H200", "mem_used_gb": 10.0 * (i + 1), "mem_total_gb": 140.0,
+         "mem_view": "v2", "kernel_busy_pct": 90 + i, "power_w": 500.0 + i, "temp_c": 60 + i} for i in range(8)]})
+    h = gpus_html(m.state())
+    assert h.count('class="dfl-gpu"') == 8 and "display:grid" in h  # one grid: columns line up across rows
+    assert "80.0 / 140 GB" in h and "97%" in h and "507 W" in h and "67 &deg;C" in h  # memory vs capacity, busy, W, C
+    assert 'style="width:57.1%' in h  # the 8th bar: 80 of 140 GB
+
+
+def test_loss_ema_advances_per_step_not_per_logged_line():
+    every = DashboardModel()
+    every.add_metrics([rec(i, 10.0 if i <= 10 else 2.0) for i in range(1, 101)])
+    sparse = DashboardModel()  # an attached view reading metrics.jsonl written every 10 steps
+    sparse.add_metrics([rec(i, 10.0 if i <= 10 else 2.0) for i in [1] + list(range(10, 101, 10))])
+    # after 90 steps at loss 2.0 the per-step EMA is 2 + 8 * 0.9**90 = 2.0006: both views agree on it
+    assert every.state().loss_ema == pytest.approx(2.0 + 8 * 0.9 ** 90)
+    assert sparse.state().loss_ema == pytest.approx(2.0 + 8 * 0.9 ** 90)
+    assert sparse.state().series["loss_ema"][1][1] == pytest.approx(10.0)  # step 10: still 10
+    assert sparse.state().series["loss_ema"][1][2] == pytest.approx(2.0 + 8 * 0.9 ** 10)  # step 20: 4.79
+
+
+def test_eta_only_while_training_and_sparse_val_and_real_tau_keys():
+    m = DashboardModel(total_steps=100)
+    m.add_metrics([rec(5, 3.0, st=1.0), rec(10, 2.5, st=1.0, val_acc=0.4, val_sim_tau=2.25, real_tau=1.75),
+                   rec(15, 2.4, st=1.0)])
+    s = m.state(phase="training")
+    assert s.eta_text == "~0h01m25s" and "ETA" in s.summary_line()
+    assert s.val_sim_tau == 2.25 and s.real_tau == 1.75  # sparse keys: the latest value stays shown
+    assert s.series["real_tau"] == ([10], [1.75]) and s.series["val_sim_tau"] == ([10], [2.25])
+    for phase in ("idle", "paused", "stopped", "finished"):
+        assert m.state(phase=phase).eta_text == "-" and "ETA" not in m.state(phase=phase).summary_line()
+    from widgets.html import header_html
+
+    h = header_html(s)
+    assert 'class="dfl-real-tau" title="real speculative decoding" data-value="1.75"' in h and "dfl-val-sim-tau" in h
+    m.add_metrics([rec(20, 2.3, tau_gap={"step": 20, "sim_tau": 3.5, "real_tau": 1.75})])
+    assert m.state().warning == "tau gap at step 20: simulated and real tau part ways (sim_tau 3.50, real_tau 1.75)"
+    assert "dfl-warning" in header_html(m.state()).split("dfl-message-line")[1]
 
 
 # -- attach: following files ----------------------------------------------------------------------------------------
+def test_run_dir_states_from_what_the_run_records(tmp_path):
+    """summary.json is checked against the target; events.jsonl gives stops, divergence and tau_gap warnings."""
+    from widgets.runstate import run_dir_state
+    from widgets.sources import RunDirSource
+
+    (tmp_path / "config.json").write_text(json.dumps({"steps": 400}))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(rec(i, 3.0)) + "\n" for i in range(10, 111, 10)))
+    (tmp_path / "system.jsonl").write_text(json.dumps({"time": 1.0, "host": {"cpu_pct": 50.0}, "gpus": [],
+                                                       "no_gpu": True}) + "\n")
+    src, m = RunDirSource(tmp_path), DashboardModel()
+    assert src.poll(m)["phase"] == "training"  # files just written: the writer is alive
+    assert run_dir_state(tmp_path, step=110, total=400, now=time.time() + 25).detail.startswith(
+        "at step 110 of 400: the writer is gone (no file written for 25 s)")
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "tau_gap", "step": 100, "message": "sim tau 4.1 vs real tau 2.0"}) + "\n")
+        f.write(json.dumps({"event": "stop_requested", "step": 110}) + "\n")
+    info = src.poll(m)
+    assert (info["phase"], info["phase_detail"]) == ("stopped", "at step 110 of 400")
+    assert m.state(**info).warning == "sim tau 4.1 vs real tau 2.0"
+    with open(tmp_path / "system.jsonl", "a") as f:  # a sample after the end: the readings stay frozen
+        f.write(json.dumps({"time": 2.0, "host": {"cpu_pct": 99.0}, "gpus": [], "no_gpu": True}) + "\n")
+    src.poll(m)
+    assert m.state(phase="stopped").host["cpu_pct"] == 50.0 and m.state(phase="stopped").eta_text == "-"
+    # an old-style summary that says "finished" at 110/400 is shown as what it is
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "steps": 110, "target_steps": 400}))
+    assert src.poll(m)["phase"] == "stopped"
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "steps": 400, "target_steps": 400}))
+    assert src.poll(m)["phase"] == "finished"
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "diverged", "steps": 57, "diverged_at": 57}))
+    info = src.poll(m)
+    assert info["phase"] == "failed" and info["phase_detail"] == "diverged at step 57"
+
+
 def test_jsonl_follower_waits_for_whole_lines_and_survives_rewrites(tmp_path):
     p = tmp_path / "metrics.jsonl"
     f = JsonlFollower(p)
@@ -201,21 +281,40 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     time.sleep(1.0)
     assert trainer.step_count == paused_at
     assert view.state().phase_text.startswith(f"paused: at step {paused_at}")
+    assert view.state().eta_text == "-"  # no ETA while paused
+    # Checkpoint now acts while paused (the paused loop writes it), without Run
+    assert "written now" in c.checkpoint()
+    _until(lambda: trainer.last_checkpoint_step == paused_at, 30, "the checkpoint written while paused")
+    from dflash_lab.checkpoint import DRAFTER_FILE
+
+    assert (trainer.last_checkpoint / DRAFTER_FILE).is_file() and trainer.step_count == paused_at
+    view.state()  # a refresh reports it
+    assert c.message.startswith(f"checkpoint written at step {paused_at}")
+    # Step N while paused: the paused loop takes N steps and stays paused
+    assert c.step_n(3) == f"stepping 3 while paused (from step {paused_at})"
+    _until(lambda: trainer.step_count == paused_at + 3 and trainer.phase == "paused", 60, "3 steps while paused")
+    time.sleep(0.5)
+    assert trainer.step_count == paused_at + 3 and c.loop_active()
+    paused_at += 3
     assert "ignored" in c.set_lr(-1.0) and trainer.controls.new_lr is None
     c.set_lr(1e-4)
-    c.checkpoint()
     assert c.run() == "resumed"
     _until(lambda: trainer.step_count >= paused_at + 2, 60, "steps after resume")
     assert trainer.last_metrics["lr"] == 1e-4
-    _until(lambda: trainer.last_checkpoint_step is not None, 30, "the requested checkpoint")
-    from dflash_lab.checkpoint import DRAFTER_FILE
-
-    assert (trainer.last_checkpoint / DRAFTER_FILE).is_file()
     c.stop()
     c.join(60)
     assert trainer.phase == "stopped" and not c.loop_active()
     stopped_at = trainer.step_count
-    c.step_n(2)
+    assert trainer.last_checkpoint_step == stopped_at
+    # After Stop, a later cell's step()/train() (Run All) does not train on without a checkpoint
+    trainer.step(5)
+    trainer.train()
+    assert trainer.step_count == stopped_at and trainer.phase == "stopped"
+    # Checkpoint now while idle writes at once (a background thread); it is already there for this step
+    c.checkpoint()
+    c.join(60)
+    assert trainer.last_checkpoint_step == stopped_at and c.error is None
+    c.step_n(2)  # Step N after Stop: asked for explicitly, so it runs
     c.join(60)
     assert trainer.step_count == stopped_at + 2 and c.error is None
     view.refresh()  # one refresh of the real widgets (no frontend attached)
@@ -241,7 +340,17 @@ def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
     att.source.request_stop()  # what the attached dashboard's Stop button does
     view.controls.join(60)
     assert trainer.phase == "stopped" and (trainer.run_dir / "STOP.done").is_file()
-    assert att.state().step == trainer.step_count
+    s = att.state()
+    assert s.step == trainer.step_count and s.phase == "stopped" and s.eta_text == "-"  # events.jsonl: stop_requested
+    from widgets.runstate import run_dir_state
+
+    # the writer's process gone (files silent for 60 s) before finish(): stopped, never "finished"
+    gone = run_dir_state(trainer.run_dir, step=s.step, total=400, now=time.time() + 60)
+    assert gone.phase == "stopped" and gone.detail.startswith(f"at step {s.step} of 400")
+    summary = trainer.finish()  # summary.json says stopped: the attached view says so too, with the step of 400
+    assert summary["status"] == "stopped"
+    s = AttachedView(trainer.run_dir, mode="static").state()
+    assert s.phase == "stopped" and s.phase_detail.startswith(f"at step {trainer.step_count} of 400")
 
 
 def test_a_diverging_run_shows_failed_with_the_error(live):
@@ -287,6 +396,8 @@ def test_headless_explore_notebook_has_png_and_no_widget_state(tmp_path):
     assert system and system[0]["no_gpu"] is True
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[:4] == [1, 2, 4, 6]
+    summary = json.loads((run_dir / "summary.json").read_text())  # the finish cell: the run is complete
+    assert summary["status"] == "finished" and summary["steps"] == 8  # 6 trained + 2 by hand
 
 
 def test_model_side_imports_without_jupyter_packages():

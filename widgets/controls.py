@@ -5,6 +5,15 @@ the training cell is busy, and the training loop reads `trainer.controls` (threa
 `checkpoint`, and `new_lr`) at step boundaries. "Run" and "Step N" start `trainer.train()` / `trainer.step(n)` in a
 background thread only when no loop is running (`trainer.loops_running`: a busy cell's `trainer.train()` counts),
 so two loops never drive one trainer. No ipywidgets here.
+
+What each button means, in every state:
+- Run: resumes a paused loop, or trains to the target in a background thread (after Stop too: it clears the stop).
+- Pause: the loop waits at the next step boundary.
+- Stop: the loop checkpoints and ends; the run stays stopped, so later cells (Run All) skip their step()/train()
+  calls instead of training on without a checkpoint, until Run or Step N.
+- Checkpoint now: written at the next step boundary while training, at once while paused (the paused loop writes
+  it) or idle (a background thread writes it).
+- Step N: while paused, the paused loop takes N steps and stays paused; idle or stopped, a background thread takes N.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ class TrainingControls:
         self.target_steps: int | None = None
         self._heartbeat = 0.0
         self._checkpoint_step: int | None = None
+        self._saving = False  # a background "Checkpoint now" save is running
 
     @property
     def trainer(self):
@@ -39,10 +49,18 @@ class TrainingControls:
     def heartbeat(self) -> None:
         """Called after every step by a loop this object did not start (the view's callback)."""
         self._heartbeat = time.monotonic()
+        self.check_checkpoint()
+
+    def check_checkpoint(self) -> None:
+        """Once a requested checkpoint is written, say where (the refresh thread calls this: paused loops take no steps)."""
         t = self.trainer
         if t is not None and self._checkpoint_step is not None and not t.controls.checkpoint.is_set():
+            if self.thread is not None and self.thread.is_alive() and self._saving:
+                return  # the background save is still writing
             at = getattr(t, "last_checkpoint_step", None)
-            self.message = f"checkpoint written at step {at if at is not None else t.step_count}"
+            where = getattr(t, "last_checkpoint", None)
+            self.message = (f"checkpoint written at step {at if at is not None else t.step_count}"
+                            + (f": {where}" if where else ""))
             self._checkpoint_step = None
 
     def loop_active(self) -> bool:
@@ -78,6 +96,7 @@ class TrainingControls:
         if self.trainer.step_count >= target:
             return self._say(f"already at step {self.trainer.step_count} >= {target}; use Step N to go further")
         c.stop.clear()
+        c.stopped.clear()  # Run after Stop: the person wants the run to go on
         c.pause.clear()
         self.target_steps = target
         return self._start(lambda: self.trainer.train(target), f"training to step {target}")
@@ -97,9 +116,21 @@ class TrainingControls:
     def checkpoint(self) -> str:
         if (msg := self._not_ready()) is not None:
             return msg
-        self.trainer.controls.checkpoint.set()
-        self._checkpoint_step = self.trainer.step_count
-        return self._say(f"checkpoint requested at step {self.trainer.step_count} (written at the next step boundary)")
+        t = self.trainer
+        self._checkpoint_step = t.step_count
+        if self.loop_active():
+            t.controls.checkpoint.set()
+            when = "now (the loop is paused)" if t.controls.pause.is_set() else "at the next step boundary"
+            return self._say(f"checkpoint requested at step {t.step_count} (written {when})")
+        self._saving = True  # no loop: write it from a background thread (the button must return at once)
+
+        def save():
+            try:
+                t.save_checkpoint("requested")
+            finally:
+                self._saving = False
+
+        return self._start(save, f"writing a checkpoint at step {t.step_count}")
 
     def set_lr(self, lr: float) -> str:
         if (msg := self._not_ready()) is not None:
@@ -114,9 +145,14 @@ class TrainingControls:
             return msg
         if not isinstance(n, int) or n < 1:
             return self._say(f"Step N: N={n!r} must be an integer >= 1")
+        c = self.trainer.controls
         if self.loop_active():
-            return self._say("a training loop is running: pause or stop it before stepping by hand")
-        self.trainer.controls.stop.clear()
+            if not c.pause.is_set():
+                return self._say("a training loop is running: pause it first, then Step N steps it")
+            c.add_paused_steps(n)  # the paused loop takes them, then stays paused
+            return self._say(f"stepping {n} while paused (from step {self.trainer.step_count})")
+        c.stop.clear()
+        c.stopped.clear()  # Step N after Stop: the person asked for these steps
         self.target_steps = max(self.target_steps or 0, self.trainer.step_count + n)
         return self._start(lambda: self.trainer.step(n), f"stepping {n}")
 

@@ -20,8 +20,12 @@ import ipywidgets as W
 from .html import balance_html, gpus_html, header_html, replicas_html
 from .model import DashboardModel, DashboardState
 
-CURVES = [("loss", "loss", 1, 1), ("loss_ema", "loss (EMA)", 1, 1), ("lr", "lr", 1, 2),
-          ("tokens_per_s", "tokens/s", 2, 1), ("sim_tau", "sim. acceptance", 2, 2)]
+# (model curve, legend name, row, col, legend): raw loss vs its EMA get a legend, and so do the three taus.
+CURVES = [("loss", "raw loss", 1, 1, "legend"), ("loss_ema", "EMA (per step)", 1, 1, "legend"),
+          ("lr", "lr", 1, 2, None), ("tokens_per_s", "tokens/s", 2, 1, None),
+          ("sim_tau", "sim. (train batch)", 2, 2, "legend2"), ("val_sim_tau", "sim. (held-out)", 2, 2, "legend2"),
+          ("real_tau", "real decode", 2, 2, "legend2")]
+PLOT_HEIGHT_PX = 460
 
 
 def route_to_frontend_subshell(widget) -> None:
@@ -40,20 +44,34 @@ def route_to_frontend_subshell(widget) -> None:
 
 
 def _figure_widget():
-    """A 2x2 plotly FigureWidget, or None if plotly's widget support (anywidget) is missing."""
+    """A 2x2 plotly FigureWidget that fills its cell's width, or None if plotly's widget support (anywidget) is missing.
+
+    No fixed width: `autosize` + the `responsive` config let plotly.js size the plot to its container (and follow
+    window resizes); LiveDashboard asks for one autosize once the plot is on the page (its first render may happen
+    before the cell has a width). Axis numbers are plain ("0.0006", "12000"), not SI ("600μ", "12k").
+    """
     try:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.08, vertical_spacing=0.16,
+        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.07, vertical_spacing=0.17,
                             subplot_titles=("training loss (decayed CE)", "learning rate",
-                                            "tokens/s (shaded: warm-up)", "simulated acceptance length"))
-        for key, name, r, c in CURVES:
-            fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines",
-                                     opacity=0.45 if key == "loss" else 1.0), row=r, col=c)
-        fig.update_layout(height=440, margin=dict(l=50, r=20, t=40, b=30), showlegend=False,
+                                            "tokens/s (shaded: warm-up)", "acceptance length tau"))
+        for key, name, r, c, legend in CURVES:
+            fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers" if key in ("val_sim_tau", "real_tau")
+                                     else "lines", opacity=0.45 if key == "loss" else 1.0,
+                                     showlegend=legend is not None, legend=legend or "legend"), row=r, col=c)
+        # legends inside their panels: top right of the loss panel (the loss falls), bottom right of tau (it rises)
+        legend = dict(orientation="h", xanchor="right", bgcolor="rgba(255,255,255,0.7)", font=dict(size=10))
+        fig.update_layout(height=PLOT_HEIGHT_PX, autosize=True, margin=dict(l=55, r=15, t=40, b=30),
+                          legend=dict(legend, x=0.46, y=0.99, yanchor="top"),
+                          legend2=dict(legend, x=0.995, y=0.01, yanchor="bottom"),
                           uirevision="keep")  # keep the user's zoom across updates
-        return go.FigureWidget(fig)
+        fig.update_yaxes(tickformat="~g", exponentformat="none")
+        fig.update_xaxes(tickformat="d")
+        widget = go.FigureWidget(fig)
+        widget._config = {"responsive": True, "displaylogo": False}
+        return widget
     except ImportError:
         return None
 
@@ -80,6 +98,8 @@ class LiveDashboard:
             self.image = W.Image(format="png")
             self.image_every_s, self._image_time = 5.0, 0.0
         self._sent_version = -1
+        self._shown_at: float | None = None  # when start() ran (the dashboard was just displayed)
+        self._fit_after_s = [2.0, 6.0]
         self._last_html: dict[str, str] = {}
         self.state: DashboardState | None = None
         self.last_refresh_s = 0.0
@@ -94,7 +114,7 @@ class LiveDashboard:
         if buttons:
             children.append(self._controls_row(buttons))
         children.append(self.message)
-        self.box = W.VBox(children, layout=W.Layout(border="1px solid #d0d7de", padding="6px"))
+        self.box = W.VBox(children, layout=W.Layout(border="1px solid #d0d7de", padding="6px", width="100%"))
         self.box.add_class("dflash-dashboard")
 
     def set_title(self, title: str) -> None:
@@ -131,13 +151,21 @@ class LiveDashboard:
             row.append(wire("Checkpoint now", buttons["checkpoint"], tooltip="save at the next step boundary"))
         if "step_n" in buttons:
             n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="90px"))
-            row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps in the background"), n]
+            n.add_class("dfl-step-n-input")
+            row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps (while paused: N steps, then "
+                                                                   "paused again)"), n]
         if "set_lr" in buttons:
             lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="110px"))
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
         for w in row:
             route_to_frontend_subshell(w)
-        return W.HBox(row)
+        # A button and its input stay together (one group each) when a narrow cell wraps the row.
+        groups, i = [], 0
+        while i < len(row):
+            takes_input = isinstance(row[i], W.Button) and i + 1 < len(row) and not isinstance(row[i + 1], W.Button)
+            groups.append(W.HBox(row[i:i + 2]) if takes_input else row[i])
+            i += 2 if takes_input else 1
+        return W.HBox(groups, layout=W.Layout(flex_flow="row wrap"))
 
     # -- refresh --------------------------------------------------------------------------------------------------
     def refresh(self) -> DashboardState:
@@ -155,9 +183,23 @@ class LiveDashboard:
                 self._set_html(self.message, "message", f"<small>{controls.message}</small>")
             if s.series_version != self._sent_version:
                 self._send_curves(s)
+            self._fit_width()
             self.last_refresh_s = time.perf_counter() - t0
             self.refreshes += 1
             return s
+
+    def _fit_width(self) -> None:
+        """Ask plotly.js to size the plot to its cell, 2 s and 6 s after the dashboard is shown.
+
+        The widget's first render can happen before the cell is laid out (zero width: plotly falls back to 700 px);
+        window resizes are followed by plotly's `responsive` handler, but nothing re-measures after that first
+        render. A relayout sent before the plot exists would replace it with an empty one, hence the delay.
+        """
+        if self.fig is None or self._shown_at is None or not self._fit_after_s:
+            return
+        if time.monotonic() - self._shown_at >= self._fit_after_s[0]:
+            self._fit_after_s.pop(0)
+            self.fig._send_relayout_msg({"autosize": True})  # plotly_relayout would send only changed values
 
     def _set_html(self, widget, key: str, value: str) -> None:
         if self._last_html.get(key) != value:
@@ -204,6 +246,8 @@ class LiveDashboard:
             self._stop.wait(max(self.period - self.last_refresh_s, 0.05))
 
     def start(self) -> "LiveDashboard":
+        if self._shown_at is None:
+            self._shown_at = time.monotonic()
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="dflash-dashboard", daemon=True)

@@ -25,79 +25,103 @@ def _num(x, spec: str) -> str:
 
 
 def header_html(s: DashboardState) -> str:
+    """One line that never wraps (each cell keeps its width; overflow is clipped, not wrapped), then a message line
+    for the phase detail, a warning (e.g. `tau_gap`) and an error, each free to wrap on its own."""
     colour = PHASE_COLOURS.get(s.phase, "#8250df")
     total = f" / {s.total_steps}" if s.total_steps else ""
     warm = s.throughput_state != "steady"
-    steady = "warming up" if warm else f"{format_rate(s.steady_tokens_per_s)} tok/s steady"
+    steady = "warming up" if warm else f"steady {format_rate(s.steady_tokens_per_s)}"
+    tau = _v("sim-tau", _num(s.sim_tau, ".2f"), "simulated acceptance length from block accuracy on the training "
+                                                "batch (not a real decode)", s.sim_tau)
+    if s.val_sim_tau is not None:
+        tau += f' <small>val {_v("val-sim-tau", _num(s.val_sim_tau, ".2f"), "on held-out data", s.val_sim_tau)}</small>'
+    if s.real_tau is not None:
+        tau += f' <small>real {_v("real-tau", _num(s.real_tau, ".2f"), "real speculative decoding", s.real_tau)}</small>'
     cells = [
-        ("phase", f'<b style="color:{colour}">{_v("phase", s.phase_text)}</b>'),
+        ("phase", f'<b style="color:{colour}">{_v("phase", s.phase)}</b>'),
         ("step", f'{_v("step", str(s.step))}{html.escape(total)}'),
-        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s), value=s.tokens_per_s)} now &middot; '
-                     f'{_v("tps-steady", steady, "median over the steps since warm-up ended")}'),
+        ("tokens/s", f'{_v("tps", format_rate(s.tokens_per_s), "now", s.tokens_per_s)} '
+                     f'<small>{_v("tps-steady", steady, "median over the steps since warm-up ended")}</small>'),
         ("loss", f'{_v("loss", _num(s.loss, ".4f"), value=s.loss)} '
-                 f'<small>(ema {_v("loss-ema", _num(s.loss_ema, ".4f"))})</small>'),
-        ("lr", _v("lr", _num(s.lr, ".3g"))),
-        ("sim. acceptance", _v("sim-tau", _num(s.sim_tau, ".2f"),
-                               "simulated acceptance length from block accuracy (not a real decode)")),
-        ("ETA", _v("eta", s.eta_text, "~ = estimated from warm-up steps")),
+                 f'<small>ema {_v("loss-ema", _num(s.loss_ema, ".4f"), "per-step EMA (beta 0.9)", s.loss_ema)}'
+                 '</small>'),
+        ("lr", _v("lr", _num(s.lr, ".3g"), value=s.lr)),
+        ("tau", tau),
     ]
-    items = "".join(f'<div style="margin-right:18px"><div style="font-size:11px;color:#57606a">{k}</div>'
-                    f'<div style="font-size:15px">{v}</div></div>' for k, v in cells)
+    if s.phase == "training":  # no ETA when idle, paused, stopped or finished
+        cells.append(("ETA", _v("eta", s.eta_text, "~ = estimated from warm-up steps")))
+    # clamp(): 15 px values at >= 1,400 px windows, down to 12 px at 1,024 px, so the line fits a narrow cell
+    items = "".join(f'<div style="margin-right:clamp(10px,1.2vw,20px);flex:0 0 auto">'
+                    f'<div style="font-size:11px;color:#57606a">{k}</div>'
+                    f'<div style="font-size:clamp(12px,1.1vw,15px)">{v}</div></div>' for k, v in cells)
+    lines = []
+    if s.phase_detail:
+        lines.append(_v("phase-detail", s.phase_detail))
+    if s.warning:
+        lines.append(f'<span class="dfl-warning" style="color:#9a6700">&#9888; {html.escape(s.warning)}</span>')
+    msg = (f'<div class="dfl-message-line" style="font-size:12px;color:#57606a">{" &middot; ".join(lines)}</div>'
+           if lines else "")
     err = ""
     if s.error:
         err = f'<div class="dfl-error" style="color:#cf222e;white-space:pre-wrap">{html.escape(s.error)}</div>'
-    return f'<div class="dfl-header" style="display:flex;flex-wrap:wrap;font-family:sans-serif">{items}</div>{err}'
+    return (f'<div class="dfl-header" style="display:flex;flex-wrap:nowrap;overflow:hidden;white-space:nowrap;'
+            f'font-family:sans-serif">{items}</div>{msg}{err}')
 
 
-def _bar(frac: float, colour: str, width_px: int = 260) -> str:
+def _bar(frac: float, colour: str, text: str = "") -> str:
+    """A bar that fills its grid cell, with its numbers written over it."""
     pct = max(0.0, min(1.0, frac)) * 100
-    return (f'<div style="width:{width_px}px;height:12px;background:#eaeef2;border-radius:3px;display:inline-block;'
-            f'vertical-align:middle"><div style="width:{pct:.1f}%;height:100%;background:{colour};'
-            f'border-radius:3px"></div></div>')
+    return (f'<div style="position:relative;height:16px;background:#eaeef2;border-radius:3px;min-width:120px">'
+            f'<div style="width:{pct:.1f}%;height:100%;background:{colour};border-radius:3px"></div>'
+            f'<div style="position:absolute;left:6px;top:0;line-height:16px;font-size:12px">{text}</div></div>')
+
+
+GRID = ('display:grid;grid-template-columns:minmax(120px,max-content) minmax(160px,1fr) 9ch 7ch 7ch;'
+        'column-gap:12px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
 
 
 def gpus_html(s: DashboardState) -> str:
-    rows = []
+    """Compact rows, one per GPU (1 to 8): label | memory bar with used / capacity | kernel busy | power | temp."""
     if not s.gpus:
         h = s.host
         cpu = h.get("cpu_pct")
         ram = f'{h.get("ram_used_gb", 0):.1f} / {h.get("ram_total_gb", 0):.1f} GB' if h.get("ram_total_gb") else "-"
         ram_frac = (h.get("ram_used_gb") or 0) / h["ram_total_gb"] if h.get("ram_total_gb") else 0
         rss = f' &middot; this process {h["proc_rss_gb"]:.2f} GB' if h.get("proc_rss_gb") is not None else ""
-        return (f'<div class="dfl-gpus" style="font-family:sans-serif;font-size:13px">'
-                f'<div class="dfl-gpu-status" style="color:#57606a">{html.escape(s.gpu_status)}</div>'
-                f'<div>host RAM {_bar(ram_frac, "#8250df")} {ram}{rss}</div>'
-                f'<div>host CPU {_bar((cpu or 0) / 100, "#0969da")} {_num(cpu, ".0f")}%</div></div>')
+        frozen = " (last reading: the run has ended)" if s.ended else ""
+        return (f'<div class="dfl-gpus" style="{GRID}">'
+                f'<div class="dfl-gpu-status" style="grid-column:1/-1;color:#57606a;font-size:11px">'
+                f'{html.escape(s.gpu_status + frozen)}</div>'
+                f'<b>host RAM</b>{_bar(ram_frac, "#8250df", ram + rss)}<span></span><span></span><span></span>'
+                f'<b>host CPU</b>{_bar((cpu or 0) / 100, "#0969da", _v("cpu", _num(cpu, ".0f") + "%", value=cpu))}'
+                '<span></span><span></span><span></span></div>')
+    rows = ['<span style="color:#57606a;font-size:11px">GPU</span>'
+            '<span style="color:#57606a;font-size:11px">memory used / capacity (NVML, all processes)</span>'
+            '<span style="color:#57606a;font-size:11px" title="share of time some kernel ran: a liveness '
+            'signal, not speed">busy</span><span style="color:#57606a;font-size:11px">power</span>'
+            '<span style="color:#57606a;font-size:11px">temp</span>']
     for g in s.gpus:
+        label = f'<b class="dfl-gpu" title="{html.escape(g.name)}">{html.escape(g.label)}</b>'
         if g.error:
-            rows.append(f'<div><b>{html.escape(g.label)}</b> <span style="color:#cf222e">{html.escape(g.error)}'
-                        f'</span></div>')
+            rows.append(f'{label}<span style="grid-column:2/-1;color:#cf222e">{html.escape(g.error)}</span>')
             continue
         colour = "#cf222e" if g.used_frac > 0.95 else "#1a7f37"
         mem = f"{_num(g.used_gb, '.1f')} / {_num(g.total_gb, '.0f')} GB"
-        torch_txt = ""
         if g.torch_reserved_gb is not None:
-            torch_txt = (f" &middot; torch reserved {g.torch_reserved_gb:.1f} / allocated "
-                         f"{g.torch_allocated_gb or 0:.1f} GB")
-        rows.append(
-            f'<div class="dfl-gpu" style="margin:2px 0"><b style="display:inline-block;width:130px">'
-            f'{html.escape(g.label)}</b>{_bar(g.used_frac, colour)} '
-            f'<span class="dfl-gpu-mem" title="NVML {html.escape(g.mem_view)}: memory used by all processes">{mem}'
-            f'</span>{torch_txt} &middot; <span title="share of time some kernel ran: a liveness signal, not speed">'
-            f'kernel busy {_num(g.kernel_busy_pct, ".0f")}%</span> &middot; {_num(g.power_w, ".0f")} W &middot; '
-            f'{_num(g.temp_c, ".0f")} &deg;C</div>')
-    view = s.gpus[0].mem_view if s.gpus else ""
-    note = (f'<div style="font-size:11px;color:#57606a">memory: NVML {html.escape(view)} view (used by all '
-            'processes); torch = this process\'s caching allocator</div>')
-    return f'<div class="dfl-gpus" style="font-family:sans-serif;font-size:13px">{"".join(rows)}{note}</div>'
+            mem += f" &middot; torch {g.torch_reserved_gb:.1f} reserved / {g.torch_allocated_gb or 0:.1f} alloc"
+        rows.append(f'{label}<span class="dfl-gpu-mem" title="NVML {html.escape(g.mem_view)}">'
+                    f'{_bar(g.used_frac, colour, mem)}</span>'
+                    f'<span class="dfl-gpu-busy">{_num(g.kernel_busy_pct, ".0f")}%</span>'
+                    f'<span>{_num(g.power_w, ".0f")} W</span><span>{_num(g.temp_c, ".0f")} &deg;C</span>')
+    return f'<div class="dfl-gpus" style="{GRID}">{"".join(rows)}</div>'
 
 
 def replicas_html(s: DashboardState) -> str:
     if not s.replicas:
         return ""
-    rows = "".join(f'<div><span style="display:inline-block;width:130px">{html.escape(r["label"])}</span>'
-                   f'{_bar(r["fraction"], "#0969da", 200)} {html.escape(r["text"])}</div>' for r in s.replicas)
-    return f'<div class="dfl-replicas" style="font-family:sans-serif;font-size:13px">{rows}</div>'
+    rows = "".join(f'<span>{html.escape(r["label"])}</span>{_bar(r["fraction"], "#0969da", html.escape(r["text"]))}'
+                   '<span></span><span></span><span></span>' for r in s.replicas)
+    return f'<div class="dfl-replicas" style="{GRID}">{rows}</div>'
 
 
 def balance_html(s: DashboardState) -> str:

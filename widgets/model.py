@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 # A side that waits more than this share of a step is worth a GPU move.
 IDLE_THRESHOLD = 0.15
+# Phases after which nothing changes: ETA hidden, system readings (CPU, GPU) frozen at their last value.
+ENDED_PHASES = ("finished", "stopped", "failed")
 
 
 class BoundedSeries:
@@ -100,10 +102,18 @@ class DashboardState:
     host: dict = field(default_factory=dict)
     balance: Balance | None = None
     updated: float | None = None  # time of the newest metric record
+    val_sim_tau: float | None = None  # held-out validation (logged every few hundred steps; None until then)
+    real_tau: float | None = None  # real speculative decoding on held-out prompts
+    warning: str | None = None  # e.g. a `tau_gap` event: simulated and real tau part ways
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED_PHASES
 
     @property
     def eta_text(self) -> str:
-        return format_eta(self.eta_s, self.eta_estimated)
+        """The ETA only while training: idle, paused, stopped or finished runs have none."""
+        return format_eta(self.eta_s, self.eta_estimated) if self.phase == "training" else "-"
 
     @property
     def phase_text(self) -> str:
@@ -116,7 +126,12 @@ class DashboardState:
         tps_txt = "-" if tps is None else f"{format_rate(tps)} tok/s"
         tps_txt += "" if self.throughput_state == "steady" else " (warming up)"
         parts = [f"step {self.step}{total}", tps_txt, f"loss {_fmt(self.loss, '.4f')}",
-                 f"sim tau {_fmt(self.sim_tau, '.2f')}", f"ETA {self.eta_text}", self.phase_text]
+                 f"sim tau {_fmt(self.sim_tau, '.2f')}"]
+        if self.real_tau is not None:
+            parts.append(f"real tau {_fmt(self.real_tau, '.2f')}")
+        if self.phase == "training":
+            parts.append(f"ETA {self.eta_text}")
+        parts.append(self.phase_text)
         return " | ".join(parts)
 
 
@@ -243,7 +258,7 @@ def gpu_bars(sample: dict | None) -> tuple[list[GpuBar], dict, str]:
 class DashboardModel:
     """Aggregates metric records + system samples into a `DashboardState`. Feed it incrementally; read `.state()`."""
 
-    CURVES = ("loss", "loss_ema", "lr", "tokens_per_s", "sim_tau", "acc")
+    CURVES = ("loss", "loss_ema", "lr", "tokens_per_s", "sim_tau", "acc", "val_sim_tau", "real_tau", "val_acc")
 
     def __init__(self, max_points: int = 600, total_steps: int | None = None, ema_beta: float = 0.9,
                  balance_window: int = 20):
@@ -256,6 +271,8 @@ class DashboardModel:
         self.last_step = 0
         self.last_system: dict | None = None
         self.loss_ema: float | None = None
+        self.latest: dict[str, float] = {}  # newest value of the sparse keys (val_sim_tau, real_tau)
+        self.warning: str | None = None  # set by a source (events.jsonl `tau_gap`) or a record's `tau_gap`
         self.steady_from_step: int | None = None
         self._recent: list[dict] = []  # last `balance_window` records (wait fractions, step times)
         self._balance_window = balance_window
@@ -282,18 +299,25 @@ class DashboardModel:
 
     def _add_one(self, r: dict) -> None:
         step = int(r["step"])
+        gap = step - self.last_step  # steps since the previous record (log_every when read from metrics.jsonl)
         self.last_step = step
         self.last = r
         loss = r.get("loss")
         if isinstance(loss, (int, float)) and math.isfinite(loss):
-            b = self.ema_beta
+            # A per-STEP EMA: a record `gap` steps later decays the old value `gap` times (beta ** gap), so a
+            # view reading every 10th step shows the same EMA as one reading every step.
+            b = self.ema_beta ** gap
             self.loss_ema = loss if self.loss_ema is None else b * self.loss_ema + (1 - b) * loss
             self.curves["loss"].append(step, loss)
             self.curves["loss_ema"].append(step, self.loss_ema)
-        for name in ("lr", "tokens_per_s", "sim_tau", "acc"):
+        for name in ("lr", "tokens_per_s", "sim_tau", "acc", "val_sim_tau", "real_tau", "val_acc"):
             v = r.get(name)
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.curves[name].append(step, v)
+                if name in ("val_sim_tau", "real_tau"):
+                    self.latest[name] = v
+        if r.get("tau_gap"):
+            self.warning = tau_gap_text(r["tau_gap"], step)
         if self.steady_from_step is None and r.get("throughput_state") == "steady":
             self.steady_from_step = step
         self._recent.append(r)
@@ -327,15 +351,15 @@ class DashboardModel:
         steady_tps = r.get("steady_tokens_per_s")
         steady_st = r.get("steady_step_time_s")
         eta, estimated = None, False
-        if total and step < total:
+        if phase != "training":
+            pass  # no ETA when idle, paused, stopped or finished
+        elif total and step < total:
             if steady_st:
                 eta = steady_st * (total - step)
             else:
                 times = [x["step_time_s"] for x in self._recent if isinstance(x.get("step_time_s"), (int, float))]
                 if times:
                     eta, estimated = statistics.median(times) * (total - step), True
-        elif total and step >= total:
-            eta = 0.0
         bars, host, gpu_status = gpu_bars(self.last_system)
         if self.last_system and self.last_system.get("gpus") == [] and not self.last_system.get("no_gpu"):
             gpu_status = "no GPU rows in the sample"
@@ -349,8 +373,23 @@ class DashboardModel:
             series={k: (list(s.x), list(s.y)) for k, s in self.curves.items()}, series_version=self.series_version,
             gpus=bars, gpu_status=gpu_status, host=host,
             balance=balance_from(self._recent, n_target_gpus=self.placement[0], n_drafter_gpus=self.placement[1]),
-            updated=r.get("time"),
+            updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
+            real_tau=self.latest.get("real_tau"), warning=self.warning,
         )
+
+
+def tau_gap_text(gap, step: int | None = None) -> str:
+    """The header's warning line for a `tau_gap` event or record value (a message string or a dict of fields)."""
+    if isinstance(gap, str):
+        return gap
+    if not isinstance(gap, dict):
+        return f"tau gap at step {step}: simulated and real tau part ways"
+    if gap.get("message"):
+        return str(gap["message"])
+    at = gap.get("step", step)
+    nums = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in gap.items()
+                     if k not in ("step", "time", "utc", "event"))
+    return f"tau gap at step {at}: simulated and real tau part ways ({nums})"
 
 
 def new_by_step(items: list[dict], last_step: int) -> list[dict]:

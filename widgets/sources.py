@@ -11,7 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from .model import DashboardModel, replica_rows
+from .model import ENDED_PHASES, DashboardModel, replica_rows
+from .runstate import read_json, run_dir_state, warning_from_events
 
 LOAD_PROGRESS_ATTRS = ("load_progress", "target_load_progress", "loading_progress")
 
@@ -110,10 +111,10 @@ class TrainerSource:
         return self._trainer if self._trainer is not None else (self.builder.trainer if self.builder else None)
 
     def poll(self, model: DashboardModel) -> dict:
-        if self.monitor is not None:
-            model.add_system(self.monitor.ring.last())
         t = self.trainer
         if t is None:  # still loading
+            if self.monitor is not None:
+                model.add_system(self.monitor.ring.last())
             b = self.builder
             phase, progress = b.phase(), b.replica_progress()
             rows = replica_rows(progress)
@@ -126,18 +127,23 @@ class TrainerSource:
         if self.controls is not None and self.controls.target_steps:
             model.total_steps = self.controls.target_steps
         added = model.pull(t.metrics.ring)
-        if self.controls is not None and added:
-            self.controls.heartbeat()  # new steps: a loop is running (for Trainers without loops_running)
+        if self.controls is not None:
+            if added:
+                self.controls.heartbeat()  # new steps: a loop is running (for Trainers without loops_running)
+            self.controls.check_checkpoint()  # "Checkpoint now" while paused or idle: say when it is written
         info = trainer_phase(t, self.controls)
         if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
             info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"
+        if self.monitor is not None and info["phase"] not in ENDED_PHASES:  # readings freeze once the run ends
+            model.add_system(self.monitor.ring.last())
+        run = getattr(t, "run_dir", None)
+        if run is not None:
+            model.warning = warning_from_events(Path(run)) or model.warning
         return info
 
 
 class RunDirSource:
     """A run directory written by another process (papermill, torchrun): follows metrics.jsonl and system.jsonl."""
-
-    STALL_S = 300.0
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
@@ -147,51 +153,25 @@ class RunDirSource:
         self.metrics = JsonlFollower(self.run_dir / "metrics.jsonl")
         self.system = JsonlFollower(self.run_dir / "system.jsonl")
         self.total_steps = None
-        self.last_change = time.time()
 
     def _config(self) -> None:
         if self.total_steps is not None:
             return
-        try:
-            cfg = json.loads((self.run_dir / "config.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return
-        self.total_steps = cfg.get("steps")
+        self.total_steps = read_json(self.run_dir / "config.json").get("steps")
 
     def poll(self, model: DashboardModel) -> dict:
         self._config()
         model.total_steps = self.total_steps or model.total_steps
-        added = model.add_metrics(self.metrics.read_new())
+        model.add_metrics(self.metrics.read_new())
         samples = self.system.read_new()
-        if samples:
-            model.add_system(samples[-1])
-        now = time.time()
-        if added or samples:
-            self.last_change = now
-        status = _read_json(self.run_dir / "status.json")
-        if status.get("phase"):
-            phase, detail = status["phase"], status.get("detail", "")
-        elif (self.run_dir / "summary.json").is_file():
-            phase, detail = "finished", ""
-        elif (self.run_dir / "STOP").exists():
-            phase, detail = "stopping", "STOP file present"
-        elif model.last_step == 0:
-            phase, detail = "waiting", f"no metrics yet in {self.run_dir.name}/metrics.jsonl"
-        elif now - self.last_change > self.STALL_S:
-            phase, detail = "stalled", f"no new metrics or system samples for {int(now - self.last_change)} s"
-        else:
-            phase, detail = "training", f"following {self.run_dir.name}"
-        return {"phase": phase, "phase_detail": detail, "error": status.get("error")}
+        st = run_dir_state(self.run_dir, step=model.last_step, total=model.total_steps)
+        if samples and (st.phase not in ENDED_PHASES or model.last_system is None):
+            model.add_system(samples[-1])  # once the run has ended, its last readings stay (no live CPU %)
+        model.warning = warning_from_events(self.run_dir) or model.warning
+        return {"phase": st.phase, "phase_detail": st.detail, "error": st.error}
 
     def request_stop(self) -> Path:
         """Cooperative stop of the remote run: the trainer checks for <run_dir>/STOP at step boundaries."""
         p = self.run_dir / "STOP"
         p.write_text(f"requested from a dashboard at {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}\n")
         return p
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}

@@ -11,6 +11,12 @@ import io
 from .model import DashboardState, format_rate
 
 
+# Logged every few hundred steps: drawn with markers. Legend names as on the live dashboard.
+SPARSE = ("val_sim_tau", "real_tau")
+LABELS = {"loss": "raw loss", "loss_ema": "EMA (per step)", "sim_tau": "sim. (train batch)",
+          "val_sim_tau": "sim. (held-out)", "real_tau": "real decode"}
+
+
 def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -21,13 +27,16 @@ def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
     panels = [(axes[0, 0], ("loss", "loss_ema"), "training loss (decayed CE), EMA"),
               (axes[0, 1], ("lr",), "learning rate"),
               (axes[0, 2], ("tokens_per_s",), "tokens/s (sequence tokens)"),
-              (axes[1, 0], ("sim_tau",), "simulated acceptance length"),
+              (axes[1, 0], ("sim_tau", "val_sim_tau", "real_tau"), "acceptance length tau"),
               (axes[1, 1], ("acc",), "block token accuracy")]
     for ax, keys, title in panels:
         for k in keys:
             x, y = s.series.get(k, ([], []))
             if x:
-                ax.plot(x, y, lw=1.0 if k == "loss" else 1.6, alpha=0.45 if k == "loss" and "loss_ema" in keys else 1)
+                ax.plot(x, y, lw=1.0 if k == "loss" else 1.6, alpha=0.45 if k == "loss" and "loss_ema" in keys else 1,
+                        marker="o" if k in SPARSE else None, label=LABELS.get(k, k))
+        if len([k for k in keys if s.series.get(k, ([], []))[0]]) > 1:
+            ax.legend(fontsize=7)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
@@ -42,7 +51,8 @@ def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
     elif s.series.get("tokens_per_s", ([], []))[0]:
         ax_tps.text(0.02, 0.92, "warming up", transform=ax_tps.transAxes, fontsize=8, color="#9a6700")
     _memory_panel(axes[1, 2], s)
-    fig.suptitle(s.summary_line(), fontsize=11, x=0.01, ha="left")
+    title = s.summary_line() + (f"\nWARNING: {s.warning}" if s.warning else "")  # e.g. a tau_gap event
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
