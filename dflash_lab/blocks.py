@@ -162,8 +162,14 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
 
 def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                   sliding_window: int | None = None):
-    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`."""
+    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`.
+
+    The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
+    layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
+    all windows instead of once per distinct window (the seed's recompiles, issue 18)."""
     S, B = seq_len, block_size
+    if sliding_window is not None:
+        sliding_window = torch.tensor(sliding_window, device=anchors.device, dtype=torch.long)
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_block = q_idx // B

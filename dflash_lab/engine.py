@@ -33,6 +33,7 @@ import torch
 
 from .blocks import BlockBatch, block_mask_from_dense, dense_mask, flex_mask_mod
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
+from .config import window_masks
 from .step import DraftInputs, block_stats, drafter_loss
 
 
@@ -183,12 +184,14 @@ class Worker:
 
     def __init__(self, *, index: int, device, drafter: torch.nn.Module, optimizer, embed: torch.nn.Embedding,
                  head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
-                 sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None):
+                 sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None,
+                 layer_windows: tuple = ()):
         self.index, self.device = index, torch.device(device)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
         self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
         self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
+        self.mask_windows = window_masks(layer_types, sliding_window, layer_windows)  # {mask key: window}
         self.block_size = drafter.config.block_size
         self.thread = DeviceThread(self.device, "drafter")
         self.target: TargetReplica | None = None  # colocated only
@@ -247,10 +250,11 @@ class Worker:
         return t
 
     def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor) -> dict:
-        """Attention masks per layer type, built from the (static) anchors outside any graph."""
+        """Attention masks per distinct window (config.window_masks), built from the (static) anchors outside any
+        graph: the windows are data of the masks, never Python values inside the compiled or captured step."""
         S, B = self.seq_len, self.block_size
-        types = sorted(set(self.layer_types))
-        window = {t: self.sliding_window if t == "sliding_attention" else None for t in types}
+        window = self.mask_windows
+        types = sorted(window)
         if self.attention == "sdpa":
             return {t: dense_mask(anchors, anchor_valid, seq_len=S, block_size=B, sliding_window=window[t])
                     for t in types}
@@ -277,11 +281,8 @@ class Worker:
         return out
 
     # -- the captured step ------------------------------------------------------------------------------------
-    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos,
-                          mask_full=None, mask_sliding=None):
-        self.flat_grad.zero_()
-        masks = {k: v for k, v in (("full_attention", mask_full), ("sliding_attention", mask_sliding))
-                 if v is not None}
+    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, **masks):
+        self.flat_grad.zero_()  # masks: {mask key: mask}, one per distinct window
         # input_ids / loss_mask / anchors are not needed past this point (features and masks carry them).
         bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
@@ -298,8 +299,7 @@ class Worker:
         masks = self._masks(t["anchors"], t["anchor_valid"])
         loss, correct, has_loss = self.graphed(
             features=features, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
-            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], mask_full=masks.get("full_attention"),
-            mask_sliding=masks.get("sliding_attention"))
+            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **masks)
         out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone()}
         self.timeline.add(step, "drafter", m0, mark(self.device))
         return out
@@ -718,11 +718,13 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     from .targets import FeatureExtractor, embedding_of, lm_head_weight
 
     cfg = config
+    if compile_mode is not None and cfg.compile_drafter:  # validated like the config field (CUDAGraph Trees are refused, with the reason)
+        cfg = cfg.replace(compile_mode=compile_mode)
     base = _initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
     state = base.state_dict()
     def extractor(device, model):
         if not cfg.feature_cache:  # online: run the target up to its last needed layer
-            return FeatureExtractor(model, drafter_config.target_layer_ids)
+            return FeatureExtractor(model, drafter_config.target_layer_ids, fp8=cfg.target_fp8)
         from .feature_cache import CachedFeatureExtractor  # offline: read features, run no target layer
 
         return CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids,
@@ -739,8 +741,13 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
         drafter.load_state_dict(state)  # identical replicas (GPU -> GPU copies)
         drafter.to(device=dev, dtype=compute_dtype(cfg.dtype, dev))
         forward = drafter
+        if cfg.drafter_fp8:  # perf (issue 16): FP8 GEMMs in the drafter's linear layers, same parameters
+            from .fp8 import fp8_train_linears
+
+            fp8_train_linears(drafter)
         if cfg.compile_drafter:
-            forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=compile_mode)
+            forward = torch.compile(drafter, dynamic=False, backend=compile_backend,
+                                    mode=cfg.compile_mode)
         if placement.colocated:
             src = targets[i]
         else:  # any replica will do (identical); prefer one on this device (CPU tests)
@@ -756,6 +763,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
                               optimizer=MasterAdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                               embed=embed, head_weight=head, attention=attention, seq_len=cfg.seq_len,
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
+                              layer_windows=drafter_config.layer_windows,
                               chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log))
     return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
                   target_config=target_config if target_config is not None else getattr(targets[0], "config", None),

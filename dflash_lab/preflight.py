@@ -253,7 +253,7 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
     dc = DrafterConfig.from_target(tc, num_draft_layers=cfg.num_draft_layers,
                                    num_target_features=cfg.num_target_features, target_layer_ids=cfg.target_layer_ids,
                                    block_size=cfg.block_size, mask_token_id=mask_id, layer_types=cfg.layer_types,
-                                   sliding_window=cfg.sliding_window)
+                                   sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows)
     counted = safetensors_param_count(path) if path is not None and Path(path).is_dir() else None
     target_params = counted if counted is not None else config_param_count(tc)
     source = "safetensors headers" if counted is not None else "from config"

@@ -79,7 +79,7 @@ class RankTrainer:
         self.drafter_config = dc = DrafterConfig.from_target(
             target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
             target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows)
         self.extractor = FeatureExtractor(self.target, dc.target_layer_ids) if self.target is not None else None
 
         conversations = read_conversations(resolve_data_path(cfg.data))
@@ -274,7 +274,7 @@ class RankTrainer:
                 marks[1].record()
             wait = time.perf_counter() - tw
         masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
-                            sliding_window=dc.sliding_window)
+                            sliding_window=dc.sliding_window, layer_windows=dc.layer_windows)
         ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
         self.optimizer.zero_grad()
         loss, raw = drafter_loss(self.model, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),

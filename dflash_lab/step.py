@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .blocks import BlockBatch, dense_mask, flex_block_mask
+from .config import window_masks
 
 
 def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
@@ -90,15 +91,12 @@ class DraftInputs:
 
 
 def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: tuple[str, ...],
-                sliding_window: int | None) -> dict:
-    """{"full_attention": mask, "sliding_attention": mask} as dense bool (sdpa) or BlockMask (flex)."""
+                sliding_window: int | None, layer_windows: tuple = ()) -> dict:
+    """{mask key: mask} as dense bool (sdpa) or BlockMask (flex), one per distinct window (config.window_masks)."""
     make = dense_mask if backend == "sdpa" else flex_block_mask
-    masks = {}
-    for t in set(layer_types):
-        window = sliding_window if t == "sliding_attention" else None
-        masks[t] = make(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
-                        sliding_window=window)
-    return masks
+    return {key: make(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
+                      sliding_window=window)
+            for key, window in window_masks(layer_types, sliding_window, layer_windows).items()}
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,

@@ -390,7 +390,8 @@ class FeatureExtractor:
     a call then launches only the layers' own kernels (and can be captured in a CUDA graph).
     """
 
-    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True):
+    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True,
+                 fp8: bool = False):
         self.model = model
         self.decoder = decoder_of(model)
         self.layer_ids = tuple(target_layer_ids)
@@ -402,6 +403,11 @@ class FeatureExtractor:
         self._cache: dict = {}
         if fused_norms and self.device.type == "cuda":
             fuse_rms_norms(self.decoder.layers[:self.num_layers_run])
+        self.fp8 = fp8  # perf (issue 16): FP8 linears for extraction only (fp8.py); the bf16 weights stay
+        if fp8:
+            from .fp8 import fp8_frozen_linears
+
+            fp8_frozen_linears(self.decoder.layers[:self.num_layers_run])
 
     @property
     def device(self) -> torch.device:
@@ -429,6 +435,14 @@ class FeatureExtractor:
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (b, S) right-padded -> features (b, S, n*H). Right padding never changes earlier positions
         under causal attention, so no padding mask is needed."""
+        if self.fp8:
+            from .fp8 import fp8_scope
+
+            with fp8_scope():
+                return self._extract(input_ids)
+        return self._extract(input_ids)
+
+    def _extract(self, input_ids: torch.Tensor) -> torch.Tensor:
         dec = self.decoder
         hidden = dec.embed_tokens(input_ids)
         position_ids, masks, layer_types, rope = self._static(input_ids, hidden)

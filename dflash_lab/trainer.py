@@ -115,7 +115,7 @@ class Trainer:
         self.drafter_config = DrafterConfig.from_target(
             target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
             target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+            layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows)
         # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
         self.placement = make_placement(cfg.devices, cfg.target_devices)
         self.memory_estimate = check_placement(
