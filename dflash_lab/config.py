@@ -268,8 +268,9 @@ class TrainConfig:
     """Compute dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16" or "float32". Master weights are fp32."""
     attention: str = "auto"
     """Drafter attention: "flex" (BlockMask), "sdpa" (dense mask), or "auto" (flex on CUDA, sdpa on CPU)."""
-    compile_drafter: bool = False
-    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default)."""
+    compile_drafter: bool | str = False
+    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default); "auto" = compile on CUDA
+    workers only (the CPU path stays eager)."""
     cuda_graphs: bool = True
     """Capture the drafter step as a CUDA graph on GPU workers (ignored on CPU)."""
     log_every: int = 10
@@ -360,6 +361,9 @@ class TrainConfig:
             types = self.layer_types or ("full_attention",) * self.num_draft_layers
             object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
                                                                           self.layer_windows))
+        if self.compile_drafter not in (True, False, "auto"):
+            _fail(c, "compile_drafter", self.compile_drafter, "must be True, False or \"auto\"",
+                  'use False (eager + CUDA graphs), True (compile everywhere) or "auto" (compile on CUDA workers only)')
         if self.compile_mode in CUDAGRAPH_TREE_MODES:
             _fail(c, "compile_mode", self.compile_mode,
                   "it turns on CUDAGraph Trees, whose thread-local state breaks in the engine's worker threads (one "

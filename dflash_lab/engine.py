@@ -745,7 +745,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
             from .fp8 import fp8_train_linears
 
             fp8_train_linears(drafter)
-        if cfg.compile_drafter:
+        if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
             forward = torch.compile(drafter, dynamic=False, backend=compile_backend,
                                     mode=cfg.compile_mode)
         if placement.colocated:

@@ -56,6 +56,20 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
+_compiled_quantize = None
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows`, compiled once on CUDA (dynamic shapes: one kernel pair for every layer's shape) so the cast
+    is one read of x instead of ~5 elementwise passes; inside a compiled region it is traced as is."""
+    global _compiled_quantize
+    if not x.is_cuda or torch.compiler.is_compiling():
+        return quantize_rows(x)
+    if _compiled_quantize is None:
+        _compiled_quantize = torch.compile(quantize_rows, dynamic=True)
+    return _compiled_quantize(x)
+
+
 def scaled_matmul(a_q, a_scale, b_q, b_scale, out_dtype: torch.dtype) -> torch.Tensor:
     """(a_q * a_scale) @ (b_q * b_scale)^T for row-quantised a (M, K) and b (N, K): (M, N) in out_dtype."""
     mm_dtype = torch.bfloat16 if a_q.is_cuda else out_dtype  # CUDA row-wise scaling writes bf16 only
@@ -89,7 +103,7 @@ def _frozen_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not getattr(_SCOPE, "on", False) or torch.is_grad_enabled() and x.requires_grad:
         return F.linear(x, self.weight, self.bias)
     x2 = x.reshape(-1, x.shape[-1])
-    xq, xs = quantize_rows(x2)
+    xq, xs = quantize(x2)
     out = scaled_matmul(xq, xs, self.fp8_weight, self.fp8_scale, x.dtype)
     if self.bias is not None:
         out = out + self.bias
@@ -120,8 +134,8 @@ class _Fp8LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xq, xs = quantize_rows(x2)
-        wq, ws = quantize_rows(weight)
+        xq, xs = quantize(x2)
+        wq, ws = quantize(weight)
         ctx.save_for_backward(x2, weight)
         return scaled_matmul(xq, xs, wq, ws, x2.dtype)
 
@@ -129,8 +143,8 @@ class _Fp8LinearFn(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         x2, weight = ctx.saved_tensors
         g = grad_out.contiguous()
-        gq, gs = quantize_rows(g)  # (M, N), one scale per token
-        wtq, wts = quantize_rows(weight.t().contiguous())  # (K, N), one scale per input channel
+        gq, gs = quantize(g)  # (M, N), one scale per token
+        wtq, wts = quantize(weight.t().contiguous())  # (K, N), one scale per input channel
         grad_x = scaled_matmul(gq, gs, wtq, wts, x2.dtype)  # (M, K) = dY W
         grad_w = (g.t() @ x2).to(weight.dtype)  # (N, K) in high precision
         return grad_x, grad_w

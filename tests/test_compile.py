@@ -143,3 +143,11 @@ def test_compile_mode_values():
         TrainConfig(compile_drafter=True, compile_mode="fast")
     with pytest.raises(ConfigError, match="TrainConfig.target_fp8"):
         TrainConfig(target_fp8=True, feature_cache="/tmp/cache")
+
+
+def test_compile_drafter_auto_keeps_the_cpu_path_eager(target):
+    engine = _engine(target, ("cpu",), compile_drafter="auto")
+    assert engine.workers[0].forward_module is engine.workers[0].drafter  # not compiled on CPU
+    engine.shutdown()
+    with pytest.raises(ConfigError, match="TrainConfig.compile_drafter='yes'"):
+        TrainConfig(compile_drafter="yes")
