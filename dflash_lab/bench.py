@@ -104,8 +104,10 @@ def _git_commit() -> str | None:
         return None
 
 
-def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool, variant: str = "graph") -> TrainConfig:
-    return TrainConfig(**bench_perf.train_fields(args, variant),target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
+def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
+                 variant: str = "graph") -> TrainConfig:
+    return TrainConfig(**bench_perf.train_fields(args, variant),
+                       target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                        block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
                        target_devices=None if args.colocated else tuple(args.targets), cuda_graphs=cuda_graphs,
                        compile_drafter=compile_drafter, steps=10_000, seed=0, loss_chunk_size=args.chunk_size,

@@ -32,8 +32,8 @@ import time
 import torch
 
 from .blocks import BlockBatch, block_mask_from_dense, dense_mask, flex_mask_mod
-from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .config import window_masks
+from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .step import DraftInputs, block_stats, drafter_loss
 
 
@@ -718,7 +718,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     from .targets import FeatureExtractor, embedding_of, lm_head_weight
 
     cfg = config
-    if compile_mode is not None and cfg.compile_drafter:  # validated like the config field (CUDAGraph Trees are refused, with the reason)
+    if compile_mode is not None and cfg.compile_drafter:  # validated like the field: CUDAGraph Trees are refused
         cfg = cfg.replace(compile_mode=compile_mode)
     base = _initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
     state = base.state_dict()
@@ -746,8 +746,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
 
             fp8_train_linears(drafter)
         if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
-            forward = torch.compile(drafter, dynamic=False, backend=compile_backend,
-                                    mode=cfg.compile_mode)
+            forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=cfg.compile_mode)
         if placement.colocated:
             src = targets[i]
         else:  # any replica will do (identical); prefer one on this device (CPU tests)
