@@ -18,7 +18,7 @@ PYTHONPATH=/tmp/site timeout ${T_PEER:-330} python3 .whl/peer_speculators.py --s
 step "peer rc=$?"
 step "ours, same GPU: bf16 graph, FP8 graph, FP8 compile"
 PYTHONPATH=$PWD timeout ${T_OURS:-150} python3 -m dflash_lab.bench --shape paper --gpus 0 \
-  --variants ${OUR_VARIANTS:-graph,graph-fp8,compile-fp8} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
+  --variants ${OUR_VARIANTS:-graph,graph-fp8,graph-fp8w,compile-fp8} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
   > /dev/null 2> "$OUT/bench_ours.log"
 step "ours rc=$?"
 python3 - "$OUT" <<'PY'

@@ -3,7 +3,8 @@
 # (Qwen3-8B-shape target, 5-layer drafter, S=3072, 512 anchors, B=16).
 #   1. issue 18: drafter with MIXED layers (sliding 1024, sliding 2048, full, sliding 2048, full): CUDA graphs with
 #      compile off vs on; recompile / graph-break counts in each JSON line.
-#   2. issue 16: all-full drafter, bf16 vs FP8 (target + drafter, target only, drafter only, and FP8 compiled); the
+#   2. issue 16: all-full drafter, bf16 vs FP8 (target + drafter; + the drafter's weight gradients; compiled;
+#      target only; drafter only); the
 #      FP8 target's feature error vs bf16 per extracted layer and the target forward time (--fp8-error);
 #      every row carries its per-step losses (FP8 vs bf16 loss curves on the same synthetic data and seed).
 #   3. the new GPU tests (mixed windows compiled under capture, FP8, fused optimizer) with the time left.
@@ -31,7 +32,7 @@ step "mixed rc=$?"
 
 step "2/3 issue 16: bf16 vs FP8, paper shape, all-full drafter, + feature error"
 timeout $(cap 230) python3 -m dflash_lab.bench --shape paper --gpus 0 --fp8-error \
-  --variants ${FP8_VARIANTS:-graph,graph-fp8,graph-fp8t,graph-fp8d,compile-fp8} \
+  --variants ${FP8_VARIANTS:-graph,graph-fp8,graph-fp8w,compile-fp8,graph-fp8t,graph-fp8d} \
   --steps "$STEPS" --warmup "$WARMUP" --out "$OUT/bench.jsonl" > /dev/null 2> "$OUT/bench_fp8.log"
 step "fp8 rc=$?"
 

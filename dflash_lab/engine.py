@@ -744,7 +744,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
         if cfg.drafter_fp8:  # perf (issue 16): FP8 GEMMs in the drafter's linear layers, same parameters
             from .fp8 import fp8_train_linears
 
-            fp8_train_linears(drafter)
+            fp8_train_linears(drafter, weight_grad=cfg.drafter_fp8_weight_grad)
         if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
             forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=cfg.compile_mode)
         if placement.colocated:

@@ -11,7 +11,7 @@ single tensor-wide scale does. The scaled matmul accumulates in fp32 and writes 
   extracting in FP8 never changes what another thread's forward computes.
 - Drafter (`fp8_train_linears`): the Linear modules change class in place (same parameters, same names, same
   state_dict): forward y = x W^T and the input gradient dX = dY W run in FP8; the weight gradient dW = dY^T X stays
-  in bf16 (it feeds the fp32 master update, where FP8 rounding would accumulate; torchao's "rowwise_with_gw_hp").
+  in bf16 by default (torchao's "rowwise_with_gw_hp"), or runs in FP8 too with `drafter_fp8_weight_grad`.
 
 `feature_error` measures what the target conversion costs: per extracted layer, relative L2 error and cosine.
 """
@@ -130,13 +130,15 @@ def fp8_frozen_linears(module: nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 class _Fp8LinearFn(torch.autograd.Function):
-    """y = x W^T in FP8 (row-wise), dX = dY W in FP8 (dY per row, W per input channel), dW = dY^T X in bf16."""
+    """y = x W^T in FP8 (row-wise), dX = dY W in FP8 (dY per row, W per input channel), dW = dY^T X in bf16 or,
+    with `fp8_weight_grad`, in FP8 too (dY^T per output channel, X^T per input channel: torchao's "rowwise")."""
 
     @staticmethod
-    def forward(ctx, x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x2: torch.Tensor, weight: torch.Tensor, fp8_weight_grad: bool) -> torch.Tensor:
         xq, xs = quantize(x2)
         wq, ws = quantize(weight)
         ctx.save_for_backward(x2, weight)
+        ctx.fp8_weight_grad = fp8_weight_grad
         return scaled_matmul(xq, xs, wq, ws, x2.dtype)
 
     @staticmethod
@@ -146,29 +148,36 @@ class _Fp8LinearFn(torch.autograd.Function):
         gq, gs = quantize(g)  # (M, N), one scale per token
         wtq, wts = quantize(weight.t().contiguous())  # (K, N), one scale per input channel
         grad_x = scaled_matmul(gq, gs, wtq, wts, x2.dtype)  # (M, K) = dY W
-        grad_w = (g.t() @ x2).to(weight.dtype)  # (N, K) in high precision
-        return grad_x, grad_w
+        if ctx.fp8_weight_grad:
+            gtq, gts = quantize(g.t().contiguous())  # (N, M)
+            xtq, xts = quantize(x2.t().contiguous())  # (K, M)
+            grad_w = scaled_matmul(gtq, gts, xtq, xts, weight.dtype)  # (N, K)
+        else:
+            grad_w = (g.t() @ x2).to(weight.dtype)  # (N, K) in high precision
+        return grad_x, grad_w, None
 
 
 class Fp8TrainLinear(nn.Linear):
     """An nn.Linear whose matmuls run in FP8 (see _Fp8LinearFn); made by `fp8_train_linears` (class swap)."""
 
+    fp8_weight_grad = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight)
+        out = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.fp8_weight_grad)
         out = out.view(*x.shape[:-1], out.shape[-1])
         return out if self.bias is None else out + self.bias
 
 
-def fp8_train_linears(module: nn.Module) -> int:
+def fp8_train_linears(module: nn.Module, *, weight_grad: bool = False) -> int:
     """Switch every fitting nn.Linear under `module` to FP8 training in place (parameters, names and optimizer
-    state untouched). Returns how many were switched."""
+    state untouched); `weight_grad` also runs dW in FP8. Returns how many were switched."""
     n = 0
     for m in module.modules():
         if type(m) is nn.Linear and _fits(m):
             _require(m.weight.device)
             m.__class__ = Fp8TrainLinear
-            n += 1
-        elif type(m) is Fp8TrainLinear:
+        if type(m) is Fp8TrainLinear:
+            m.fp8_weight_grad = weight_grad
             n += 1
     return n
 

@@ -52,6 +52,25 @@ def test_train_linear_same_parameters_and_close_gradients():
     assert float((ref.weight.grad - lin.weight.grad).norm() / ref.weight.grad.norm()) < 0.08  # bf16-path dW
 
 
+def test_fp8_weight_gradient_option():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(128, 96, bias=False)
+    grads = {}
+    for wg in (False, True):
+        lin = torch.nn.Linear(128, 96, bias=False)
+        lin.load_state_dict(ref.state_dict())
+        fp8.fp8_train_linears(lin, weight_grad=wg)
+        assert lin.fp8_weight_grad is wg
+        x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))
+        lin(x).pow(2).sum().backward()
+        grads[wg] = lin.weight.grad
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))
+    ref(x).pow(2).sum().backward()
+    for wg, g in grads.items():
+        assert float((g - ref.weight.grad).norm() / ref.weight.grad.norm()) < 0.1, wg
+    assert not torch.equal(grads[False], grads[True])  # the FP8 dW path is a different computation
+
+
 def test_frozen_target_features_close_and_bf16_outside_the_scope():
     model = make_tiny_qwen3(tie=False, layers=8, hidden=64, vocab=256)
     ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))

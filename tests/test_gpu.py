@@ -211,12 +211,13 @@ def test_fp8_target_features_error_per_layer():
         assert e["rel_err"] < 0.1 and e["cosine"] > 0.995, (layer, e)
 
 
-@pytest.mark.parametrize("compile_drafter", [False, True])
-def test_fp8_engine_under_capture_close_to_bf16(compile_drafter):
+@pytest.mark.parametrize("compile_drafter,weight_grad", [(False, False), (True, False), (False, True)])
+def test_fp8_engine_under_capture_close_to_bf16(compile_drafter, weight_grad):
     ref = _engine(("cuda:0",), dtype="bfloat16", compile_drafter=compile_drafter)
     lr_, _, _ = _run(ref, steps=4)
     ref.shutdown()
-    eng = _engine(("cuda:0",), dtype="bfloat16", compile_drafter=compile_drafter, target_fp8=True, drafter_fp8=True)
+    eng = _engine(("cuda:0",), dtype="bfloat16", compile_drafter=compile_drafter, target_fp8=True, drafter_fp8=True,
+                  drafter_fp8_weight_grad=weight_grad)
     lf, _, _ = _run(eng, steps=4)
     m = eng.metrics()
     assert eng.workers[0].graphed.mode == "graph" and eng.targets[0].graphed.mode == "graph"
