@@ -4,9 +4,9 @@
 #   1. issue 18: drafter with MIXED layers (sliding 1024, sliding 2048, full, sliding 2048, full): CUDA graphs with
 #      compile off vs on; recompile / graph-break counts in each JSON line.
 #   2. issue 16: all-full drafter, bf16 vs FP8 (target + drafter; + the drafter's weight gradients; compiled;
-#      target only; drafter only); the
-#      FP8 target's feature error vs bf16 per extracted layer and the target forward time (--fp8-error);
-#      every row carries its per-step losses (FP8 vs bf16 loss curves on the same synthetic data and seed).
+#      target only; drafter only); the FP8 target's feature error vs bf16 per extracted layer and the target
+#      forward time (--fp8-error); every row carries its per-step losses (FP8 vs bf16 loss curves on the same
+#      synthetic data and seed).
 #   3. the new GPU tests (mixed windows compiled under capture, FP8, fused optimizer) with the time left.
 # Expected: ~1.5 + ~3.5 + ~2.5 minutes; each part is capped so the whole stays under BUDGET_S (530 s).
 # No wheels needed (FP8 uses torch._scaled_mm). The peer comparison is bench/h200_peer.sh (separate call).
