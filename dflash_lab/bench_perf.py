@@ -3,8 +3,8 @@
 - `--drafter-layers NAME`: the drafter's layer pattern from `bench_configs/drafters/NAME.json` ("mixed": sliding
   windows 1024 and 2048 plus full layers, the shape that made the seed's compiled drafter recompile);
 - FP8 variants (`graph-fp8`, `compile-fp8`: target and drafter in FP8; `graph-fp8t` target only; `graph-fp8d`
-  drafter only; `graph-fp8w`, `compile-fp8w`: also the drafter's weight gradients in FP8), each row carrying its per-step losses, so FP8 and bf16 loss curves on the same synthetic data and
-  seed sit side by side;
+  drafter only; `graph-fp8w`, `compile-fp8w`: also the drafter's weight gradients in FP8), each row carrying its
+  per-step losses, so FP8 and bf16 loss curves on the same synthetic data and seed sit side by side;
 - `--fp8-error`: one row with the FP8 target's feature error against bf16 per extracted layer (relative error,
   cosine) and the target forward's time in bf16 vs FP8 (eager, same batch);
 - compile counters (compiled graphs, graph breaks, recompiles after the first step) at the top level of each row.
