@@ -162,8 +162,9 @@ class FlatAdamState:
 
     def attach(self, inner: torch.optim.AdamW) -> None:
         """Make the torch AdamW's state the flat views (its state_dict/load_state_dict then save/load them)."""
-        for m, ea, eas in zip(self.masters, self._m, self._v):
-            inner.state[m] = {"step": torch.tensor(float(self.t)), "exp_avg": ea, "exp_avg_sq": eas}
+        self.steps = [torch.tensor(float(self.t)) for _ in self.masters]  # one per parameter, as torch keeps them
+        for m, ea, eas, st in zip(self.masters, self._m, self._v, self.steps):
+            inner.state[m] = {"step": st, "exp_avg": ea, "exp_avg_sq": eas}
 
     @torch.no_grad()
     def _adopt(self, inner: torch.optim.AdamW) -> None:
@@ -178,8 +179,6 @@ class FlatAdamState:
 
     def sync_steps(self, inner: torch.optim.AdamW) -> None:
         self._adopt(inner)
-        for m in self.masters:
-            inner.state[m]["step"].fill_(float(self.t))
 
     @torch.no_grad()
     def step(self, inner: torch.optim.AdamW, params: list[torch.Tensor], lr: float, grad_clip: float) -> torch.Tensor:
@@ -194,6 +193,7 @@ class FlatAdamState:
         group["lr"] = lr
         beta1, beta2 = group["betas"]
         self.t += 1
+        torch._foreach_add_(self.steps, 1.0)  # readers of inner.state_dict() directly see the true step
         hp = torch.tensor([lr, 1 - beta1 ** self.t, 1 - beta2 ** self.t], dtype=torch.float32)
         _adamw_fn(self.master.device)(self.master, flat_g, self.exp_avg, self.exp_avg_sq, coef,
                                       hp.to(self.master.device, non_blocking=True), beta1, beta2, group["eps"],
