@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Optional second device call (one H200, kind nvidia-h200, ~7 minutes): the peer `speculators` 0.9.0 DFlash step at
+# Optional second device call (one H200, kind nvidia-h200, ~8-9 minutes): the peer `speculators` 0.9.0 DFlash step at
 # the paper shape with the target forward inside (its first step compiles for ~4 minutes), then OUR step in bf16
 # and FP8 on the same GPU in the same call, so the ratio is like for like (issue 16 item 6).
 # Needs .whl/ carried: the peer wheels (bash ../shared/bench/get_peer_wheels.sh .whl) and the harness
@@ -16,9 +16,9 @@ step "pip rc=$?; peer speculators 0.9.0, paper shape with target forward (compil
 PYTHONPATH=/tmp/site timeout ${T_PEER:-330} python3 .whl/peer_speculators.py --spec-loss eager \
   --only spec_paper_A_with_target --budget-s 320 --out "$OUT/peer.json" > "$OUT/peer.log" 2>&1
 step "peer rc=$?"
-step "ours, same GPU: bf16 graph, FP8 graph, FP8 compile"
-PYTHONPATH=$PWD timeout ${T_OURS:-150} python3 -m dflash_lab.bench --shape paper --gpus 0 \
-  --variants ${OUR_VARIANTS:-graph,graph-fp8,graph-fp8w,compile-fp8} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
+step "ours, same GPU: bf16 graph, FP8 graph, FP8 + compiled drafter, + compiled target, FP8 incl. weight grads"
+PYTHONPATH=$PWD timeout ${T_OURS:-200} python3 -m dflash_lab.bench --shape paper --gpus 0 \
+  --variants ${OUR_VARIANTS:-graph,graph-fp8,compile-fp8,compile-fp8-ct,graph-fp8w} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
   > /dev/null 2> "$OUT/bench_ours.log"
 step "ours rc=$?"
 python3 - "$OUT" <<'PY'

@@ -7,7 +7,8 @@
 #      target only; drafter only); the FP8 target's feature error vs bf16 per extracted layer and the target
 #      forward time (--fp8-error); every row carries its per-step losses (FP8 vs bf16 loss curves on the same
 #      synthetic data and seed).
-#   3. the new GPU tests (mixed windows compiled under capture, FP8, fused optimizer) with the time left.
+#   3. the new GPU tests (mixed windows compiled under capture, FP8, fused optimizer, compiled target) with the
+#      time left.
 # Expected: ~1.5 + ~3.5 + ~2.5 minutes; each part is capped so the whole stays under BUDGET_S (530 s).
 # No wheels needed (FP8 uses torch._scaled_mm). The peer comparison is bench/h200_peer.sh (separate call).
 # Usage on the device machine, from the repo root:  bash bench/h200_run5.sh     (results in $OUT)
@@ -39,7 +40,7 @@ step "fp8 rc=$?"
 if [ "$(left)" -gt 60 ]; then
   step "3/3 GPU tests (issues 16/18)"
   timeout $(cap 170) python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py -rs \
-    -k "mixed or fp8 or fused_optimizer" > "$OUT/gpu_tests.log" 2>&1
+    -k "mixed or fp8 or fused_optimizer or compiled_target" > "$OUT/gpu_tests.log" 2>&1
   step "gpu tests rc=$?"; tail -6 "$OUT/gpu_tests.log" | cut -c1-300
 fi
 

@@ -3,7 +3,8 @@
 - `--drafter-layers NAME`: the drafter's layer pattern from `bench_configs/drafters/NAME.json` ("mixed": sliding
   windows 1024 and 2048 plus full layers, the shape that made the seed's compiled drafter recompile);
 - FP8 variants (`graph-fp8`, `compile-fp8`: target and drafter in FP8; `graph-fp8t` target only; `graph-fp8d`
-  drafter only; `graph-fp8w`, `compile-fp8w`: also the drafter's weight gradients in FP8), each row carrying its
+  drafter only; `graph-fp8w`, `compile-fp8w`: also the drafter's weight gradients in FP8; `compile-ct`,
+  `compile-fp8-ct`: the target's layer loop compiled as well), each row carrying its
   per-step losses, so FP8 and bf16 loss curves on the same synthetic data and seed sit side by side;
 - `--fp8-error`: one row with the FP8 target's feature error against bf16 per extracted layer (relative error,
   cosine) and the target forward's time in bf16 vs FP8 (eager, same batch);
@@ -22,11 +23,18 @@ import torch
 DRAFTER_DIR = Path(__file__).resolve().parent / "bench_configs" / "drafters"
 # variant -> (cuda_graphs, compile_drafter), as bench.VARIANTS
 VARIANTS = {"graph-fp8": (True, False), "compile-fp8": (True, True), "graph-fp8t": (True, False),
-            "graph-fp8d": (True, False), "graph-fp8w": (True, False), "compile-fp8w": (True, True)}
-# variant -> (target_fp8, drafter_fp8, drafter_fp8_weight_grad); the "w" variants run all three drafter GEMMs in FP8
-FP8 = {"graph-fp8": (True, True, False), "compile-fp8": (True, True, False), "graph-fp8t": (True, False, False),
-       "graph-fp8d": (False, True, False), "graph-fp8w": (True, True, True), "compile-fp8w": (True, True, True)}
-NO_FP8 = (False, False, False)
+            "graph-fp8d": (True, False), "graph-fp8w": (True, False), "compile-fp8w": (True, True),
+            "compile-ct": (True, True), "compile-fp8-ct": (True, True)}
+# variant -> TrainConfig switches; "w": all three drafter GEMMs in FP8; "ct": the target's layer loop compiled too
+_T, _D, _W, _C = "target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"
+SWITCHES = {"graph-fp8": {_T: True, _D: True}, "compile-fp8": {_T: True, _D: True}, "graph-fp8t": {_T: True},
+            "graph-fp8d": {_D: True}, "graph-fp8w": {_T: True, _D: True, _W: True},
+            "compile-fp8w": {_T: True, _D: True, _W: True}, "compile-ct": {_C: True},
+            "compile-fp8-ct": {_T: True, _D: True, _C: True}}
+
+
+def switches(variant: str) -> dict:
+    return {k: SWITCHES.get(variant, {}).get(k, False) for k in (_T, _D, _W, _C)}
 
 
 def drafter_layer_names() -> list[str]:
@@ -49,19 +57,15 @@ def drafter_layers(name: str) -> dict:
 
 def train_fields(args, variant: str) -> dict:
     """Extra TrainConfig fields for a variant: the layer pattern and the FP8 switches."""
-    target_fp8, drafter_fp8, weight_grad = FP8.get(variant, NO_FP8)
-    fields = {**drafter_layers(args.drafter_layers), "target_fp8": target_fp8, "drafter_fp8": drafter_fp8,
-              "drafter_fp8_weight_grad": weight_grad}
+    fields = {**drafter_layers(args.drafter_layers), **switches(variant)}
     n = len(fields["layer_types"])
     return {**fields, "num_draft_layers": n} if n else fields
 
 
 def row_fields(args, variant: str, metrics: dict, losses: list[float]) -> dict:
-    target_fp8, drafter_fp8, weight_grad = FP8.get(variant, NO_FP8)
     layers = drafter_layers(args.drafter_layers)
     return {"drafter_layers": args.drafter_layers, "layer_types": list(layers["layer_types"]),
-            "layer_windows": list(layers["layer_windows"]), "target_fp8": target_fp8, "drafter_fp8": drafter_fp8,
-            "drafter_fp8_weight_grad": weight_grad,
+            "layer_windows": list(layers["layer_windows"]), **switches(variant),
             **{k: metrics.get(k) for k in ("compiled_graphs", "graph_breaks", "recompiles_after_first_step")},
             "losses": [round(x, 5) for x in losses]}
 

@@ -297,6 +297,9 @@ class TrainConfig:
     gradient in bf16); master weights and optimizer stay fp32."""
     drafter_fp8_weight_grad: bool = False
     """With drafter_fp8: the weight gradient's GEMM in FP8 as well (all three GEMMs; torchao's "rowwise" recipe)."""
+    compile_target: bool = False
+    """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
+    engine still captures it as a CUDA graph. Opt-in until measured."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -378,12 +381,15 @@ class TrainConfig:
         if self.compile_mode is not None and not self.compile_drafter:
             _fail(c, "compile_mode", self.compile_mode, "it has no effect without compile_drafter=True",
                   "set compile_drafter=True or leave compile_mode=None")
-        for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad"):
+        for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"):
             if not isinstance(getattr(self, name), bool):
                 _fail(c, name, getattr(self, name), "must be True or False", f"set {name}=False (bf16) or True")
         if self.drafter_fp8_weight_grad and not self.drafter_fp8:
             _fail(c, "drafter_fp8_weight_grad", True, "it only applies to an FP8 drafter",
                   "set drafter_fp8=True as well, or leave drafter_fp8_weight_grad=False")
+        if self.compile_target and self.feature_cache:
+            _fail(c, "compile_target", True, "with a feature_cache no target layer runs",
+                  "set compile_target=False")
         if self.target_fp8 and self.feature_cache:
             _fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
                   "set target_fp8=False, or build the cache from an FP8 target instead")

@@ -724,7 +724,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     state = base.state_dict()
     def extractor(device, model):
         if not cfg.feature_cache:  # online: run the target up to its last needed layer
-            return FeatureExtractor(model, drafter_config.target_layer_ids, fp8=cfg.target_fp8)
+            return FeatureExtractor(model, drafter_config.target_layer_ids, fp8=cfg.target_fp8,
+                                    compile=cfg.compile_target)
         from .feature_cache import CachedFeatureExtractor  # offline: read features, run no target layer
 
         return CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids,

@@ -391,7 +391,7 @@ class FeatureExtractor:
     """
 
     def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True,
-                 fp8: bool = False):
+                 fp8: bool = False, compile: bool = False):
         self.model = model
         self.decoder = decoder_of(model)
         self.layer_ids = tuple(target_layer_ids)
@@ -408,6 +408,8 @@ class FeatureExtractor:
             from .fp8 import fp8_frozen_linears
 
             fp8_frozen_linears(self.decoder.layers[:self.num_layers_run])
+        # perf (issue 16): compile the layer loop (RoPE, norms, residual glue, FP8 casts) once; captured like eager
+        self._layers = torch.compile(self._run_layers, dynamic=False) if compile else self._run_layers
 
     @property
     def device(self) -> torch.device:
@@ -443,9 +445,12 @@ class FeatureExtractor:
         return self._extract(input_ids)
 
     def _extract(self, input_ids: torch.Tensor) -> torch.Tensor:
-        dec = self.decoder
-        hidden = dec.embed_tokens(input_ids)
+        hidden = self.decoder.embed_tokens(input_ids)
         position_ids, masks, layer_types, rope = self._static(input_ids, hidden)
+        return self._layers(hidden, masks, rope, position_ids, tuple(layer_types))
+
+    def _run_layers(self, hidden, masks, rope, position_ids, layer_types) -> torch.Tensor:
+        dec = self.decoder
         out = []
         wanted = set(self.layer_ids)
         for i in range(self.num_layers_run):  # layers above max(ids) never run

@@ -151,3 +151,23 @@ def test_compile_drafter_auto_keeps_the_cpu_path_eager(target):
     engine.shutdown()
     with pytest.raises(ConfigError, match="TrainConfig.compile_drafter='yes'"):
         TrainConfig(compile_drafter="yes")
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_compiled_target_layer_loop_equals_eager_without_graph_breaks(fp8):
+    from torch._dynamo.utils import counters
+
+    from dflash_lab.targets import FeatureExtractor
+
+    model = make_tiny_qwen3(tie=False, layers=3, hidden=64, vocab=256)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    ref = FeatureExtractor(model, (0, 2), fp8=fp8)(ids)
+    torch._dynamo.reset()
+    counters.clear()
+    ext = FeatureExtractor(model, (0, 2), fp8=fp8, compile=True)
+    first, again = ext(ids), ext(ids)
+    assert counters["stats"]["unique_graphs"] == 1 and sum(counters["graph_break"].values()) == 0
+    assert torch.allclose(first, ref, rtol=1e-4, atol=1e-5), (first - ref).abs().max()
+    assert torch.equal(first, again)
+    with pytest.raises(ConfigError, match="TrainConfig.compile_target"):
+        TrainConfig(compile_target=True, feature_cache="/tmp/cache")

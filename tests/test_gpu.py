@@ -248,3 +248,16 @@ def test_fused_optimizer_on_cuda_matches_unfused():
             opt.step(1e-2, 1.0)
         runs.append(torch.cat([m.detach().flatten() for m in opt.masters]))
     assert torch.allclose(runs[0], runs[1], rtol=1e-5, atol=1e-6), (runs[0] - runs[1]).abs().max()
+
+
+def test_compiled_target_under_capture_matches_eager_target():
+    plain = _engine(("cuda:0",), dtype="bfloat16")
+    lp, _, _ = _run(plain, steps=3)
+    plain.shutdown()
+    eng = _engine(("cuda:0",), dtype="bfloat16", compile_target=True)
+    lc, _, _ = _run(eng, steps=3)
+    m = eng.metrics()
+    assert eng.targets[0].graphed.mode == "graph", eng.targets[0].graphed.status()
+    assert m["recompiles_after_first_step"] == 0 and m["graph_breaks"] == 0, m
+    assert lc == pytest.approx(lp, rel=1e-2)
+    eng.shutdown()
