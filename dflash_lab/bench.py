@@ -7,6 +7,8 @@ configuration (stdout; progress on stderr).
     python -m dflash_lab.bench --shape paper --gpus 0 --variants graph,eager,compile,compile-eager
     python -m dflash_lab.bench --shape paper --gpus 0 --ttfs                  # Trainer construction -> first step
     python -m dflash_lab.bench --shape tiny --device cpu --steps 3            # the same path on a CPU
+    python -m dflash_lab.bench --shape paper --drafter-layers mixed --variants graph,compile   # issue 18
+    python -m dflash_lab.bench --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # issue 16
 
 Targets are random-initialised real architectures (bench_configs/*.json) built on the GPU, so nothing is
 downloaded. Batches are synthetic and fixed-shape: random tokens, the first 1/8 of each sequence is "prompt" (no
@@ -32,6 +34,7 @@ import time
 import torch
 
 from .blocks import build_block_batch, raw_weight_total, sample_anchors
+from . import bench_perf
 from .config import TrainConfig, default_gamma
 from .prepare import prepare_run
 from .targets import load_targets
@@ -45,6 +48,7 @@ SHAPES = {
 }
 VARIANTS = {  # name -> (cuda_graphs, compile_drafter)
     "graph": (True, False), "eager": (False, False), "compile": (True, True), "compile-eager": (False, True),
+    **bench_perf.VARIANTS,  # FP8 variants (issue 16)
 }
 MASK_TOKEN_ID = {"bench:tiny": 1023}  # Qwen3 shapes use the family's reserved id (151669)
 
@@ -102,8 +106,10 @@ def _git_commit() -> str | None:
         return None
 
 
-def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool) -> TrainConfig:
-    return TrainConfig(target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
+def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
+                 variant: str = "graph") -> TrainConfig:
+    return TrainConfig(**bench_perf.train_fields(args, variant),
+                       target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                        block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
                        target_devices=None if args.colocated else tuple(args.targets), cuda_graphs=cuda_graphs,
                        compile_drafter=compile_drafter, steps=10_000, seed=0, loss_chunk_size=args.chunk_size,
@@ -116,7 +122,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
     from .engine_metrics import engine_flops
 
     cuda_graphs, compile_drafter = VARIANTS[variant]
-    cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter)
+    cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter, variant=variant)
     for d in placement.devices:
         if d.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(d))
@@ -189,7 +195,8 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
         "graphs": {x.graphed.name: x.graphed.status() for x in [*engine.targets, *engine.workers]},
         "compile_times_s": _compile_times(),
         "loss_first": losses[0], "loss_last": losses[-1], "load": load_report, "memory_estimate": estimate,
-        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **env,
+        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **bench_perf.row_fields(args, variant, m, losses),
+        **env,
     }
     if prof_rows is not None:
         row["profile_top_kernels"] = prof_rows
@@ -280,6 +287,7 @@ def parse_args(argv=None):
     p.add_argument("--measure-lock", default=None, help="file lock held from the 2nd step to the last: several "
                    "bench processes compile concurrently but time their steps one at a time")
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse, or $DFLASH_COMMIT)")
+    bench_perf.add_args(p)
     args = p.parse_args(argv)
     from .placement import gpus
 
@@ -346,6 +354,10 @@ def main(argv=None) -> int:
                    "replicas": {str(k): {"device": v.device, "seconds": round(v.seconds, 2), "gb": round(v.gb_total, 2),
                                          "tensors": v.tensors_total, "memory_gb": v.memory_gb}
                                 for k, v in last.items()}}
+    if args.fp8_error:
+        emit({**bench_perf.fp8_feature_report(models[0], drafter_cfg.target_layer_ids, batch_size=1,
+                                              seq_len=shape["seq_len"], vocab_size=drafter_cfg.vocab_size),
+              "shape": args.shape, **env})
     for variant in args.variants:
         try:
             emit(run_variant(args, shape, models, target_cfg, drafter_cfg, placement, variant, env, load_report,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import window_masks
+
 
 @dataclass(frozen=True)
 class BlockBatch:
@@ -162,8 +164,14 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
 
 def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                   sliding_window: int | None = None):
-    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`."""
+    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`.
+
+    The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
+    layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
+    all windows instead of once per distinct window (the seed's recompiles, issue 18)."""
     S, B = seq_len, block_size
+    if sliding_window is not None:
+        sliding_window = torch.tensor(sliding_window, device=anchors.device, dtype=torch.long)
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_block = q_idx // B
@@ -194,29 +202,29 @@ def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_le
 
 
 def flex_mask_mods(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                   layer_types: tuple[str, ...], sliding_window: int | None) -> dict:
-    """{layer type: mask_mod}: closures over `anchors` (a CUDA-graph worker builds them once over its static buffers)."""
-    return {t: flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size,
-                             sliding_window=sliding_window if t == "sliding_attention" else None)
-            for t in sorted(set(layer_types))}
+                   layer_types: tuple[str, ...], sliding_window: int | None, layer_windows: tuple = ()) -> dict:
+    """{mask key: mask_mod}, one per distinct window (config.window_masks): closures over `anchors` (a CUDA-graph
+    worker builds them once over its static buffers)."""
+    return {key: flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+            for key, window in window_masks(layer_types, sliding_window, layer_windows).items()}
 
 
 def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                     backend: str, layer_types: tuple[str, ...], sliding_window: int | None,
-                    mask_mods: dict | None = None) -> dict:
-    """The drafter's attention masks, one per layer type: dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for
-    "flex". The one place masks are built (engine workers and torchrun ranks both call it). `mask_mods`: flex
-    closures to reuse (see flex_mask_mods); by default made over `anchors`."""
+                    layer_windows: tuple = (), mask_mods: dict | None = None) -> dict:
+    """The drafter's attention masks, one per distinct window (config.window_masks: "full_attention",
+    "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for "flex".
+    The one place masks are built (engine workers and torchrun ranks both call it). `mask_mods`: flex closures to
+    reuse (see flex_mask_mods); by default made over `anchors`."""
     masks = {}
-    for t in sorted(set(layer_types)):
-        window = sliding_window if t == "sliding_attention" else None
+    for key, window in window_masks(layer_types, sliding_window, layer_windows).items():
         dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
         if backend == "sdpa":
-            masks[t] = dense
+            masks[key] = dense
             continue
-        mod = mask_mods[t] if mask_mods is not None else flex_mask_mod(
+        mod = mask_mods[key] if mask_mods is not None else flex_mask_mod(
             anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
-        masks[t] = block_mask_from_dense(dense, mod)
+        masks[key] = block_mask_from_dense(dense, mod)
     return masks
 
 

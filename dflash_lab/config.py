@@ -104,6 +104,11 @@ class DrafterConfig:
     """Per draft layer: "full_attention" or "sliding_attention"; empty means all full attention."""
     sliding_window: int | None = None
     """Window of the sliding-attention layers (required if any layer slides)."""
+    # perf (issues 16/18)
+    layer_windows: tuple[int | None, ...] = ()
+    """Per draft layer window: None on full-attention layers, a positive int on sliding ones; empty = every sliding
+    layer uses `sliding_window`. Several distinct values train fine (one mask per window) but cannot be exported
+    (config.json has one `sliding_window`)."""
 
     def __post_init__(self) -> None:
         c = "DrafterConfig"
@@ -148,9 +153,18 @@ class DrafterConfig:
             _fail(c, "layer_types", types, f"it has {len(types)} entries for {self.num_hidden_layers} draft layers",
                   "give one type per draft layer")
         object.__setattr__(self, "layer_types", types)
-        if "sliding_attention" in types and (self.sliding_window is None or self.sliding_window < 1):
-            _fail(c, "sliding_window", self.sliding_window, "sliding_attention layers need a window",
-                  "set sliding_window, e.g. 2048")
+        object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
+                                                                      self.layer_windows))
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """The attention window of each draft layer (None = full attention)."""
+        return layer_windows_of(self.layer_types, self.sliding_window, self.layer_windows)
+
+    @property
+    def mask_keys(self) -> tuple[str, ...]:
+        """Per draft layer, the key of its mask in the `masks` dict (one mask per distinct window)."""
+        return tuple(mask_key(w, self.sliding_window) for w in self.windows)
 
     @property
     def num_target_features(self) -> int:
@@ -160,7 +174,7 @@ class DrafterConfig:
     def from_target(cls, target_config: Any, *, num_draft_layers: int = 5, num_target_features: int = 5,
                     target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
                     mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
-                    sliding_window: int | None = None) -> "DrafterConfig":
+                    sliding_window: int | None = None, layer_windows: tuple = ()) -> "DrafterConfig":
         """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
         L = tc.num_hidden_layers
@@ -189,7 +203,7 @@ class DrafterConfig:
             rope_scaling=rope_scaling, max_position_embeddings=tc.max_position_embeddings,
             vocab_size=tc.vocab_size, tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
             block_size=block_size, mask_token_id=int(mask_token_id), num_target_layers=L, target_layer_ids=ids,
-            layer_types=tuple(layer_types), sliding_window=sliding_window,
+            layer_types=tuple(layer_types), sliding_window=sliding_window, layer_windows=tuple(layer_windows or ()),
         )
 
     def to_dict(self) -> dict:
@@ -263,8 +277,9 @@ class TrainConfig:
     """Compute dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16" or "float32". Master weights are fp32."""
     attention: str = "auto"
     """Drafter attention: "flex" (BlockMask), "sdpa" (dense mask), or "auto" (flex on CUDA, sdpa on CPU)."""
-    compile_drafter: bool = False
-    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default)."""
+    compile_drafter: bool | str = False
+    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default); "auto" = compile on CUDA
+    workers only (the CPU path stays eager)."""
     cuda_graphs: bool = True
     """Capture the drafter step as a CUDA graph on GPU workers (ignored on CPU)."""
     log_every: int = 10
@@ -277,7 +292,6 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
-<<<<<<< HEAD
     # validation (issue 12): honest metrics beside the training ones (dflash_lab/validation.py, docs/tau-gap.md)
     heldout_data: str | None = None
     """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
@@ -295,11 +309,26 @@ class TrainConfig:
     """Held-out prompts per real-tau measurement (temperature 0, block size of the run)."""
     real_tau_new_tokens: int = 64
     """New tokens generated per prompt in a real-tau measurement."""
-=======
     # -- metric sinks (issue 15) --
     metric_sinks: tuple[str, ...] = ()
     """Optional extra metric sinks (sinks.py): "tensorboard" (<run_dir>/tensorboard/) and/or "wandb" (offline)."""
->>>>>>> dash
+    # perf (issues 16/18)
+    layer_windows: tuple[int | None, ...] = ()
+    """Per draft layer window (None on full layers); empty = every sliding layer uses `sliding_window`."""
+    compile_mode: str | None = None
+    """torch.compile mode with compile_drafter: None (default) or "max-autotune-no-cudagraphs". Modes that use
+    CUDAGraph Trees ("reduce-overhead", "max-autotune") are refused: the engine captures CUDA graphs itself."""
+    target_fp8: bool = False
+    """Run the frozen target's linear layers in FP8 (row-wise scaled, forward only) for feature extraction; the
+    bf16 weights stay for evaluation. Opt-in: see docs/engine-traps.md for the features' error."""
+    drafter_fp8: bool = False
+    """Train the drafter's linear layers with FP8 GEMMs (forward and input gradient row-wise scaled e4m3, weight
+    gradient in bf16); master weights and optimizer stay fp32."""
+    drafter_fp8_weight_grad: bool = False
+    """With drafter_fp8: the weight gradient's GEMM in FP8 as well (all three GEMMs; torchao's "rowwise" recipe)."""
+    compile_target: bool = False
+    """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
+    engine still captures it as a CUDA graph. Opt-in until measured."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -358,7 +387,6 @@ class TrainConfig:
         if self.batch_size % len(self.devices):
             _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                   f"use a multiple of {len(self.devices)}")
-<<<<<<< HEAD
         # validation (issue 12)
         for name in ("val_every", "real_tau_every"):
             v = getattr(self, name)
@@ -369,7 +397,6 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 _fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
                       f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
-=======
         # -- metric sinks (issue 15) --
         if isinstance(self.metric_sinks, str):
             _fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
@@ -378,7 +405,41 @@ class TrainConfig:
             if (problem := sink_problem(name)) is not None:
                 _fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
                       "with the package installed")
->>>>>>> dash
+        self._check_perf_fields()
+
+    def _check_perf_fields(self) -> None:
+        c = "TrainConfig"
+        if self.layer_windows:
+            types = self.layer_types or ("full_attention",) * self.num_draft_layers
+            object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
+                                                                          self.layer_windows))
+        if self.compile_drafter not in (True, False, "auto"):
+            _fail(c, "compile_drafter", self.compile_drafter, "must be True, False or \"auto\"",
+                  'use False (eager + CUDA graphs), True (compile everywhere) or "auto" (compile on CUDA workers only)')
+        if self.compile_mode in CUDAGRAPH_TREE_MODES:
+            _fail(c, "compile_mode", self.compile_mode,
+                  "it turns on CUDAGraph Trees, whose thread-local state breaks in the engine's worker threads (one "
+                  "thread per GPU captures and replays; trees assume one thread) and would capture on top of the "
+                  "engine's own CUDA-graph capture",
+                  'leave compile_mode=None (or "max-autotune-no-cudagraphs") with cuda_graphs=True: the engine '
+                  "captures the compiled step as a plain CUDA graph itself")
+        if self.compile_mode not in COMPILE_MODES:
+            _fail(c, "compile_mode", self.compile_mode, "unknown torch.compile mode", f"use one of {COMPILE_MODES}")
+        if self.compile_mode is not None and not self.compile_drafter:
+            _fail(c, "compile_mode", self.compile_mode, "it has no effect without compile_drafter=True",
+                  "set compile_drafter=True or leave compile_mode=None")
+        for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(c, name, getattr(self, name), "must be True or False", f"set {name}=False (bf16) or True")
+        if self.drafter_fp8_weight_grad and not self.drafter_fp8:
+            _fail(c, "drafter_fp8_weight_grad", True, "it only applies to an FP8 drafter",
+                  "set drafter_fp8=True as well, or leave drafter_fp8_weight_grad=False")
+        if self.compile_target and self.feature_cache:
+            _fail(c, "compile_target", True, "with a feature_cache no target layer runs",
+                  "set compile_target=False")
+        if self.target_fp8 and self.feature_cache:
+            _fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
+                  "set target_fp8=False, or build the cache from an FP8 target instead")
 
     @property
     def resolved_gamma(self) -> float:
@@ -428,3 +489,53 @@ def devices_for(gpus) -> tuple[str, ...]:
                               'Fix: e.g. gpus = [0, 1] or gpus = ["cuda:0"].')
         out.append(f"cuda:{g}" if isinstance(g, int) else g)
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# perf (issues 16/18): per-layer attention windows and compile modes
+# ---------------------------------------------------------------------------------------------------------------
+
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+CUDAGRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_layer_windows(cls: str, layer_types: tuple[str, ...], sliding_window: int | None,
+                        layer_windows) -> tuple[int | None, ...]:
+    """Validate per-layer windows against the layer types (and `sliding_window` when they are not given)."""
+    windows = tuple(layer_windows or ())
+    if not windows:
+        if "sliding_attention" in layer_types and (sliding_window is None or sliding_window < 1):
+            _fail(cls, "sliding_window", sliding_window, "sliding_attention layers need a window",
+                  "set sliding_window, e.g. 2048 (or one window per layer in layer_windows)")
+        return windows
+    if len(windows) != len(layer_types):
+        _fail(cls, "layer_windows", windows, f"it has {len(windows)} entries for {len(layer_types)} draft layers",
+              "give one entry per draft layer (None on full_attention layers)")
+    for i, (t, w) in enumerate(zip(layer_types, windows)):
+        if t == "full_attention" and w is not None:
+            _fail(cls, "layer_windows", windows, f"layer {i} is full_attention but has window {w!r}",
+                  "use None for full_attention layers")
+        if t == "sliding_attention" and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            _fail(cls, "layer_windows", windows, f"layer {i} is sliding_attention but has window {w!r}",
+                  "give sliding layers a positive integer window, e.g. 2048")
+    return windows
+
+
+def layer_windows_of(layer_types, sliding_window, layer_windows=()) -> tuple[int | None, ...]:
+    """Window per layer: `layer_windows` if given, else `sliding_window` on sliding layers; None = full."""
+    if layer_windows:
+        return tuple(layer_windows)
+    return tuple(sliding_window if t == "sliding_attention" else None for t in layer_types)
+
+
+def mask_key(window: int | None, sliding_window: int | None = None) -> str:
+    """Key of a window's mask: "full_attention", "sliding_attention" (the config's `sliding_window`, so single-window
+    callers keep the layer-type keys) or "sliding_attention_<w>" for any other window."""
+    if window is None:
+        return "full_attention"
+    return "sliding_attention" if window == sliding_window else f"sliding_attention_{window}"
+
+
+def window_masks(layer_types, sliding_window, layer_windows=()) -> dict[str, int | None]:
+    """{mask key: window} for the distinct windows of a drafter (what has to be built once per step)."""
+    return {mask_key(w, sliding_window): w for w in layer_windows_of(layer_types, sliding_window, layer_windows)}

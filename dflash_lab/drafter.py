@@ -143,6 +143,9 @@ class DFlashDecoderLayer(nn.Module):
     def __init__(self, config: DrafterConfig, layer_idx: int):
         super().__init__()
         self.attention_type = config.layer_types[layer_idx]
+        # Which mask this layer reads: one per distinct window, built outside the (compiled, captured) step, so a
+        # window is data of the mask, never a per-layer Python value dynamo would specialise on (issue 18).
+        self.mask_key = config.mask_keys[layer_idx]
         self.self_attn = DFlashAttention(config)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -189,13 +192,15 @@ class DFlashDrafter(nn.Module):
     def forward(self, target_features: torch.Tensor, draft_embeds: torch.Tensor, draft_position_ids: torch.Tensor,
                 context_position_ids: torch.Tensor, masks: dict) -> torch.Tensor:
         """target_features (b, S, n*H); draft_embeds (b, Q, H) frozen target embedding of the block ids;
-        masks: {"full_attention": mask, "sliding_attention": mask} (dense bool or BlockMask)."""
+        masks: {mask key: mask} (dense bool or BlockMask), keys from `config.window_masks` / `DrafterConfig.mask_keys`:
+        "full_attention", "sliding_attention" (the config's sliding_window) and "sliding_attention_<w>" per other
+        window."""
         context = self.fuse_context(target_features.to(self.fc.weight.dtype))
         hidden = draft_embeds.to(self.fc.weight.dtype)
         draft_rope = self.rotary_emb(hidden, draft_position_ids)
         context_rope = self.rotary_emb(context, context_position_ids)
         for layer in self.layers:
-            hidden = layer(hidden, context, draft_rope, context_rope, masks[layer.attention_type])
+            hidden = layer(hidden, context, draft_rope, context_rope, masks[layer.mask_key])
         return self.norm(hidden)  # (b, Q, H)
 
     def num_parameters(self) -> int:

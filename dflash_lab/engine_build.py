@@ -8,6 +8,7 @@ import torch
 
 from .drafter import DFlashDrafter, RotaryEmbedding
 from .engine import Engine
+from .fp8 import fp8_train_linears
 from .optim import MasterAdamW
 from .prepare import make_feature_extractor, plan_device
 from .targets import embedding_of, lm_head_weight
@@ -44,6 +45,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step.
     """
     cfg = config
+    if compile_mode is not None and cfg.compile_drafter:  # validated like the field: CUDAGraph Trees are refused
+        cfg = cfg.replace(compile_mode=compile_mode)
     base = initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
     state = base.state_dict()
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
@@ -57,8 +60,10 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
         drafter.load_state_dict(state)  # identical replicas (GPU -> GPU copies)
         drafter.to(device=dev, dtype=plan.dtype)
         forward = drafter
-        if cfg.compile_drafter:
-            forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=compile_mode)
+        if cfg.drafter_fp8:  # issue 16: FP8 GEMMs in the drafter's linear layers, same parameters
+            fp8_train_linears(drafter, weight_grad=cfg.drafter_fp8_weight_grad)
+        if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
+            forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=cfg.compile_mode)
         if placement.colocated:
             src = targets[i]
         else:  # any replica will do (identical); prefer one on this device (CPU tests)
@@ -73,6 +78,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
                               optimizer=MasterAdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                               embed=embed, head_weight=head, attention=plan.attention, seq_len=cfg.seq_len,
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
+                              layer_windows=drafter_config.layer_windows,
                               chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log))
     return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
                   target_config=target_config if target_config is not None else getattr(targets[0], "config", None),

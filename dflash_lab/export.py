@@ -223,6 +223,15 @@ def export_state_names(config: DrafterConfig) -> list[str]:
 def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict | None = None) -> dict:
     """The config.json of a DFlashDraftModel checkpoint (Qwen3 fields + the DFlash fields, layer_types explicit)."""
     sliding = "sliding_attention" in config.layer_types
+    windows = sorted({w for w in config.windows if w is not None})
+    if len(windows) > 1:  # perf (issue 18)
+        raise ValueError(
+            f"the drafter has {len(windows)} distinct sliding windows {windows} (layer_windows="
+            f"{list(config.layer_windows)}), but config.json has ONE `sliding_window` for every sliding_attention "
+            "layer: Hugging Face's Qwen3Config and the engines that read it (vLLM, SGLang) would serve every sliding "
+            "layer with the same window, a different model than the one trained. Fix: train with one window "
+            "(layer_windows=() and sliding_window=W) for a servable drafter; per-layer windows are for experiments.")
+    window = windows[0] if windows else None
     rope_params = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling:
         rope_params = {**config.rope_scaling, "rope_theta": config.rope_theta}
@@ -249,7 +258,7 @@ def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict
         "tie_word_embeddings": config.tie_word_embeddings,
         "layer_types": list(config.layer_types),
         "use_sliding_window": sliding,
-        "sliding_window": config.sliding_window if sliding else None,
+        "sliding_window": window if sliding else None,
         "max_window_layers": config.num_hidden_layers,
         "block_size": config.block_size,
         "num_target_layers": config.num_target_layers,

@@ -201,7 +201,8 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
                                        num_target_features=cfg.num_target_features,
                                        target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size,
                                        mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else 0,
-                                       layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+                                       layer_types=cfg.layer_types, sliding_window=cfg.sliding_window,
+                                       layer_windows=cfg.layer_windows)
     counted = safetensors_param_count(path) if path is not None and Path(path).is_dir() else None
     target_params = counted if counted is not None else target_parameters(tc)
     source = "safetensors headers" if counted is not None else "from config"

@@ -39,7 +39,8 @@ def make_feature_extractor(config: TrainConfig, drafter_config: DrafterConfig, t
     """Online: run `target_model` up to the last needed layer. With `config.feature_cache`: read the cached features
     (only the target's embedding and LM head are used). The one place both training paths get features from."""
     if not config.feature_cache:
-        return FeatureExtractor(target_model, drafter_config.target_layer_ids)
+        return FeatureExtractor(target_model, drafter_config.target_layer_ids, fp8=config.target_fp8,
+                                compile=config.compile_target)
     return CachedFeatureExtractor(config.feature_cache, layer_ids=drafter_config.target_layer_ids, dtype=plan.dtype)
 
 
@@ -111,7 +112,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     drafter_config = DrafterConfig.from_target(
         target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
         target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window)
+        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows)
     # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
     placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
     memory = {}

@@ -259,7 +259,7 @@ class RankTrainer:
                 marks[1].record()
             wait = time.perf_counter() - tw
         masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
-                            sliding_window=dc.sliding_window)
+                            sliding_window=dc.sliding_window, layer_windows=dc.layer_windows)
         ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
         # The step (step.py): DDP sums the gradients over drafter ranks in backward; FSDP2 reduce-scatters them.
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DrafterConfig
+from .config import DrafterConfig, window_masks
 from .drafter import DFlashDrafter
 from .targets import decoder_of, embedding_of, lm_head_weight
 
@@ -239,7 +239,7 @@ class SpeculativeDecoder:
             else:
                 cache.keys[i] = torch.cat([cache.keys[i], k_new], dim=2)
                 cache.values[i] = torch.cat([cache.values[i], v_new], dim=2)
-            hidden = layer(hidden, None, draft_rope, None, masks[layer.attention_type],
+            hidden = layer(hidden, None, draft_rope, None, masks[layer.mask_key],
                            context_kv=(cache.keys[i], cache.values[i]))
         return d.norm(hidden)
 
@@ -249,11 +249,13 @@ class SpeculativeDecoder:
         B = self.block_size
         masks = {"full_attention": torch.ones(1, 1, B, p + B, dtype=torch.bool, device=dev)}
         cfg = self.drafter.config
-        if "sliding_attention" in cfg.layer_types:
+        for key, window in window_masks(cfg.layer_types, cfg.sliding_window, cfg.layer_windows).items():
+            if window is None:
+                continue
             q = torch.arange(p, p + B, device=dev)[:, None]
-            ctx = (q - torch.arange(p, device=dev)[None]) < cfg.sliding_window
+            ctx = (q - torch.arange(p, device=dev)[None]) < window
             own = torch.arange(B, device=dev)[None] <= torch.arange(B, device=dev)[:, None]
-            masks["sliding_attention"] = torch.cat([ctx, own], dim=1)[None, None]
+            masks[key] = torch.cat([ctx, own], dim=1)[None, None]
         return masks
 
     # ---------------------------------------------------------------------------------------------------------

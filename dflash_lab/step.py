@@ -90,10 +90,11 @@ class DraftInputs:
 
 
 def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: tuple[str, ...],
-                sliding_window: int | None) -> dict:
-    """{"full_attention": mask, "sliding_attention": mask} for `batch` (blocks.attention_masks)."""
+                sliding_window: int | None, layer_windows: tuple = ()) -> dict:
+    """{mask key: mask} for `batch`, one per distinct window (blocks.attention_masks)."""
     return attention_masks(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
-                           backend=backend, layer_types=layer_types, sliding_window=sliding_window)
+                           backend=backend, layer_types=layer_types, sliding_window=sliding_window,
+                           layer_windows=layer_windows)
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,

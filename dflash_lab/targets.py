@@ -400,7 +400,8 @@ class FeatureExtractor:
     a call then launches only the layers' own kernels (and can be captured in a CUDA graph).
     """
 
-    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True):
+    def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True,
+                 fp8: bool = False, compile: bool = False):
         self.model = model
         self.decoder = decoder_of(model)
         self.layer_ids = tuple(target_layer_ids)
@@ -412,6 +413,13 @@ class FeatureExtractor:
         self._cache: dict = {}
         if fused_norms and self.device.type == "cuda":
             fuse_rms_norms(self.decoder.layers[:self.num_layers_run])
+        self.fp8 = fp8  # perf (issue 16): FP8 linears for extraction only (fp8.py); the bf16 weights stay
+        if fp8:
+            from .fp8 import fp8_frozen_linears
+
+            fp8_frozen_linears(self.decoder.layers[:self.num_layers_run])
+        # perf (issue 16): compile the layer loop (RoPE, norms, residual glue, FP8 casts) once; captured like eager
+        self._layers = torch.compile(self._run_layers, dynamic=False) if compile else self._run_layers
 
     @property
     def device(self) -> torch.device:
@@ -439,9 +447,20 @@ class FeatureExtractor:
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (b, S) right-padded -> features (b, S, n*H). Right padding never changes earlier positions
         under causal attention, so no padding mask is needed."""
-        dec = self.decoder
-        hidden = dec.embed_tokens(input_ids)
+        if self.fp8:
+            from .fp8 import fp8_scope
+
+            with fp8_scope():
+                return self._extract(input_ids)
+        return self._extract(input_ids)
+
+    def _extract(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.decoder.embed_tokens(input_ids)
         position_ids, masks, layer_types, rope = self._static(input_ids, hidden)
+        return self._layers(hidden, masks, rope, position_ids, tuple(layer_types))
+
+    def _run_layers(self, hidden, masks, rope, position_ids, layer_types) -> torch.Tensor:
+        dec = self.decoder
         out = []
         wanted = set(self.layer_ids)
         for i in range(self.num_layers_run):  # layers above max(ids) never run

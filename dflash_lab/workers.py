@@ -46,12 +46,14 @@ class Worker:
 
     def __init__(self, *, index: int, device, drafter: torch.nn.Module, optimizer, embed: torch.nn.Embedding,
                  head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
-                 sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None):
+                 sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None,
+                 layer_windows: tuple = ()):
         self.index, self.device = index, torch.device(device)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
         self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
         self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
+        self.layer_windows = tuple(layer_windows)
         self.block_size = drafter.config.block_size
         self.thread = DeviceThread(self.device, "drafter")
         self.target: TargetReplica | None = None  # colocated only
@@ -110,11 +112,11 @@ class Worker:
         return t
 
     def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor) -> dict:
-        """Attention masks per layer type (blocks.attention_masks), built from the (static) anchors outside any
+        """Attention masks per distinct window (blocks.attention_masks), built from the (static) anchors outside any
         graph. Flex in graph mode: the mask_mods close over the STATIC anchors, and the kept BlockMask tensors are
         refreshed in place, so the captured flex kernels read this step's masks."""
         kw = dict(seq_len=self.seq_len, block_size=self.block_size, layer_types=self.layer_types,
-                  sliding_window=self.sliding_window)
+                  sliding_window=self.sliding_window, layer_windows=self.layer_windows)
         static = (self.attention == "flex" and anchors is self.buffers.bufs.get("anchors")
                   and anchor_valid is self.buffers.bufs.get("anchor_valid"))
         if static and self._mask_mods is None:
@@ -136,12 +138,10 @@ class Worker:
         return out
 
     # -- the captured step ------------------------------------------------------------------------------------
-    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos,
-                          mask_full=None, mask_sliding=None):
-        """step.forward_backward on this worker's static inputs (flat tensors: what GraphedStep captures)."""
+    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, **masks):
+        """step.forward_backward on this worker's static inputs (flat tensors: what GraphedStep captures);
+        masks: {mask key: mask}, one per distinct window."""
         self.flat_grad.zero_()
-        masks = {k: v for k, v in (("full_attention", mask_full), ("sliding_attention", mask_sliding))
-                 if v is not None}
         # input_ids / loss_mask / anchors are not needed past this point (features and masks carry them).
         bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
@@ -156,8 +156,7 @@ class Worker:
         masks = self._masks(t["anchors"], t["anchor_valid"])
         loss, correct, has_loss = self.graphed(
             features=features, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
-            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], mask_full=masks.get("full_attention"),
-            mask_sliding=masks.get("sliding_attention"))
+            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **masks)
         out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone()}
         self.timeline.add(step, "drafter", m0, mark(self.device))
         return out

@@ -147,3 +147,117 @@ def test_split_target_gpu0_drafter_gpu1_with_prefetch():
     assert l1 == pytest.approx(l2, rel=1e-5) and torch.allclose(p1, p2, rtol=1e-5, atol=1e-5)
     assert 0 <= m["drafter_wait_frac"] <= 1 and m["bottleneck"] in ("target", "drafter", "balanced")
     split.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# perf (issues 16/18): mixed sliding/full layers with two windows compiled under our capture; FP8; fused optimizer
+# ---------------------------------------------------------------------------------------------------------------
+
+MIXED = dict(layer_types=("sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                          "full_attention"), sliding_window=64, layer_windows=(64, None, 128, 64, None))
+
+
+def _mixed_engine(devices, **kw):
+    cfg = TrainConfig(target="bench:tiny", seq_len=S, num_anchors=N, block_size=B, batch_size=len(devices),
+                      devices=devices, mask_token_id=1023, dtype=kw.pop("dtype", "float32"), lr=1e-3, **MIXED, **kw)
+    tc = load_target_config("bench:tiny")
+    dc = DrafterConfig.from_target(tc, block_size=B, mask_token_id=1023, **MIXED)
+    placement = make_placement(cfg.devices, cfg.target_devices)
+    dt = torch.float32 if cfg.dtype == "float32" else torch.bfloat16
+    return build_engine(cfg, placement, load_targets("bench:tiny", placement.target_devices, dtype=dt), dc,
+                        target_config=tc)
+
+
+def _mixed_run(engine, steps=4):
+    losses, grads = [], []
+    for s in range(steps):
+        batch = synthetic_batch(s, batch_size=len(engine.workers), seq_len=S, num_anchors=N, block_size=B,
+                                vocab_size=1024, mask_token_id=1023, gamma=7.0)
+        losses.append(engine.step(batch, step=s, lr=1e-3)["loss"].item())
+        grads.append(engine.workers[0].flat_grad.float().cpu().clone())
+    return losses, grads
+
+
+@pytest.mark.parametrize("devices", [("cuda:0",), pytest.param(("cuda:0", "cuda:1"), marks=two_gpus)])
+def test_mixed_windows_compiled_under_capture_no_recompiles_equal_to_eager(devices):
+    eager = _mixed_engine(devices, cuda_graphs=False)
+    le, ge = _mixed_run(eager)
+    eager.shutdown()
+    compiled = _mixed_engine(devices, compile_drafter=True)
+    assert set(compiled.workers[0].mask_windows) == {"sliding_attention", "sliding_attention_128", "full_attention"}
+    lc, gc = _mixed_run(compiled, steps=6)  # anchors (and all three BlockMasks) change every step
+    m = compiled.metrics()
+    assert all(w.graphed.mode == "graph" and not w.graphed.fallbacks for w in compiled.workers), \
+        [w.graphed.status() for w in compiled.workers]
+    assert m["recompiles_after_first_step"] == 0 and m["graph_breaks"] == 0, m
+    assert lc[:4] == pytest.approx(le, rel=1e-3)
+    for a, b in zip(gc, ge):
+        assert torch.allclose(a, b, rtol=1e-2, atol=1e-5), (a - b).abs().max()
+    compiled.shutdown()
+
+
+def test_fp8_target_features_error_per_layer():
+    from dflash_lab import fp8
+    from dflash_lab.targets import FeatureExtractor
+
+    model = load_targets("bench:tiny", ["cuda:0"], dtype=torch.bfloat16)[0]
+    ids = torch.randint(0, 1024, (2, S), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    layers = (1, 3, 5)
+    ref = FeatureExtractor(model, layers)(ids)
+    got = FeatureExtractor(model, layers, fp8=True)(ids)
+    err = fp8.feature_error(ref, got, layers)
+    print("fp8 feature error vs bf16:", err)
+    for layer, e in err.items():
+        assert e["rel_err"] < 0.1 and e["cosine"] > 0.995, (layer, e)
+
+
+@pytest.mark.parametrize("compile_drafter,weight_grad", [(False, False), (True, False), (False, True)])
+def test_fp8_engine_under_capture_close_to_bf16(compile_drafter, weight_grad):
+    ref = _engine(("cuda:0",), dtype="bfloat16", compile_drafter=compile_drafter)
+    lr_, _, _ = _run(ref, steps=4)
+    ref.shutdown()
+    eng = _engine(("cuda:0",), dtype="bfloat16", compile_drafter=compile_drafter, target_fp8=True, drafter_fp8=True,
+                  drafter_fp8_weight_grad=weight_grad)
+    lf, _, _ = _run(eng, steps=4)
+    m = eng.metrics()
+    assert eng.workers[0].graphed.mode == "graph" and eng.targets[0].graphed.mode == "graph"
+    assert m.get("recompiles_after_first_step", 0) == 0
+    assert lf == pytest.approx(lr_, rel=0.03) and lf != lr_
+    eng.shutdown()
+
+
+def test_fused_optimizer_on_cuda_matches_unfused():
+    from dflash_lab.optim import MasterAdamW
+
+    g = torch.Generator("cuda").manual_seed(0)
+    shapes = [(256, 128), (128,), (384, 256)]
+    runs = []
+    for fused in (None, False):  # None = the CUDA default (fused)
+        params = [torch.nn.Parameter((torch.randn(s, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+                                      * 0.1).bfloat16()) for i, s in enumerate(shapes)]
+        opt = MasterAdamW(params, lr=1e-2, weight_decay=0.01, fused_clip=fused)
+        assert opt.fused_clip is (fused is None)
+        flat = torch.zeros(sum(p.numel() for p in params), device="cuda", dtype=torch.bfloat16)
+        for step in range(6):
+            g.manual_seed(step)
+            flat.copy_(torch.randn(flat.shape, device="cuda", generator=g))
+            off = 0
+            for p in params:
+                p.grad = flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            opt.step(1e-2, 1.0)
+        runs.append(torch.cat([m.detach().flatten() for m in opt.masters]))
+    assert torch.allclose(runs[0], runs[1], rtol=1e-5, atol=1e-6), (runs[0] - runs[1]).abs().max()
+
+
+def test_compiled_target_under_capture_matches_eager_target():
+    plain = _engine(("cuda:0",), dtype="bfloat16")
+    lp, _, _ = _run(plain, steps=3)
+    plain.shutdown()
+    eng = _engine(("cuda:0",), dtype="bfloat16", compile_target=True)
+    lc, _, _ = _run(eng, steps=3)
+    m = eng.metrics()
+    assert eng.targets[0].graphed.mode == "graph", eng.targets[0].graphed.status()
+    assert m["recompiles_after_first_step"] == 0 and m["graph_breaks"] == 0, m
+    assert lc == pytest.approx(lp, rel=1e-2)
+    eng.shutdown()
