@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .eval_report import BASELINE, EvalReport
 
 COLORS = {"trained": "tab:blue", "untrained": "tab:gray"}
 
@@ -37,14 +36,14 @@ def _bars(rows: list[dict], key: str, *, ylabel: str, title: str, fmt: str, ylim
     return fig
 
 
-def plot_eval(report: EvalReport, out_dir: str | Path) -> dict[str, Path]:
+def plot_eval(report, out_dir: str | Path) -> dict[str, Path]:
     """Write the three PNGs into out_dir; returns {"tau", "acceptance", "speedup"} -> path."""
     from matplotlib.figure import Figure
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     B = report.block_size
-    rows = [r for r in report.rows() if r["decoder"] != BASELINE]
+    rows = [r for r in report.rows() if r["decoder"] != report.baseline]
     paths = {"tau": out / "eval_tau.png", "acceptance": out / "eval_acceptance.png",
              "speedup": out / "eval_speedup.png"}
 

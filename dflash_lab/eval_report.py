@@ -58,6 +58,8 @@ def lossless_verdict(spec: dict, base: dict, near_tie_margin: float) -> dict:
 class EvalReport:
     """Results of one evaluation: per decoder (trained / untrained / target only) and prompt set, per prompt."""
 
+    baseline = BASELINE  # the decoder name of the target-only rows (eval_plots leaves them out)
+
     run_dir: str
     weights: str
     step: int | None

@@ -73,8 +73,9 @@ class RecipeConfig:
     block_size: int = 16
     num_draft_layers: int = 3
     lr: float = 6e-4
-    eval_every: int = 0
-    """Periodic real tau on held-out prompts while training (0 = off)."""
+    real_tau_every: int = 200
+    """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
+    (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out conversations."""
     eval_prompts: int = 8
     eval_max_new_tokens: int = 64
     eval_block_sizes: tuple[int, ...] = (16, 8)
@@ -101,12 +102,13 @@ class RecipeConfig:
         object.__setattr__(self, "eval_block_sizes", tuple(self.eval_block_sizes))
         object.__setattr__(self, "eval_temperatures", tuple(float(t) for t in self.eval_temperatures))
 
-    def train_config(self, data: Path) -> TrainConfig:
+    def train_config(self, data: Path, heldout: Path | None = None) -> TrainConfig:
         return TrainConfig(target=self.model, data=str(data), run_name="recipe", runs_dir=str(Path(self.work_dir) /
                            "runs"), steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
                            block_size=self.block_size, num_anchors=self.num_anchors,
                            num_draft_layers=self.num_draft_layers, lr=self.lr, seed=self.seed,
-                           devices=(self.device,), eval_every=self.eval_every,
+                           devices=(self.device,), heldout_data=str(heldout) if heldout else "",
+                           real_tau_every=self.real_tau_every, val_every=self.real_tau_every,
                            log_every=max(1, min(50, self.steps // 20)))
 
 
@@ -156,7 +158,14 @@ class Recipe:
         stats = regenerate(self.prompts, self.data, target=c.model, devices=(c.device,),
                            batch_size=c.regen_batch_size, sampling=sampling, dtype=c.regen_dtype,
                            match_check=c.match_check, log=self.log, progress_every_s=15.0)
-        return self._record("regenerate", t0, out=str(self.data), conversations=stats.samples, turns=stats.turns,
+        # the held-out conversations too (their answers by the same target): held-out validation during training
+        # scores the drafter on text it never trained on, written the way the target writes when served
+        self.heldout_data = self.dir / f"regen-heldout-first-{c.heldout}.jsonl"
+        held = regenerate(self.heldout, self.heldout_data, target=c.model, devices=(c.device,),
+                          batch_size=c.regen_batch_size, sampling=sampling, dtype=c.regen_dtype, log=self.log,
+                          progress_every_s=15.0)
+        return self._record("regenerate", t0, out=str(self.data), heldout_out=str(self.heldout_data),
+                            heldout_conversations=held.samples, conversations=stats.samples, turns=stats.turns,
                             new_tokens=stats.new_tokens, conversations_per_s=round(stats.samples_per_s, 2),
                             new_tokens_per_s=round(stats.tokens_per_s, 1), finish_reasons=dict(stats.finish_reasons),
                             dtype=c.regen_dtype, greedy_match=stats.greedy_match)
@@ -165,13 +174,14 @@ class Recipe:
         from .trainer import Trainer
 
         t0 = time.perf_counter()
-        cfg = self.config.train_config(self.data)
+        cfg = self.config.train_config(self.data, getattr(self, "heldout_data", None))
         trainer = Trainer(cfg, log=self.log)
         try:
             trainer.train(progress_every_s=20.0)
             summary = trainer.finish()
             hist = [r for r in trainer.history if "loss" in r]
-            curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "eval_tau") if r.get(k) is not None}
+            curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau",
+                                                            "val_chain_tau", "real_tau") if r.get(k) is not None}
                      for r in hist]
             dc = trainer.drafter_config
         finally:

@@ -38,14 +38,14 @@ class PromptTooLongError(ValueError):
     """A prompt (plus the generation budget) does not fit in the target's context."""
 
 
-def _target_text_config(target):
+def target_text_config(target):
     cfg = target.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def check_compatible(target, config: DrafterConfig) -> None:
     """Raise DrafterMismatchError naming the drafter's and the target's values when they do not fit."""
-    tc = _target_text_config(target)
+    tc = target_text_config(target)
     embed_rows, embed_dim = embedding_of(target).weight.shape
     n_layers = len(decoder_of(target).layers)
     problems = []
@@ -157,7 +157,7 @@ class SpeculativeDecoder:
                              "target-only baseline.")
         self.mask_token_id = mask_token_id if mask_token_id is not None else (cfg.mask_token_id if cfg else None)
         self.layer_ids = cfg.target_layer_ids if cfg else ()
-        tc = _target_text_config(target)
+        tc = target_text_config(target)
         self.max_positions = int(getattr(tc, "max_position_embeddings", 1 << 30))
         if eos_token_id is None:
             eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)

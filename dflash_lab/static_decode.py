@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .drafter import DFlashDrafter
-from .speculative import GenerationResult, SpeculativeDecoder, _target_text_config, finish_result, speculative_accept
+from .speculative import GenerationResult, SpeculativeDecoder, target_text_config, finish_result, speculative_accept
 from .targets import decoder_of
 
 
@@ -58,7 +58,7 @@ class PositionedKVCache:
 
 def static_path_problem(target, drafter: DFlashDrafter | None) -> str | None:
     """Why the static/graph path cannot run this target (None if it can)."""
-    tc = _target_text_config(target)
+    tc = target_text_config(target)
     if "sliding_attention" in (getattr(tc, "layer_types", None) or ()) and getattr(tc, "use_sliding_window", True):
         return "the target has sliding-window layers (the static path implements full attention only)"
     impl = getattr(target.config, "_attn_implementation", "sdpa")
@@ -87,7 +87,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
                              "(the dynamic loop) for it.")
         self.graphs = graphs and self.target_device.type == "cuda"
         self.decoder = decoder_of(target)
-        tc = _target_text_config(target)
+        tc = target_text_config(target)
         self.n_layers = len(self.decoder.layers)
         self.kv_heads = tc.num_key_value_heads
         self.head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads

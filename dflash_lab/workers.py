@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import BlockBatch, attention_masks, flex_mask_mods
+from .config import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .step import DraftInputs, forward_backward
 from .streams import DeviceThread, StaticBuffers, Timeline, mark
@@ -54,6 +55,7 @@ class Worker:
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
         self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
         self.layer_windows = tuple(layer_windows)
+        self.mask_windows = window_masks(layer_types, sliding_window, layer_windows)  # {mask key: window}
         self.block_size = drafter.config.block_size
         self.thread = DeviceThread(self.device, "drafter")
         self.target: TargetReplica | None = None  # colocated only

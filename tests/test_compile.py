@@ -9,7 +9,7 @@ import torch
 from dflash_lab.bench import synthetic_batch
 from dflash_lab.blocks import dense_mask, flex_block_mask
 from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig, window_masks
-from dflash_lab.engine import build_engine
+from dflash_lab.engine_build import build_engine
 from dflash_lab.export import export_config
 from dflash_lab.placement import make_placement
 from tests.conftest import make_tiny_qwen3

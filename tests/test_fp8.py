@@ -9,7 +9,7 @@ import torch
 from dflash_lab import fp8
 from dflash_lab.bench import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.engine import build_engine
+from dflash_lab.engine_build import build_engine
 from dflash_lab.placement import make_placement
 from dflash_lab.targets import FeatureExtractor
 from tests.conftest import make_tiny_qwen3
