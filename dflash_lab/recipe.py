@@ -60,7 +60,7 @@ class RecipeConfig:
     """"first" (first user turn only) or "all" (every turn, regenerated with its history)."""
     n_train: int = 4000
     """Training conversations regenerated (the first n of the fixed train split)."""
-    regen_batch_size: int = 128
+    regen_batch_size: int = 512
     regen_max_new_tokens: int = 192
     regen_dtype: str = "float32"
     """Regeneration precision: float32 reproduces single-sequence greedy under batching (bf16 did not: issue 12)."""

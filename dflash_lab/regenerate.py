@@ -154,10 +154,24 @@ class HFGenerator:
     def prompt(self, history: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **self.kwargs)
 
-    @torch.no_grad()
+    # Attention scores one generate() call may hold: rows x (padded prompt + new tokens)^2, per head. The math SDPA
+    # path (fp32 with a padding mask) materialises them: 128 rows around one 4,800-token chitchat prompt asked for
+    # 107 GiB on an H200 (issue 12). Batches over the budget are split into consecutive sub-batches.
+    ATTENTION_BUDGET = 1_200_000_000
+
     def __call__(self, histories: list[list[dict]], seed: int) -> list[tuple[str, str, int]]:
+        prompts = [self.prompt(h) for h in histories]
+        longest = max(len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        rows = max(1, self.ATTENTION_BUDGET // (longest + self.sampling.max_new_tokens) ** 2)
+        out = []
+        for i in range(0, len(prompts), rows):  # same seed per sub-batch: a split never changes greedy answers
+            out += self._generate(prompts[i:i + rows], seed + i)
+        return out
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[str], seed: int) -> list[tuple[str, str, int]]:
         s = self.sampling
-        enc = self.tokenizer([self.prompt(h) for h in histories], return_tensors="pt", padding=True,
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True,
                              padding_side="left", add_special_tokens=False).to(self.device)
         # Every sampling knob explicitly: unset values would be filled from the model's generation_config (e.g.
         # Qwen3 ships top_k=20, temperature=0.6), so the recorded settings would not be what was used.
