@@ -120,13 +120,25 @@ def build_chitchat(out: str | Path, *, heldout: int = 200, max_user_turns: int =
     return summary
 
 
-def take(src: str | Path, dst: str | Path, n: int) -> Path:
-    """The first `n` records of a JSONL file (a fixed subset for a smaller run)."""
-    dst = Path(dst)
+def take(src: str | Path, dst: str | Path, n: int, *, prompt_tokens=None, max_prompt_tokens: int | None = None
+         ) -> tuple[Path, int]:
+    """The first `n` records of a JSONL file (a fixed subset for a smaller run) -> (dst, records left out).
+
+    With `prompt_tokens` (a record -> its prompt's token count) and `max_prompt_tokens`, records whose prompt is longer
+    are left out and the next ones taken instead: a prompt longer than the training window leaves no answer token to
+    train on, and a few very long chitchat first turns (one ~4,800 tokens) held a whole regeneration batch for minutes.
+    """
+    dst, kept, dropped = Path(dst), [], 0
     with open(src, encoding="utf-8") as f:
-        lines = [ln for _, ln in zip(range(n), f)]
-    dst.write_text("".join(lines), encoding="utf-8")
-    return dst
+        for ln in f:
+            if len(kept) == n:
+                break
+            if max_prompt_tokens is not None and prompt_tokens(json.loads(ln)) > max_prompt_tokens:
+                dropped += 1
+                continue
+            kept.append(ln)
+    dst.write_text("".join(kept), encoding="utf-8")
+    return dst, dropped
 
 
 def main(argv: list[str] | None = None) -> int:

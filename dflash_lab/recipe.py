@@ -25,6 +25,7 @@ import torch
 
 from . import models, real_data
 from .config import ConfigError, TrainConfig
+from .targets import load_tokenizer
 
 RESULTS = "results.json"
 
@@ -142,11 +143,21 @@ class Recipe:
         t0 = time.perf_counter()
         c = self.config
         split = real_data.build_chitchat(self.dir / "data", heldout=c.heldout, log=self.log)
-        self.prompts = real_data.take(self.dir / "data" / f"train-{c.variant}.jsonl",
-                                      self.dir / "data" / f"prompts-{c.variant}-{c.n_train}.jsonl", c.n_train)
-        self.heldout = self.dir / "data" / "heldout-first.jsonl"
+        # prompts must leave room for at least 2 blocks of answer inside the training window
+        limit = c.seq_len - 2 * c.block_size
+        tok = load_tokenizer(c.model)
+        n_tokens = lambda rec: len(tok(tok.apply_chat_template(  # noqa: E731
+            [m for m in rec["messages"] if m["role"] != "assistant"][:1], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False)["input_ids"])
+        self.prompts, dropped = real_data.take(self.dir / "data" / f"train-{c.variant}.jsonl",
+                                               self.dir / "data" / f"prompts-{c.variant}-{c.n_train}.jsonl",
+                                               c.n_train, prompt_tokens=n_tokens, max_prompt_tokens=limit)
+        self.heldout, held_dropped = real_data.take(self.dir / "data" / "heldout-first.jsonl",
+                                                    self.dir / "data" / f"heldout-prompts-{c.heldout}.jsonl",
+                                                    c.heldout, prompt_tokens=n_tokens, max_prompt_tokens=limit)
         return self._record("build_data", t0, source_sha256=split["source_sha256"], counts=split["counts"],
-                            prompts=str(self.prompts), heldout_prompts=str(self.heldout))
+                            prompts=str(self.prompts), heldout_prompts=str(self.heldout),
+                            max_prompt_tokens=limit, long_prompts_left_out={"train": dropped, "heldout": held_dropped})
 
     def regenerate(self) -> dict:
         from .regenerate import SamplingConfig, regenerate
