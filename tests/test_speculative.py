@@ -334,7 +334,8 @@ def test_cuda_graph_path_equals_eager_path_and_is_lossless_in_fp32(dtype):
             if dtype == torch.float32:
                 assert g.output_ids == _greedy(target, ids, 48, eos) == only.generate(ids, max_new_tokens=48).output_ids
         assert graphed.graph_status.startswith("graphs: captured"), graphed.graph_status
-        assert only.graph_status.startswith("graphs: captured"), only.graph_status
+        if dtype == torch.float32:  # the target-only decoder runs (and captures) in the fp32 exact check only
+            assert only.graph_status.startswith("graphs: captured"), only.graph_status
         assert sum(a > 0 for a in accepted) >= 5
     finally:
         target.to("cpu", torch.float32)
