@@ -107,7 +107,27 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "dflash-lab", "version": str(FORMAT_VERSION)})
+    respect_umask(path)
     _fsync_file(path)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else by the set-and-restore idiom."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path: str | Path) -> None:
+    """Give a file the mode an ordinary `open(path, "w")` would: safetensors writes 0600 through a temp file, which
+    a server running as another user (or group) cannot read."""
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -474,6 +474,7 @@ class Trainer:
                  if not k.startswith("rotary_emb.")}
         tmp = path.with_name(path.name + ".tmp")
         save_file(state, str(tmp), metadata={"step": str(self.step_count)})
+        checkpoint.respect_umask(tmp)  # robust (issue 14): safetensors writes 0600
         tmp.replace(path)
         return path
 
