@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, dist_checkpoint, rundir
+from . import checkpoint, dist_checkpoint, run_lock, rundir
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
@@ -136,6 +136,7 @@ class RankTrainer:
 
     def _init_run_dir(self) -> None:
         rd, cfg = self.run_dir, self.cfg
+        run_lock.acquire(rd, log=self.log)  # robust (issue 14): rank 0 owns the run dir; a second job is refused
         (rd / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / "plots").mkdir(exist_ok=True)
         rundir.write_json(rd / rundir.CONFIG_FILE, cfg.to_dict())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, rundir
+from . import checkpoint, run_lock, rundir
 from . import resume as resume_state
 from .config import ConfigError, DrafterConfig, TrainConfig
 from .data import BatchSampler, read_conversations, resolve_data_path, tokenize_dataset
@@ -516,6 +516,8 @@ class Trainer:
         self._driver.shutdown(wait=True)
         self.engine.shutdown()
         self.metrics.close()
+        if self.run_dir is not None:  # robust (issue 14): the run dir is free for another process
+            run_lock.release(self.run_dir)
 
 
 _PROCESS = None
