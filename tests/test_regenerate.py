@@ -141,6 +141,14 @@ def test_interrupted_run_resumes_without_redoing_finished_samples(tiny, prompts,
         load_finished(out.parent / "bad.jsonl")
 
 
+def _reply(handler, code: int, body: bytes) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def _tiny_server(model, tokenizer):
     """A minimal OpenAI-compatible /v1/chat/completions server with the tiny target behind it (greedy)."""
     lock = threading.Lock()
@@ -152,12 +160,7 @@ def _tiny_server(model, tokenizer):
             pass
 
         def _send(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, code, json.dumps(obj).encode())
 
         def do_GET(self):
             if self.path == "/v1/models":
@@ -230,11 +233,7 @@ def _scripted_server(*, slow_s=0.0):
             pass
 
         def _send(self, code, body: bytes):
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, code, body)
 
         def do_GET(self):
             self._send(200, json.dumps({"data": [{"id": "scripted"}]}).encode())
