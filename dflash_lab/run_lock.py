@@ -46,6 +46,11 @@ def acquire(run_dir: str | Path, *, log=print) -> dict:
                            "one run directory mix their metrics and checkpoints. Fix: wait for that run to end (or "
                            "stop it: `touch <run dir>/STOP`), or use another run_dir / a fresh run; if it is a "
                            "finished notebook kernel, restart or shut down that kernel.") from None
+    except OSError as e:  # a filesystem without advisory locks (some FUSE / old NFS mounts): say so, go on unlocked
+        os.close(fd)
+        log(f"WARNING: cannot lock run directory {path} ({e}); another process could write into it too. Fix: keep "
+            "runs_dir on a local disk or a filesystem with lock support.")
+        return {}
     previous = _read_fd(fd)
     if previous and previous.get("pid") != os.getpid():
         log(f"run directory {path}: taking over the stale lock of {describe(previous)} (that process is gone)")
