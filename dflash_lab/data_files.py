@@ -117,16 +117,17 @@ def find_data_files(path: str | Path) -> tuple[list[Path], dict[str, str]]:
 def iter_records(path: Path, *, split: str | None = None) -> Iterator[tuple[str, object]]:
     """(where, record) per record; `record` is a RecordIssue for a line that could not be parsed, or a FileIssue
     when the file (or its remainder) cannot be read."""
-    if path.is_dir():
-        yield from _iter_hf_dataset(path, split)
-        return
     kind, _ = classify(path)
     try:
-        if kind == "parquet":
+        if path.is_dir():
+            yield from _iter_hf_dataset(path, split)
+        elif kind == "parquet":
             yield from _iter_parquet(path)
         else:
             yield from _iter_json_lines(path, array_ok=kind == "json")
-    except (OSError, EOFError, ValueError, lzma.LZMAError) as e:  # corrupt Parquet / gzip / bz2 / xz stream
+    except DataError:  # a setting to fix (e.g. which split of a DatasetDict), not a damaged file
+        raise
+    except (OSError, EOFError, ValueError, lzma.LZMAError) as e:  # corrupt Parquet / Arrow / gzip / bz2 / xz
         yield str(path), FileIssue("unreadable_file", f"{type(e).__name__}: {e}")
 
 
@@ -150,22 +151,35 @@ def _iter_json_lines(path: Path, *, array_ok: bool) -> Iterator[tuple[str, objec
         for i, item in enumerate(items):
             yield f"{path}:item {i}", item
         return
-    with _open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield where, RecordIssue("unreadable", f"byte {e.start} is not valid UTF-8")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield where, RecordIssue("malformed_json", f"not valid JSON: {e.msg} at column {e.colno}")
-            except RecursionError:
-                yield where, RecordIssue("malformed_json", "nested too deeply to parse")
+    lineno = 0
+    try:
+        with _open(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                rec = _parse_line(raw)
+                if rec is not _BLANK:
+                    yield f"{path}:{lineno}", rec
+    except (OSError, EOFError, lzma.LZMAError) as e:  # e.g. a truncated .gz: the lines before it are kept
+        yield f"{path}:{lineno + 1}", FileIssue("unreadable_file", f"cannot be read from line {lineno + 1} on "
+                                                                   f"({type(e).__name__}: {e})")
+
+
+_BLANK = object()
+
+
+def _parse_line(raw: bytes) -> object:
+    """One JSONL line -> its record (any JSON value), a RecordIssue, or _BLANK for an empty line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return RecordIssue("unreadable", f"byte {e.start} is not valid UTF-8")
+    if not line.strip():
+        return _BLANK
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        return RecordIssue("malformed_json", f"not valid JSON: {e.msg} at column {e.colno}")
+    except RecursionError:
+        return RecordIssue("malformed_json", "nested too deeply to parse")
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[str, object]]:

@@ -210,21 +210,27 @@ def test_directory_reads_nested_upper_case_and_compressed_files_and_reports_ever
     (tmp_path / ".cache" / "h.jsonl").write_bytes(line)
     (tmp_path / "sub" / "empty.parquet").write_bytes(b"")
     (tmp_path / "sub" / "corrupt.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
+    many = "".join(json.dumps({"messages": CONVS[0], "id": i}) + "\n" for i in range(300)).encode()
+    (tmp_path / "sub" / "cut.jsonl.gz").write_bytes(gzip.compress(many)[:-200])  # a download that stopped
 
     chat = read_chat_data(tmp_path)
     files = chat.report["files"]
+    cut = files["read"][str(tmp_path / "sub" / "cut.jsonl.gz")]
+    assert 100 < cut < 300  # the lines before the cut are kept
     assert files["read"] == {str(tmp_path / n): r for n, r in [
         ("A.JSONL", 2), ("sub/E.PARQUET", 2), ("sub/b.jsonl.gz", 2), ("sub/corrupt.parquet", 0),
-        ("sub/d.jsonl.xz", 2), ("sub/deeper/c.Json.BZ2", 2), ("sub/empty.parquet", 0)]}
+        ("sub/cut.jsonl.gz", cut), ("sub/d.jsonl.xz", 2), ("sub/deeper/c.Json.BZ2", 2), ("sub/empty.parquet", 0)]}
     assert {Path(f).name: why for f, why in files["skipped"].items()}.keys() == skipped.keys()
     for f, why in files["skipped"].items():
         assert skipped[Path(f).name] in why, (f, why)
-    assert len(chat) == 10 and all(c.messages in CONVS for c in chat.conversations)
-    assert chat.report["skipped"] == {"unreadable_file": 2}
+    assert len(chat) == 10 + cut and all(c.messages in CONVS for c in chat.conversations)
+    assert chat.report["skipped"] == {"unreadable_file": 3}
     ex = chat.report["examples"]["unreadable_file"]
     assert ex[0].startswith(f"{tmp_path / 'sub' / 'corrupt.parquet'}:row 0: Parquet cannot be read")
-    assert ex[1].startswith(f"{tmp_path / 'sub' / 'empty.parquet'}:row 0: Parquet cannot be read")
-    assert "files: 7 read, 5 skipped" in str(chat.report) and "skipped file" in str(chat.report)
+    assert ex[1] == (f"{tmp_path / 'sub' / 'cut.jsonl.gz'}:{cut + 1}: cannot be read from line {cut + 1} on (EOFError: "
+                     "Compressed file ended before the end-of-stream marker was reached)")
+    assert ex[2].startswith(f"{tmp_path / 'sub' / 'empty.parquet'}:row 0: Parquet cannot be read")
+    assert "files: 8 read, 5 skipped" in str(chat.report) and "skipped file" in str(chat.report)
     with pytest.raises(DataError, match=r"corrupt.parquet:row 0: Parquet cannot be read .*\[unreadable_file\]"):
         read_chat_data(tmp_path, on_error="raise")
 
