@@ -21,6 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .data_files import DataError, FileIssue, RecordIssue, find_data_files, iter_records
+
+__all__ = ["DataError", "RecordIssue", "DataReport", "Conversation", "ChatData", "normalize_record", "read_chat_data",
+           "from_messages"]
+
 FORMATS = ("auto", "openai", "sharegpt")
 ON_ERROR = ("skip", "raise")
 ROLES = ("system", "user", "assistant", "tool")
@@ -30,7 +35,9 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "observation": "tool", "function_response": "tool"}
 # Reason codes of skipped records / samples, with the sentence the report shows.
 REASONS = {
-    "unreadable": "file line is not valid UTF-8",
+    "unreadable": "file line is not valid UTF-8, or text holds a lone surrogate (\\ud800) that cannot be encoded",
+    "unreadable_file": "a file (or its rest, from the row named) cannot be read: corrupt or empty Parquet, a broken "
+                       "compressed stream, invalid JSON array",
     "malformed_json": "not valid JSON",
     "not_an_object": "record is not a JSON object",
     "no_messages": "no 'messages' (OpenAI) or 'conversations' (ShareGPT) list",
@@ -39,23 +46,13 @@ REASONS = {
     "unsupported_content": "a message has non-text content parts (images, audio)",
     "empty_assistant": "an assistant turn is empty",
     "no_assistant": "no assistant turn to learn from",
+    "no_prompt": "the first assistant turn has no user or system turn before it (nothing to answer)",
     "tool_turns": "tool turns cannot be regenerated (the new answer would not match the old tool results)",
     "special_token_in_content": "message text contains a special token of the tokenizer (would break the template)",
     "template_mismatch": "the chat template did not render an assistant turn where expected",
+    "template_error": "the chat template raised an error while rendering the conversation",
     "too_short": "fewer than 2 * block_size supervised tokens after truncation",
 }
-
-
-class DataError(ValueError):
-    """Bad data or a bad data setting; the message names the file, the line and the fix."""
-
-
-class RecordIssue(Exception):
-    """One unusable record: a reason code from REASONS plus what exactly is wrong."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
 
 
 class DataReport(dict):
@@ -77,6 +74,7 @@ class DataReport(dict):
         self.setdefault("conversations", 0)
         self.setdefault("skipped", {})
         self.setdefault("examples", {})
+        self.setdefault("files", {"read": {}, "skipped": {}})  # read: {path: records}; skipped: {path: reason}
 
     def skip(self, reason: str, where: str, detail: str) -> None:
         self["skipped"][reason] = self["skipped"].get(reason, 0) + 1
@@ -92,6 +90,12 @@ class DataReport(dict):
         out = [f"data: {', '.join(map(str, self['sources'])) or '(in memory)'}",
                f"records read: {self['records']}  usable conversations: {self['conversations']}  "
                f"formats: {self['formats']}"]
+        files = self["files"]
+        if len(files["read"]) > 1 or files["skipped"]:
+            out.append(f"files: {len(files['read'])} read, {len(files['skipped'])} skipped")
+            out += [f"    skipped file {f}: {why}" for f, why in list(files["skipped"].items())[:20]]
+            if len(files["skipped"]) > 20:
+                out.append(f"    ... and {len(files['skipped']) - 20} more (data_report.json lists all)")
         if "kept" in self:
             out.append(f"kept {self['kept']} samples; dropped {self['dropped_short']} with < "
                        f"{self['min_supervised_tokens']} supervised tokens; truncated {self['truncated']} to seq_len="
@@ -194,8 +198,8 @@ def _openai_messages(msgs: list, where: str) -> list[dict]:
     out = []
     for k, m in enumerate(msgs):
         at = f"message {k}"
-        if not isinstance(m, dict) or "role" not in m:
-            raise RecordIssue("bad_message", f"{at} is not an object with a 'role'")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RecordIssue("bad_message", f"{at} is not an object with a string 'role'")
         role = OPENAI_ROLE_ALIASES.get(m["role"], m["role"])
         if role not in ROLES:
             raise RecordIssue("unknown_role", f"{at} has role {m['role']!r}; known roles: "
@@ -206,9 +210,17 @@ def _openai_messages(msgs: list, where: str) -> list[dict]:
         reasoning = m.get("reasoning_content", m.get("reasoning"))
         if isinstance(reasoning, str) and reasoning.strip():
             msg["reasoning_content"] = reasoning
-        for key in ("tool_calls", "name", "tool_call_id"):
+        for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise RecordIssue("bad_message", f"{at} has {key}={m[key]!r}; expected a string")
                 msg[key] = m[key]
+        if m.get("tool_calls") is not None:
+            calls = m["tool_calls"]
+            if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+                raise RecordIssue("bad_message", f"{at} has tool_calls of type {type(calls).__name__}; expected a "
+                                                 "list of objects")
+            msg["tool_calls"] = calls
         out.append(msg)
     return out
 
@@ -225,7 +237,7 @@ def _sharegpt_messages(record: dict, where: str) -> list[dict]:
             raise RecordIssue("bad_message", f"{at} is not an object")
         who = t.get("from", t.get("role"))
         text = t.get("value", t.get("content"))
-        if who is None or text is None:
+        if not isinstance(who, str) or text is None:
             raise RecordIssue("bad_message", f"{at} needs 'from' and 'value' (ShareGPT) or 'role' and 'content'")
         role = SHAREGPT_ROLES.get(str(who).lower())
         if role is None:
@@ -263,113 +275,15 @@ def normalize_record(record, where: str, *, data_format: str = "auto",
             raise RecordIssue("empty_assistant", f"assistant message {k} is empty")
     if require_assistant and not any(m["role"] == "assistant" for m in msgs):
         raise RecordIssue("no_assistant", "the conversation has no assistant message")
+    if require_assistant and msgs[0]["role"] == "assistant":
+        raise RecordIssue("no_prompt", "the conversation starts with an assistant message")
+    try:  # JSON allows lone surrogates ("\ud800"); tokenizers cannot encode them
+        json.dumps(msgs, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordIssue("unreadable", f"text holds a lone surrogate {e.object[e.start:e.end]!r}") from None
+    except (TypeError, ValueError, RecursionError) as e:  # e.g. tool_calls holding non-JSON values
+        raise RecordIssue("bad_message", f"a message holds a value that is not JSON ({e})") from None
     return msgs, fmt
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Files -> raw records
-# ---------------------------------------------------------------------------------------------------------------
-
-def is_hf_dataset_dir(p: Path) -> bool:
-    return p.is_dir() and any((p / f).is_file() for f in ("state.json", "dataset_dict.json", "dataset_info.json"))
-
-
-def data_files(path: str | Path) -> list[Path]:
-    """A file, a `datasets` save_to_disk directory, or a directory of .jsonl/.json/.parquet files (sorted)."""
-    p = Path(path).expanduser()
-    if p.is_file() or is_hf_dataset_dir(p):
-        return [p]
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in (".jsonl", ".json", ".parquet") and f.is_file())
-        if not files:
-            raise DataError(f"directory {p} holds no .jsonl/.json/.parquet file and is not a Hugging Face dataset "
-                            "saved with save_to_disk(). Fix: point data at a file or such a directory.")
-        return files
-    raise DataError(f"data path {p} does not exist. Expected a JSONL/JSON/Parquet file or a `datasets` directory "
-                    'with one conversation per record, e.g. {"messages": [{"role": "user", "content": "..."}, '
-                    '{"role": "assistant", "content": "..."}]}.')
-
-
-def iter_records(path: Path, *, split: str | None = None) -> Iterator[tuple[str, object]]:
-    """(where, record) per record; `record` is a RecordIssue for a line that could not be parsed."""
-    if path.is_dir():
-        yield from _iter_hf_dataset(path, split)
-    elif path.suffix == ".parquet":
-        yield from _iter_parquet(path)
-    else:
-        yield from _iter_json_lines(path)
-
-
-def _iter_json_lines(path: Path) -> Iterator[tuple[str, object]]:
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if path.suffix == ".json" and head.startswith(b"["):  # one JSON array
-        try:
-            items = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: not a valid JSON array ({e}). Fix the file or write it as JSONL.") from e
-        for i, item in enumerate(items):
-            yield f"{path}:item {i}", item
-        return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield where, RecordIssue("unreadable", f"byte {e.start} is not valid UTF-8")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield where, RecordIssue("malformed_json", f"not valid JSON: {e.msg} at column {e.colno}")
-
-
-def _iter_parquet(path: Path) -> Iterator[tuple[str, object]]:
-    import pyarrow.parquet as pq
-
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for rec in batch.to_pylist():
-            yield f"{path}:row {row}", rec
-            row += 1
-
-
-def _iter_hf_dataset(path: Path, split: str | None) -> Iterator[tuple[str, object]]:
-    """A `datasets` save_to_disk directory: through `datasets.load_from_disk` when it is installed, else by reading
-    its Arrow stream files with pyarrow (the format save_to_disk writes: state.json lists the data files)."""
-    if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
-        pick = split or ("train" if "train" in splits else (splits[0] if len(splits) == 1 else None))
-        if pick is None or pick not in splits:
-            raise DataError(f"{path} is a DatasetDict with splits {splits}; choose one with split=... "
-                            f"(got {split!r}).")
-        path = path / pick
-    try:
-        import datasets  # optional: not a dependency of dflash-lab
-    except ImportError:
-        datasets = None
-    if datasets is not None:
-        ds = datasets.load_from_disk(str(path))
-        for i, rec in enumerate(ds):
-            yield f"{path}:row {i}", rec
-        return
-    import pyarrow as pa
-
-    state = path / "state.json"
-    if not state.is_file():
-        raise DataError(f"{path} has no state.json: not a dataset written by save_to_disk(). Fix: save it with "
-                        "Dataset.save_to_disk(), or `pip install datasets`.")
-    files = [path / f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
-    row = 0
-    for fpath in files:
-        with pa.memory_map(str(fpath)) as src:
-            for batch in pa.ipc.open_stream(src):
-                for rec in batch.to_pylist():
-                    yield f"{path}:row {row}", rec
-                    row += 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -384,15 +298,24 @@ def read_chat_data(path: str | Path, *, data_format: str = "auto", on_error: str
         raise DataError(f"data_format={data_format!r} is unknown. Fix: use one of {FORMATS}.")
     if on_error not in ON_ERROR:
         raise DataError(f"on_error={on_error!r} is unknown. Fix: use one of {ON_ERROR}.")
-    files = data_files(path)
+    files, skipped_files = find_data_files(path)
     report = DataReport(sources=[str(f) for f in files])
+    report["files"]["skipped"] = skipped_files
     convs: list[Conversation] = []
     seen_ids: set[str] = set()
     for f in files:
+        report["files"]["read"][str(f)] = 0
         for where, rec in iter_records(f, split=split):
             if limit is not None and len(convs) >= limit:
                 break
+            if isinstance(rec, FileIssue):  # a file-level failure is not a record: count it, keep what was read
+                if on_error == "raise":
+                    raise DataError(f"{where}: {rec.detail} [{rec.reason}]. Fix or remove that file, or pass "
+                                    "on_error='skip' to skip it and count it in the report.")
+                report.skip(rec.reason, where, rec.detail)
+                continue
             report["records"] += 1
+            report["files"]["read"][str(f)] += 1
             try:
                 if isinstance(rec, RecordIssue):
                     raise rec

@@ -11,7 +11,11 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step-0001200/`:
 Atomicity is directory-level: everything is written into `step-XXXXXXX.tmp/`, fsynced, then renamed in one
 `os.rename`. A crash or a full disk mid-write leaves at worst a `.tmp` folder (ignored and cleaned up later); a
 folder named `step-*` is always complete. Rotation keeps the last K plus the best (lowest mean loss since the
-previous checkpoint).
+previous checkpoint); a checkpoint whose state.json cannot be read is reported and never chosen as the best, and
+never stops a save. Deletion is rename-then-remove (`step-N` -> `step-N.deleting` -> gone), so a kill at any moment
+leaves either a complete `step-N` or a `.deleting` folder that the next save removes. Rewriting the same step moves
+the old copy to `step-N.old` before renaming the new one in; a kill between the two renames leaves `step-N.old`,
+which readers use as step N and the next save renames back, so one complete copy always survives.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step-(\d{7,})$")
+REPLACED = ".old"  # suffix of the previous copy while the same step is being rewritten
+DELETING = ".deleting"  # suffix of a checkpoint being removed (rename first, then remove)
 
 # Fields that change the model, the data stream or the optimiser trajectory: a resume must keep them. Every other
 # TrainConfig field (steps, devices, logging, checkpointing, run naming, eval) may change when resuming; changing
@@ -54,19 +60,31 @@ def checkpoint_name(step: int) -> str:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    m = _NAME.match(Path(path).name)
+    """N of `step-N` (or of `step-N.old`, a previous copy standing in for an interrupted same-step rewrite)."""
+    name = Path(path).name
+    m = _NAME.match(name.removesuffix(REPLACED))
     return int(m.group(1)) if m else None
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run directory (or of its `checkpoints/` folder), oldest step first."""
+def _root(run_dir: str | Path) -> Path:
     root = Path(run_dir)
-    if root.name != CHECKPOINTS_DIR:
-        root = root / CHECKPOINTS_DIR
+    return root if root.name == CHECKPOINTS_DIR else root / CHECKPOINTS_DIR
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run directory (or of its `checkpoints/` folder), oldest step first.
+
+    A `step-N.old` whose `step-N` is missing (a same-step rewrite killed between its two renames) stands in for
+    step N; folders being deleted or written (`.deleting`, `.tmp`) never count."""
+    root = _root(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None and (p / STATE_FILE).is_file()]
-    return sorted(found, key=checkpoint_step)
+    found: dict[int, Path] = {}
+    for p in sorted(root.iterdir(), key=lambda q: q.name.endswith(REPLACED)):  # step-N before step-N.old
+        step = checkpoint_step(p)
+        if step is not None and step not in found and p.is_dir() and (p / STATE_FILE).is_file():
+            found[step] = p
+    return [found[s] for s in sorted(found)]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -107,7 +125,27 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "dflash-lab", "version": str(FORMAT_VERSION)})
+    respect_umask(path)
     _fsync_file(path)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else by the set-and-restore idiom."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path: str | Path) -> None:
+    """Give a file the mode an ordinary `open(path, "w")` would: safetensors writes 0600 through a temp file, which
+    a server running as another user (or group) cannot read."""
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -140,6 +178,7 @@ def write_checkpoint(root: str | Path, step: int, files: dict[str, dict[str, tor
     final = root / checkpoint_name(step)
     tmp = root / (final.name + ".tmp")
     try:
+        restore_interrupted(root)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -148,11 +187,11 @@ def write_checkpoint(root: str | Path, step: int, files: dict[str, dict[str, tor
         _write_json(tmp / STATE_FILE, state)  # last: a folder with state.json has every other file
         _fsync_dir(tmp)
         if final.exists():  # same step written again (e.g. stop right after a periodic save): replace it
-            old = root / (final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
+            old = root / (final.name + REPLACED)  # a kill before the next rename leaves this complete copy
+            _remove(old)
             os.rename(final, old)
             os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
         else:
             os.rename(tmp, final)
         _fsync_dir(root)
@@ -172,31 +211,69 @@ def write_checkpoint(root: str | Path, step: int, files: dict[str, dict[str, tor
     return final
 
 
-def rotate(root: str | Path, keep: int) -> list[Path]:
-    """Keep the newest `keep` checkpoints plus the best (lowest `loss_avg`); delete the rest and stale temp folders."""
+def restore_interrupted(root: str | Path) -> list[Path]:
+    """Rename `step-N.old` back to `step-N` where a same-step rewrite was killed between its two renames."""
+    root = _root(root)
+    back = []
+    for old in root.glob(f"step-*{REPLACED}"):
+        final = old.with_name(old.name.removesuffix(REPLACED))
+        if checkpoint_step(final) is not None and not final.exists() and (old / STATE_FILE).is_file():
+            os.rename(old, final)
+            back.append(final)
+    return back
+
+
+def _remove(path: Path) -> None:
+    """Rename to `<name>.deleting`, then remove: a kill mid-removal leaves only a `.deleting` folder (never a
+    half-deleted `step-N` that looks like a checkpoint), which the next rotation removes."""
+    if not path.exists():
+        return
+    doomed = path.with_name(path.name + DELETING)
+    if doomed.exists():
+        shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _loss_avg(path: Path) -> tuple[float | None, str | None]:
+    """(the checkpoint's loss_avg if finite, else None; a reason if its state.json cannot be read)."""
+    try:
+        loss = read_state(path).get("loss_avg")
+    except CheckpointError as e:
+        return None, str(e)
+    return (float(loss), None) if isinstance(loss, (int, float)) and math.isfinite(loss) else (None, None)
+
+
+def rotate(root: str | Path, keep: int, *, log=print) -> list[Path]:
+    """Keep the newest `keep` checkpoints plus the best (lowest `loss_avg`); delete the rest and stale temp folders.
+
+    A checkpoint with an unreadable state.json is reported through `log`, never chosen as the best, and rotated like
+    any other (kept while among the newest `keep`)."""
+    restore_interrupted(root)
     ckpts = list_checkpoints(root)
     keep_set = set(ckpts[-keep:]) if keep > 0 else set()
     scored = []
     for p in ckpts:
-        loss = read_state(p).get("loss_avg")
-        if loss is not None and math.isfinite(loss):
+        loss, bad = _loss_avg(p)
+        if bad:
+            log(f"WARNING: {bad} It is {'kept (among the newest)' if p in keep_set else 'removed by rotation'}.")
+        elif loss is not None:
             scored.append((loss, checkpoint_step(p), p))
     if scored:
         keep_set.add(min(scored)[2])
     removed = []
     for p in ckpts:
         if p not in keep_set:
-            shutil.rmtree(p, ignore_errors=True)
+            _remove(p)
             removed.append(p)
-    base = Path(root) if Path(root).name == CHECKPOINTS_DIR else Path(root) / CHECKPOINTS_DIR
-    for stale in list(base.glob("step-*.tmp")) + list(base.glob("step-*.old")):
+    base = _root(root)
+    for stale in [*base.glob("step-*.tmp"), *base.glob(f"step-*{REPLACED}"), *base.glob(f"*{DELETING}")]:
         shutil.rmtree(stale, ignore_errors=True)
     return removed
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    scored = [(read_state(p).get("loss_avg", math.inf), checkpoint_step(p), p) for p in list_checkpoints(run_dir)]
-    scored = [s for s in scored if s[0] is not None and math.isfinite(s[0])]
+    scored = [(loss, checkpoint_step(p), p) for p in list_checkpoints(run_dir) if (loss := _loss_avg(p)[0]) is not None]
     return min(scored)[2] if scored else None
 
 
@@ -204,7 +281,15 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 # Readers
 # ---------------------------------------------------------------------------------------------------------------
 def read_state(path: str | Path) -> dict:
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    """state.json of a checkpoint; a cut-off or garbled file raises CheckpointError naming it."""
+    f = Path(path) / STATE_FILE
+    try:
+        state = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{f} cannot be read ({type(e).__name__}: {e}).") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{f} holds a {type(state).__name__}, not a JSON object.")
+    return state
 
 
 def read_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
@@ -212,9 +297,44 @@ def read_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
 
     f = Path(path) / name
     if not f.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {name}. Fix: pick another checkpoint "
-                              f"(available: {[p.name for p in list_checkpoints(Path(path).parent)]}).")
-    return load_file(str(f))
+        raise CheckpointError(f"{f} is missing.")
+    try:
+        return load_file(str(f))
+    except Exception as e:  # noqa: BLE001 - SafetensorError (truncated / garbled), OSError: all mean a bad file
+        raise CheckpointError(f"{f} cannot be read ({type(e).__name__}: {e}).") from e
+
+
+def _readable(path: Path) -> bool:
+    """state.json parses and every safetensors header is intact (cheap: no tensor data is read)."""
+    from safetensors import safe_open
+
+    try:
+        read_state(path)
+        for name in (DRAFTER_FILE, OPTIMIZER_FILE, RNG_FILE):
+            with safe_open(str(path / name), "pt") as f:
+                f.keys()
+            if (path / name).stat().st_size < _data_end(path / name):
+                return False
+    except Exception:  # noqa: BLE001 - any failure means "not a good checkpoint"
+        return False
+    return True
+
+
+def _data_end(path: Path) -> int:
+    """Byte size a safetensors file must have: 8 + header length + the largest data offset in its header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+
+
+def _bad_checkpoint(p: Path, error: CheckpointError) -> CheckpointError:
+    older = [q for q in list_checkpoints(p.parent) if (checkpoint_step(q) or 0) < (checkpoint_step(p) or 0)]
+    good = next((q for q in reversed(older) if _readable(q)), None)
+    fix = (f"resume from the previous good checkpoint: resume_from={str(good)!r} (step {checkpoint_step(good)})"
+           if good else "no older readable checkpoint exists in this run; start a fresh run (resume_from=None)")
+    return CheckpointError(f"cannot resume from checkpoint {p}: {error} The file is damaged (a killed write or a full "
+                           f"disk). Fix: {fix}; or move {p.name} aside.")
 
 
 @dataclass
@@ -231,12 +351,19 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Every file of a checkpoint; a damaged one raises CheckpointError naming it and the previous good checkpoint."""
     p = resolve_checkpoint(path)
-    state = read_state(p)
+    try:
+        state = read_state(p)
+    except CheckpointError as e:
+        raise _bad_checkpoint(p, e) from e
     if state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {p} has format_version={state.get('format_version')!r}; this dflash-lab "
                               f"reads {FORMAT_VERSION}. Fix: resume with the dflash-lab version that wrote it.")
-    return Checkpoint(p, state, read_tensors(p, DRAFTER_FILE), read_tensors(p, OPTIMIZER_FILE), read_tensors(p, RNG_FILE))
+    try:
+        return Checkpoint(p, state, *(read_tensors(p, n) for n in (DRAFTER_FILE, OPTIMIZER_FILE, RNG_FILE)))
+    except CheckpointError as e:
+        raise _bad_checkpoint(p, e) from e
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .sinks import sink_problem
+from .field_types import check_field_types
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
@@ -112,6 +113,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         c = "DrafterConfig"
+        check_field_types(self, _fail)
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
             v = getattr(self, name)
@@ -332,6 +334,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
+        check_field_types(self, _fail)
         ints = {"steps": 1, "seq_len": 8, "batch_size": 1, "block_size": 2, "num_anchors": 1,
                 "num_draft_layers": 1, "num_target_features": 1, "loss_chunk_size": 1, "log_every": 1,
                 "keep_checkpoints": 1}
@@ -356,6 +359,16 @@ class TrainConfig:
             _fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "use 0.0 for a full cosine decay")
         if self.grad_clip < 0:
             _fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
+        if self.weight_decay < 0:
+            _fail(c, "weight_decay", self.weight_decay, "must be >= 0", "use 0.0 (paper) or e.g. 0.01")
+        if not 0 <= self.seed < 2**63:
+            _fail(c, "seed", self.seed, "must be in [0, 2**63)", "use a non-negative integer, e.g. 0")
+        # Anchors are distinct positions p with p and p + 1 in the sequence: more than seq_len - 1 can never be
+        # sampled, and the surplus would still be allocated (num_anchors * block_size positions per sequence).
+        if self.num_anchors > self.seq_len - 1:
+            _fail(c, "num_anchors", self.num_anchors, f"at most seq_len - 1 = {self.seq_len - 1} anchors fit in a "
+                  f"sequence of seq_len={self.seq_len}", f"use num_anchors <= {self.seq_len - 1} (paper: 512 for "
+                  "seq_len 3072), or raise seq_len")
         if self.gamma is not None and self.gamma <= 0:
             _fail(c, "gamma", self.gamma, "must be > 0", "leave it None for the paper's value")
         if self.data_format not in ("auto", "openai", "sharegpt"):

@@ -10,7 +10,8 @@ templates that rewrite earlier turns (Qwen3 drops earlier `<think>` blocks) stay
 `{% generation %}` markers can be used instead through mask_method="generation" (HF's assistant mask).
 
 Samples with fewer than 2 * block_size supervised tokens after truncation to seq_len are dropped; every drop and every
-skipped record is counted in the `DataReport`.
+skipped record is counted in the `DataReport`. A long conversation is cut to a character budget before tokenizing
+(only its first seq_len tokens are kept), so memory and time stay bounded for any record size.
 
 Batches are a pure function of (seed, step): the epoch order is a seeded permutation per epoch, and anchors are drawn
 from a generator seeded with (seed, step), so they are resampled every epoch and resuming at step k reproduces the
@@ -212,6 +213,28 @@ def _encode(tmpl: ChatTemplate, messages: list[dict], mask_method: str) -> tuple
     return list(enc["input_ids"]), _span_mask(np.asarray(enc["offset_mapping"]).reshape(-1, 2), spans).astype(int).tolist()
 
 
+def _encode_prefixes(tokenizer, texts: list[str], seq_len: int) -> list[tuple[list[int], list]]:
+    """(ids, offsets) of each text, exact for the first seq_len tokens (and beyond them whenever the text is short).
+
+    Only the first seq_len tokens are ever kept, so a long text is cut to a character budget before tokenizing: a
+    52 MB record otherwise costs minutes and >10 GB of offset tuples. The budget grows 4x until the kept tokens end
+    in the first half of the cut text (far from the cut, which can only change the tokens next to it), or the whole
+    text fits.
+    """
+    budget = max(4096, 32 * seq_len)
+    cut = [t[:budget] for t in texts]
+    enc = tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for text, ids, off in zip(texts, enc["input_ids"], enc["offset_mapping"]):
+        b = budget
+        while len(text) > b and not (len(ids) > seq_len and 2 * off[seq_len - 1][1] <= b):
+            b *= 4
+            one = tokenizer(text[:b], add_special_tokens=False, return_offsets_mapping=True)
+            ids, off = one["input_ids"], one["offset_mapping"]
+        out.append((ids, off))
+    return out
+
+
 @dataclass
 class TokenizedData:
     input_ids: torch.Tensor  # (n, S) int32, right-padded with pad_id (batches are converted to int64)
@@ -251,15 +274,20 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
         texts, spans_of, convs = [], [], []
         for conv in chat.conversations[c0:c0 + chunk]:
             try:
-                if mask_method == "generation":
-                    ids, m = _encode(tmpl, conv.messages, "generation")
-                    texts.append(None)
-                    spans_of.append((ids, m))
-                else:
-                    text, spans, mis = tmpl.assistant_spans(conv.messages)
-                    mismatched += mis
-                    texts.append(text)
-                    spans_of.append(spans)
+                try:
+                    if mask_method == "generation":
+                        ids, m = _encode(tmpl, conv.messages, "generation")
+                        texts.append(None)
+                        spans_of.append((ids, m))
+                    else:
+                        text, spans, mis = tmpl.assistant_spans(conv.messages)
+                        mismatched += mis
+                        texts.append(text)
+                        spans_of.append(spans)
+                except RecordIssue:
+                    raise
+                except Exception as e:  # noqa: BLE001 - jinja raise_exception / TypeError on odd values: one record
+                    raise RecordIssue("template_error", f"{type(e).__name__}: {str(e)[:200]}") from None
             except RecordIssue as issue:
                 if on_error == "raise":
                     raise DataError(f"{conv.source}: {issue.detail} [{issue.reason}]. Fix or remove that record, or "
@@ -268,9 +296,8 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
                 continue
             convs.append(conv)
         if mask_method == "render" and texts:
-            enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
             encoded = [(ids, _span_mask(np.asarray(off, dtype=np.int64).reshape(-1, 2), spans))
-                       for ids, off, spans in zip(enc["input_ids"], enc["offset_mapping"], spans_of)]
+                       for (ids, off), spans in zip(_encode_prefixes(tokenizer, texts, seq_len), spans_of)]
         else:
             encoded = [(ids, np.asarray(m, dtype=bool)) for ids, m in spans_of]
         for conv, (ids, m) in zip(convs, encoded):

@@ -1,12 +1,14 @@
 """Export a trained drafter as the DFlashDraftModel checkpoint that SGLang, vLLM and z-lab load; load it back.
 
-    python -m dflash_lab.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16]
+    python -m dflash_lab.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16] [--force]
 
 writes <out dir>/config.json (Qwen3 fields + block_size, num_target_layers, dflash_config {mask_token_id,
 target_layer_ids}, explicit layer_types, auto_map -> dflash.DFlashDraftModel), model.safetensors (bf16, exactly the
 names of docs/dflash-method.md section 4, no embedding, no lm_head) and dflash.py (the remote-code model, so that
 `AutoModel.from_pretrained(out_dir, trust_remote_code=True)` works). `load_exported(out_dir)` reads it back into a
-`DFlashDrafter`; exported and re-imported drafters give identical outputs (tests/test_export.py).
+`DFlashDrafter`; exported and re-imported drafters give identical outputs (tests/test_export.py). The export is
+written into a temp folder and renamed into place; a non-empty <out dir> is refused unless --force, and a folder that
+holds a model (e.g. the target) or a training run is refused even then.
 
 `resolve_drafter(path)` is the one place that turns "a run dir, a checkpoint dir or a .safetensors file" into
 (DrafterConfig, weights path); evaluate.py uses it too.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import shutil
 import sys
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from . import checkpoint
+from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .config import DrafterConfig
 from .drafter import DFlashDrafter
 
@@ -309,8 +314,13 @@ def _exported_source(path: Path) -> DrafterSource:
     return DrafterSource(cfg, path / "model.safetensors", path, "exported", None)
 
 
-def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfloat16", log=print) -> Path:
-    """Write config.json, model.safetensors and dflash.py into out_dir; returns out_dir."""
+def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfloat16", force: bool = False,
+                   log=print) -> Path:
+    """Write config.json, model.safetensors and dflash.py into out_dir; returns out_dir.
+
+    Everything is written into a sibling temp folder that is renamed into place at the end, so a failed export
+    leaves out_dir as it was. A non-empty out_dir is refused unless `force`; a model or a run folder always is.
+    """
     from safetensors.torch import save_file
 
     if dtype not in _DTYPES:
@@ -319,20 +329,27 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     src, drafter = load_drafter(source)
     out = Path(out_dir).expanduser()
     if out.resolve() == src.run_dir.resolve() and src.kind != "exported":
-        raise ValueError(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
-                         "Fix: pass a new directory, e.g. <run dir>/export.")
-    out.mkdir(parents=True, exist_ok=True)
+        raise ExportRefused(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
+                            "Fix: pass a new directory, e.g. <run dir>/export.")
+    guard_destination(out, force, source=src.weights if src.kind != "exported" else None)
     names = export_state_names(src.config)
     state = drafter.state_dict()
     tensors = {k: state[k].detach().to("cpu", _DTYPES[dtype]).contiguous() for k in names}
     H, nH = src.config.hidden_size, src.config.num_target_features * src.config.hidden_size
     assert tensors["fc.weight"].shape == (H, nH), tensors["fc.weight"].shape  # [H, n*H] per the format
-    meta = {"format": "pt", "source": str(src.weights)}
-    save_file(tensors, str(out / "model.safetensors.tmp"), metadata=meta)
-    (out / "model.safetensors.tmp").replace(out / "model.safetensors")
-    extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
-    (out / "config.json").write_text(json.dumps(export_config(src.config, dtype=dtype, extra=extra), indent=2) + "\n")
-    shutil.copyfile(TEMPLATE, out / "dflash.py")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.export-{secrets.token_hex(4)}")
+    tmp.mkdir()  # mkdir (not tempfile.mkdtemp, which is 0700) so the folder follows the umask
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(src.weights)})
+        checkpoint.respect_umask(tmp / "model.safetensors")  # safetensors writes 0600
+        extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
+        (tmp / "config.json").write_text(json.dumps(export_config(src.config, dtype=dtype, extra=extra), indent=2)
+                                         + "\n")
+        shutil.copyfile(TEMPLATE, tmp / "dflash.py")
+        swap_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     n_params = sum(t.numel() for t in tensors.values())
     log(f"exported {src.kind} drafter {src.weights} (step {src.step}) -> {out}: {len(tensors)} tensors, "
         f"{n_params / 1e6:.2f}M parameters, {dtype}")
@@ -360,9 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("source", help="run directory, checkpoint directory, or drafter .safetensors file")
     ap.add_argument("out_dir", help="directory to write config.json, model.safetensors and dflash.py into")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES), help="weights dtype (default bfloat16)")
+    ap.add_argument("--force", action="store_true", help="replace a non-empty out dir (never a model or a run)")
     args = ap.parse_args(argv)
     try:
-        out = export_drafter(args.source, args.out_dir, dtype=args.dtype)
+        out = export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force)
     except (DrafterNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

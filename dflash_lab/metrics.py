@@ -10,7 +10,9 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,23 +50,51 @@ class RingBuffer:
 
 
 class JsonlSink:
-    """Append-only JSONL writer, flushed every record so `tail -f` and an attached dashboard see it live."""
+    """Append-only JSONL writer, one `os.write` per record so `tail -f` and an attached dashboard see it live.
 
-    def __init__(self, path: str | Path):
+    Disk-full policy (one for the whole run, see README "Faults"): a record that cannot be written (ENOSPC, EDQUOT,
+    EIO, ...) is dropped from the file, a WARNING is printed (first failure, then every 100th), and training goes on;
+    the in-memory ring buffer still holds it, and checkpoints follow their own policy (the last good one is kept).
+    A partly written line is terminated by the next successful write, so readers skip just that one torn line.
+    """
+
+    def __init__(self, path: str | Path, *, warn=None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", buffering=1)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self._lock = threading.Lock()
+        self._warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.failed_writes = 0
+        self._torn = False  # the last write failed, maybe half-way: start the next one on a fresh line
 
     def log(self, record: dict) -> None:
-        line = json.dumps(record, default=_jsonable)
+        line = (json.dumps(record, default=_jsonable) + "\n").encode()
         with self._lock:
-            self._f.write(line + "\n")
+            if self._fd is None:
+                return
+            try:
+                self._write(b"\n" + line if self._torn else line)
+            except OSError as e:
+                self.failed_writes += 1
+                self._torn = True
+                if self.failed_writes % 100 == 1:
+                    self._warn(f"WARNING: could not append to {self.path} ({e}); {self.failed_writes} record(s) "
+                               "dropped so far. Training goes on and the last good checkpoint is kept. Fix: free "
+                               "disk space; later records are written again once it succeeds.")
+                return
+            if self._torn:
+                self._torn = False
+                self._warn(f"{self.path}: writing again after {self.failed_writes} dropped record(s)")
+
+    def _write(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self._fd, data):]
 
     def close(self) -> None:
         with self._lock:
-            if not self._f.closed:
-                self._f.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def _jsonable(x):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, dist_checkpoint, rundir
+from . import checkpoint, dist_checkpoint, run_lock, rundir
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
@@ -122,6 +122,7 @@ class RankTrainer:
 
     def _init_run_dir(self) -> None:
         rd, cfg = self.run_dir, self.cfg
+        run_lock.acquire(rd, log=self.log)  # robust (issue 14): rank 0 owns the run dir; a second job is refused
         (rd / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / "plots").mkdir(exist_ok=True)
         rundir.write_json(rd / rundir.CONFIG_FILE, cfg.to_dict())

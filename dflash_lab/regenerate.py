@@ -31,8 +31,6 @@ import os
 import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +38,7 @@ from pathlib import Path
 import torch
 
 from .chat_formats import ChatData, DataError, read_chat_data
+from .regen_server import FailureLog, ServerGenerator, check_record_settings, check_server_url, server_job
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +91,7 @@ class RegenStats:
     backend: str = ""
     greedy_match: dict | None = None
     """Batched vs single-sequence greedy on the first prompts (`greedy_match_check`), local back end at T=0."""
+    failed: dict = dataclasses.field(default_factory=dict)  # server: reason -> ids not written (regen_server.py)
 
     @property
     def samples_per_s(self) -> float:
@@ -111,8 +111,10 @@ class RegenStats:
         return (f"regenerated {self.samples} conversations ({self.turns} turns, {self.new_tokens:,} new tokens) in "
                 f"{self.seconds:.1f}s: {self.samples_per_s:.2f} samples/s, {self.tokens_per_s:,.0f} new tokens/s "
                 f"[{self.backend}]; {self.already_done} already done; finish {dict(self.finish_reasons)}; "
-                f"skipped {self.skipped or 0} -> {self.out}" + (f"; greedy match {self.greedy_match['summary']}"
-                                                                 if self.greedy_match else ""))
+                f"skipped {self.skipped or 0}"
+                + (f"; NOT written {({k: len(v) for k, v in self.failed.items()})} (rerun to retry)" if self.failed
+                   else "") + f" -> {self.out}" + (f"; greedy match {self.greedy_match['summary']}"
+                                                   if self.greedy_match else ""))
 
     def _repr_html_(self) -> str:
         import html
@@ -217,65 +219,6 @@ def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size
             "dtype": str(next(gen.model.parameters()).dtype).replace("torch.", ""), "device": str(gen.device),
             "batch_size": min(batch_size, n), "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
             "summary": f"{n - len(diverged)}/{n} identical to single-sequence greedy"}
-
-
-class ServerGenerator:
-    """One request per turn to an OpenAI-compatible /v1/chat/completions endpoint (vLLM, SGLang, ...)."""
-
-    def __init__(self, url: str, sampling: SamplingConfig, *, model: str | None = None, timeout_s: float = 600.0,
-                 retries: int = 3, api_key: str | None = None):
-        base = url.rstrip("/")
-        self.base = base if base.endswith("/v1") else base + "/v1"
-        self.sampling, self.timeout_s, self.retries, self.api_key = sampling, timeout_s, retries, api_key
-        self.model = model or self._first_model()
-
-    def _request(self, path: str, payload: dict | None = None) -> dict:
-        url = self.base + path
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = None if payload is None else json.dumps(payload).encode()
-        last = None
-        for attempt in range(self.retries + 1):
-            try:
-                req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                body = e.read()[:300].decode(errors="replace")
-                if e.code < 500 and e.code != 429:
-                    raise DataError(f"server {url} answered HTTP {e.code}: {body}. Fix: check the model name and "
-                                    "the request settings.") from None
-                last = f"HTTP {e.code}: {body}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = str(e)
-            time.sleep(min(30.0, 0.5 * 2 ** attempt))
-        raise DataError(f"server {url} failed {self.retries + 1} times (last: {last}). HINT: is the server up? "
-                        "Finished samples are saved; rerun the same command to resume.")
-
-    def _first_model(self) -> str:
-        models = self._request("/models").get("data", [])
-        if not models:
-            raise DataError(f"server {self.base}/models lists no model. Fix: pass model=... explicitly.")
-        return models[0]["id"]
-
-    def __call__(self, history: list[dict], seed: int) -> tuple[str, str, int]:
-        s = self.sampling
-        payload = {"model": self.model, "messages": history, "max_tokens": s.max_new_tokens,
-                   "temperature": s.temperature, "top_p": s.top_p, "seed": seed}
-        if s.top_k:
-            payload["top_k"] = s.top_k
-        if s.enable_thinking is not None:
-            payload["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
-        out = self._request("/chat/completions", payload)
-        choice = out["choices"][0]
-        msg = choice.get("message") or {}
-        text = msg.get("content") or ""
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-        if reasoning:  # a server-side reasoning parser split it off: put it back the way the template reads it
-            text = f"<think>\n{reasoning.strip()}\n</think>\n\n{text.lstrip()}"
-        n = (out.get("usage") or {}).get("completion_tokens", 0)
-        return text, choice.get("finish_reason") or "stop", int(n)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -432,17 +375,6 @@ def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: _Writer, genera
             writer.add(j.record(generation))
 
 
-def _server_job(gen: ServerGenerator, conv, index: int, writer: _Writer, generation: dict, stop: threading.Event):
-    job = _Job(conv)
-    history, rnd = job.next_prompt(), 0
-    while history is not None:
-        if stop.is_set():
-            return
-        job.answer(*gen(history, seed=gen.sampling.seed + index * 1000 + rnd))
-        history, rnd = job.next_prompt(), rnd + 1
-    writer.add(job.record(generation))
-
-
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -454,14 +386,18 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                server_model: str | None = None, concurrency: int = 8, dtype: str = "auto",
                data_format: str = "auto", limit: int | None = None, overwrite: bool = False, log=print,
                progress_every_s: float = 10.0, on_progress=None, models: dict | None = None,
-               match_check: int = 0) -> RegenStats:
+               match_check: int = 0, server_timeout_s: float = 300.0, server_retries: int = 3,
+               server_backoff_s: float = 0.5) -> RegenStats:
     """Regenerate every conversation of `data` into `out` (JSONL). Resumes if `out` exists. Returns RegenStats.
 
     `models` optionally maps device name -> an already loaded model (skips loading; used by notebooks and tests).
     `match_check` > 0 (local back end, temperature 0): first compare batched vs single-sequence greedy on that many
     first prompts (`greedy_match_check`); the result goes to the stats and `<out>.meta.json`.
+    Server back end: per-request timeout, bounded retries with backoff, failures counted by id (regen_server.py).
     """
     sampling = sampling or SamplingConfig()
+    if server_url is not None:
+        check_server_url(server_url)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if overwrite:
@@ -486,6 +422,8 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
     settings = {"target": target, "backend": "server" if server_url else "hf", "sampling": sampling.to_dict()}
     resuming = out.exists()
     _check_meta(out, settings, resuming)
+    if resuming:
+        check_record_settings(out, sampling.to_dict())  # also without the .meta.json file
     done = load_finished(out, log=log)
     todo = [c for c in convs if c.id not in done]
     stats = RegenStats(total=len(convs), already_done=len(convs) - len(todo), out=str(out), backend=backend,
@@ -498,7 +436,8 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         return stats
     generation = {"model": target, **sampling.to_dict()}
     if server_url:
-        server = ServerGenerator(server_url, sampling, model=server_model)
+        server = ServerGenerator(server_url, sampling, model=server_model, timeout_s=server_timeout_s,
+                                 retries=server_retries, backoff_s=server_backoff_s, log=log)
         generation.update(model=server.model, server_url=server_url)
     else:
         gens = _load_generators(target, devices, sampling, dtype, models, log)
@@ -513,7 +452,9 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
     try:
         if server_url:
             with cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regen-http") as pool:
-                futs = [pool.submit(_server_job, server, c, i, writer, generation, stop) for i, c in enumerate(todo)]
+                failures = FailureLog(stats.failed, max(5, 2 * concurrency), log)
+                futs = [pool.submit(server_job, server, _Job(c), i, writer, generation, stop, failures)
+                        for i, c in enumerate(todo)]
                 _wait(futs, stop)
         else:
             batches = queue.Queue()
@@ -589,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-url", default=None, help="OpenAI-compatible server, e.g. http://localhost:8000")
     p.add_argument("--server-model", default=None, help="model name on the server (default: its first model)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight (server back end)")
+    p.add_argument("--request-timeout", type=float, default=300.0,
+                   help="seconds per server request before it is retried (server back end; raise it for long answers)")
+    p.add_argument("--retries", type=int, default=3, help="retries per server request, with backoff (server back end)")
     p.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     p.add_argument("--match-check", type=int, default=0,
@@ -603,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     regenerate(a.data, a.out, target=a.target, devices=tuple(a.devices), batch_size=a.batch_size, sampling=sampling,
                server_url=a.server_url, server_model=a.server_model, concurrency=a.concurrency, dtype=a.dtype,
                data_format=a.format, limit=a.limit, overwrite=a.overwrite, log=lambda s: print(s, flush=True),
-               match_check=a.match_check)
+               match_check=a.match_check, server_timeout_s=a.request_timeout, server_retries=a.retries)
     return 0
 
 

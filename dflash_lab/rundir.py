@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import run_lock
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SYSTEM_FILE = "system.jsonl"
@@ -64,7 +66,8 @@ def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str,
     """The run directory of a Trainer and the metric rows it continues from.
 
     `run_dir` given: that folder (created if needed). Resuming without one: the checkpoint's own run directory, its
-    metrics.jsonl cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`.
+    metrics.jsonl cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`. This process takes
+    the folder's lock (run_lock.py) first: another live process using it makes this raise RunDirLocked.
     """
     if run_dir:
         path = Path(run_dir)
@@ -72,6 +75,7 @@ def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str,
         path = Path(resume_from)  # resuming continues the same run directory
     else:
         path = new_run_dir(runs_dir, name)
+    run_lock.acquire(path)  # one process per run dir: a second run or resume is refused, naming the holder
     (path / "checkpoints").mkdir(parents=True, exist_ok=True)
     (path / "plots").mkdir(exist_ok=True)
     rows = resume_metrics(path, resume_step, source=resume_from) if resume_from is not None else []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, rundir
+from . import checkpoint, run_lock, rundir
 from . import resume as resume_state
 from .config import TrainConfig
 from .drafter import DFlashDrafter
@@ -486,3 +486,5 @@ class Trainer:
         self._driver.shutdown(wait=True)
         self.engine.shutdown()
         self.metrics.close()
+        if self.run_dir is not None:  # issue 14: the run dir is free for another process
+            run_lock.release(self.run_dir)

@@ -182,3 +182,154 @@ def test_in_memory_lists_get_the_same_validation():
                             require_assistant=False)
     assert len(prompts) == 1  # regeneration input: assistant turns are placeholders
     assert isinstance(chat.report, DataReport) and json.loads(json.dumps(chat.report))["conversations"] == 2
+
+
+# --- issue 14: data loads lose nothing silently ---------------------------------------------------------------------
+def test_directory_reads_nested_upper_case_and_compressed_files_and_reports_every_skip(tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    line = "".join(json.dumps({"messages": m}) + "\n" for m in CONVS).encode()
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / "A.JSONL").write_bytes(line)
+    (tmp_path / "sub" / "b.jsonl.gz").write_bytes(gzip.compress(line))
+    (tmp_path / "sub" / "deeper" / "c.Json.BZ2").write_bytes(bz2.compress(json.dumps(
+        [{"messages": m} for m in CONVS]).encode()))
+    (tmp_path / "sub" / "d.jsonl.xz").write_bytes(lzma.compress(line))
+    pq.write_table(pa.Table.from_pylist([{"messages": m} for m in CONVS]), tmp_path / "sub" / "E.PARQUET")
+    skipped = {"f.jsonl.zst": ".zst compression has no reader", "notes.txt": "not a data file (extension .txt",
+               ".hidden.jsonl": "hidden file", "g.parquet.gz": "compressed Parquet file", ".cache": "hidden folder"}
+    for name in skipped:
+        if name != ".cache":
+            (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".cache" / "h.jsonl").write_bytes(line)
+    (tmp_path / "sub" / "empty.parquet").write_bytes(b"")
+    (tmp_path / "sub" / "corrupt.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
+    many = "".join(json.dumps({"messages": CONVS[0], "id": i}) + "\n" for i in range(300)).encode()
+    (tmp_path / "sub" / "cut.jsonl.gz").write_bytes(gzip.compress(many)[:-200])  # a download that stopped
+
+    chat = read_chat_data(tmp_path)
+    files = chat.report["files"]
+    cut = files["read"][str(tmp_path / "sub" / "cut.jsonl.gz")]
+    assert 100 < cut < 300  # the lines before the cut are kept
+    assert files["read"] == {str(tmp_path / n): r for n, r in [
+        ("A.JSONL", 2), ("sub/E.PARQUET", 2), ("sub/b.jsonl.gz", 2), ("sub/corrupt.parquet", 0),
+        ("sub/cut.jsonl.gz", cut), ("sub/d.jsonl.xz", 2), ("sub/deeper/c.Json.BZ2", 2), ("sub/empty.parquet", 0)]}
+    assert {Path(f).name: why for f, why in files["skipped"].items()}.keys() == skipped.keys()
+    for f, why in files["skipped"].items():
+        assert skipped[Path(f).name] in why, (f, why)
+    assert len(chat) == 10 + cut and all(c.messages in CONVS for c in chat.conversations)
+    assert chat.report["skipped"] == {"unreadable_file": 3}
+    ex = chat.report["examples"]["unreadable_file"]
+    assert ex[0].startswith(f"{tmp_path / 'sub' / 'corrupt.parquet'}:row 0: Parquet cannot be read")
+    assert ex[1] == (f"{tmp_path / 'sub' / 'cut.jsonl.gz'}:{cut + 1}: cannot be read from line {cut + 1} on (EOFError: "
+                     "Compressed file ended before the end-of-stream marker was reached)")
+    assert ex[2].startswith(f"{tmp_path / 'sub' / 'empty.parquet'}:row 0: Parquet cannot be read")
+    assert "files: 8 read, 5 skipped" in str(chat.report) and "skipped file" in str(chat.report)
+    with pytest.raises(DataError, match=r"corrupt.parquet:row 0: Parquet cannot be read .*\[unreadable_file\]"):
+        read_chat_data(tmp_path, on_error="raise")
+
+
+ODD = [  # (record line, reason, detail) - odd types in every field, invalid Unicode, assistant-only
+    ('{"messages": [{"role": ["user"], "content": "hi"}, {"role": "assistant", "content": "x"}]}', "bad_message",
+     "string 'role'"),
+    ('{"messages": [{"role": 3, "content": "hi"}, {"role": "assistant", "content": "x"}]}', "bad_message", "role"),
+    ('{"messages": [{"role": "user", "content": {"a": 1}}, {"role": "assistant", "content": "x"}]}', "bad_message",
+     "content is dict"),
+    ('{"messages": [{"role": "user", "content": "hi", "name": 5}, {"role": "assistant", "content": "x"}]}',
+     "bad_message", "name=5"),
+    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": "f()"}]}',
+     "bad_message", "tool_calls of type str"),
+    ('{"messages": [{"role": "user", "content": "hi \\ud800"}, {"role": "assistant", "content": "x"}]}',
+     "unreadable", "lone surrogate"),
+    ('{"messages": [{"role": "assistant", "content": "only me"}]}', "no_prompt", "starts with an assistant"),
+    ('{"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "x"}]}', "bad_message",
+     "needs 'from'"),
+    ('{"messages": {"role": "user"}}', "no_messages", "expected 'messages'"),
+    ('"just a string"', "not_an_object", "record is a str"),
+    ('{"messages": [{"role": "user", "content": "' + "[" * 100 + '"}]', "malformed_json", "not valid JSON"),
+]
+
+
+def test_odd_types_in_any_field_are_counted_never_abort(tmp_path):
+    good = json.dumps({"id": [1, 2], "messages": CONVS[0]})  # an odd-typed id is ignored, not fatal
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join([good] + [line for line, _, _ in ODD]) + "\n")
+    chat = read_chat_data(path)
+    assert len(chat) == 1 and chat.ids == ["odd.jsonl:1"]
+    rep = chat.report
+    from collections import Counter
+
+    assert rep["skipped"] == Counter(reason for _, reason, _ in ODD) and rep["records"] == len(ODD) + 1
+    for lineno, (line, reason, detail) in enumerate(ODD, 2):
+        one = tmp_path / f"one{lineno}.jsonl"
+        one.write_text(good + "\n" + line + "\n")
+        assert read_chat_data(one).report["examples"][reason][0].startswith(f"{one}:2: ")
+        with pytest.raises(DataError) as e:
+            read_chat_data(one, on_error="raise")
+        assert str(e.value).startswith(f"{one}:2: ") and detail in str(e.value) and f"[{reason}]" in str(e.value)
+
+
+def _fuzz_value(rng, depth=0):
+    kinds = ["none", "bool", "int", "float", "str", "surrogate", "list", "dict"][: 6 if depth > 2 else 8]
+    k = rng.choice(kinds)
+    if k == "list":
+        return [_fuzz_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if k == "dict":
+        return {rng.choice(["role", "content", "from", "value", "type", "text", "x"]): _fuzz_value(rng, depth + 1)
+                for _ in range(rng.randint(0, 3))}
+    return {"none": None, "bool": rng.random() < 0.5, "int": rng.randint(-5, 5), "float": rng.random() * 1e3,
+            "str": rng.choice(["", " ", "hi", "assistant", "user", "<|im_end|>", "é" * 3]),
+            "surrogate": "a\ud83d"}[k]
+
+
+def _fuzz_record(rng):
+    """A valid conversation with 0-3 random mutations anywhere, or raw garbage."""
+    roll = rng.random()
+    if roll < 0.08:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 40))).replace(b"\n", b" ")
+    if roll < 0.12:
+        return json.dumps({"messages": CONVS[1]}).encode()[: rng.randint(1, 60)]  # cut off
+    rec = ({"messages": json.loads(json.dumps(rng.choice(CONVS)))} if rng.random() < 0.5
+           else json.loads(json.dumps(_sharegpt(rng.choice(CONVS)))))
+    for _ in range(rng.randint(0, 3)):
+        key = "messages" if "messages" in rec else "conversations"
+        target, slot = rec, rng.choice([key, "id", "system", key, key])
+        if slot in (key,) and isinstance(rec.get(key), list) and rec[key] and rng.random() < 0.8:
+            target = rng.choice(rec[key]) if isinstance(rec[key], list) else rec
+            slot = rng.choice(list(target) + ["name", "tool_calls", "reasoning_content"]) if isinstance(
+                target, dict) else slot
+        if isinstance(target, dict):
+            target[slot] = _fuzz_value(rng)
+    if rng.random() < 0.05:
+        rec = _fuzz_value(rng)
+    return json.dumps(rec).encode()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fuzz_reader_never_aborts_and_accounts_for_every_line(tmp_path, seed):
+    import random
+
+    rng = random.Random(seed)
+    lines = [json.dumps({"messages": CONVS[0]}).encode()] + [_fuzz_record(rng) for _ in range(300)]
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    nonblank = sum(1 for line in lines if line.strip())
+    chat = read_chat_data(path)
+    rep = chat.report
+    assert rep["records"] == nonblank and len(chat) + rep.total_skipped == nonblank
+    assert 10 < len(chat) < nonblank and len(rep["skipped"]) >= 4  # both outcomes and several reasons happen
+    for reason, examples in rep["examples"].items():
+        assert all(e.startswith(f"{path}:") for e in examples), reason
+    for conv in chat.conversations:  # what is kept is well-formed
+        assert all(isinstance(m["content"], str) and m["role"] in ("system", "user", "assistant", "tool")
+                   for m in conv.messages)
+        json.dumps(conv.messages, ensure_ascii=False).encode("utf-8")
+    first_bad = min(int(ex[0][len(str(path)) + 1:].split(":")[0]) for ex in rep["examples"].values())
+    with pytest.raises(DataError, match=rf"^{path}:{first_bad}: "):
+        read_chat_data(path, on_error="raise")

@@ -146,3 +146,141 @@ def test_resolve_checkpoint_errors_name_the_fix(tmp_path):
     (tmp_path / "checkpoints" / "step-0000004.tmp").mkdir(parents=True)
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint.*step-0000004.tmp"):
         checkpoint.resolve_checkpoint(tmp_path)
+
+
+# --- issue 14: faults keep the run ----------------------------------------------------------------------------------
+def test_corrupt_state_in_older_checkpoint_is_reported_and_never_stops_later_saves(tmp_path):
+    root = tmp_path / "checkpoints"
+    first = _write(root, 1, loss=0.1)  # the best by loss: rotation would keep it
+    (first / checkpoint.STATE_FILE).write_text('{"step": 1, "loss_av')  # cut off
+    said = []
+    for step, loss in ((2, 1.0), (3, 0.9), (4, 0.95)):
+        _write(root, step, loss=loss)
+        checkpoint.rotate(root, keep=2, log=said.append)
+    assert [p.name for p in checkpoint.list_checkpoints(root)] == ["step-0000003", "step-0000004"]
+    assert len(said) == 2 and f"{first / checkpoint.STATE_FILE} cannot be read" in said[0]
+    assert "kept (among the newest)" in said[0] and "removed by rotation" in said[1]
+    assert checkpoint.best_checkpoint(tmp_path) == root / "step-0000003"
+
+
+def test_rotation_deletes_by_rename_so_a_killed_delete_leaks_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        _write(root, step, loss=float(step))
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def killed(path, *a, **k):  # the process dies during the first removal, after part of the files are gone
+        path = type(root)(path)
+        (path / checkpoint.DRAFTER_FILE).unlink(missing_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.rotate(root, keep=1)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["step-0000001", "step-0000002.deleting", "step-0000003"]  # step 1 is the best (lowest loss)
+    assert all(checkpoint.load_checkpoint(p).step for p in checkpoint.list_checkpoints(root))  # every listed one loads
+    _write(root, 4, loss=4.0)
+    checkpoint.rotate(root, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001", "step-0000004"]  # best + newest, no leftovers
+
+
+def test_same_step_rewrite_killed_between_renames_keeps_a_copy(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    _write(root, 5, loss=1.0)
+    real_rename = checkpoint.os.rename
+
+    def killed_after_first(src, dst):
+        real_rename(src, dst)
+        if str(dst).endswith(checkpoint.REPLACED):
+            raise KeyboardInterrupt  # SIGINT / kill right after step-5 became step-5.old
+
+    monkeypatch.setattr(checkpoint.os, "rename", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        _write(root, 5, loss=0.5)
+    monkeypatch.setattr(checkpoint.os, "rename", real_rename)
+    assert not (root / "step-0000005").exists()
+    (copy,) = checkpoint.list_checkpoints(root)  # the old copy stands in for step 5
+    assert copy.name == "step-0000005.old" and checkpoint.load_checkpoint(tmp_path).step == 5
+    checkpoint.rotate(root, keep=2)  # the next save's cleanup renames it back instead of deleting it
+    assert [p.name for p in root.iterdir()] == ["step-0000005"]
+    assert checkpoint.read_state(root / "step-0000005")["loss_avg"] == 1.0
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damage", ["truncated_safetensors", "cut_off_json"])
+def test_resume_error_names_the_bad_file_and_the_previous_good_checkpoint(tmp_path, damage):
+    root = tmp_path / "checkpoints"
+    _write(root, 1)
+    good = _write(root, 2)
+    bad = _write(root, 3)
+    if damage == "truncated_safetensors":
+        bad_file = bad / checkpoint.OPTIMIZER_FILE
+        _truncate(bad_file, 0.9)
+    else:
+        bad_file = bad / checkpoint.STATE_FILE
+        _truncate(bad_file, 0.6)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_checkpoint(tmp_path)
+    msg = str(e.value)
+    assert f"{bad_file} cannot be read" in msg and f"resume_from={str(good)!r} (step 2)" in msg
+    _truncate(good / checkpoint.DRAFTER_FILE, 0.99)  # the previous one damaged too: point further back
+    with pytest.raises(checkpoint.CheckpointError, match="step-0000001'.*\\(step 1\\)"):
+        checkpoint.load_checkpoint(bad)
+
+
+def test_checkpoint_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o027)
+    try:
+        p = _write(tmp_path, 1)
+    finally:
+        os.umask(old)
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in p.iterdir()} == {
+        n: 0o640 for n in (checkpoint.DRAFTER_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.RNG_FILE,
+                           checkpoint.STATE_FILE)}
+
+
+def test_full_disk_during_metrics_writes_warns_keeps_training_and_the_last_good_checkpoint(tmp_path, monkeypatch,
+                                                                                          capsys):
+    import errno
+
+    from dflash_lab import TrainConfig, metrics, rundir
+    from dflash_lab.tiny import ensure_tiny_target, tiny_data_path
+    from dflash_lab.trainer import Trainer
+
+    ensure_tiny_target()
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:60]))
+    cfg = TrainConfig(target="tiny", data=str(data), steps=8, seq_len=64, batch_size=2, block_size=8, num_anchors=4,
+                      num_draft_layers=2, log_every=1, checkpoint_every=2, runs_dir=str(tmp_path / "runs"))
+    logs = []
+    t = Trainer(cfg, log=logs.append)
+
+    def full(real):  # the disk is full while steps 3..5 are logged and saved
+        def write(*args, **kwargs):
+            if 3 <= t.step_count <= 5:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args, **kwargs)
+        return write
+
+    monkeypatch.setattr(metrics.JsonlSink, "_write", full(metrics.JsonlSink._write))
+    monkeypatch.setattr(checkpoint, "_write_tensors", full(checkpoint._write_tensors))
+    monkeypatch.setattr(rundir, "log_event", full(rundir.log_event))
+    t.train()
+    t.close()
+    assert t.step_count == 8
+    rows = rundir.read_jsonl(t.run_dir / rundir.METRICS_FILE)
+    assert [r["step"] for r in rows] == [1, 2, 6, 7, 8]  # the dropped rows are the full-disk ones, no torn lines
+    err = capsys.readouterr().err
+    assert err.count("WARNING: could not append to") == 1 and "No space left on device" in err
+    assert "writing again after 3 dropped record(s)" in err
+    assert any(m.startswith("WARNING") and "step-0000002 (step 2) is intact" in m for m in logs)  # step-4 save failed
+    assert [p.name for p in checkpoint.list_checkpoints(t.run_dir)] == ["step-0000006", "step-0000008"]

@@ -77,3 +77,43 @@ def test_devices_for():
     assert devices_for([0, 1]) == ("cuda:0", "cuda:1")
     with pytest.raises(ConfigError):
         devices_for([1.5])
+
+
+# --- issue 14: every field validated by its annotation (type, finiteness) plus ranges -------------------------------
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("lr", "abc", "must be float, got str"),  # papermill `-p lr abc`
+    ("seed", "abc", "must be int, got str"),  # papermill `-p seed abc`
+    ("steps", True, "must be int, got bool"),
+    ("steps", 2.5, "must be int, got float"),
+    ("run_name", 3, "must be str, got int"),
+    ("enable_thinking", "yes", "got str"),
+    ("devices", ("cpu", 0), "tuple[str, ...]"),
+    ("lr", float("inf"), "finite"),
+    ("weight_decay", NAN, "finite"),
+    ("weight_decay", -0.1, "must be >= 0"),
+    ("gamma", NAN, "finite"),
+    ("grad_clip", NAN, "finite"),
+    ("warmup_ratio", NAN, "finite"),
+    ("seed", -1, "[0, 2**63)"),
+    ("num_anchors", 100000, "at most seq_len - 1 = 255"),
+])
+def test_every_field_is_type_finiteness_and_range_checked(field, value, needle):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**{field: value})
+    msg = str(e.value)
+    assert msg.startswith(f"TrainConfig.{field}={value!r} is invalid") and needle in msg and "Fix:" in msg
+
+
+def test_json_lists_become_tuples_and_ints_pass_as_floats():
+    cfg = TrainConfig(devices=["cpu"], target_layer_ids=[1, 2], lr=1, num_anchors=255)
+    assert cfg.devices == ("cpu",) and cfg.target_layer_ids == (1, 2) and cfg.lr == 1 and cfg.num_anchors == 255
+
+
+def test_drafter_config_fields_are_type_checked():
+    with pytest.raises(ConfigError, match=r"DrafterConfig.rms_norm_eps=nan is invalid: must be a finite number"):
+        DrafterConfig(**{**_dc().to_dict(), "rms_norm_eps": NAN})
+    with pytest.raises(ConfigError, match=r"DrafterConfig.rope_theta='1e6' is invalid: must be float"):
+        DrafterConfig(**{**_dc().to_dict(), "rope_theta": "1e6"})

@@ -271,3 +271,46 @@ def test_validate_cli_prints_the_report(capsys):
     assert main(["tiny", "--seq-len", "256", "--block-size", "16", "--thinking", "off"]) == 0
     out = capsys.readouterr().out
     assert "records read: 3200" in out and "thinking False; mask render" in out and "kept " in out
+
+
+# --- issue 14: bounded memory on pathological records; template failures are one record's problem ------------------
+class _LengthSpy:
+    """The real tokenizer, recording the longest text it is asked to tokenize."""
+
+    def __init__(self, tok):
+        self._tok, self.longest = tok, 0
+
+    def __call__(self, text, **kw):
+        self.longest = max([self.longest] + [len(t) for t in ([text] if isinstance(text, str) else text)])
+        return self._tok(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_a_huge_record_is_cut_before_tokenizing_and_keeps_exact_tokens(tok):
+    line = "Item 7 is a red ball made of glass; item 8 is a blue cube made of steel.\n"
+    huge = [{"role": "user", "content": "Describe the items."}, {"role": "assistant", "content": line * 40_000}]
+    spy = _LengthSpy(tok)
+    data = tokenize_dataset(spy, [huge, PLAIN], seq_len=256, block_size=4)
+    assert len(huge[1]["content"]) > 2_900_000 and spy.longest <= 32 * 256  # 3 MB record, 8 KB tokenized
+    assert data.report["truncated"] == 1 and data.lengths.tolist() == [256, int(data.lengths[1])]
+    medium = [huge[0], {"role": "assistant", "content": line * 2_000}]  # short enough to tokenize whole, to compare
+    ids, mask = tokenize_conversation(tok, medium)  # the whole text tokenized (23k tokens)
+    got = tokenize_dataset(tok, [medium], seq_len=256, block_size=4)
+    assert len(ids) > 20_000 and got.input_ids[0].tolist() == ids[:256]
+    assert got.loss_mask[0].tolist() == [bool(m) for m in mask[:256]] and sum(mask[:256]) > 200
+
+
+def test_a_template_error_skips_that_record_or_names_it(tok):
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = ("{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no boom here') }}{% endif %}"
+                       + tok.chat_template)
+    boom = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "boom " * 20}]
+    data = tokenize_dataset(t, [PLAIN, boom, PLAIN], seq_len=64, block_size=2)
+    assert len(data) == 2 and data.report["skipped"] == {"template_error": 1}
+    assert data.report["examples"]["template_error"] == ["conversations[1]: TemplateError: no boom here"]
+    with pytest.raises(DataError, match=r"conversations\[1\]: TemplateError: no boom here \[template_error\]"):
+        tokenize_dataset(t, [PLAIN, boom], seq_len=64, block_size=2, on_error="raise")

@@ -155,3 +155,65 @@ def test_export_cli(tmp_path, capsys):
     assert export.is_exported(tmp_path / "exp")
     assert export.main([str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# --- issue 14: an export never destroys a folder, and writes ordinary (umask) permissions ---------------------------
+def _exported_run(tmp_path):
+    dc, drafter = _drafter()
+    run = tmp_path / "run"
+    _write_run(run, dc, drafter)
+    return run
+
+
+def test_export_refuses_non_empty_folder_unless_force(tmp_path):
+    run = _exported_run(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(export.ExportRefused, match=r"not empty \(notes.txt\).*--force"):
+        export.export_drafter(run, out, log=lambda *a: None)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert export.main([str(run), str(out)]) == 2  # the CLI exits non-zero, folder untouched
+    assert (out / "notes.txt").read_text() == "keep me"
+    export.export_drafter(run, out, force=True, log=lambda *a: None)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "dflash.py", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left behind
+
+
+@pytest.mark.parametrize("content", [
+    {"config.json": json.dumps({"architectures": ["Qwen3ForCausalLM"]}), "model.safetensors": "x"},  # a target model
+    {"tokenizer.json": "{}"},
+    {"config.json": json.dumps({"target": "tiny"}), "metrics.jsonl": ""},  # a run
+    {"checkpoints/step-0000001/state.json": "{}"},
+])
+def test_export_never_replaces_a_model_or_a_run_even_with_force(tmp_path, content):
+    run = _exported_run(tmp_path)
+    out = tmp_path / "out"
+    for name, text in content.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = {p: p.read_text() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(export.ExportRefused, match="even with --force"):
+        export.export_drafter(run, out, force=True, log=lambda *a: None)
+    assert {p: p.read_text() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_export_refuses_folder_holding_the_source(tmp_path):
+    run = _exported_run(tmp_path)
+    with pytest.raises(export.ExportRefused):
+        export.export_drafter(run, tmp_path, force=True, log=lambda *a: None)
+    assert (run / "checkpoints" / "drafter.safetensors").is_file()
+
+
+def test_export_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    run = _exported_run(tmp_path)
+    old = os.umask(0o022)
+    try:
+        out = export.export_drafter(run, tmp_path / "out", log=lambda *a: None)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.iterdir()]}
+    assert modes == {"out": 0o755, "config.json": 0o644, "dflash.py": 0o644, "model.safetensors": 0o644}

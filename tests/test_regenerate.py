@@ -141,6 +141,14 @@ def test_interrupted_run_resumes_without_redoing_finished_samples(tiny, prompts,
         load_finished(out.parent / "bad.jsonl")
 
 
+def _reply(handler, code: int, body: bytes) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def _tiny_server(model, tokenizer):
     """A minimal OpenAI-compatible /v1/chat/completions server with the tiny target behind it (greedy)."""
     lock = threading.Lock()
@@ -152,12 +160,7 @@ def _tiny_server(model, tokenizer):
             pass
 
         def _send(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, code, json.dumps(obj).encode())
 
         def do_GET(self):
             if self.path == "/v1/models":
@@ -246,3 +249,112 @@ def test_greedy_match_check_is_recorded_in_meta(tiny, prompts, tmp_path):
     assert gm["checked"] == 4 and gm["identical"] == 4 and gm["match_rate"] == 1.0 and gm["dtype"] == "float32"
     meta = json.loads(meta_path(out).read_text())
     assert meta["last_run"]["greedy_match"]["identical"] == 4
+
+
+# --- issue 14: the server path counts every failure by id, retries with backoff, refuses mixed settings --------------
+def _scripted_server(*, slow_s=0.0):
+    """A real HTTP server whose reply depends on the user's text: good, malformed (3 kinds), empty, slow once, 503
+    once. Each reply is 'echo: <text>' so the output is checkable."""
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body: bytes):
+            _reply(self, code, body)
+
+        def do_GET(self):
+            self._send(200, json.dumps({"data": [{"id": "scripted"}]}).encode())
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            text = req["messages"][-1]["content"]
+            with lock:
+                n = calls[text] = calls.get(text, 0) + 1
+            good = {"choices": [{"message": {"content": f"echo: {text}"}, "finish_reason": "stop"}],
+                    "usage": {"completion_tokens": 3}}
+            if text == "not json":
+                return self._send(200, b"<html>502 Bad Gateway</html>")
+            if text == "no choices":
+                return self._send(200, json.dumps({"choices": []}).encode())
+            if text == "content is a list":
+                return self._send(200, json.dumps({"choices": [{"message": {"content": ["x"]}}]}).encode())
+            if text == "empty":
+                return self._send(200, json.dumps({"choices": [{"message": {"content": "  "}}]}).encode())
+            if text == "slow once" and n == 1:
+                import time
+
+                time.sleep(slow_s)
+            if text == "503 once" and n == 1:
+                return self._send(503, b'{"error": "overloaded"}')
+            self._send(200, json.dumps(good).encode())
+
+    class Quiet(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # the timed-out client hung up before the slow reply
+            pass
+
+    server = Quiet(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, calls
+
+
+def _prompts_file(path, texts):
+    path.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": t}]}) + "\n"
+                            for i, t in enumerate(texts)))
+    return path
+
+
+def test_server_failures_are_counted_by_id_retried_with_backoff_and_settings_checked_per_record(tmp_path):
+    texts = ["hello", "not json", "no choices", "content is a list", "empty", "slow once", "503 once", "bye"]
+    server, calls = _scripted_server(slow_s=1.5)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    lines = []
+    try:
+        out = tmp_path / "out.jsonl"
+        data = _prompts_file(tmp_path / "in.jsonl", texts)
+        kw = dict(server_url=url, concurrency=2, server_timeout_s=0.5, server_retries=2, server_backoff_s=0.01)
+        stats = regenerate(data, out, sampling=SAMPLING, log=lines.append, **kw)
+        assert {k: sorted(v) for k, v in stats.failed.items()} == {"malformed_reply": ["c1", "c2", "c3"],
+                                                                  "empty_answer": ["c4"]}
+        recs = _records(out)
+        assert sorted(recs) == ["c0", "c5", "c6", "c7"]  # the failed ones are not written: a rerun retries them
+        assert recs["c5"]["messages"][-1]["content"] == "echo: slow once" and calls["slow once"] == 2
+        assert calls["503 once"] == 2 and calls["not json"] == 1  # a malformed reply is not retried
+        retries = [ln for ln in lines if "retry 1/2" in ln]
+        assert len(retries) == 2 and any("conversation 'c5' turn 0 failed (TimeoutError" in ln for ln in retries)
+        assert any("conversation 'c6' turn 0 failed (HTTP 503" in ln for ln in retries)
+        assert any(ln.startswith("regenerate: conversation 'c1' not written: malformed_reply: reply is not JSON")
+                   for ln in lines)
+        assert "NOT written {'malformed_reply': 3, 'empty_answer': 1}" in str(stats)
+        assert all(r["generation"]["temperature"] == 0.0 and r["generation"]["max_new_tokens"] == MAX_NEW
+                   for r in recs.values())  # sampling settings in every record
+
+        meta_path(out).unlink()  # even without the .meta.json file, other settings are refused
+        hot = SamplingConfig(max_new_tokens=MAX_NEW, enable_thinking=False, temperature=0.7)
+        with pytest.raises(DataError, match=r"other sampling settings \{'temperature': \(0.0, 0.7\)\}"):
+            regenerate(data, out, sampling=hot, log=lines.append, **kw)
+        again = regenerate(data, out, sampling=SAMPLING, log=lines.append, **kw)  # same settings: retries the 4
+        assert again.already_done == 4 and again.samples == 0 and sum(map(len, again.failed.values())) == 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("url", ["ftp://host/x", "localhost:8000", "file:///etc/passwd", "http://", "http://h:1/?q=1"])
+def test_server_url_must_be_http(tmp_path, url):
+    with pytest.raises(DataError, match=r"server_url=.* Fix: pass"):
+        regenerate(tmp_path / "missing.jsonl", tmp_path / "o.jsonl", server_url=url, log=lambda s: None)
+
+
+def test_a_dead_server_stops_the_run_after_bounded_retries(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = _prompts_file(tmp_path / "in.jsonl", ["a", "b"])
+    with pytest.raises(DataError, match="is the server up"):
+        regenerate(data, tmp_path / "o.jsonl", server_url=f"http://127.0.0.1:{port}", server_retries=1,
+                   server_backoff_s=0.01, log=lambda s: None)

@@ -110,3 +110,50 @@ def test_log_event_appends_json_lines(tmp_path):
     ev = rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)
     assert [e["event"] for e in ev] == ["checkpoint", "resumed"] and ev[1]["changed"] == [["steps", 10, 20]]
     assert os.path.getsize(tmp_path / rundir.EVENTS_FILE) > 0
+
+
+# --- issue 14: one process per run directory (run_lock.py) ---------------------------------------------------------
+_HOLDER = ("import sys, time; from dflash_lab import rundir; "
+           "rundir.open_run_dir(sys.argv[1], runs_dir='unused', name='x'); print('held', flush=True); time.sleep(60)")
+
+
+def _hold_in_subprocess(run_dir):
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    lines = []
+    while (line := proc.stdout.readline().strip()) != "held":
+        assert line, f"the holder process exited: {lines}"
+        lines.append(line)
+    return proc, lines
+
+
+def test_second_process_is_refused_naming_the_holder_then_a_killed_holder_is_taken_over(tmp_path):
+    import pytest
+
+    from dflash_lab import run_lock
+
+    run_dir = tmp_path / "run"
+    proc, _ = _hold_in_subprocess(run_dir)
+    try:
+        holder = run_lock.read_holder(run_dir)
+        assert holder["pid"] == proc.pid and holder["host"] and holder["start_time"] <= time.time()
+        with pytest.raises(run_lock.RunDirLocked, match=rf"in use by pid {proc.pid} on host .* since "):
+            rundir.open_run_dir(run_dir, runs_dir=tmp_path, name="x")
+        with pytest.raises(run_lock.RunDirLocked):  # resuming into it is refused the same way
+            rundir.open_run_dir(None, runs_dir=tmp_path, name="x", resume_from=run_dir, resume_step=0)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run_lock.read_holder(run_dir)["pid"] == proc.pid  # the killed process left its lock file behind
+    said = []
+    try:
+        assert run_lock.acquire(run_dir, log=said.append)["pid"] == os.getpid()
+        assert len(said) == 1 and f"stale lock of pid {proc.pid}" in said[0]
+        assert rundir.open_run_dir(run_dir, runs_dir=tmp_path, name="x")[0] == run_dir  # same process: re-entrant
+        assert run_lock.read_holder(run_dir)["pid"] == os.getpid()
+    finally:
+        run_lock.release(run_dir)
+    proc, said = _hold_in_subprocess(run_dir)  # released: another process may take it
+    assert said == [] and run_lock.read_holder(run_dir)["pid"] == proc.pid  # a clean release is not "stale"
+    proc.kill()
+    proc.wait()

@@ -152,3 +152,30 @@ def test_task_generator_is_deterministic():
     assert a != tasks.generate_conversations(50, seed=8)
     train, heldout = tasks.make_datasets(0, 200, 20)
     assert (train, heldout) == tasks.make_datasets(0, 200, 20)
+
+
+# --- issue 14: the build script and the committed assets agree ------------------------------------------------------
+def test_committed_assets_match_the_recorded_sha256():
+    from dflash_lab.tiny import build
+
+    recorded = build.read_manifest()
+    assert sorted(recorded) == sorted(build.REPRODUCIBLE)
+    assert build.manifest(build.ASSETS_DIR) == recorded
+    info = json.loads((build.ASSETS_DIR / build.MODEL_SUBDIR / "build_info.json").read_text())
+    assert recorded[f"{build.MODEL_SUBDIR}/model.safetensors"] == info["model_safetensors_sha256"]
+
+
+def test_build_steps_reproduce_the_committed_tokenizer_and_token_count(train_convs):
+    """The build's data + tokenizer steps, from the committed data, give the committed tokenizer exactly (the
+    committed file also holds the left-padding state the build's greedy evaluation leaves on it) and the recorded
+    train-token count; the model step is checked by the manifest (a full build takes ~15 min)."""
+    from dflash_lab.tiny import build
+
+    tok = build.train_tokenizer(train_convs)
+    new = json.loads(tok.backend_tokenizer.to_str())
+    old = json.loads((build.ASSETS_DIR / build.MODEL_SUBDIR / "tokenizer.json").read_text())
+    assert new["padding"] is None and old["padding"]["direction"] == "Left"
+    assert {k: v for k, v in new.items() if k != "padding"} == {k: v for k, v in old.items() if k != "padding"}
+    n_tok = sum(len(build.encode_conversation(tok, c)[0]) for c in train_convs)
+    assert n_tok == json.loads((build.ASSETS_DIR / build.MODEL_SUBDIR / "build_info.json").read_text())[
+        "train_tokens"] == 392114

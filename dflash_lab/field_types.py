@@ -1,0 +1,62 @@
+"""Check every field of a config dataclass against its annotation, so a field added later is checked too.
+
+`-p lr abc` reaches TrainConfig as the string 'abc' (papermill parses unquoted numbers only); without this check it
+failed later with a TypeError naming no field. Rules: int excludes bool, float accepts int, `X | None`, `tuple[X,
+...]` checks every item (a JSON/YAML list becomes a tuple), any float must be finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from typing import Any, Callable
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` is of the annotated type: int excludes bool, float accepts int, tuple[X, ...] checks items."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return isinstance(value, tuple) and (len(args) != 2 or args[1] is not Ellipsis
+                                             or all(_matches(v, args[0]) for v in value))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # Any and other hints are not checked here
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_field_types(obj: Any, fail: Callable[[str, str, Any, str, str], None]) -> None:
+    """Every field against its annotation (so fields added later are checked too): lists become tuples for tuple
+    fields (JSON / YAML give lists); floats must be finite. A papermill `-p lr abc` arrives here as the string 'abc'."""
+    c = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        hint, v = _field_hints(type(obj))[f.name], getattr(obj, f.name)
+        if isinstance(v, list) and "tuple" in str(hint):
+            v = tuple(v)
+            object.__setattr__(obj, f.name, v)
+        example = f", e.g. the default {f.default!r}" if f.default not in (dataclasses.MISSING, None) else ""
+        if not _matches(v, hint):
+            fail(c, f.name, v, f"must be {_type_name(hint)}, got {type(v).__name__}",
+                 f"pass a value of type {_type_name(hint)}{example} (papermill: `-p {f.name} 0.001`; quoted "
+                 "numbers stay strings)")
+        if isinstance(v, float) and not math.isfinite(v):
+            fail(c, f.name, v, "must be a finite number", f"pass a finite value{example}")

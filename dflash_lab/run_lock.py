@@ -1,0 +1,106 @@
+"""One process per run directory: an exclusive lock file `run.lock` naming its holder (pid, host, start time).
+
+Two processes writing the same run directory interleave metrics.jsonl rows and overwrite each other's checkpoints,
+so the process that opens a run directory (a notebook Trainer, or rank 0 of a torchrun job) takes this lock first and
+keeps it until it exits. The lock is an OS advisory lock (`fcntl.flock`) on an open file, so the kernel drops it when
+the holder dies in any way (SIGKILL included): a lock file left behind by a killed process is therefore detected as
+stale simply because nobody holds the OS lock, and it is taken over without a race (whoever gets the OS lock first
+owns it; the loser sees the new holder). The JSON inside is only there to name the holder in the error.
+The same process may open the same run directory again (e.g. a new Trainer in the same notebook kernel).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_FILE = "run.lock"
+_held: dict[Path, int] = {}  # run dir (resolved) -> open fd holding the OS lock, for this process
+
+
+class RunDirLocked(RuntimeError):
+    """Another live process owns the run directory; the message names it and what to do."""
+
+
+def acquire(run_dir: str | Path, *, log=print) -> dict:
+    """Take the run directory's lock (or confirm this process holds it); returns the holder record written.
+
+    Raises RunDirLocked naming the holder (pid, host, start time, command) when another live process holds it.
+    A lock file whose holder is gone (killed process) is reported and taken over.
+    """
+    path = Path(run_dir).resolve()
+    if path in _held:
+        return read_holder(path) or {}
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirLocked(f"run directory {path} is in use by {describe(read_holder(path))}. Two processes writing "
+                           "one run directory mix their metrics and checkpoints. Fix: wait for that run to end (or "
+                           "stop it: `touch <run dir>/STOP`), or use another run_dir / a fresh run; if it is a "
+                           "finished notebook kernel, restart or shut down that kernel.") from None
+    except OSError as e:  # a filesystem without advisory locks (some FUSE / old NFS mounts): say so, go on unlocked
+        os.close(fd)
+        log(f"WARNING: cannot lock run directory {path} ({e}); another process could write into it too. Fix: keep "
+            "runs_dir on a local disk or a filesystem with lock support.")
+        return {}
+    previous = _read_fd(fd)
+    if previous and previous.get("pid") != os.getpid():
+        log(f"run directory {path}: taking over the stale lock of {describe(previous)} (that process is gone)")
+    now = time.time()
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "start_time": now,
+              "start_utc": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
+              "command": _command_line()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.fsync(fd)
+    _held[path] = fd
+    return record
+
+
+def release(run_dir: str | Path) -> None:
+    """Give the lock back (the process exiting does the same, but leaves its record, then reported as stale)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def read_holder(run_dir: str | Path) -> dict | None:
+    """The holder record in the lock file (last holder if nobody holds it now), or None."""
+    try:
+        d = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def describe(holder: dict | None) -> str:
+    if not holder:
+        return "another process (its lock record is unreadable)"
+    return (f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('start_utc')} "
+            f"({holder.get('command') or 'unknown command'})")
+
+
+def _read_fd(fd: int) -> dict | None:
+    try:
+        d = json.loads(os.pread(fd, 1 << 16, 0).decode() or "null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _command_line() -> str:
+    try:
+        argv = Path("/proc/self/cmdline").read_bytes().split(b"\0")
+        return " ".join(a.decode(errors="replace") for a in argv if a)[:300]
+    except OSError:
+        return ""
