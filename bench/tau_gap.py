@@ -25,7 +25,7 @@ from dflash_lab.config import TrainConfig
 from dflash_lab.data import ChatTemplate, read_conversations, resolve_data_path, tokenize_conversation
 from dflash_lab.speculative import SpeculativeDecoder
 from dflash_lab.step import block_stats
-from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.trainer import Trainer
 from dflash_lab.validation import acceptance_lengths, chain_tau, heldout_source, teacher_forced
 

@@ -3,7 +3,9 @@
 The library is headless (torch + transformers only); the Jupyter layer lives in `widgets/`.
 """
 
-from .config import ConfigError, DrafterConfig, TrainConfig, default_target_layer_ids, devices_for
+from .config import ConfigError, DrafterConfig, TrainConfig
+from .placement import devices_for
+from .target_defaults import default_target_layer_ids
 
 __all__ = ["ConfigError", "DrafterConfig", "TrainConfig", "default_target_layer_ids", "devices_for", "Trainer"]
 __version__ = "0.1.0"

@@ -35,7 +35,8 @@ import torch
 
 from .blocks import build_block_batch, raw_weight_total, sample_anchors
 from . import bench_perf
-from .config import TrainConfig, default_gamma
+from .config import TrainConfig
+from .target_defaults import default_gamma
 from .prepare import prepare_run
 from .targets import load_targets
 

@@ -89,7 +89,7 @@ def fp8_feature_report(model, layer_ids: tuple[int, ...], *, batch_size: int, se
     """The FP8 target against bf16 on one random batch: per extracted layer relative error and cosine, and the
     eager target forward's median time for each."""
     from .fp8 import feature_error
-    from .targets import FeatureExtractor
+    from .features import FeatureExtractor
 
     ref_ext = FeatureExtractor(model, layer_ids)
     fp8_ext = FeatureExtractor(model, layer_ids, fp8=True)

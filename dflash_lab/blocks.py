@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import window_masks
+from .windows import window_masks
 
 
 @dataclass(frozen=True)

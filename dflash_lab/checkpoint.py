@@ -16,6 +16,9 @@ never stops a save. Deletion is rename-then-remove (`step-N` -> `step-N.deleting
 leaves either a complete `step-N` or a `.deleting` folder that the next save removes. Rewriting the same step moves
 the old copy to `step-N.old` before renaming the new one in; a kill between the two renames leaves `step-N.old`,
 which readers use as step N and the next save renames back, so one complete copy always survives.
+
+What goes into the files (optimiser, RNG, replica state) is train_state.py; whether a checkpoint may be resumed
+with the current settings is resume_checks.py.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import errno
 import json
 import math
 import os
-import random
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,15 +43,6 @@ FORMAT_VERSION = 1
 _NAME = re.compile(r"^step-(\d{7,})$")
 REPLACED = ".old"  # suffix of the previous copy while the same step is being rewritten
 DELETING = ".deleting"  # suffix of a checkpoint being removed (rename first, then remove)
-
-# Fields that change the model, the data stream or the optimiser trajectory: a resume must keep them. Every other
-# TrainConfig field (steps, devices, logging, checkpointing, run naming, eval) may change when resuming; changing
-# `steps` re-plans the cosine schedule from the resumed step on, so that run is no longer identical to one started
-# with the new `steps`.
-MUST_MATCH = ("target", "data", "seq_len", "batch_size", "block_size", "num_anchors", "num_draft_layers",
-              "num_target_features", "target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "lr",
-              "weight_decay", "warmup_ratio", "min_lr_ratio", "grad_clip", "gamma", "seed")
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says what is still intact and what to do."""
@@ -364,149 +357,3 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         return Checkpoint(p, state, *(read_tensors(p, n) for n in (DRAFTER_FILE, OPTIMIZER_FILE, RNG_FILE)))
     except CheckpointError as e:
         raise _bad_checkpoint(p, e) from e
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# State capture / restore
-# ---------------------------------------------------------------------------------------------------------------
-def trainable_names(module: torch.nn.Module) -> list[str]:
-    """Names of the parameters MasterAdamW holds, in its order (requires_grad parameters of the module)."""
-    return [n for n, p in module.named_parameters() if p.requires_grad]
-
-
-def optimizer_tensors(optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """fp32 masters + AdamW state keyed by parameter name, and the param groups' hyper-parameters (JSON)."""
-    if len(names) != len(optimizer.masters):
-        raise CheckpointError(f"optimizer holds {len(optimizer.masters)} tensors but the drafter has {len(names)} "
-                              "trainable parameters; the checkpoint would not map back. This is a bug: report it.")
-    sd = optimizer.state_dict()
-    out = {}
-    for i, name in enumerate(names):
-        out[f"master/{name}"] = optimizer.masters[i].detach()
-        for key, val in sd["state"].get(i, {}).items():
-            out[f"{key}/{name}"] = val.detach() if torch.is_tensor(val) else torch.tensor(val)
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-              for g in sd["param_groups"]]
-    return out, groups
-
-
-@torch.no_grad()
-def restore_optimizer(optimizer, names: list[str], tensors: dict[str, torch.Tensor], groups: list[dict]) -> None:
-    """Load masters + AdamW state, then copy the masters into the (possibly bf16) parameters."""
-    missing = [n for n in names if f"master/{n}" not in tensors]
-    if missing:
-        raise CheckpointError(f"checkpoint optimizer state lacks parameters {missing[:5]} (of {len(missing)}); the "
-                              "drafter shape differs from the one that was saved. Fix: resume with the same config.")
-    state = {}
-    for i, name in enumerate(names):
-        per = {key.split("/", 1)[0]: t for key, t in tensors.items() if key.split("/", 1)[1] == name
-               and not key.startswith("master/")}
-        if per:
-            state[i] = per
-    param_groups = []
-    start = 0
-    for g, current in zip(groups, optimizer.state_dict()["param_groups"]):
-        n = len(current["params"])
-        param_groups.append({**{k: (tuple(v) if k == "betas" else v) for k, v in g.items()},
-                             "params": list(range(start, start + n))})
-        start += n
-    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
-    for p, m, name in zip(optimizer.params, optimizer.masters, names):
-        m.copy_(tensors[f"master/{name}"].to(device=m.device, dtype=m.dtype))
-        if m is not p:
-            p.copy_(m)
-
-
-def rng_state(devices: list[torch.device]) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, json) holding torch CPU/CUDA, python and numpy RNG states."""
-    tensors = {"torch_cpu": torch.get_rng_state()}
-    for d in devices:
-        if d.type == "cuda":
-            tensors[f"cuda/{d.index or 0}"] = torch.cuda.get_rng_state(d)
-    version, internal, gauss = random.getstate()
-    meta = {"python": [version, list(internal), gauss]}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        meta["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-    except ImportError:
-        pass
-    return tensors, meta
-
-
-def restore_rng(tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    torch.set_rng_state(tensors["torch_cpu"])
-    for key, t in tensors.items():
-        if key.startswith("cuda/") and torch.cuda.is_available():
-            idx = int(key.split("/")[1])
-            if idx < torch.cuda.device_count():
-                torch.cuda.set_rng_state(t, idx)
-    if "python" in meta:
-        version, internal, gauss = meta["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "numpy" in meta:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = meta["numpy"]
-        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-
-
-@torch.no_grad()
-def restore_replica(module: torch.nn.Module, optimizer, resume: Checkpoint) -> None:
-    """Drafter weights + masters + AdamW state of a checkpoint into one replica (module = the uncompiled drafter)."""
-    from .config import ConfigError
-
-    names = resume.state["optimizer"]["param_names"]
-    if trainable_names(module) != names:
-        raise ConfigError(f"checkpoint {resume.path} holds parameters {names[:4]}... that do not match this "
-                          "drafter's. Fix: resume with the config the checkpoint was trained with.")
-    missing, unexpected = module.load_state_dict(resume.drafter, strict=False)
-    missing = [k for k in missing if not k.startswith("rotary_emb.")]
-    if missing or unexpected:
-        raise ConfigError(f"checkpoint {resume.path}: drafter weights do not fit (missing {missing[:4]}, "
-                          f"unexpected {unexpected[:4]}). Fix: resume with the config it was trained with.")
-    restore_optimizer(optimizer, names, resume.optimizer, resume.state["optimizer"]["param_groups"])
-
-
-def data_fingerprint(data, sampler) -> dict:
-    """Cheap identity of the tokenized data (sample count, epoch length, hash of the sample lengths)."""
-    import hashlib
-
-    return {"num_samples": len(data), "steps_per_epoch": sampler.steps_per_epoch,
-            "lengths_sha1": hashlib.sha1(data.lengths.numpy().tobytes()).hexdigest()}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Resume compatibility
-# ---------------------------------------------------------------------------------------------------------------
-def check_resume(resume: Checkpoint, *, data, sampler, drafter_config: dict) -> None:
-    """Raise ConfigError naming every difference in the data or the drafter's shape since the checkpoint."""
-    from .config import ConfigError
-
-    old = resume.state.get("data", {})
-    diffs = [(f"data.{k}", old[k], v) for k, v in data_fingerprint(data, sampler).items() if k in old and old[k] != v]
-    if diffs:
-        raise ConfigError(format_differences(resume.path, diffs).replace(
-            "Fix:", "The data changed since the checkpoint, so a step would not see the same batch. Fix: resume on "
-            "the data the run was trained on, or"))
-    diffs = config_differences(resume.state["drafter_config"], drafter_config, fields=tuple(drafter_config))
-    if diffs:
-        raise ConfigError(format_differences(resume.path, [(f"drafter.{f}", a, b) for f, a, b in diffs]))
-
-
-def _norm(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
-def config_differences(old: dict, new: dict, fields=MUST_MATCH) -> list[tuple[str, object, object]]:
-    """(field, checkpoint value, new value) for each field in `fields` that differs."""
-    return [(f, old.get(f), new.get(f)) for f in fields if _norm(old.get(f)) != _norm(new.get(f))]
-
-
-def format_differences(checkpoint: Path, diffs: list[tuple[str, object, object]]) -> str:
-    lines = "\n".join(f"  {f}: {old!r} (checkpoint) -> {new!r} (now)" for f, old, new in diffs)
-    return (f"cannot resume from {checkpoint}: {len(diffs)} setting(s) that change the model, the data or the "
-            f"optimiser trajectory differ from the checkpoint's:\n{lines}\nFix: set them back to the checkpoint's "
-            "values (its state.json holds the full config), or start a fresh run (resume_from=None). Fields that "
-            "may change on resume: steps, devices, target_devices, dtype, logging, checkpointing, eval and naming.")

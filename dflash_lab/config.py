@@ -6,7 +6,8 @@ Two configs:
 - `TrainConfig`: what to train on, how long, and how (data, shapes, optimiser, devices, logging).
 
 A bad value raises `ConfigError` at construction naming the field, the value and the fix. Derived values
-(default target layer ids, the loss decay gamma) are computed once, here.
+(default target layer ids, the loss decay gamma; rules in target_defaults.py) are computed once, here. The perf
+knobs are checked in perf_checks.py, per-layer windows in windows.py.
 """
 
 from __future__ import annotations
@@ -18,50 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .sinks import sink_problem
+from .config_errors import ConfigError, fail
 from .field_types import check_field_types
+from .sinks import sink_problem
+from .perf_checks import check_perf_fields
+from .target_defaults import (KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_gamma,
+                              default_target_layer_ids)
+from .windows import check_layer_windows, layer_windows_of, mask_key
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
-# Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
-KNOWN_MASK_TOKEN_IDS = {"qwen3": 151669, "qwen3_moe": 151669, "qwen3_5": 248070, "qwen3_next": 248070, "gpt_oss": 200000}
-# --- real targets (issue 12): model_type "llama" is shared by many vocabularies, so key by (model_type, vocab_size).
-# 49,152 = the SmolLM/SmolLM2 tokenizer, which has no mask token and no spare embedding rows: id 7 is "<gh_stars>",
-# a StarCoder-style repository-metadata special token that no chat template emits and chat text never contains
-# (tests/test_real_target.py checks the chitchat data). See dflash_lab/models.py.
-KNOWN_MASK_TOKEN_IDS_BY_VOCAB = {("llama", 49152): 7}
-DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; the message names the field, the value and the fix."""
-
-
-def _fail(cls: str, name: str, value: Any, why: str, fix: str) -> None:
-    raise ConfigError(f"{cls}.{name}={value!r} is invalid: {why}. Fix: {fix}.")
-
-
-def default_target_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ...]:
-    """DFlash rule: `num_features` ids evenly spaced from 1 to L-3, `round(1 + k*(L-4)/(n-1))`.
-
-    Id i means the OUTPUT of target decoder layer i (= HF `hidden_states[i + 1]`). Qwen3-8B (L=36, n=5) ->
-    (1, 9, 17, 25, 33). n = 1 -> (L // 2,).
-    """
-    if num_features == 1:
-        return (num_target_layers // 2,)
-    if num_target_layers < 4:
-        raise ConfigError(
-            f"num_target_layers={num_target_layers} is too small for the default layer-id rule (needs >= 4). "
-            "Fix: pass target_layer_ids explicitly."
-        )
-    span = num_target_layers - 4
-    return tuple(round(1 + k * span / (num_features - 1)) for k in range(num_features))
-
-
-def default_gamma(block_size: int) -> float:
-    """Loss decay gamma: 7 for B=16, 5 for B=10, 4 for B=8 (paper); otherwise interpolated as B * 7/16."""
-    return DEFAULT_GAMMA.get(block_size, max(1.0, block_size * 7.0 / 16.0))
-
 
 @dataclass(frozen=True, kw_only=True)
 class DrafterConfig:
@@ -113,47 +80,47 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         c = "DrafterConfig"
-        check_field_types(self, _fail)
+        check_field_types(self, fail)
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                _fail(c, name, v, "must be a positive integer", f"set {name} to a value >= 1")
+                fail(c, name, v, "must be a positive integer", f"set {name} to a value >= 1")
         if self.hidden_size != self.target_hidden_size:
-            _fail(c, "hidden_size", self.hidden_size,
-                  f"the drafter's hidden size must equal the target's hidden size ({self.target_hidden_size})",
-                  f"use hidden_size={self.target_hidden_size} (DrafterConfig.from_target does this)")
+            fail(c, "hidden_size", self.hidden_size,
+                 f"the drafter's hidden size must equal the target's hidden size ({self.target_hidden_size})",
+                 f"use hidden_size={self.target_hidden_size} (DrafterConfig.from_target does this)")
         if self.num_attention_heads % self.num_key_value_heads:
-            _fail(c, "num_key_value_heads", self.num_key_value_heads,
-                  f"num_attention_heads={self.num_attention_heads} is not a multiple of it",
-                  "use a divisor of num_attention_heads")
+            fail(c, "num_key_value_heads", self.num_key_value_heads,
+                 f"num_attention_heads={self.num_attention_heads} is not a multiple of it",
+                 "use a divisor of num_attention_heads")
         if not isinstance(self.block_size, int) or self.block_size < 2:
-            _fail(c, "block_size", self.block_size, "a block needs the anchor plus at least one MASK slot",
-                  "use block_size >= 2 (16 is the paper's default; 10 and 8 are also used)")
+            fail(c, "block_size", self.block_size, "a block needs the anchor plus at least one MASK slot",
+                 "use block_size >= 2 (16 is the paper's default; 10 and 8 are also used)")
         if not 0 <= self.mask_token_id < self.vocab_size:
-            _fail(c, "mask_token_id", self.mask_token_id,
-                  f"it is outside the target vocabulary [0, {self.vocab_size})",
-                  "pick a reserved, unused row of the target's embedding (Qwen3: 151669), never resize the vocab")
+            fail(c, "mask_token_id", self.mask_token_id,
+                 f"it is outside the target vocabulary [0, {self.vocab_size})",
+                 "pick a reserved, unused row of the target's embedding (Qwen3: 151669), never resize the vocab")
         ids = tuple(self.target_layer_ids)
         if not ids:
-            _fail(c, "target_layer_ids", ids, "at least one target layer is needed", "pass e.g. (1, 9, 17, 25, 33)")
+            fail(c, "target_layer_ids", ids, "at least one target layer is needed", "pass e.g. (1, 9, 17, 25, 33)")
         bad = [i for i in ids if not 0 <= i < self.num_target_layers]
         if bad:
-            _fail(c, "target_layer_ids", ids,
-                  f"ids {bad} are out of range for a target with {self.num_target_layers} layers "
-                  f"(valid: 0..{self.num_target_layers - 1})",
-                  "use ids in range, or leave them unset for the default rule")
+            fail(c, "target_layer_ids", ids,
+                 f"ids {bad} are out of range for a target with {self.num_target_layers} layers "
+                 f"(valid: 0..{self.num_target_layers - 1})",
+                 "use ids in range, or leave them unset for the default rule")
         if len(set(ids)) != len(ids) or list(ids) != sorted(ids):
-            _fail(c, "target_layer_ids", ids, "ids must be strictly increasing and distinct",
-                  "sort them and drop duplicates")
+            fail(c, "target_layer_ids", ids, "ids must be strictly increasing and distinct",
+                 "sort them and drop duplicates")
         object.__setattr__(self, "target_layer_ids", ids)
         types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         for t in types:
             if t not in LAYER_TYPES:
-                _fail(c, "layer_types", types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
+                fail(c, "layer_types", types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
         if len(types) != self.num_hidden_layers:
-            _fail(c, "layer_types", types, f"it has {len(types)} entries for {self.num_hidden_layers} draft layers",
-                  "give one type per draft layer")
+            fail(c, "layer_types", types, f"it has {len(types)} entries for {self.num_hidden_layers} draft layers",
+                 "give one type per draft layer")
         object.__setattr__(self, "layer_types", types)
         object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
                                                                       self.layer_windows))
@@ -334,7 +301,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
-        check_field_types(self, _fail)
+        check_field_types(self, fail)
         ints = {"steps": 1, "seq_len": 8, "batch_size": 1, "block_size": 2, "num_anchors": 1,
                 "num_draft_layers": 1, "num_target_features": 1, "loss_chunk_size": 1, "log_every": 1,
                 "keep_checkpoints": 1}
@@ -343,116 +310,82 @@ class TrainConfig:
         for name, lo in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                _fail(c, name, v, f"must be an integer >= {lo}", fixes.get(name, f"set {name} >= {lo}"))
+                fail(c, name, v, f"must be an integer >= {lo}", fixes.get(name, f"set {name} >= {lo}"))
         for name in ("checkpoint_every", "eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
-                _fail(c, name, v, "must be an integer >= 0", f"set {name} to 0 (off) or a positive interval")
+                fail(c, name, v, "must be an integer >= 0", f"set {name} to 0 (off) or a positive interval")
         if self.seq_len < 2 * self.block_size:
-            _fail(c, "seq_len", self.seq_len, f"it must hold at least two blocks (2 * block_size = "
-                  f"{2 * self.block_size})", f"use seq_len >= {2 * self.block_size}")
+            fail(c, "seq_len", self.seq_len, f"it must hold at least two blocks (2 * block_size = "
+                 f"{2 * self.block_size})", f"use seq_len >= {2 * self.block_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            _fail(c, "lr", self.lr, "must be a positive finite number", "use e.g. 6e-4")
+            fail(c, "lr", self.lr, "must be a positive finite number", "use e.g. 6e-4")
         if not 0 <= self.warmup_ratio < 1:
-            _fail(c, "warmup_ratio", self.warmup_ratio, "must be in [0, 1)", "use e.g. 0.04")
+            fail(c, "warmup_ratio", self.warmup_ratio, "must be in [0, 1)", "use e.g. 0.04")
         if not 0 <= self.min_lr_ratio <= 1:
-            _fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "use 0.0 for a full cosine decay")
+            fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "use 0.0 for a full cosine decay")
         if self.grad_clip < 0:
-            _fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
+            fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
         if self.weight_decay < 0:
-            _fail(c, "weight_decay", self.weight_decay, "must be >= 0", "use 0.0 (paper) or e.g. 0.01")
+            fail(c, "weight_decay", self.weight_decay, "must be >= 0", "use 0.0 (paper) or e.g. 0.01")
         if not 0 <= self.seed < 2**63:
-            _fail(c, "seed", self.seed, "must be in [0, 2**63)", "use a non-negative integer, e.g. 0")
+            fail(c, "seed", self.seed, "must be in [0, 2**63)", "use a non-negative integer, e.g. 0")
         # Anchors are distinct positions p with p and p + 1 in the sequence: more than seq_len - 1 can never be
         # sampled, and the surplus would still be allocated (num_anchors * block_size positions per sequence).
         if self.num_anchors > self.seq_len - 1:
-            _fail(c, "num_anchors", self.num_anchors, f"at most seq_len - 1 = {self.seq_len - 1} anchors fit in a "
-                  f"sequence of seq_len={self.seq_len}", f"use num_anchors <= {self.seq_len - 1} (paper: 512 for "
-                  "seq_len 3072), or raise seq_len")
+            fail(c, "num_anchors", self.num_anchors, f"at most seq_len - 1 = {self.seq_len - 1} anchors fit in a "
+                 f"sequence of seq_len={self.seq_len}", f"use num_anchors <= {self.seq_len - 1} (paper: 512 for "
+                 "seq_len 3072), or raise seq_len")
         if self.gamma is not None and self.gamma <= 0:
-            _fail(c, "gamma", self.gamma, "must be > 0", "leave it None for the paper's value")
+            fail(c, "gamma", self.gamma, "must be > 0", "leave it None for the paper's value")
         if self.data_format not in ("auto", "openai", "sharegpt"):
-            _fail(c, "data_format", self.data_format, "unknown data format", 'use "auto", "openai" or "sharegpt"')
+            fail(c, "data_format", self.data_format, "unknown data format", 'use "auto", "openai" or "sharegpt"')
         if not (self.enable_thinking is None or isinstance(self.enable_thinking, bool)):
-            _fail(c, "enable_thinking", self.enable_thinking, "must be True, False or None",
-                  "use None for the template's default")
+            fail(c, "enable_thinking", self.enable_thinking, "must be True, False or None",
+                 "use None for the template's default")
         if self.data_errors not in ("skip", "raise"):
-            _fail(c, "data_errors", self.data_errors, "unknown policy", 'use "skip" or "raise"')
+            fail(c, "data_errors", self.data_errors, "unknown policy", 'use "skip" or "raise"')
         if self.dtype not in ("auto", "bfloat16", "float32"):
-            _fail(c, "dtype", self.dtype, "unknown dtype", 'use "auto", "bfloat16" or "float32"')
+            fail(c, "dtype", self.dtype, "unknown dtype", 'use "auto", "bfloat16" or "float32"')
         if self.attention not in ATTENTION_BACKENDS:
-            _fail(c, "attention", self.attention, "unknown attention backend", f"use one of {ATTENTION_BACKENDS}")
+            fail(c, "attention", self.attention, "unknown attention backend", f"use one of {ATTENTION_BACKENDS}")
         for t in self.layer_types:
             if t not in LAYER_TYPES:
-                _fail(c, "layer_types", self.layer_types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
+                fail(c, "layer_types", self.layer_types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
         if self.layer_types and len(self.layer_types) != self.num_draft_layers:
-            _fail(c, "layer_types", self.layer_types,
-                  f"{len(self.layer_types)} entries for {self.num_draft_layers} draft layers",
-                  "give one type per draft layer or leave it empty")
+            fail(c, "layer_types", self.layer_types,
+                 f"{len(self.layer_types)} entries for {self.num_draft_layers} draft layers",
+                 "give one type per draft layer or leave it empty")
         if isinstance(self.devices, str) or not self.devices:
-            _fail(c, "devices", self.devices, "must be a non-empty tuple of device names",
-                  'use e.g. ("cpu",) or ("cuda:0", "cuda:1")')
+            fail(c, "devices", self.devices, "must be a non-empty tuple of device names",
+                 'use e.g. ("cpu",) or ("cuda:0", "cuda:1")')
         object.__setattr__(self, "devices", tuple(self.devices))
         if self.target_devices is not None:
             object.__setattr__(self, "target_devices", tuple(self.target_devices))
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
         if self.batch_size % len(self.devices):
-            _fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
-                  f"use a multiple of {len(self.devices)}")
+            fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
+                 f"use a multiple of {len(self.devices)}")
         # validation (issue 12)
         for name in ("val_every", "real_tau_every"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                _fail(c, name, v, "must be None (auto), 0 (off) or a positive interval", f"set {name}=None or e.g. 100")
+                fail(c, name, v, "must be None (auto), 0 (off) or a positive interval", f"set {name}=None or e.g. 100")
         for name in ("val_sequences", "real_tau_prompts", "real_tau_new_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                _fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
-                      f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
+                fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
+                     f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
         # -- metric sinks (issue 15) --
         if isinstance(self.metric_sinks, str):
-            _fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
+            fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
         object.__setattr__(self, "metric_sinks", tuple(self.metric_sinks))
         for name in self.metric_sinks:
             if (problem := sink_problem(name)) is not None:
-                _fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
-                      "with the package installed")
-        self._check_perf_fields()
-
-    def _check_perf_fields(self) -> None:
-        c = "TrainConfig"
-        if self.layer_windows:
-            types = self.layer_types or ("full_attention",) * self.num_draft_layers
-            object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
-                                                                          self.layer_windows))
-        if self.compile_drafter not in (True, False, "auto"):
-            _fail(c, "compile_drafter", self.compile_drafter, "must be True, False or \"auto\"",
-                  'use False (eager + CUDA graphs), True (compile everywhere) or "auto" (compile on CUDA workers only)')
-        if self.compile_mode in CUDAGRAPH_TREE_MODES:
-            _fail(c, "compile_mode", self.compile_mode,
-                  "it turns on CUDAGraph Trees, whose thread-local state breaks in the engine's worker threads (one "
-                  "thread per GPU captures and replays; trees assume one thread) and would capture on top of the "
-                  "engine's own CUDA-graph capture",
-                  'leave compile_mode=None (or "max-autotune-no-cudagraphs") with cuda_graphs=True: the engine '
-                  "captures the compiled step as a plain CUDA graph itself")
-        if self.compile_mode not in COMPILE_MODES:
-            _fail(c, "compile_mode", self.compile_mode, "unknown torch.compile mode", f"use one of {COMPILE_MODES}")
-        if self.compile_mode is not None and not self.compile_drafter:
-            _fail(c, "compile_mode", self.compile_mode, "it has no effect without compile_drafter=True",
-                  "set compile_drafter=True or leave compile_mode=None")
-        for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(c, name, getattr(self, name), "must be True or False", f"set {name}=False (bf16) or True")
-        if self.drafter_fp8_weight_grad and not self.drafter_fp8:
-            _fail(c, "drafter_fp8_weight_grad", True, "it only applies to an FP8 drafter",
-                  "set drafter_fp8=True as well, or leave drafter_fp8_weight_grad=False")
-        if self.compile_target and self.feature_cache:
-            _fail(c, "compile_target", True, "with a feature_cache no target layer runs",
-                  "set compile_target=False")
-        if self.target_fp8 and self.feature_cache:
-            _fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
-                  "set target_fp8=False, or build the cache from an FP8 target instead")
+                fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
+                     "with the package installed")
+        check_perf_fields(self)
 
     @property
     def resolved_gamma(self) -> float:
@@ -487,68 +420,3 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
-
-
-def devices_for(gpus) -> tuple[str, ...]:
-    """Notebook helper: [] / None -> ("cpu",); [0, 1] -> ("cuda:0", "cuda:1"); strings pass through."""
-    if not gpus:
-        return ("cpu",)
-    if isinstance(gpus, (int, str)):
-        gpus = [gpus]
-    out = []
-    for g in gpus:
-        if isinstance(g, bool) or not isinstance(g, (int, str)):
-            raise ConfigError(f"gpus={gpus!r}: entries must be CUDA ordinals (0, 1, ...) or device names. "
-                              'Fix: e.g. gpus = [0, 1] or gpus = ["cuda:0"].')
-        out.append(f"cuda:{g}" if isinstance(g, int) else g)
-    return tuple(out)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# perf (issues 16/18): per-layer attention windows and compile modes
-# ---------------------------------------------------------------------------------------------------------------
-
-COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
-CUDAGRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
-
-
-def check_layer_windows(cls: str, layer_types: tuple[str, ...], sliding_window: int | None,
-                        layer_windows) -> tuple[int | None, ...]:
-    """Validate per-layer windows against the layer types (and `sliding_window` when they are not given)."""
-    windows = tuple(layer_windows or ())
-    if not windows:
-        if "sliding_attention" in layer_types and (sliding_window is None or sliding_window < 1):
-            _fail(cls, "sliding_window", sliding_window, "sliding_attention layers need a window",
-                  "set sliding_window, e.g. 2048 (or one window per layer in layer_windows)")
-        return windows
-    if len(windows) != len(layer_types):
-        _fail(cls, "layer_windows", windows, f"it has {len(windows)} entries for {len(layer_types)} draft layers",
-              "give one entry per draft layer (None on full_attention layers)")
-    for i, (t, w) in enumerate(zip(layer_types, windows)):
-        if t == "full_attention" and w is not None:
-            _fail(cls, "layer_windows", windows, f"layer {i} is full_attention but has window {w!r}",
-                  "use None for full_attention layers")
-        if t == "sliding_attention" and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-            _fail(cls, "layer_windows", windows, f"layer {i} is sliding_attention but has window {w!r}",
-                  "give sliding layers a positive integer window, e.g. 2048")
-    return windows
-
-
-def layer_windows_of(layer_types, sliding_window, layer_windows=()) -> tuple[int | None, ...]:
-    """Window per layer: `layer_windows` if given, else `sliding_window` on sliding layers; None = full."""
-    if layer_windows:
-        return tuple(layer_windows)
-    return tuple(sliding_window if t == "sliding_attention" else None for t in layer_types)
-
-
-def mask_key(window: int | None, sliding_window: int | None = None) -> str:
-    """Key of a window's mask: "full_attention", "sliding_attention" (the config's `sliding_window`, so single-window
-    callers keep the layer-type keys) or "sliding_attention_<w>" for any other window."""
-    if window is None:
-        return "full_attention"
-    return "sliding_attention" if window == sliding_window else f"sliding_attention_{window}"
-
-
-def window_masks(layer_types, sliding_window, layer_windows=()) -> dict[str, int | None]:
-    """{mask key: window} for the distinct windows of a drafter (what has to be built once per step)."""
-    return {mask_key(w, sliding_window): w for w in layer_windows_of(layer_types, sliding_window, layer_windows)}

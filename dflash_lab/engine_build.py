@@ -11,7 +11,7 @@ from .engine import Engine
 from .fp8 import fp8_train_linears
 from .optim import MasterAdamW
 from .prepare import make_feature_extractor, plan_device
-from .targets import embedding_of, lm_head_weight
+from .features import embedding_of, lm_head_weight
 from .workers import TargetReplica, Worker
 
 

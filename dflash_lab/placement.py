@@ -218,3 +218,18 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
             raise PlacementError(f"{dev} needs ~{need / 1e9:.0f} GB ({what}) and has {free / 1e9:.0f} GB free of "
                                  f"{total / 1e9:.0f} GB: {'; or '.join(hints)}.")
     return report
+
+
+def devices_for(gpus) -> tuple[str, ...]:
+    """Notebook helper: [] / None -> ("cpu",); [0, 1] -> ("cuda:0", "cuda:1"); strings pass through."""
+    if not gpus:
+        return ("cpu",)
+    if isinstance(gpus, (int, str)):
+        gpus = [gpus]
+    out = []
+    for g in gpus:
+        if isinstance(g, bool) or not isinstance(g, (int, str)):
+            raise ConfigError(f"gpus={gpus!r}: entries must be CUDA ordinals (0, 1, ...) or device names. "
+                              'Fix: e.g. gpus = [0, 1] or gpus = ["cuda:0"].')
+        out.append(f"cuda:{g}" if isinstance(g, int) else g)
+    return tuple(out)

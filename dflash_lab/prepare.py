@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, resume_checks
 from .config import DrafterConfig, TrainConfig
 from .data import BatchSampler, TokenizedData, load_dataset
 from .feature_cache import CachedFeatureExtractor
@@ -28,7 +28,8 @@ from .placement import (DevicePlan, Placement, check_placement, device_plan, mak
                         resolve_dtype)
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
-from .targets import FeatureExtractor, load_target_config, load_tokenizer
+from .targets import load_target_config, load_tokenizer
+from .features import FeatureExtractor
 
 def plan_device(config: TrainConfig, device: str | torch.device) -> DevicePlan:
     """`config.dtype` / `config.attention` decided for `device` (placement.device_plan: the one place)."""
@@ -131,7 +132,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     sampler = BatchSampler(data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
                            mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed)
     if resume is not None:
-        checkpoint.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
+        resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
                        schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, dist_checkpoint, run_lock, rundir
+from . import checkpoint, dist_checkpoint, run_lock, rundir, train_state
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
@@ -114,7 +114,7 @@ class RankTrainer:
         self.model = model
         self.drafter = drafter
         self.optimizer = MasterAdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.param_names = checkpoint.trainable_names(drafter)
+        self.param_names = train_state.trainable_names(drafter)
         if not ctx.layout.colocated:
             self.feature_buf = torch.empty(self.part_size, cfg.seq_len,
                                            self.drafter_config.num_target_features * self.drafter_config.hidden_size,
@@ -322,7 +322,7 @@ class RankTrainer:
                                                                         self.param_names, export_dtype=self.dtype)
         if not ctx.is_main:
             return None
-        rng_tensors, rng_meta = checkpoint.rng_state([ctx.device])
+        rng_tensors, rng_meta = train_state.rng_state([ctx.device])
         state = checkpoint_state(self, reason, self.recent_losses, names=self.param_names, groups=groups,
                                  rng=rng_meta, extra={"distributed": ctx.describe()})
         files = {checkpoint.DRAFTER_FILE: weights, checkpoint.OPTIMIZER_FILE: opt_tensors,
@@ -342,9 +342,9 @@ class RankTrainer:
         if self.ctx.config.parallel == "fsdp2":
             dist_checkpoint.restore_sharded(self.optimizer, names, resume.optimizer)
         else:
-            checkpoint.restore_optimizer(self.optimizer, names, resume.optimizer,
+            train_state.restore_optimizer(self.optimizer, names, resume.optimizer,
                                          resume.state["optimizer"]["param_groups"])
-        checkpoint.restore_rng(resume.rng, resume.state.get("rng", {}))
+        train_state.restore_rng(resume.rng, resume.state.get("rng", {}))
         self.step_count = resume.step
         if self.ctx.is_main:
             self.log(f"resumed from {resume.path} at step {resume.step}")

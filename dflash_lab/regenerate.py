@@ -24,7 +24,6 @@ output is seeded per batch (seed + batch number), so it is reproducible for the 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import copy
 import dataclasses
 import json
 import os
@@ -38,6 +37,7 @@ from pathlib import Path
 import torch
 
 from .chat_formats import ChatData, DataError, read_chat_data
+from .regen_local import HFGenerator, greedy_match_check, load_generators
 from .regen_server import FailureLog, ServerGenerator, check_record_settings, check_server_url, server_job
 
 
@@ -120,105 +120,6 @@ class RegenStats:
         import html
 
         return f"<pre>{html.escape(str(self))}</pre>"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Back ends: a list of histories -> a list of (text, finish_reason, new_tokens)
-# ---------------------------------------------------------------------------------------------------------------
-
-class HFGenerator:
-    """Batched generation with a Hugging Face causal LM on one device (left padding, stop at end-of-turn/eos)."""
-
-    def __init__(self, model, tokenizer, sampling: SamplingConfig):
-        self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
-        self.device = next(model.parameters()).device
-        stop = getattr(model.generation_config, "eos_token_id", None)
-        stop = set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
-        if tokenizer.eos_token_id is not None:
-            stop.add(tokenizer.eos_token_id)
-        from .data import ChatTemplate
-
-        eot = ChatTemplate(tokenizer).end_of_turn
-        if eot is not None:
-            stop.add(tokenizer.convert_tokens_to_ids(eot))
-        if not stop:
-            raise DataError(f"tokenizer {tokenizer.name_or_path} has no eos token and the template no end-of-turn "
-                            "token: generation would never stop. Fix: set generation_config.eos_token_id.")
-        self.stop_ids = sorted(stop)
-        if tokenizer.pad_token is None:
-            # Llama-family tokenizers (SmolLM2 from its GGUF, Llama 3) ship no pad token and batched encoding refuses
-            # to pad ("Asking to pad but the tokenizer does not have a padding token"). Left padding is masked out
-            # by the attention mask, so the pad id's value never reaches an answer: the first stop token serves.
-            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(self.stop_ids[0])
-        self.pad_id = tokenizer.pad_token_id
-        self.kwargs = {} if sampling.enable_thinking is None else {"enable_thinking": sampling.enable_thinking}
-
-    def prompt(self, history: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **self.kwargs)
-
-    # Attention scores one generate() call may hold: rows x (padded prompt + new tokens)^2, per head. The math SDPA
-    # path (fp32 with a padding mask) materialises them: 128 rows around one 4,800-token chitchat prompt asked for
-    # 107 GiB on an H200 (issue 12). Batches over the budget are split into consecutive sub-batches.
-    ATTENTION_BUDGET = 1_200_000_000
-
-    def __call__(self, histories: list[list[dict]], seed: int) -> list[tuple[str, str, int]]:
-        prompts = [self.prompt(h) for h in histories]
-        longest = max(len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-        rows = max(1, self.ATTENTION_BUDGET // (longest + self.sampling.max_new_tokens) ** 2)
-        out = []
-        for i in range(0, len(prompts), rows):  # same seed per sub-batch: a split never changes greedy answers
-            out += self._generate(prompts[i:i + rows], seed + i)
-        return out
-
-    @torch.no_grad()
-    def _generate(self, prompts: list[str], seed: int) -> list[tuple[str, str, int]]:
-        s = self.sampling
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True,
-                             padding_side="left", add_special_tokens=False).to(self.device)
-        # Every sampling knob explicitly: unset values would be filled from the model's generation_config (e.g.
-        # Qwen3 ships top_k=20, temperature=0.6), so the recorded settings would not be what was used.
-        kw = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                  do_sample=s.temperature > 0, repetition_penalty=1.0, no_repeat_ngram_size=0)
-        if s.temperature > 0:  # the warpers act only when sampling (greedy ignores them)
-            kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=0.0)
-            if self.device.type == "cuda":
-                with torch.cuda.device(self.device):
-                    torch.cuda.manual_seed(seed)
-            else:
-                torch.manual_seed(seed)
-        out = self.model.generate(**enc, **kw)
-        new = out[:, enc["input_ids"].shape[1]:].tolist()  # .tolist() syncs
-        stops = set(self.stop_ids)
-        results = []
-        for row in new:
-            end = next((i for i, t in enumerate(row) if t in stops), None)
-            toks = row if end is None else row[:end]
-            text = self.tokenizer.decode(toks, skip_special_tokens=False)
-            results.append((text, "length" if end is None else "stop", len(row) if end is None else end + 1))
-        return results
-
-
-def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size: int) -> dict:
-    """Does batched, left-padded greedy reproduce what the target says ALONE (batch 1, as served)? Generates each
-    history both ways with the same model and dtype and compares token ids. In bf16, batching changes reduction
-    orders and flips near-tied argmaxes (issue 12: 11 of 24 SmolLM2 prompts diverged on CPU; 0 of 24 in fp32), so
-    the training text would not be the served text: record the rate and regenerate in the dtype that matches."""
-    t0 = time.perf_counter()
-    batched = []
-    for b0 in range(0, len(histories), batch_size):
-        batched += gen(histories[b0:b0 + batch_size], seed=0)
-    single = [gen([h], seed=0)[0] for h in histories]
-    diverged = []
-    for i, ((tb, _, nb), (ts, _, ns)) in enumerate(zip(batched, single)):
-        if tb != ts:
-            a, b = gen.tokenizer.encode(tb, add_special_tokens=False), gen.tokenizer.encode(ts, add_special_tokens=False)
-            first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diverged.append({"index": i, "first_differing_token": first, "batched_tokens": nb, "single_tokens": ns})
-    n = len(histories)
-    return {"checked": n, "identical": n - len(diverged), "match_rate": round((n - len(diverged)) / max(n, 1), 4),
-            "dtype": str(next(gen.model.parameters()).dtype).replace("torch.", ""), "device": str(gen.device),
-            "batch_size": min(batch_size, n), "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
-            "summary": f"{n - len(diverged)}/{n} identical to single-sequence greedy"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,12 +276,6 @@ def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: _Writer, genera
             writer.add(j.record(generation))
 
 
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
-
-
 def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "tiny", devices=("cpu",),
                batch_size: int = 16, sampling: SamplingConfig | None = None, server_url: str | None = None,
                server_model: str | None = None, concurrency: int = 8, dtype: str = "auto",
@@ -440,7 +335,7 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                                  retries=server_retries, backoff_s=server_backoff_s, log=log)
         generation.update(model=server.model, server_url=server_url)
     else:
-        gens = _load_generators(target, devices, sampling, dtype, models, log)
+        gens = load_generators(target, devices, sampling, dtype, models, log)
         if match_check > 0 and sampling.temperature == 0:
             firsts = [_Job(c).next_prompt() for c in todo[:match_check]]
             stats.greedy_match = greedy_match_check(gens[0], firsts, batch_size)
@@ -476,24 +371,6 @@ def _wait(futs, stop: threading.Event) -> None:
     except BaseException:  # KeyboardInterrupt or a worker error: stop the others, keep what is written
         stop.set()
         raise
-
-
-def _load_generators(target, devices, sampling, dtype, models, log) -> list[HFGenerator]:
-    from .targets import load_target, load_tokenizer
-
-    tokenizer = load_tokenizer(target)
-    gens = []
-    for name in devices:
-        dev = torch.device(name)
-        if models and name in models:
-            model = models[name]
-        else:
-            t0 = time.perf_counter()
-            model = load_target(target, device=dev, dtype=_resolve_dtype(dtype, dev))
-            log(f"regenerate: loaded {target} on {dev} in {time.perf_counter() - t0:.1f}s")
-        # one tokenizer per device thread: a fast tokenizer's padding state is per object
-        gens.append(HFGenerator(model, tokenizer if not gens else copy.deepcopy(tokenizer), sampling))
-    return gens
 
 
 def _length_grouped_batches(convs, batch_size: int, window: int = 16):

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from . import checkpoint
+from . import checkpoint, resume_checks, train_state
 from .config import ConfigError, TrainConfig
 from .schedule import LRSchedule
 
@@ -97,9 +97,9 @@ def save(trainer, reason: str, recent_losses: list[float]) -> tuple[Path, list[P
     the checkpoints rotation removed."""
     cfg = trainer.config
     module = trainer.drafter  # the uncompiled module of replica 0; every replica holds the same weights
-    names = checkpoint.trainable_names(module)
-    opt_tensors, groups = checkpoint.optimizer_tensors(trainer.workers[0].optimizer, names)
-    rng_tensors, rng_meta = checkpoint.rng_state([w.device for w in trainer.workers])
+    names = train_state.trainable_names(module)
+    opt_tensors, groups = train_state.optimizer_tensors(trainer.workers[0].optimizer, names)
+    rng_tensors, rng_meta = train_state.rng_state([w.device for w in trainer.workers])
     state = checkpoint_state(trainer, reason, recent_losses, names=names, groups=groups, rng=rng_meta,
                              lr_override=trainer.controls.new_lr)
     drafter = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()
@@ -121,7 +121,7 @@ def checkpoint_state(run, reason: str, recent_losses: list[float], *, names, gro
         "format_version": checkpoint.FORMAT_VERSION, "step": step, "reason": reason, "time": time.time(),
         "loss": (run.last_metrics or {}).get("loss"),
         "loss_avg": sum(recent_losses) / len(recent_losses) if recent_losses else None,  # rotation keeps the best
-        "data": {"epoch": epoch, "index_in_epoch": index, **checkpoint.data_fingerprint(run.data, run.sampler)},
+        "data": {"epoch": epoch, "index_in_epoch": index, **resume_checks.data_fingerprint(run.data, run.sampler)},
         "scheduler": {"next_step": step, "next_lr": lr_override if lr_override is not None else run.schedule.lr(step),
                       "lr_override": lr_override, "total_steps": cfg.steps, "warmup_steps": cfg.warmup_steps},
         "optimizer": {"param_names": names, "param_groups": groups},
@@ -132,7 +132,7 @@ def checkpoint_state(run, reason: str, recent_losses: list[float], *, names, gro
 def restore(trainer, resume: checkpoint.Checkpoint) -> None:
     """Load drafter, masters + AdamW state, RNG, step and lr override into every replica."""
     for w in trainer.workers:
-        checkpoint.restore_replica(getattr(w.drafter, "_orig_mod", w.drafter), w.optimizer, resume)
-    checkpoint.restore_rng(resume.rng, resume.state.get("rng", {}))
+        train_state.restore_replica(getattr(w.drafter, "_orig_mod", w.drafter), w.optimizer, resume)
+    train_state.restore_rng(resume.rng, resume.state.get("rng", {}))
     trainer.step_count = resume.step
     trainer.controls.new_lr = resume.state.get("scheduler", {}).get("lr_override")

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DrafterConfig, window_masks
+from .config import DrafterConfig
+from .windows import window_masks
 from .drafter import DFlashDrafter
-from .targets import decoder_of, embedding_of, lm_head_weight
+from .features import decoder_of, embedding_of, lm_head_weight
 
 
 class DrafterMismatchError(ValueError):

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .drafter import DFlashDrafter
 from .speculative import GenerationResult, SpeculativeDecoder, target_text_config, finish_result, speculative_accept
-from .targets import decoder_of
+from .features import decoder_of
 
 
 class PositionedKVCache:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
-import os
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import torch
 from . import checkpoint, run_lock, rundir
 from . import resume as resume_state
 from .config import TrainConfig
+from .controls import STOP_FILE, Controls, counted_loop
 from .drafter import DFlashDrafter
 from .engine_build import build_engine
 from .metrics import MetricsLogger, Throughput
@@ -38,57 +37,12 @@ from .targets import load_targets
 from .validation import Validator, tau_gap_event, validation_line
 
 
-STOP_FILE = "STOP"
-
-
 class TrainingDiverged(RuntimeError):
     """The loss or gradient norm became NaN/inf; the run stopped and the last good checkpoint was kept."""
 
 
 def _print_flush(*args) -> None:
     print(*args, flush=True)  # flushed so `papermill --log-output` and `tail -f` show each line as it happens
-
-
-def _counted_loop(fn):
-    """Counts step()/train() calls in progress in `trainer.loops_running` (a dashboard's Run button checks it so it
-    never starts a second loop on a trainer that a busy cell or thread is driving)."""
-
-    def wrapper(self, *args, **kwargs):
-        self.loops_running += 1
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            self.loops_running -= 1
-
-    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = fn.__name__, fn.__doc__, fn
-    return wrapper
-
-
-class Controls:
-    """Events a dashboard or a STOP file sets; the training loop reads them at step boundaries only."""
-
-    def __init__(self):
-        self.pause = threading.Event()
-        self.stop = threading.Event()
-        self.checkpoint = threading.Event()
-        self.new_lr: float | None = None
-        # -- dashboard semantics (issue 15) --
-        # Stop ends the run: later step()/train() calls from cells (Run All) return at once until a Run / Step N
-        # button (or `controls.stopped.clear()`) says to go on.
-        self.stopped = threading.Event()
-        self.paused_steps = 0  # Step N while paused: the paused loop takes this many steps, then stays paused
-        self._lock = threading.Lock()
-
-    def add_paused_steps(self, n: int) -> None:
-        with self._lock:
-            self.paused_steps += n
-
-    def take_paused_step(self) -> bool:
-        with self._lock:
-            if self.paused_steps > 0:
-                self.paused_steps -= 1
-                return True
-            return False
 
 
 class Trainer:
@@ -138,7 +92,7 @@ class Trainer:
             self.metrics.ring.append(row)
         self.throughput = Throughput()
         self.controls = Controls()
-        self.loops_running = 0  # step()/train() calls in progress (see _counted_loop)
+        self.loops_running = 0  # step()/train() calls in progress (see controls.counted_loop)
         self.step_count = 0
         self.last_batch = None
         self.last_metrics: dict | None = previous_rows[-1] if previous_rows else None
@@ -177,7 +131,7 @@ class Trainer:
             return self.controls.new_lr
         return self.schedule.lr(self.step_count)
 
-    @_counted_loop
+    @counted_loop
     def step(self, n: int = 1) -> dict:
         """Run n optimizer steps; returns the metrics of the last one.
 
@@ -320,7 +274,7 @@ class Trainer:
             mem["rss_gb"] = rss
         return mem
 
-    @_counted_loop
+    @counted_loop
     def train(self, steps: int | None = None, *, progress_every_s: float = 10.0, progress_every_steps: int = 0,
               callbacks=()) -> dict | None:
         """Run until `steps` (default config.steps) total steps; returns the last step's metrics.
@@ -389,22 +343,13 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         """controls.stop (dashboard) or a STOP file in the run dir; both are consumed (a resume does not stop)."""
-        if self.controls.stop.is_set():
-            self.controls.stop.clear()
-            self.controls.stopped.set()
-            self._event("stop_requested", step=self.step_count, source="controls.stop")
-            return True
-        stop = self.run_dir / STOP_FILE if self.run_dir else None
-        if stop is not None and stop.exists():  # one stat per step: microseconds
-            try:
-                os.replace(stop, self.run_dir / "STOP.done")
-            except OSError:
-                pass
-            self.controls.stopped.set()
-            self._event("stop_requested", step=self.step_count, source=str(stop))
+        source = self.controls.consume_stop(self.run_dir)
+        if source is None:
+            return False
+        self._event("stop_requested", step=self.step_count, source=source)
+        if source != "controls.stop":
             self.log(f"STOP file found at step {self.step_count}: checkpointing and stopping")
-            return True
-        return False
+        return True
 
     # ----------------------------------------------------------------------------------------------------------
     def _log_last_step(self) -> None:

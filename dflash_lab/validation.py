@@ -28,7 +28,7 @@ from .blocks import build_block_batch
 from .data import DataError, read_conversations, tokenize_dataset
 from .evaluate import heldout_tau, load_prompts
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
-from .targets import FeatureExtractor, embedding_of, lm_head_weight
+from .features import FeatureExtractor, embedding_of, lm_head_weight
 
 # Validation runs anchors in passes of this many blocks per sequence: the dense mask of one pass is
 # VAL_BATCH x (N*B) x (S + N*B) booleans (4 x 1024 x 1536 = 6.3 MB at seq_len 512, B 16).

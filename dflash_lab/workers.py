@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import BlockBatch, attention_masks, flex_mask_mods
-from .config import window_masks
+from .windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .step import DraftInputs, forward_backward
 from .streams import DeviceThread, StaticBuffers, Timeline, mark

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from dflash_lab import checkpoint
+from dflash_lab import checkpoint, resume_checks, train_state
 from dflash_lab.optim import MasterAdamW
 
 
@@ -106,8 +106,8 @@ def test_optimizer_round_trip_continues_identically(tmp_path, dtype):
     m = _module(dtype)
     opt = MasterAdamW(m.parameters(), lr=1e-2)
     _train(m, opt, 3, 0)
-    names = checkpoint.trainable_names(m)
-    tensors, groups = checkpoint.optimizer_tensors(opt, names)
+    names = train_state.trainable_names(m)
+    tensors, groups = train_state.optimizer_tensors(opt, names)
     p = checkpoint.write_checkpoint(tmp_path, 3, {checkpoint.OPTIMIZER_FILE: tensors},
                                     {**_state(3, 1.0), "groups": groups})
     expected = _train(m, opt, 4, 3)
@@ -115,28 +115,28 @@ def test_optimizer_round_trip_continues_identically(tmp_path, dtype):
     m2 = _module(dtype)  # fresh weights and optimiser, then restore
     opt2 = MasterAdamW(m2.parameters(), lr=1e-2)
     loaded = checkpoint.read_tensors(p, checkpoint.OPTIMIZER_FILE)
-    checkpoint.restore_optimizer(opt2, names, loaded, json.loads(json.dumps(checkpoint.read_state(p)["groups"])))
+    train_state.restore_optimizer(opt2, names, loaded, json.loads(json.dumps(checkpoint.read_state(p)["groups"])))
     assert _train(m2, opt2, 4, 3) == expected
     if dtype == torch.bfloat16:
         assert all(mm.dtype == torch.float32 for mm in opt2.masters)
 
 
 def test_rng_state_round_trip():
-    tensors, meta = checkpoint.rng_state([torch.device("cpu")])
+    tensors, meta = train_state.rng_state([torch.device("cpu")])
     meta = json.loads(json.dumps(meta))  # it must survive JSON
     a = (torch.rand(3).tolist(), random.random())
     torch.manual_seed(123)
     random.seed(5)
-    checkpoint.restore_rng(tensors, meta)
+    train_state.restore_rng(tensors, meta)
     assert (torch.rand(3).tolist(), random.random()) == a
 
 
 def test_config_differences_name_each_field(tmp_path):
     old = {"seq_len": 64, "lr": 1e-3, "layer_types": ["full_attention"], "steps": 10}
     new = {"seq_len": 128, "lr": 1e-3, "layer_types": ("full_attention",), "steps": 99}
-    diffs = checkpoint.config_differences(old, new)
+    diffs = resume_checks.config_differences(old, new)
     assert diffs == [("seq_len", 64, 128)]  # tuple vs list is no difference; steps may change
-    msg = checkpoint.format_differences(tmp_path, diffs)
+    msg = resume_checks.format_differences(tmp_path, diffs)
     assert "seq_len: 64 (checkpoint) -> 128 (now)" in msg
 
 

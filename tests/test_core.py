@@ -12,7 +12,7 @@ from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter import DFlashDrafter
 from dflash_lab.optim import lr_at
 from dflash_lab.step import DraftInputs, build_masks, chunked_head_ce, drafter_loss
-from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
 from tests.conftest import make_tiny_qwen3
 
 S, B = 48, 8
@@ -191,7 +191,7 @@ def test_f_flex_and_dense_masks_agree(layer_types, window):
 
 
 def test_g_layer_id_rule():
-    from dflash_lab.config import default_target_layer_ids
+    from dflash_lab.target_defaults import default_target_layer_ids
 
     assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)
 

@@ -28,7 +28,7 @@ def setup():
 
 @pytest.fixture(scope="module")
 def live(setup):
-    from dflash_lab.targets import FeatureExtractor
+    from dflash_lab.features import FeatureExtractor
 
     _, model, data = setup
     return FeatureExtractor(model, LAYERS)(data.input_ids.long())  # (12, 160, 3*H) over the full padded rows
@@ -82,7 +82,7 @@ def test_a_training_step_from_the_cache_equals_one_with_the_live_target(setup, c
     from dflash_lab.drafter import DFlashDrafter
     from dflash_lab.optim import MasterAdamW
     from dflash_lab.step import DraftInputs, build_masks, train_step
-    from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
+    from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
 
     tok, model, data = setup
     dc = DrafterConfig.from_target(model.config, num_draft_layers=1, target_layer_ids=LAYERS, block_size=8,

@@ -11,7 +11,7 @@ from dflash_lab.bench import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.engine_build import build_engine
 from dflash_lab.placement import make_placement
-from dflash_lab.targets import FeatureExtractor
+from dflash_lab.features import FeatureExtractor
 from tests.conftest import make_tiny_qwen3
 
 S, N, B = 64, 4, 8

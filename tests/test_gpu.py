@@ -198,7 +198,7 @@ def test_mixed_windows_compiled_under_capture_no_recompiles_equal_to_eager(devic
 
 def test_fp8_target_features_error_per_layer():
     from dflash_lab import fp8
-    from dflash_lab.targets import FeatureExtractor
+    from dflash_lab.features import FeatureExtractor
 
     model = load_targets("bench:tiny", ["cuda:0"], dtype=torch.bfloat16)[0]
     ids = torch.randint(0, 1024, (2, S), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

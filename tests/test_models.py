@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from dflash_lab import models
-from dflash_lab.config import DrafterConfig, default_target_layer_ids
+from dflash_lab.config import DrafterConfig
+from dflash_lab.target_defaults import default_target_layer_ids
 from dflash_lab.targets import TargetLoadError, resolve_target_path
 
 NAME = "smollm2-135m-instruct"

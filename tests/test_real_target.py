@@ -125,7 +125,7 @@ def test_two_training_steps_then_speculative_decoding_equals_target_greedy(folde
 
 def test_feature_extractor_returns_the_right_llama_layers(target, tokenizer):
     """DFlash id i = OUTPUT of decoder layer i = HF hidden_states[i + 1], for LlamaForCausalLM too."""
-    from dflash_lab.targets import FeatureExtractor
+    from dflash_lab.features import FeatureExtractor
 
     ids = torch.tensor([tokenizer("Hello there, how are you doing today?")["input_ids"]])
     feats = FeatureExtractor(target, (1, 14, 27))(ids)

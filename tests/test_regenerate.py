@@ -226,7 +226,7 @@ def test_tokenizer_without_pad_token_gets_one_and_batches(tiny):
     "Asking to pad but the tokenizer does not have a padding token"."""
     import copy
 
-    from dflash_lab.regenerate import HFGenerator
+    from dflash_lab.regen_local import HFGenerator
 
     model, tok = tiny
     tok = copy.deepcopy(tok)

@@ -16,7 +16,7 @@ from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter import DFlashDrafter
 from dflash_lab.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible, speculative_accept)
-from dflash_lab.targets import FeatureExtractor, embedding_of
+from dflash_lab.features import FeatureExtractor, embedding_of
 from tests.conftest import make_tiny_qwen3
 
 # The trained-drafter shape every test of issue 3 shares (the demo's shape, trained only a few steps).

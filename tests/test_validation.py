@@ -10,7 +10,7 @@ import torch
 from dflash_lab import TrainConfig, Trainer
 from dflash_lab.config import ConfigError
 from dflash_lab.speculative import SpeculativeDecoder
-from dflash_lab.targets import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.tiny import tiny_heldout_path
 from dflash_lab.validation import (acceptance_lengths, all_anchors, chain_tau, due, heldout_source,
                                    real_tau_interval, tau_gap, tau_gap_event, teacher_forced, val_interval)

@@ -1,0 +1,45 @@
+"""Validation of TrainConfig's perf knobs (issues 16/18): per-layer attention windows, torch.compile modes, FP8."""
+
+from __future__ import annotations
+
+from .config_errors import fail
+from .windows import check_layer_windows
+
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+CUDAGRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_perf_fields(cfg) -> None:
+    """The perf knobs of a TrainConfig: per-layer windows, torch.compile, FP8 (raises ConfigError naming the fix)."""
+    c = "TrainConfig"
+    if cfg.layer_windows:
+        types = cfg.layer_types or ("full_attention",) * cfg.num_draft_layers
+        object.__setattr__(cfg, "layer_windows", check_layer_windows(c, types, cfg.sliding_window,
+                                                                     cfg.layer_windows))
+    if cfg.compile_drafter not in (True, False, "auto"):
+        fail(c, "compile_drafter", cfg.compile_drafter, "must be True, False or \"auto\"",
+             'use False (eager + CUDA graphs), True (compile everywhere) or "auto" (compile on CUDA workers only)')
+    if cfg.compile_mode in CUDAGRAPH_TREE_MODES:
+        fail(c, "compile_mode", cfg.compile_mode,
+             "it turns on CUDAGraph Trees, whose thread-local state breaks in the engine's worker threads (one "
+             "thread per GPU captures and replays; trees assume one thread) and would capture on top of the "
+             "engine's own CUDA-graph capture",
+             'leave compile_mode=None (or "max-autotune-no-cudagraphs") with cuda_graphs=True: the engine '
+             "captures the compiled step as a plain CUDA graph itself")
+    if cfg.compile_mode not in COMPILE_MODES:
+        fail(c, "compile_mode", cfg.compile_mode, "unknown torch.compile mode", f"use one of {COMPILE_MODES}")
+    if cfg.compile_mode is not None and not cfg.compile_drafter:
+        fail(c, "compile_mode", cfg.compile_mode, "it has no effect without compile_drafter=True",
+             "set compile_drafter=True or leave compile_mode=None")
+    for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"):
+        if not isinstance(getattr(cfg, name), bool):
+            fail(c, name, getattr(cfg, name), "must be True or False", f"set {name}=False (bf16) or True")
+    if cfg.drafter_fp8_weight_grad and not cfg.drafter_fp8:
+        fail(c, "drafter_fp8_weight_grad", True, "it only applies to an FP8 drafter",
+             "set drafter_fp8=True as well, or leave drafter_fp8_weight_grad=False")
+    if cfg.compile_target and cfg.feature_cache:
+        fail(c, "compile_target", True, "with a feature_cache no target layer runs",
+             "set compile_target=False")
+    if cfg.target_fp8 and cfg.feature_cache:
+        fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
+             "set target_fp8=False, or build the cache from an FP8 target instead")
