@@ -95,7 +95,8 @@ def ddp_run(reference):
     cfg, base = reference["cfg"], reference["base"]
     params = dict(target=cfg.target, data=cfg.data, steps=cfg.steps, block_size=cfg.block_size,
                   num_anchors=cfg.num_anchors, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-                  num_draft_layers=cfg.num_draft_layers, seed=cfg.seed, run_name="nb-ddp", runs_dir=str(base / "nb"),
+                  num_draft_layers=cfg.num_draft_layers, lr=cfg.lr, seed=cfg.seed, run_name="nb-ddp",
+                  runs_dir=str(base / "nb"),
                   log_every=1, checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints,
                   nproc_per_node=2, gpus=[], parallel="ddp", timeout_s=30.0, follow_s=float(RUN_TIMEOUT_S))
     out = base / "launch-out.ipynb"
