@@ -55,8 +55,12 @@ def check_field_types(obj: Any, fail: Callable[[str, str, Any, str, str], None])
             object.__setattr__(obj, f.name, v)
         example = f", e.g. the default {f.default!r}" if f.default not in (dataclasses.MISSING, None) else ""
         if not _matches(v, hint):
-            fail(c, f.name, v, f"must be {_type_name(hint)}, got {type(v).__name__}",
-                 f"pass a value of type {_type_name(hint)}{example} (papermill: `-p {f.name} 0.001`; quoted "
-                 "numbers stay strings)")
+            if "tuple" in str(hint):  # a lone string for a tuple field: say how to wrap it
+                fix = (f"use ({v!r},)" if isinstance(v, str) else f"pass a tuple{example}") + \
+                      f" (papermill: `-y '{f.name}: [...]'`)"
+            else:
+                fix = (f"pass a value of type {_type_name(hint)}{example} (papermill: `-p {f.name} 0.001`; quoted "
+                       "numbers stay strings)")
+            fail(c, f.name, v, f"must be {_type_name(hint)}, got {type(v).__name__}", fix)
         if isinstance(v, float) and not math.isfinite(v):
             fail(c, f.name, v, "must be a finite number", f"pass a finite value{example}")

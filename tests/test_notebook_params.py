@@ -17,8 +17,8 @@ PAPERMILL = [sys.executable, "-m", "papermill", str(NOTEBOOK)]
 
 def test_defaults_come_from_the_parameters_cell_and_set_names_are_found():
     defaults = notebook_params.parameter_defaults("train.ipynb")
-    assert defaults["steps"] == 200 and defaults["resume_from"] == "" and "gpus" in defaults
-    ns = {**defaults, "lr": 3e-4, "In": ["", "# Parameters\nresume_from = \"runs/x\"\nsteps = 200\n"],
+    assert defaults["steps"] == 400 and defaults["resume_from"] == "" and "gpus" in defaults
+    ns = {**defaults, "lr": 3e-4, "In": ["", "# Parameters\nresume_from = \"runs/x\"\nsteps = 400\n"],
           "resume_from": "runs/x"}
     params = notebook_params.check(ns, "train.ipynb")
     assert set(params.set_by_user) == {"resume_from", "steps", "lr"}  # injected (even at the default) or edited
@@ -58,7 +58,7 @@ def test_papermill_resume_with_only_resume_from_continues_the_original_run(tmp_p
     assert first.returncode == 0, first.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     losses = {r["step"]: r["loss"] for r in rundir.read_jsonl(run / rundir.METRICS_FILE)}
-    # resume from the step-3 checkpoint: every other parameter is at the notebook's default (steps=200, lr=6e-4, ...)
+    # resume from the step-3 checkpoint: every other parameter is at the notebook's default
     again = _papermill(tmp_path, "again", resume_from=str(run / "checkpoints" / "step-0000003"))
     assert again.returncode == 0, again.stderr[-3000:]
     nb = json.loads((tmp_path / "again.ipynb").read_text())

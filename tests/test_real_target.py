@@ -144,7 +144,7 @@ def test_recipe_notebook_runs_headless_with_tiny_settings(folder, tmp_path):
 
     repo = Path(__file__).resolve().parent.parent
     work = tmp_path / "recipe"
-    params = dict(work_dir=str(work), n_train=4, regen_batch_size=4, regen_max_new_tokens=40, match_check=2,
+    params = dict(work_dir=str(work), n_train=4, heldout=4, regen_batch_size=4, regen_max_new_tokens=40, match_check=2,
                   steps=1, seq_len=96, batch_size=2, num_anchors=2, num_draft_layers=1, eval_prompts=1,
                   eval_max_new_tokens=8, eval_block_sizes=[16], eval_temperatures=[0.0], threads=1)
     pm.execute_notebook(str(repo / "notebooks" / "recipes" / "smollm2.ipynb"), str(tmp_path / "out.ipynb"),
