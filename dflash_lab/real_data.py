@@ -23,10 +23,11 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .models import pip_install_no_deps
 
 CHITCHAT_PACKAGE = "chitchat-dataset==0.9.0"
 CHITCHAT_MODULE = "chitchat_dataset"
@@ -40,14 +41,11 @@ def chitchat_file(*, install: bool = True, log=print) -> Path:
     """Path of chitchat_dataset/dataset.json, installing the wheel (--no-deps) if missing."""
     spec = importlib.util.find_spec(CHITCHAT_MODULE)
     if spec is None and install:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-               CHITCHAT_PACKAGE]
         log(f"[real_data] installing {CHITCHAT_PACKAGE} ...")
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RealDataError(f"could not install {CHITCHAT_PACKAGE}: {(r.stderr or r.stdout).strip()[-300:]}. "
-                                f"HINT: run `{' '.join(cmd[:3])} install --no-deps {CHITCHAT_PACKAGE}`.")
-        importlib.invalidate_caches()
+        failed = pip_install_no_deps(CHITCHAT_PACKAGE)
+        if failed:
+            raise RealDataError(f"could not install {CHITCHAT_PACKAGE} ({failed}). HINT: run "
+                                f"`{sys.executable} -m pip install --no-deps {CHITCHAT_PACKAGE}`.")
         spec = importlib.util.find_spec(CHITCHAT_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise RealDataError(f"{CHITCHAT_PACKAGE} is not installed. HINT: run "
