@@ -17,10 +17,15 @@ PYTHONPATH=/tmp/site timeout ${T_PEER:-330} python3 .whl/peer_speculators.py --s
   --only spec_paper_A_with_target --budget-s 320 --out "$OUT/peer.json" > "$OUT/peer.log" 2>&1
 step "peer rc=$?"
 step "ours, same GPU: bf16 graph, FP8 graph, FP8 + compiled drafter, + compiled target, FP8 incl. weight grads"
-PYTHONPATH=$PWD timeout ${T_OURS:-200} python3 -m dflash_lab.bench --shape paper --gpus 0 \
-  --variants ${OUR_VARIANTS:-graph,graph-fp8,compile-fp8,compile-fp8-ct,graph-fp8w} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
+PYTHONPATH=$PWD timeout ${T_OURS:-120} python3 -m dflash_lab.bench --shape paper --gpus 0 \
+  --variants ${OUR_VARIANTS:-graph,compile,compile-fp8} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
   > /dev/null 2> "$OUT/bench_ours.log"
 step "ours rc=$?"
+step "ours, 32B-class shape (S=4096, colocated; the harness has no peer scenario for it): bf16 graph, FP8 compiled"
+PYTHONPATH=$PWD timeout ${T_BIG:-130} python3 -m dflash_lab.bench --shape big --gpus 0 \
+  --variants ${BIG_VARIANTS:-graph,compile-fp8} --steps 10 --warmup 4 --out "$OUT/bench.jsonl" \
+  > /dev/null 2> "$OUT/bench_big.log"
+step "big rc=$?"
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -32,8 +37,9 @@ for line in (out / "bench.jsonl").read_text().splitlines() if (out / "bench.json
     r = json.loads(line)
     if "error" in r:
         print("ERROR", r.get("variant"), r["error"][:300]); continue
-    ratio = round(peer["ms_per_step"] / r["step_ms_median"], 3) if peer.get("ms_per_step") else None
-    print("OURS", r["variant"], r["step_ms_median"], "ms |", r["tokens_per_s"], "tok/s | x peer", ratio,
+    ratio = (round(peer["ms_per_step"] / r["step_ms_median"], 3)
+             if peer.get("ms_per_step") and r["shape"] == "paper" else None)
+    print("OURS", r["shape"], r["variant"], r["step_ms_median"], "ms |", r["tokens_per_s"], "tok/s | x peer", ratio,
           "| time to 1st step", r["time_to_first_step_s"], "s | peak GiB", r["engine"].get("peak_mem_gb/cuda:0"))
 PY
 step "done"
