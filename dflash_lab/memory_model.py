@@ -7,7 +7,7 @@ Parameter counts come from model_size.py. Per device:
 - drafter: weights + grads in the compute dtype, fp32 masters + AdamW m, v (12 bytes/param; 8 when the weights are
   fp32 and ARE the masters), what autograd keeps for one step, features copied in and frozen embedding/head copies
   (split placements);
-- CUDA: + 10% allocator slack + 1 GiB context / cuBLAS workspaces.
+- CUDA: + 12% allocator slack + 1 GiB context / cuBLAS workspaces.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .model_size import text_config
 
 GIB = 2**30
 CUDA_OVERHEAD_BYTES = 1 * GIB
-ALLOCATOR_SLACK = 0.10
+ALLOCATOR_SLACK = 0.12
 
 
 def target_activation_bytes(tc, *, batch: int, seq_len: int, num_features: int, dtype_bytes: int) -> int:
@@ -37,16 +37,23 @@ def target_activation_bytes(tc, *, batch: int, seq_len: int, num_features: int, 
 
 
 def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, dtype_bytes: int,
-                             chunk_size: int, backend: str) -> int:
-    """What autograd keeps for one micro-batch of the drafter step, plus the head's chunk buffers."""
+                             chunk_size: int, backend: str, fused_norms: bool = False) -> int:
+    """What autograd keeps for one micro-batch of the drafter step, plus the head's chunk buffers.
+
+    `fused_norms`: on CUDA the drafter's RMSNorm is one fused kernel (drafter.RMSNorm) that keeps only its bf16 input
+    and the fp32 rstd, not the fp32 intermediates of the eager CPU path. Counting them anyway overstated the paper
+    shape's peak by ~5 GiB and refused the 32B-class shape colocated on one H200 (142 GiB estimated, 109 GiB measured
+    at commit 49c1fff).
+    """
     H, Iw, D = dc.hidden_size, dc.intermediate_size, dc.num_hidden_layers
     nh, nkv, hd = dc.num_attention_heads, dc.num_key_value_heads, dc.head_dim
     n = len(dc.target_layer_ids)
     Q = num_anchors * dc.block_size
     KV = seq_len + Q
     c = dtype_bytes
-    per_layer = c * (Q * (4 * H + 3 * nh * hd + 4 * Iw) + KV * 5 * nkv * hd) \
-        + 4 * (4 * Q * H + 2 * Q * nh * hd + 2 * KV * nkv * hd)  # fp32 norm intermediates
+    per_layer = c * (Q * (4 * H + 3 * nh * hd + 4 * Iw) + KV * 5 * nkv * hd)
+    if not fused_norms:  # eager fp32 RMSNorm (CPU) keeps its fp32 intermediates
+        per_layer += 4 * (4 * Q * H + 2 * Q * nh * hd + 2 * KV * nkv * hd)
     if backend == "sdpa_math":  # CPU SDPA with a boolean mask keeps the attention probabilities
         per_layer += c * nh * Q * KV
     once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
@@ -89,13 +96,14 @@ def device_memory(*, drafter_devices: tuple[str, ...], target_devices: tuple[str
             backend = "sdpa_math"
         add(w, "drafter activations", drafter_activation_bytes(dc, batch=micro, seq_len=seq_len,
                                                                num_anchors=num_anchors, dtype_bytes=c,
-                                                               chunk_size=chunk_size, backend=backend))
+                                                               chunk_size=chunk_size, backend=backend,
+                                                               fused_norms=torch.device(w).type == "cuda"))
         if t != w:  # features are copied from the target's device to the drafter's
             add(w, "features (copied in)", micro * seq_len * n * dc.hidden_size * c)
         if torch.device(w).type == "cuda" and "embedding + head copy" not in per[w] and t != w:
             add(w, "embedding + head copy", dc.vocab_size * dc.hidden_size * c * (1 if dc.tie_word_embeddings else 2))
     for name, items in per.items():
         if torch.device(name).type == "cuda":
-            items["allocator slack 10%"] = int(ALLOCATOR_SLACK * sum(items.values()))
+            items["allocator slack 12%"] = int(ALLOCATOR_SLACK * sum(items.values()))
             items["CUDA context"] = CUDA_OVERHEAD_BYTES
     return per

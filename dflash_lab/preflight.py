@@ -9,7 +9,7 @@ Everything comes from configs and the tokenized data (no weights are loaded, not
   when that is not fp32, AdamW m and v in fp32) = 16 bytes per parameter in bf16 or fp32;
 - drafter activations: what autograd keeps for N*B block queries against S + N*B keys per layer, the fused
   context, the chunked LM head buffers, and (SDPA on CPU) the dense mask and attention probabilities;
-- plus a CUDA context / workspace allowance of 1 GiB and 10% allocator slack per GPU.
+- plus a CUDA context / workspace allowance of 1 GiB and 12% allocator slack per GPU.
 The activation terms are an estimate (expect +-25%); weights and optimizer states are exact.
 
 Tokens per epoch, steps and the offline feature cache size come from the tokenized data; the ETA from a tokens/s you

@@ -53,7 +53,7 @@ def test_qwen3_8b_paper_shape_counts_and_memory():
 
 
 def test_warns_clearly_when_the_plan_does_not_fit():
-    cfg = TrainConfig(**{**PAPER, "num_anchors": 2048})
+    cfg = TrainConfig(**{**PAPER, "num_anchors": 3000})
     p = estimate(cfg, data=fake_data(8, 3072, 3000, 2000), target_config=qwen3_8b_config(), gpu_memory_gib=80)
     assert not p.fits and len(p.warnings) == 1
     w = p.warnings[0]
