@@ -223,3 +223,46 @@ def test_config_defaults_keep_decay():
     cfg = TrainConfig()
     assert (cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer) == ("decay", 0.5, "valid_anchors")
     assert TrainConfig.from_dict(TrainConfig(loss_weighting="dpace", dpace_alpha=1).to_dict()).dpace_alpha == 1
+
+
+# -- GPU: the captured step and the compiled epilogue with dpace ---------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA graphs, compiled epilogue)")
+def test_gpu_dpace_graph_replay_equals_eager_and_compiled_epilogue():
+    from dflash_lab import step
+    from dflash_lab.bench import synthetic_batch
+    from dflash_lab.engine_build import build_engine
+    from dflash_lab.placement import make_placement
+    from dflash_lab.targets import load_target_config, load_targets
+
+    logits = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) * 3
+    y = torch.randint(0, 1000, (512,), device="cuda")
+    w = torch.rand(512, device="cuda")
+    a, b = step._ce_rows_chunk(logits, y, w), step._ce_chunk_fn(logits.device, per_row=True)(logits, y, w)
+    torch.testing.assert_close(a[0], b[0], rtol=1e-4, atol=1e-4)
+    assert (a[1] == b[1]).float().mean() > 0.999
+    torch.testing.assert_close(a[2].float(), b[2].float(), atol=1e-2, rtol=1e-2)
+
+    Sg, Ng, Bg = 256, 16, 16
+    tc = load_target_config("bench:tiny")
+    dc = DrafterConfig.from_target(tc, block_size=Bg, mask_token_id=1023)
+    runs = {}
+    for graphs in (True, False):
+        cfg = TrainConfig(target="bench:tiny", seq_len=Sg, num_anchors=Ng, block_size=Bg, batch_size=2,
+                          devices=("cuda:0",), mask_token_id=1023, dtype="float32", lr=1e-3, cuda_graphs=graphs,
+                          loss_weighting="dpace")
+        placement = make_placement(cfg.devices, cfg.target_devices)
+        models = load_targets("bench:tiny", placement.target_devices, dtype=torch.float32)
+        engine = build_engine(cfg, placement, models, dc, target_config=tc)
+        losses, grads = [], []
+        for s in range(4):
+            batch = synthetic_batch(s, batch_size=2, seq_len=Sg, num_anchors=Ng, block_size=Bg, vocab_size=1024,
+                                    mask_token_id=1023, gamma=7.0, prompt_frac=0.6, weighting=DPACE)
+            losses.append(engine.step(batch, step=s, lr=1e-3)["loss"].item())
+            grads.append(engine.workers[0].flat_grad.float().cpu().clone())
+        runs[graphs] = (losses, grads, engine.workers[0].graphed.mode)
+        engine.shutdown()
+    assert runs[True][2] == "graph"
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-5)
+    for g, e in zip(runs[True][1], runs[False][1]):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-6), (g - e).abs().max()
