@@ -62,6 +62,13 @@ def _ce_chunk_fn(device: torch.device, per_row: bool = False):
     return _compiled_epilogues[fn]
 
 
+def _chunk_slices(rows: int, chunk_size: int) -> list[slice]:
+    """Equal chunks (at most chunk_size rows): one compiled shape instead of a second one for a short tail."""
+    n_chunks = max(1, -(-rows // chunk_size))
+    size = -(-rows // n_chunks)
+    return [slice(start, start + size) for start in range(0, rows, size)]
+
+
 class ChunkedHeadCE(torch.autograd.Function):
     """sum_i w_i * CE(h_i @ W^T, y_i) over rows, in chunks; returns (loss, argmax per row, D-PACE factor per row).
     W gets no gradient.
@@ -78,16 +85,12 @@ class ChunkedHeadCE(torch.autograd.Function):
         M = hidden.shape[0]
         grad = torch.empty_like(hidden)
         preds = torch.empty(M, dtype=torch.long, device=hidden.device)
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         if dpace_alpha is not None:
             return ChunkedHeadCE._dpace(ctx, hidden, weight, labels, weights, chunk_size, dpace_alpha, slots,
                                         grad, preds)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         epilogue = _ce_chunk_fn(hidden.device)
-        # Equal chunks (at most chunk_size rows): one compiled shape instead of a second one for a short tail.
-        n_chunks = max(1, -(-M // chunk_size))
-        size = -(-M // n_chunks)
-        for start in range(0, M, size):
-            sl = slice(start, start + size)
+        for sl in _chunk_slices(M, chunk_size):
             logits = hidden[sl] @ weight.t()  # (c, V): the only logits alive at once
             chunk_loss, preds[sl], grad_logits = epilogue(logits, labels[sl], weights[sl])
             loss = loss + chunk_loss
@@ -102,10 +105,7 @@ class ChunkedHeadCE(torch.autograd.Function):
         M = hidden.shape[0]
         ce = torch.empty(M, dtype=torch.float32, device=hidden.device)
         epilogue = _ce_chunk_fn(hidden.device, per_row=True)
-        n_chunks = max(1, -(-M // chunk_size))
-        size = -(-M // n_chunks)
-        for start in range(0, M, size):
-            sl = slice(start, start + size)
+        for sl in _chunk_slices(M, chunk_size):
             logits = hidden[sl] @ weight.t()  # (c, V)
             ce[sl], preds[sl], grad_logits = epilogue(logits, labels[sl], weights[sl])
             grad[sl] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)  # base weights only, so far
