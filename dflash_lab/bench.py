@@ -33,7 +33,8 @@ import time
 
 import torch
 
-from .blocks import build_block_batch, raw_weight_total, sample_anchors
+from .blocks import sample_anchors
+from .loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
 from . import bench_perf
 from .config import TrainConfig
 from .target_defaults import default_gamma
@@ -59,7 +60,8 @@ def log(*a) -> None:
 
 
 def synthetic_batch(step: int, *, batch_size: int, seq_len: int, num_anchors: int, block_size: int, vocab_size: int,
-                    mask_token_id: int, gamma: float, seed: int = 0, prompt_frac: float = 0.125):
+                    mask_token_id: int, gamma: float, seed: int = 0, prompt_frac: float = 0.125,
+                    weighting: LossWeighting = DECAY):
     """A fixed-shape BlockBatch of random tokens; a pure function of (seed, step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g)
@@ -67,9 +69,8 @@ def synthetic_batch(step: int, *, batch_size: int, seq_len: int, num_anchors: in
     loss_mask = torch.ones(batch_size, seq_len, dtype=torch.bool)
     loss_mask[:, : int(seq_len * prompt_frac)] = False
     anchors, valid = sample_anchors(loss_mask, num_anchors, g)
-    total = raw_weight_total(loss_mask, anchors, valid, block_size=block_size, gamma=gamma)
-    return build_block_batch(ids, loss_mask, anchors, valid, block_size=block_size, mask_token_id=mask_token_id,
-                             gamma=gamma, weight_total=total)
+    return global_block_batch(ids, loss_mask, anchors, valid, block_size=block_size, mask_token_id=mask_token_id,
+                              gamma=gamma, weighting=weighting)
 
 
 def _lcm(a: int, b: int) -> int:
@@ -135,7 +136,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
     make = lambda s: synthetic_batch(s, batch_size=args.batch_size, seq_len=shape["seq_len"],  # noqa: E731
                                      num_anchors=shape["num_anchors"], block_size=shape["block_size"],
                                      vocab_size=drafter_cfg.vocab_size, mask_token_id=drafter_cfg.mask_token_id,
-                                     gamma=gamma)
+                                     gamma=gamma, weighting=loss_weighting_of(cfg))
     times, losses = [], []
     batch = make(0)
     first_s = None

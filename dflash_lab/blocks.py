@@ -89,11 +89,12 @@ def loss_decay_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                       anchor_valid: torch.Tensor, *, block_size: int, mask_token_id: int, gamma: float,
-                      weight_total: float | None = None) -> BlockBatch:
+                      weight_total: float | None = None, decay: bool = True) -> BlockBatch:
     """Block inputs, positions, same-position labels and normalised loss weights for sampled anchors.
 
     `weight_total` is the sum of raw weights over the GLOBAL batch (so micro-batches on several workers add up to
-    exactly the single-device loss); None = this batch's own sum.
+    exactly the single-device loss); None = this batch's own sum. decay=False: every supervised slot weighs 1 before
+    normalisation (D-PACE: loss_weights.global_block_batch; its factor is applied inside the loss).
     """
     b, S = input_ids.shape
     N, B = anchors.shape[1], block_size
@@ -110,7 +111,8 @@ def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors:
     # Slot k predicts token[p + k] (same position; predicting p + k + 1 was SpecForge#473).
     has_loss = in_range & supervised & anchor_valid[:, :, None]
     has_loss[:, :, 0] = False
-    raw = loss_decay_weights(B, gamma).to(input_ids.device)[None, None, :] * has_loss  # (b, N, B)
+    slot_w = loss_decay_weights(B, gamma) if decay else torch.ones(B)
+    raw = slot_w.to(input_ids.device)[None, None, :] * has_loss  # (b, N, B)
     total = float(raw.sum()) if weight_total is None else weight_total
     weights = raw / max(total, 1e-12)
     labels = torch.where(has_loss, tokens, torch.zeros_like(tokens))

@@ -22,6 +22,7 @@ from typing import Any
 from .config_errors import ConfigError, fail
 from .field_types import check_field_types
 from .sinks import sink_problem
+from .loss_weights import check_loss_weighting_fields
 from .perf_checks import check_perf_fields
 from .target_defaults import (KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_gamma,
                               default_target_layer_ids)
@@ -298,6 +299,14 @@ class TrainConfig:
     compile_target: bool = False
     """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
     engine still captures it as a CUDA graph. Opt-in until measured."""
+    # issue 17: loss weighting (D-PACE; loss_weights.py, docs/ablations.md)
+    loss_weighting: str = "decay"
+    """"decay" (paper: w_k = exp(-(k-1)/gamma)) or "dpace" (D-PACE, arXiv 2605.18810, detached self-weights)."""
+    dpace_alpha: float = 0.5
+    """D-PACE smoothing in (0, 1]: q~ = (1 - alpha) * exp(-CE) + alpha."""
+    loss_normalizer: str = "valid_anchors"
+    """dpace's GLOBAL normaliser: "valid_anchors" (in the global batch) or "anchor_budget" (batch_size *
+    num_anchors). Decay keeps its own global weight-sum normaliser."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -386,6 +395,7 @@ class TrainConfig:
                 fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
                      "with the package installed")
         check_perf_fields(self)
+        check_loss_weighting_fields(self)
 
     @property
     def resolved_gamma(self) -> float:

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .blocks import build_block_batch, raw_weight_total, sample_anchors
+from .blocks import sample_anchors
+from .loss_weights import DECAY, LossWeighting, global_block_batch
 from .chat_formats import (ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data)
 
 MASK_METHODS = ("render", "generation")
@@ -356,13 +357,14 @@ class BatchSampler:
     """Fixed-shape global batches as a pure function of the step: epoch permutation + per-step anchors."""
 
     def __init__(self, data: TokenizedData, *, batch_size: int, num_anchors: int, block_size: int,
-                 mask_token_id: int, gamma: float, seed: int):
+                 mask_token_id: int, gamma: float, seed: int, weighting: LossWeighting = DECAY):
         if len(data) < batch_size:
             raise DataError(f"only {len(data)} samples survived filtering, fewer than batch_size={batch_size}. "
                             "Fix: lower batch_size, or add data (see the data report for what was dropped).")
         self.data = data
         self.batch_size, self.num_anchors, self.block_size = batch_size, num_anchors, block_size
         self.mask_token_id, self.gamma, self.seed = mask_token_id, gamma, seed
+        self.weighting = weighting  # how the global batch's loss weights are normalised (loss_weights.py)
         self.steps_per_epoch = len(data) // batch_size
         self._perm_epoch, self._perm = -1, None
 
@@ -387,9 +389,8 @@ class BatchSampler:
         ids, mask = self.data.input_ids[idx].long(), self.data.loss_mask[idx]
         g = torch.Generator().manual_seed(self.seed * 7_919 + step * 104_729 + 1)
         anchors, valid = sample_anchors(mask, self.num_anchors, g)
-        total = raw_weight_total(mask, anchors, valid, block_size=self.block_size, gamma=self.gamma)
-        return build_block_batch(ids, mask, anchors, valid, block_size=self.block_size,
-                                 mask_token_id=self.mask_token_id, gamma=self.gamma, weight_total=total)
+        return global_block_batch(ids, mask, anchors, valid, block_size=self.block_size,
+                                  mask_token_id=self.mask_token_id, gamma=self.gamma, weighting=self.weighting)
 
 
 def main(argv: list[str] | None = None) -> int:

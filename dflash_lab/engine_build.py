@@ -9,6 +9,7 @@ import torch
 from .drafter import DFlashDrafter, RotaryEmbedding
 from .engine import Engine
 from .fp8 import fp8_train_linears
+from .loss_weights import loss_weighting_of
 from .optim import MasterAdamW
 from .prepare import make_feature_extractor, plan_device
 from .features import embedding_of, lm_head_weight
@@ -79,7 +80,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
                               embed=embed, head_weight=head, attention=plan.attention, seq_len=cfg.seq_len,
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
                               layer_windows=drafter_config.layer_windows,
-                              chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log))
+                              chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log,
+                              loss_weighting=loss_weighting_of(cfg)))
     return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
                   target_config=target_config if target_config is not None else getattr(targets[0], "config", None),
                   drafter_config=drafter_config, log=log)

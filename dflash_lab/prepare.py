@@ -23,6 +23,7 @@ import torch
 from . import checkpoint, resume_checks
 from .config import DrafterConfig, TrainConfig
 from .data import BatchSampler, TokenizedData, load_dataset
+from .loss_weights import loss_weighting_of
 from .feature_cache import CachedFeatureExtractor
 from .placement import (DevicePlan, Placement, check_placement, device_plan, make_placement,  # noqa: F401
                         resolve_dtype)
@@ -130,7 +131,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
         log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
     sampler = BatchSampler(data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
-                           mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed)
+                           mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed,
+                           weighting=loss_weighting_of(cfg))
     if resume is not None:
         resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,

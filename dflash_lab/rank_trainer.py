@@ -31,6 +31,7 @@ from .placement import make_placement
 from .prepare import prepare_run
 from .progress import progress_line
 from .resume import checkpoint_state
+from .loss_weights import loss_weighting_of
 from .step import DraftInputs, block_stats, build_masks, train_step
 from .targets import load_target
 
@@ -264,7 +265,8 @@ class RankTrainer:
         ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
         # The step (step.py): DDP sums the gradients over drafter ranks in backward; FSDP2 reduce-scatters them.
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
-                         lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size)
+                         lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size,
+                         weighting=loss_weighting_of(cfg))
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
         raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         _maybe_dump_grads(self, step)

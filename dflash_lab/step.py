@@ -6,6 +6,10 @@ The frozen LM head is applied in chunks of `chunk_size` positions with a hand-wr
 logits exist only inside the loop, and the gradient w.r.t. the drafter's hidden states ((softmax - onehot) * w) @ W
 is computed right there, so the head costs 2x its forward FLOPs and never a (positions x vocab) tensor or a weight
 gradient. Only positions that carry loss go through the head.
+
+D-PACE (loss_weights.py) needs every slot's CE of a block before it knows any slot's weight: the same chunk loop keeps
+per-row CE (M,) and the gradient with the base weights, then scales both rows by the detached D-PACE factors once all
+chunks are done (still 2x the head's forward, no second head pass).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .blocks import BlockBatch, attention_masks
+from .loss_weights import DECAY, LossWeighting, dpace_weights
 
 
 def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
@@ -34,50 +39,101 @@ def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor)
     return loss, preds, grad_logits.to(logits.dtype)
 
 
-_compiled_ce_chunk = None
+def _ce_rows_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
+    """D-PACE's epilogue: (per-row CE (c,) fp32, argmax, w * (softmax - onehot)) with the base weights w."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    ce = lse - x.gather(1, labels[:, None]).squeeze(1)
+    preds = x.argmax(-1)
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
+    grad_logits = (torch.exp(x - lse[:, None]) - onehot.float()) * weights[:, None]
+    return ce, preds, grad_logits.to(logits.dtype)
 
 
-def _ce_chunk_fn(device: torch.device):
-    global _compiled_ce_chunk
+_compiled_epilogues: dict = {}
+
+
+def _ce_chunk_fn(device: torch.device, per_row: bool = False):
+    fn = _ce_rows_chunk if per_row else _ce_chunk
     if device.type != "cuda":
-        return _ce_chunk
-    if _compiled_ce_chunk is None:
-        _compiled_ce_chunk = torch.compile(_ce_chunk, dynamic=False)
-    return _compiled_ce_chunk
+        return fn
+    if fn not in _compiled_epilogues:
+        _compiled_epilogues[fn] = torch.compile(fn, dynamic=False)
+    return _compiled_epilogues[fn]
+
+
+def _chunk_slices(rows: int, chunk_size: int) -> list[slice]:
+    """Equal chunks (at most chunk_size rows): one compiled shape instead of a second one for a short tail."""
+    n_chunks = max(1, -(-rows // chunk_size))
+    size = -(-rows // n_chunks)
+    return [slice(start, start + size) for start in range(0, rows, size)]
 
 
 class ChunkedHeadCE(torch.autograd.Function):
-    """sum_i w_i * CE(h_i @ W^T, y_i) over rows, in chunks; returns (loss, argmax per row). W gets no gradient."""
+    """sum_i w_i * CE(h_i @ W^T, y_i) over rows, in chunks; returns (loss, argmax per row, D-PACE factor per row).
+    W gets no gradient.
+
+    dpace_alpha None: w are the final weights; the factor output is empty. Otherwise rows are `slots` contiguous
+    slots per block (slots 1..B-1, as drafter_loss lays them out) and each row's weight is w_i * f_i with f the
+    detached D-PACE weights of its block computed from these very CEs (loss_weights.dpace_weights).
+    """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, weights, chunk_size: int):
+    def forward(ctx, hidden, weight, labels, weights, chunk_size: int, dpace_alpha: float | None = None,
+                slots: int = 0):
         # hidden (M, H) compute dtype; weight (V, H) frozen; labels (M,) long; weights (M,) fp32 (already normalised)
         M = hidden.shape[0]
         grad = torch.empty_like(hidden)
         preds = torch.empty(M, dtype=torch.long, device=hidden.device)
+        if dpace_alpha is not None:
+            return ChunkedHeadCE._dpace(ctx, hidden, weight, labels, weights, chunk_size, dpace_alpha, slots,
+                                        grad, preds)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         epilogue = _ce_chunk_fn(hidden.device)
-        # Equal chunks (at most chunk_size rows): one compiled shape instead of a second one for a short tail.
-        n_chunks = max(1, -(-M // chunk_size))
-        size = -(-M // n_chunks)
-        for start in range(0, M, size):
-            sl = slice(start, start + size)
+        for sl in _chunk_slices(M, chunk_size):
             logits = hidden[sl] @ weight.t()  # (c, V): the only logits alive at once
             chunk_loss, preds[sl], grad_logits = epilogue(logits, labels[sl], weights[sl])
             loss = loss + chunk_loss
             grad[sl] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+        factors = weights.new_empty(0)
         ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(preds)
-        return loss, preds
+        ctx.mark_non_differentiable(preds, factors)
+        return loss, preds, factors
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_preds):
+    def _dpace(ctx, hidden, weight, labels, weights, chunk_size, alpha, slots, grad, preds):
+        M = hidden.shape[0]
+        ce = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        epilogue = _ce_chunk_fn(hidden.device, per_row=True)
+        for sl in _chunk_slices(M, chunk_size):
+            logits = hidden[sl] @ weight.t()  # (c, V)
+            ce[sl], preds[sl], grad_logits = epilogue(logits, labels[sl], weights[sl])
+            grad[sl] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)  # base weights only, so far
+        # A block's factors need all its slots' CE: only now, after every chunk (rows are contiguous per block).
+        has_loss = (weights > 0).view(-1, slots)  # (blocks, B-1)
+        factors = dpace_weights(torch.exp(-ce).view(-1, slots), has_loss, alpha).flatten()  # (M,) detached
+        loss = (ce * weights * factors).sum()
+        grad.mul_(factors[:, None])  # fp32 factor, one rounding into the compute dtype
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(preds, factors)
+        return loss, preds, factors
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_preds, _grad_factors):
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None
+        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
 
 
 def chunked_head_ce(hidden, weight, labels, weights, chunk_size: int = 4096):
-    return ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size)
+    """(loss, argmax per row) with `weights` final (the decay weighting); see ChunkedHeadCE."""
+    loss, preds, _ = ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, None, 0)
+    return loss, preds
+
+
+def dpace_head_ce(hidden, weight, labels, weights, chunk_size: int, alpha: float, slots: int):
+    """(loss, argmax per row, detached D-PACE factor per row): `weights` are the base has_loss / count weights and
+    rows are `slots` = B-1 contiguous slots per block; see ChunkedHeadCE."""
+    return ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, alpha, slots)
 
 
 @dataclass
@@ -98,8 +154,11 @@ def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: t
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                 inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, dict]:
-    """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside."""
+                 inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY) -> tuple[torch.Tensor, dict]:
+    """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside.
+
+    weighting.dpace: the batch's loss_weights are has_loss / a global count and the D-PACE factor is applied inside
+    the head's loss (raw stats then carry "dpace_weight" (b, N, B-1), 0 where no loss)."""
     bb = inputs.batch
     b, Q = bb.draft_ids.shape
     with torch.no_grad():
@@ -112,10 +171,16 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
     h = hidden.view(b, -1, B, hidden.shape[-1])[:, :, 1:].reshape(-1, hidden.shape[-1])  # (b*N*(B-1), H)
     y = bb.labels.view(b, -1, B)[:, :, 1:].reshape(-1)
     w = flat_w.view(b, -1, B)[:, :, 1:].reshape(-1)
-    loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
+    if weighting.dpace:
+        loss, preds, factors = dpace_head_ce(h, head_weight, y, w, chunk_size, weighting.alpha, B - 1)
+    else:
+        loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
     correct = (preds == y).view(b, -1, B - 1)  # (b, N, B-1)
     has_loss = (w > 0).view(b, -1, B - 1)
-    return loss, {"correct": correct, "has_loss": has_loss}
+    raw = {"correct": correct, "has_loss": has_loss}
+    if weighting.dpace:
+        raw["dpace_weight"] = factors.view(b, -1, B - 1)
+    return loss, raw
 
 
 def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
@@ -138,16 +203,18 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 
 
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                     inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     inputs: DraftInputs, chunk_size: int,
+                     weighting: LossWeighting = DECAY) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
     (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
-    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size)
+    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting)
     loss.backward()
     return loss.detach(), raw["correct"], raw["has_loss"]
 
 
 def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-               inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int) -> dict:
+               inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int,
+               weighting: LossWeighting = DECAY) -> dict:
     """One optimizer step: zero grads -> forward + loss + backward -> clip + AdamW. The step a torchrun rank runs
     (DDP/FSDP2 sum the gradients inside backward). The threaded engine runs the same two halves with its own
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
@@ -156,6 +223,6 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     Returns tensors {loss, grad_norm, correct, has_loss}; reading them (.item()) syncs the device.
     """
     optimizer.zero_grad()
-    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size)
+    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, weighting)
     grad_norm = optimizer.step(lr, grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}

@@ -8,6 +8,7 @@ import torch
 from .blocks import BlockBatch, attention_masks, flex_mask_mods
 from .windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
+from .loss_weights import DECAY, LossWeighting
 from .step import DraftInputs, forward_backward
 from .streams import DeviceThread, StaticBuffers, Timeline, mark
 
@@ -48,8 +49,9 @@ class Worker:
     def __init__(self, *, index: int, device, drafter: torch.nn.Module, optimizer, embed: torch.nn.Embedding,
                  head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
                  sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None,
-                 layer_windows: tuple = ()):
+                 layer_windows: tuple = (), loss_weighting: LossWeighting = DECAY):
         self.index, self.device = index, torch.device(device)
+        self.loss_weighting = loss_weighting  # a constant of the captured step (its buffers hold only values)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
         self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
@@ -149,7 +151,7 @@ class Worker:
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
                         block_size=self.block_size)
         return forward_backward(self.forward_module, self.embed, self.head_weight, features,
-                                DraftInputs(bb, masks, ctx_pos), self.chunk_size)
+                                DraftInputs(bb, masks, ctx_pos), self.chunk_size, self.loss_weighting)
 
     def forward_backward(self, part: BlockBatch, features: torch.Tensor, step: int) -> dict:
         m0 = mark(self.device)
