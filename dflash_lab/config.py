@@ -23,6 +23,7 @@ from .config_errors import ConfigError, fail
 from .field_types import check_field_types
 from .sinks import sink_problem
 from .loss_weights import check_loss_weighting_fields
+from .optimizer_checks import check_optimizer_fields
 from .perf_checks import check_perf_fields
 from .target_defaults import (KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_gamma,
                               default_target_layer_ids)
@@ -307,6 +308,15 @@ class TrainConfig:
     loss_normalizer: str = "valid_anchors"
     """dpace's GLOBAL normaliser: "valid_anchors" (in the global batch) or "anchor_budget" (batch_size *
     num_anchors). Decay keeps its own global weight-sum normaliser."""
+    # issue 17: Muon optimizer
+    optimizer: str = "adamw"
+    """"adamw" (the paper's: AdamW on every tensor) or "muon": torch.optim.Muon on the nn.Linear weight matrices
+    (q/k/v/o, MLP, fc), AdamW on the rest (norms); fp32 masters and one global grad clip either way (muon.py)."""
+    muon_lr: float | None = None
+    """Muon's peak lr (same warm-up + cosine). None = `lr`: Muon runs with torch's adjust_lr_fn="match_rms_adamw",
+    so AdamW's lr scale works unchanged; a value is on that same scale (not the 0.02 of Muon without it)."""
+    muon_momentum: float = 0.95
+    """Muon's (Nesterov) momentum."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -396,6 +406,7 @@ class TrainConfig:
                      "with the package installed")
         check_perf_fields(self)
         check_loss_weighting_fields(self)
+        check_optimizer_fields(self)
 
     @property
     def resolved_gamma(self) -> float:

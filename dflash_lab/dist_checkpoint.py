@@ -24,7 +24,7 @@ def gather_full_state(drafter: torch.nn.Module, optimizer, names: list[str], *,
     Collective under FSDP2: call it on every drafter rank."""
     weights = {k: full_tensor(v).to(export_dtype) for k, v in drafter.state_dict().items()
                if not k.startswith("rotary_emb.")}
-    sd = optimizer.inner.state_dict()
+    sd = optimizer.state_dict()  # MasterAdamW or MasterMuon: one index per trainable parameter
     tensors = {}
     for i, name in enumerate(names):
         tensors[f"master/{name}"] = full_tensor(optimizer.masters[i].detach())

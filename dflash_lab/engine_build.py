@@ -10,7 +10,7 @@ from .drafter import DFlashDrafter, RotaryEmbedding
 from .engine import Engine
 from .fp8 import fp8_train_linears
 from .loss_weights import loss_weighting_of
-from .optim import MasterAdamW
+from .muon import make_optimizer
 from .prepare import make_feature_extractor, plan_device
 from .features import embedding_of, lm_head_weight
 from .workers import TargetReplica, Worker
@@ -76,7 +76,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
             embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(dev), freeze=True)
             head = embed.weight if tied else head.detach().to(dev)
         workers.append(Worker(index=i, device=dev, drafter=drafter, forward_module=forward,
-                              optimizer=MasterAdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+                              optimizer=make_optimizer(cfg, drafter),
                               embed=embed, head_weight=head, attention=plan.attention, seq_len=cfg.seq_len,
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
                               layer_windows=drafter_config.layer_windows,

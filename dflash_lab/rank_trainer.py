@@ -26,7 +26,7 @@ from .config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
 from .metrics import MetricsLogger, Throughput
-from .optim import MasterAdamW
+from .muon import make_optimizer
 from .placement import make_placement
 from .prepare import prepare_run
 from .progress import progress_line
@@ -114,7 +114,7 @@ class RankTrainer:
             model = wrap_ddp(torch.compile(drafter) if cfg.compile_drafter else drafter, ctx)
         self.model = model
         self.drafter = drafter
-        self.optimizer = MasterAdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(cfg, model)
         self.param_names = train_state.trainable_names(drafter)
         if not ctx.layout.colocated:
             self.feature_buf = torch.empty(self.part_size, cfg.seq_len,
