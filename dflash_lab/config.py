@@ -23,6 +23,7 @@ from .config_errors import ConfigError, fail
 from .field_types import check_field_types
 from .sinks import sink_problem
 from .perf_checks import check_perf_fields
+from .pack_checks import check_pack_fields
 from .target_defaults import (KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_gamma,
                               default_target_layer_ids)
 from .windows import check_layer_windows, layer_windows_of, mask_key
@@ -298,6 +299,10 @@ class TrainConfig:
     compile_target: bool = False
     """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
     engine still captures it as a CUDA graph. Opt-in until measured."""
+    # issue 17: packed sequences
+    pack_sequences: bool = False
+    """Pack several whole conversations into each seq_len window (first fit, seeded; packing.py) instead of one,
+    right-padded. Attention, anchors and labels never cross a conversation; positions restart per conversation."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -386,6 +391,7 @@ class TrainConfig:
                 fail(c, "metric_sinks", self.metric_sinks, problem, 'use () (off), ("tensorboard",) or ("wandb",) '
                      "with the package installed")
         check_perf_fields(self)
+        check_pack_fields(self)
 
     @property
     def resolved_gamma(self) -> float:
