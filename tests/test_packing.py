@@ -81,7 +81,7 @@ def test_pack_windows_on_hand_made_lengths():
     rep = fill_report(lengths, 100)
     assert rep["packed_windows"] == 4 and rep["tokens"] == 400
     assert rep["fill_unpacked"] == pytest.approx(400 / 700) and rep["fill_packed"] == pytest.approx(1.0)
-    # Mixed lengths: first fit in the seeded order; deterministic, within seq_len, at least ceil(tokens / seq_len).
+    # Mixed lengths: best fit in the seeded order; deterministic, within seq_len, at least ceil(tokens / seq_len).
     mixed = [70, 30, 45, 45, 10, 90, 25, 60, 5, 20]  # 400 tokens
     w0 = pack_windows(mixed, 100, seed=0)
     assert w0 == pack_windows(mixed, 100, seed=0)
@@ -130,8 +130,24 @@ def test_pack_sequences_with_a_feature_cache_is_refused():
 
 # -- the target: features --------------------------------------------------------------------------------------
 
-def test_packed_features_equal_each_conversation_alone():
+def _sliding_target():
+    """A target with sliding-window layers (window 8 < every conversation here): its own mask path."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      use_sliding_window=True, sliding_window=8, max_window_layers=0,
+                      layer_types=["sliding_attention", "full_attention"] * 4)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_packed_features_equal_each_conversation_alone(sliding):
     target, dc, _ = _setup()
+    if sliding:
+        target = _sliding_target()
+        assert "sliding_attention" in target.config.layer_types
     ids, _, docs = _packed_window()
     ext = FeatureExtractor(target, dc.target_layer_ids)
     packed = ext(ids, docs)  # (1, S, n*H)
@@ -371,3 +387,20 @@ def test_packed_graph_replay_equals_eager_on_the_gpu(attention):
             assert t.mode == "graph" and not t.fallbacks, t.status()
         eng.shutdown()
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_a_resume_cannot_switch_packing():
+    """Packing changes the data stream (other windows, other batches): a resume keeps the checkpoint's value."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dflash_lab.resume import resumed_config
+    from dflash_lab.resume_checks import config_differences
+
+    ckpt = SimpleNamespace(state={"config": TrainConfig().to_dict()}, path=Path("ckpt"), step=3)
+    with pytest.raises(ConfigError, match="pack_sequences: False \\(checkpoint\\) -> True"):
+        resumed_config(ckpt, TrainConfig(pack_sequences=True, resume_from="ckpt"), log=lambda s: None)
+    cfg, _ = resumed_config(ckpt, TrainConfig(resume_from="ckpt"), log=lambda s: None)
+    assert cfg.pack_sequences is False
+    assert [d[0] for d in config_differences(TrainConfig().to_dict(), TrainConfig(pack_sequences=True).to_dict())] \
+        == ["pack_sequences"]
