@@ -4,10 +4,10 @@ Chat data is short next to seq_len (tiny data: ~100 tokens at seq_len 256; SmolL
 docs/ablations.md), so most of an unpacked window is padding that the target and the drafter still pay for.
 `pack_data` fills each window greedily with whole conversations: rows are visited in a seeded order and each goes
 into the open window with the least room that still fits it (best fit; a conversation is never split, and one longer
-than seq_len was already truncated at tokenization). Each token keeps its conversation id (`doc_ids`), from which segments.py derives
-per-conversation positions and the masks that keep attention, anchors and labels inside one conversation, so a
-packed window trains exactly what its conversations would alone (tests/test_packing.py). The packing is fixed for a
-run (seeded by TrainConfig.seed); BatchSampler still shuffles the packed windows every epoch.
+than seq_len was already truncated at tokenization). Each token keeps its conversation id (`doc_ids`), from which
+segments.py derives per-conversation positions and the masks that keep attention, anchors and labels inside one
+conversation, so a packed window trains exactly what its conversations would alone (tests/test_packing.py). The
+packing is fixed for a run (seeded by TrainConfig.seed); BatchSampler still shuffles the packed windows every epoch.
 """
 
 from __future__ import annotations
