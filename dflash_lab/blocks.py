@@ -8,6 +8,10 @@ Visibility is by absolute position, so overlapping blocks cannot leak future fea
 (SpecForge#470). Padding blocks see nothing and carry no loss.
 
 Sliding-window draft layers are causal inside the block and see context only within the window.
+
+Packed windows (TrainConfig.pack_sequences, packing.py) add `doc_ids` (b, S): an anchor p needs p + 1 in its own
+document, slot k has loss only if p + k is in it, a block sees only context of its own document, and positions
+restart at 0 per document. doc_ids=None (unpacked) is today's code path, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .segments import document_positions, same_document
 from .windows import window_masks
 
 
@@ -33,28 +38,37 @@ class BlockBatch:
     labels: torch.Tensor  # (b, N*B) long: token[p + k] (same position, no shift); 0 where no loss
     loss_weights: torch.Tensor  # (b, N*B) float32: w_k * valid / global sum (sums to 1 over the GLOBAL batch)
     block_size: int
+    doc_ids: torch.Tensor | None = None  # (b, S) long document id per token of a packed window; None = unpacked
 
     @property
     def num_anchors(self) -> int:
         return self.anchors.shape[1]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "BlockBatch":
-        moved = {k: getattr(self, k).to(device, non_blocking=non_blocking) for k in _TENSOR_FIELDS}
+        moved = {k: _maybe(getattr(self, k), lambda t: t.to(device, non_blocking=non_blocking))
+                 for k in _TENSOR_FIELDS}
         return BlockBatch(**moved, block_size=self.block_size)
 
     def split(self, parts: int) -> list["BlockBatch"]:
         """Split along the sequence dimension into `parts` micro-batches (weights stay globally normalised)."""
-        chunks = {k: getattr(self, k).chunk(parts, dim=0) for k in _TENSOR_FIELDS}
+        chunks = {k: _maybe(getattr(self, k), lambda t: t.chunk(parts, dim=0)) or [None] * parts
+                  for k in _TENSOR_FIELDS}
         return [BlockBatch(**{k: chunks[k][i] for k in _TENSOR_FIELDS}, block_size=self.block_size)
                 for i in range(parts)]
 
 
 _TENSOR_FIELDS = ("input_ids", "loss_mask", "anchors", "anchor_valid", "draft_ids", "position_ids", "labels",
-                  "loss_weights")
+                  "loss_weights", "doc_ids")
 
 
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _maybe(t, fn):
+    return None if t is None else fn(t)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator,
+                   doc_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to `num_anchors` positions p with loss_mask[p] and loss_mask[p+1], without replacement, sorted.
+    Packed (`doc_ids`): p and p + 1 also in the same document (the same random draws as unpacked).
 
     Returns (anchors (b, N) long, valid (b, N) bool); sequences with fewer candidates get padding anchors (0, False).
     """
@@ -62,6 +76,8 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     m = loss_mask.bool()
     candidate = torch.zeros_like(m)
     candidate[:, :-1] = m[:, :-1] & m[:, 1:]  # (b, S)
+    if doc_ids is not None:
+        candidate[:, :-1] &= doc_ids[:, :-1] == doc_ids[:, 1:]
     # Random keys for candidates, 2.0 for the rest: the N smallest keys are a uniform sample without replacement.
     keys = torch.rand(b, S, generator=generator, device="cpu").to(loss_mask.device)
     keys = torch.where(candidate, keys, torch.full_like(keys, 2.0))
@@ -89,12 +105,14 @@ def loss_decay_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                       anchor_valid: torch.Tensor, *, block_size: int, mask_token_id: int, gamma: float,
-                      weight_total: float | None = None, decay: bool = True) -> BlockBatch:
+                      weight_total: float | None = None, decay: bool = True,
+                      doc_ids: torch.Tensor | None = None) -> BlockBatch:
     """Block inputs, positions, same-position labels and normalised loss weights for sampled anchors.
 
     `weight_total` is the sum of raw weights over the GLOBAL batch (so micro-batches on several workers add up to
     exactly the single-device loss); None = this batch's own sum. decay=False: every supervised slot weighs 1 before
-    normalisation (D-PACE: loss_weights.global_block_batch; its factor is applied inside the loss).
+    normalisation (D-PACE: loss_weights.global_block_batch; its factor is applied inside the loss). `doc_ids`
+    (packed): labels stay in the anchor's document and position ids are per-document positions.
     """
     b, S = input_ids.shape
     N, B = anchors.shape[1], block_size
@@ -110,6 +128,9 @@ def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors:
 
     # Slot k predicts token[p + k] (same position; predicting p + k + 1 was SpecForge#473).
     has_loss = in_range & supervised & anchor_valid[:, :, None]
+    if doc_ids is not None:  # a label in the NEXT conversation is not what this block drafts
+        has_loss &= same_document(doc_ids, gather_pos, anchors[:, :, None].expand(b, N, B))
+        pos = document_positions(doc_ids).gather(1, anchors)[:, :, None] + k  # (b, N, B) per-document positions
     has_loss[:, :, 0] = False
     slot_w = loss_decay_weights(B, gamma) if decay else torch.ones(B)
     raw = slot_w.to(input_ids.device)[None, None, :] * has_loss  # (b, N, B)
@@ -119,18 +140,20 @@ def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors:
     return BlockBatch(
         input_ids=input_ids, loss_mask=loss_mask.bool(), anchors=anchors, anchor_valid=anchor_valid,
         draft_ids=draft_ids.flatten(1), position_ids=pos.flatten(1), labels=labels.flatten(1),
-        loss_weights=weights.flatten(1).float(), block_size=B,
+        loss_weights=weights.flatten(1).float(), block_size=B, doc_ids=doc_ids,
     )
 
 
 def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, *,
-                     block_size: int, gamma: float) -> float:
-    """Sum of w_k over all supervised slots of a batch (the loss normaliser)."""
+                     block_size: int, gamma: float, doc_ids: torch.Tensor | None = None) -> float:
+    """Sum of w_k over all supervised slots of a batch (the loss normaliser); the same rule as build_block_batch."""
     b, S = loss_mask.shape
     k = torch.arange(block_size, device=loss_mask.device)
     pos = anchors[:, :, None] + k
     sup = loss_mask.bool().gather(1, pos.clamp(max=S - 1).flatten(1)).view(pos.shape) & (pos < S)
     sup = sup & anchor_valid[:, :, None]
+    if doc_ids is not None:
+        sup &= same_document(doc_ids, pos.clamp(max=S - 1), anchors[:, :, None].expand(pos.shape))
     sup[:, :, 0] = False
     return float((loss_decay_weights(block_size, gamma).to(loss_mask.device) * sup).sum())
 
@@ -141,8 +164,9 @@ def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_vali
 # ---------------------------------------------------------------------------------------------------------------
 
 def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-               sliding_window: int | None = None) -> torch.Tensor:
-    """(b, 1, N*B, S + N*B) bool mask. Memory is O(N*B*(S+N*B)): use for small shapes and tests only."""
+               sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, 1, N*B, S + N*B) bool mask. Memory is O(N*B*(S+N*B)): use for small shapes and tests only.
+    `doc_ids` (b, S), packed: a block sees only context of its anchor's document."""
     b, N = anchors.shape
     B, S = block_size, seq_len
     dev = anchors.device
@@ -152,6 +176,8 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
     valid = anchor_valid[:, q_block]  # (b, Q)
     kv_ctx = torch.arange(S, device=dev)
     ctx = kv_ctx[None, None, :] < p[:, :, None]  # (b, Q, S): strictly before the anchor
+    if doc_ids is not None:
+        ctx = ctx & (doc_ids[:, None, :] == doc_ids.gather(1, p)[:, :, None])  # same conversation only
     kv_block = torch.arange(N * B, device=dev) // B
     kv_slot = torch.arange(N * B, device=dev) % B
     own = q_block[:, None] == kv_block[None, :]  # (Q, N*B)
@@ -165,7 +191,7 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
 
 
 def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                  sliding_window: int | None = None):
+                  sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
     """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`.
 
     The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
@@ -180,6 +206,8 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
         p = anchors[b, q_block]
         is_ctx = kv_idx < S
         ctx = is_ctx & (kv_idx < p)
+        if doc_ids is not None:  # kv_idx >= S (block keys) is clamped to a valid index; `is_ctx` drops it anyway
+            ctx = ctx & (doc_ids[b, torch.clamp(kv_idx, max=S - 1)] == doc_ids[b, p])
         kv_block = (kv_idx - S) // B
         own = (~is_ctx) & (kv_block == q_block)
         if sliding_window is not None:
@@ -192,40 +220,43 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
 
 
 def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                    sliding_window: int | None = None):
+                    sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
     """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452), built from the dense mask.
 
     Never `create_block_mask` uncompiled (it materialises the dense mask per head: 7 GB/step, speculators#731) nor
     compiled (its inductor compile took ~200 s of the first step per GPU on an H200): see block_mask_from_dense.
     """
-    dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=sliding_window)
-    mod = flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=sliding_window)
-    return block_mask_from_dense(dense, mod)
+    kw = dict(seq_len=seq_len, block_size=block_size, sliding_window=sliding_window, doc_ids=doc_ids)
+    return block_mask_from_dense(dense_mask(anchors, anchor_valid, **kw), flex_mask_mod(anchors, anchor_valid, **kw))
 
 
 def flex_mask_mods(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                   layer_types: tuple[str, ...], sliding_window: int | None, layer_windows: tuple = ()) -> dict:
-    """{mask key: mask_mod}, one per distinct window (config.window_masks): closures over `anchors` (a CUDA-graph
-    worker builds them once over its static buffers)."""
-    return {key: flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+                   layer_types: tuple[str, ...], sliding_window: int | None, layer_windows: tuple = (),
+                   doc_ids: torch.Tensor | None = None) -> dict:
+    """{mask key: mask_mod}, one per distinct window (config.window_masks): closures over `anchors` (and `doc_ids`
+    when packed; a CUDA-graph worker builds them once over its static buffers)."""
+    return {key: flex_mask_mod(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window,
+                               doc_ids=doc_ids)
             for key, window in window_masks(layer_types, sliding_window, layer_windows).items()}
 
 
 def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                     backend: str, layer_types: tuple[str, ...], sliding_window: int | None,
-                    layer_windows: tuple = (), mask_mods: dict | None = None) -> dict:
+                    layer_windows: tuple = (), mask_mods: dict | None = None,
+                    doc_ids: torch.Tensor | None = None) -> dict:
     """The drafter's attention masks, one per distinct window (config.window_masks: "full_attention",
     "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for "flex".
     The one place masks are built (engine workers and torchrun ranks both call it). `mask_mods`: flex closures to
-    reuse (see flex_mask_mods); by default made over `anchors`."""
+    reuse (see flex_mask_mods); by default made over `anchors`. `doc_ids`: packed windows (None = unpacked)."""
     masks = {}
     for key, window in window_masks(layer_types, sliding_window, layer_windows).items():
-        dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+        dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window,
+                           doc_ids=doc_ids)
         if backend == "sdpa":
             masks[key] = dense
             continue
         mod = mask_mods[key] if mask_mods is not None else flex_mask_mod(
-            anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window)
+            anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window, doc_ids=doc_ids)
         masks[key] = block_mask_from_dense(dense, mod)
     return masks
 

@@ -243,6 +243,7 @@ class TokenizedData:
     lengths: torch.Tensor  # (n,) long, real tokens per row
     report: DataReport = field(default_factory=DataReport)
     sample_ids: list[str] = field(default_factory=list)  # id of each row ("train.jsonl:17" or the record's "id")
+    doc_ids: torch.Tensor | None = None  # (n, S) int32 conversation id per token of packed rows (packing.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -387,10 +388,12 @@ class BatchSampler:
         """The BlockBatch of a global step (CPU tensors). Loss weights are normalised over this whole batch."""
         idx = self.indices(step)
         ids, mask = self.data.input_ids[idx].long(), self.data.loss_mask[idx]
+        docs = None if self.data.doc_ids is None else self.data.doc_ids[idx].long()  # packed rows only
         g = torch.Generator().manual_seed(self.seed * 7_919 + step * 104_729 + 1)
-        anchors, valid = sample_anchors(mask, self.num_anchors, g)
+        anchors, valid = sample_anchors(mask, self.num_anchors, g, doc_ids=docs)
         return global_block_batch(ids, mask, anchors, valid, block_size=self.block_size,
-                                  mask_token_id=self.mask_token_id, gamma=self.gamma, weighting=self.weighting)
+                                  mask_token_id=self.mask_token_id, gamma=self.gamma, weighting=self.weighting,
+                                  doc_ids=docs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,7 +161,7 @@ class Engine:
 
     def _colocated_task(self, w: Worker, part: BlockBatch, step: int) -> dict:
         m0 = mark(w.device)
-        features = w.target.features(part.input_ids)
+        features = w.target.features(part.input_ids, part.doc_ids)
         w.target.timeline.add(step, "target", m0, mark(w.device))
         return w.forward_backward(part, features, step)
 
@@ -171,13 +171,14 @@ class Engine:
                 torch.cuda.current_stream().wait_event(ev)  # on the GPU: no host wait
         return w.forward_backward(part, w.take_features(slot), step)
 
-    def _target_task(self, r: TargetReplica, input_ids: torch.Tensor, slot: int, step: int):
+    def _target_task(self, r: TargetReplica, input_ids: torch.Tensor, doc_ids: torch.Tensor | None, slot: int,
+                     step: int):
         routes = self._routes["targets"][r.index]
         if r.device.type == "cuda":
             for w, *_ in routes:
                 torch.cuda.current_stream().wait_event(w.inbox_free[slot])  # slot consumed by the drafter?
         m0 = mark(r.device)
-        features = r.features(input_ids)  # (bt, S, n*H)
+        features = r.features(input_ids, doc_ids)  # (bt, S, n*H)
         for w, s0, s1, d0, d1 in routes:
             w.inbox[slot][d0:d1].copy_(features[s0:s1], non_blocking=True)  # GPU -> GPU peer copy
         m1 = mark(r.device)
@@ -189,8 +190,9 @@ class Engine:
         pre, self._prefetched = self._prefetched, None
         if pre is not None:
             if pre.batch is batch or (pre.batch.input_ids.shape == batch.input_ids.shape
-                                      and torch.equal(pre.batch.input_ids, batch.input_ids)):
-                return pre  # features depend on input_ids only
+                                      and torch.equal(pre.batch.input_ids, batch.input_ids)
+                                      and _same_docs(pre.batch.doc_ids, batch.doc_ids)):
+                return pre  # features depend on input_ids (and doc_ids when packed) only
             _wait_quietly(pre.futures)  # the caller changed its mind: discard
         return self._submit(batch, step)
 
@@ -198,7 +200,9 @@ class Engine:
         self._prepare_routes(batch)
         slot, self._next_slot = self._next_slot, 1 - self._next_slot
         bt = batch.input_ids.shape[0] // len(self.targets)
-        futures = [r.thread.submit(self._target_task, r, batch.input_ids[i * bt:(i + 1) * bt], slot, step)
+        docs = batch.doc_ids
+        futures = [r.thread.submit(self._target_task, r, batch.input_ids[i * bt:(i + 1) * bt],
+                                   None if docs is None else docs[i * bt:(i + 1) * bt], slot, step)
                    for i, r in enumerate(self.targets)]
         return _Job(batch, slot, futures, step)
 
@@ -301,6 +305,10 @@ class Engine:
         """Engine metrics for a record (engine_metrics.py): phase times, GPU idle fractions, supply/demand (split),
         MFU, memory, graph modes, compile counters. `tokens_per_s` (the caller's steady or instant rate) drives MFU."""
         return engine_metrics(self, tokens_per_s)
+
+
+def _same_docs(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 def _wait_quietly(futures) -> None:

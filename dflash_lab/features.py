@@ -2,8 +2,9 @@
 
 `FeatureExtractor` returns the concatenated OUTPUTS of `target_layer_ids` (DFlash id i = HF hidden_states[i + 1]); no
 layer above the last needed one and no LM head runs, and nothing is shifted: feature t stays aligned with token t.
-Also the accessors the rest of the library uses on a loaded target (decoder, embedding, LM head weight). Loading it
-is targets.py.
+Packed windows (`doc_ids`, segments.py): attention is causal AND within one conversation, and position ids
+restart at 0 per conversation, so each conversation's features equal those of it run alone. Also the accessors
+the rest of the library uses on a loaded target (decoder, embedding, LM head weight). Loading it is targets.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .segments import document_positions
 from .targets import TargetLoadError
 
 
@@ -106,20 +108,43 @@ class FeatureExtractor:
             self._cache = {key: (position_ids, masks, layer_types, rope)}  # one shape at a time
         return self._cache[key]
 
+    def _packed(self, doc_ids: torch.Tensor, hidden: torch.Tensor):
+        """Masks and RoPE of packed windows: built every call from `doc_ids` (data, not shape) with static-shape
+        tensor ops only, so a CUDA graph captures them. position_ids=None keeps transformers from re-detecting
+        packing from the positions (a host sync); the same-document rule is passed explicitly instead."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        dec = self.decoder
+        position_ids = document_positions(doc_ids)  # (b, S): 0 at each conversation start
+
+        def same_doc(batch_idx, head_idx, q_idx, kv_idx):
+            return doc_ids[batch_idx, q_idx] == doc_ids[batch_idx, kv_idx]
+
+        kw = dict(config=dec.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+                  position_ids=None, and_mask_function=same_doc)
+        masks = {"full_attention": create_causal_mask(**kw)}
+        layer_types = getattr(dec.config, "layer_types", None) or ["full_attention"] * len(dec.layers)
+        if "sliding_attention" in layer_types:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        return position_ids, masks, layer_types, dec.rotary_emb(hidden, position_ids)
+
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (b, S) right-padded -> features (b, S, n*H). Right padding never changes earlier positions
-        under causal attention, so no padding mask is needed."""
+        under causal attention, so no padding mask is needed. `doc_ids` (b, S): packed windows (None = unpacked)."""
         if self.fp8:
             from .fp8 import fp8_scope
 
             with fp8_scope():
-                return self._extract(input_ids)
-        return self._extract(input_ids)
+                return self._extract(input_ids, doc_ids)
+        return self._extract(input_ids, doc_ids)
 
-    def _extract(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def _extract(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.decoder.embed_tokens(input_ids)
-        position_ids, masks, layer_types, rope = self._static(input_ids, hidden)
+        if doc_ids is None:
+            position_ids, masks, layer_types, rope = self._static(input_ids, hidden)
+        else:
+            position_ids, masks, layer_types, rope = self._packed(doc_ids, hidden)
         return self._layers(hidden, masks, rope, position_ids, tuple(layer_types))
 
     def _run_layers(self, hidden, masks, rope, position_ids, layer_types) -> torch.Tensor:

@@ -92,15 +92,15 @@ def normalizer_total(weighting: LossWeighting, anchor_valid: torch.Tensor) -> fl
 
 def global_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                        anchor_valid: torch.Tensor, *, block_size: int, mask_token_id: int, gamma: float,
-                       weighting: LossWeighting = DECAY) -> BlockBatch:
+                       weighting: LossWeighting = DECAY, doc_ids: torch.Tensor | None = None) -> BlockBatch:
     """build_block_batch for a GLOBAL batch, normalised as `weighting` says (before any split over workers).
 
     decay: raw decay weights / their global sum. dpace: has_loss / the global count (the D-PACE factor is applied
     on the device inside the loss).
     """
-    kw = dict(block_size=block_size, mask_token_id=mask_token_id, gamma=gamma)
+    kw = dict(block_size=block_size, mask_token_id=mask_token_id, gamma=gamma, doc_ids=doc_ids)
     if weighting.dpace:
         return build_block_batch(input_ids, loss_mask, anchors, anchor_valid, **kw,
                                  weight_total=normalizer_total(weighting, anchor_valid), decay=False)
-    total = raw_weight_total(loss_mask, anchors, anchor_valid, block_size=block_size, gamma=gamma)
+    total = raw_weight_total(loss_mask, anchors, anchor_valid, block_size=block_size, gamma=gamma, doc_ids=doc_ids)
     return build_block_batch(input_ids, loss_mask, anchors, anchor_valid, **kw, weight_total=total)

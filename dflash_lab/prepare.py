@@ -31,6 +31,7 @@ from .resume import Override, resumed_config
 from .schedule import LRSchedule
 from .targets import load_target_config, load_tokenizer
 from .features import FeatureExtractor
+from .packing import fill_report, pack_data
 
 def plan_device(config: TrainConfig, device: str | torch.device) -> DevicePlan:
     """`config.dtype` / `config.attention` decided for `device` (placement.device_plan: the one place)."""
@@ -130,6 +131,12 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                         log=log)
     if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
         log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
+    data.report["fill"] = fill = fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)  # real tokens / window
+    if cfg.pack_sequences:  # issue 17: several whole conversations per window (packing.py)
+        data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed)
+        if log is not None:
+            log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
+                f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
     sampler = BatchSampler(data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
                            mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed,
                            weighting=loss_weighting_of(cfg))

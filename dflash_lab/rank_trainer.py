@@ -32,7 +32,7 @@ from .prepare import prepare_run
 from .progress import progress_line
 from .resume import checkpoint_state
 from .loss_weights import loss_weighting_of
-from .step import DraftInputs, block_stats, build_masks, train_step
+from .step import DraftInputs, block_stats, build_masks, context_positions, train_step
 from .targets import load_target
 
 STOP_FILE = "STOP"
@@ -234,7 +234,8 @@ class RankTrainer:
         parts = self.sampler.batch(step).split(ctx.num_drafters)
         for d in ctx.layout.served_by(ctx.rank):
             part = parts[ctx.layout.drafter_ranks.index(d)]
-            feats = self.extractor(part.input_ids.to(ctx.device)).contiguous()  # (b, S, n*H)
+            docs = None if part.doc_ids is None else part.doc_ids.to(ctx.device)  # packed windows
+            feats = self.extractor(part.input_ids.to(ctx.device), docs).contiguous()  # (b, S, n*H)
             self._pending_sends.append((torch.distributed.isend(feats, dst=d), feats))
 
     def _wait_sends(self, keep: int = 0) -> None:
@@ -250,7 +251,7 @@ class RankTrainer:
         lr = self.schedule.lr(step)
         cuda = ctx.device.type == "cuda"
         if ctx.layout.colocated:
-            features = self.extractor(part.input_ids)  # (b, S, n*H)
+            features = self.extractor(part.input_ids, part.doc_ids)  # (b, S, n*H)
         else:  # time this drafter waits for its target rank (supply vs demand): CUDA events, since NCCL's recv
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None  # returns at once
             tw = time.perf_counter()
@@ -262,7 +263,7 @@ class RankTrainer:
             wait = time.perf_counter() - tw
         masks = build_masks(part, seq_len=cfg.seq_len, backend=self.attention, layer_types=dc.layer_types,
                             sliding_window=dc.sliding_window, layer_windows=dc.layer_windows)
-        ctx_pos = torch.arange(cfg.seq_len, device=ctx.device)[None].expand(part.input_ids.shape[0], -1)
+        ctx_pos = context_positions(part, cfg.seq_len, ctx.device)
         # The step (step.py): DDP sums the gradients over drafter ranks in backward; FSDP2 reduce-scatters them.
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
                          lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size,

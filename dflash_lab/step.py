@@ -20,6 +20,7 @@ import torch
 
 from .blocks import BlockBatch, attention_masks
 from .loss_weights import DECAY, LossWeighting, dpace_weights
+from .segments import document_positions
 
 
 def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
@@ -142,7 +143,7 @@ class DraftInputs:
 
     batch: BlockBatch
     masks: dict
-    context_position_ids: torch.Tensor  # (1, S)
+    context_position_ids: torch.Tensor  # (b, S); per-conversation positions in packed windows
 
 
 def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: tuple[str, ...],
@@ -150,7 +151,14 @@ def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: t
     """{mask key: mask} for `batch`, one per distinct window (blocks.attention_masks)."""
     return attention_masks(batch.anchors, batch.anchor_valid, seq_len=seq_len, block_size=batch.block_size,
                            backend=backend, layer_types=layer_types, sliding_window=sliding_window,
-                           layer_windows=layer_windows)
+                           layer_windows=layer_windows, doc_ids=batch.doc_ids)
+
+
+def context_positions(batch: BlockBatch, seq_len: int, device) -> torch.Tensor:
+    """(b, S) positions of the context features: 0..S-1, or restarting per conversation in packed windows."""
+    if batch.doc_ids is not None:
+        return document_positions(batch.doc_ids.to(device))
+    return torch.arange(seq_len, device=device)[None].expand(batch.draft_ids.shape[0], -1)
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import BlockBatch, attention_masks, flex_mask_mods
+from .segments import document_positions
 from .windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .loss_weights import DECAY, LossWeighting
@@ -25,7 +26,7 @@ class TargetReplica:
 
     def __init__(self, index: int, device: torch.device, extractor, *, cuda_graphs: bool, log=None):
         self.index, self.device, self.extractor = index, torch.device(device), extractor
-        self.graphed = GraphedStep(lambda input_ids: extractor(input_ids), name=f"target[{index}]@{self.device}",
+        self.graphed = GraphedStep(lambda **inputs: extractor(**inputs), name=f"target[{index}]@{self.device}",
                                    enabled=cuda_graphs and self.device.type == "cuda", warmup=1, log=log,
                                    disabled_reason=_why_eager(cuda_graphs, self.device))
         self.buffers = StaticBuffers(self.device)
@@ -37,10 +38,15 @@ class TargetReplica:
         dtype = getattr(self.extractor, "dtype", None)  # CachedFeatureExtractor: the cache's compute dtype
         return dtype if dtype is not None else self.extractor.decoder.embed_tokens.weight.dtype
 
-    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(b, S) host ids -> (b, S, n*H) on this device; in graph mode the static output (valid until next call)."""
-        ids = self.buffers.stage("input_ids", input_ids) if self.device.type == "cuda" else input_ids.to(self.device)
-        return self.graphed(input_ids=ids)
+    def features(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, S) host ids -> (b, S, n*H) on this device; in graph mode the static output (valid until next call).
+        `doc_ids` (b, S): packed windows, one more static input (None = unpacked, today's graph)."""
+        def stage(name, t):
+            return self.buffers.stage(name, t) if self.device.type == "cuda" else t.to(self.device)
+
+        if doc_ids is None:
+            return self.graphed(input_ids=stage("input_ids", input_ids))
+        return self.graphed(input_ids=stage("input_ids", input_ids), doc_ids=stage("doc_ids", doc_ids))
 
 
 class Worker:
@@ -108,6 +114,13 @@ class Worker:
         else:
             t = {k: self.buffers.stage(k, getattr(part, k)) for k in names}
         b = part.anchors.shape[0]
+        if part.doc_ids is not None:  # packed: context positions restart per conversation (static (b, S) buffers)
+            cuda = self.device.type == "cuda"
+            t["doc_ids"] = self.buffers.stage("doc_ids", part.doc_ids) if cuda else part.doc_ids.to(self.device)
+            pos = document_positions(t["doc_ids"])
+            t["ctx_pos"] = self.buffers.stage("ctx_pos_packed", pos) if cuda else pos
+            return t
+        t["doc_ids"] = None
         ctx = self.buffers.bufs.get("ctx_pos")
         if ctx is None or ctx.shape != (b, self.seq_len):
             ctx = torch.arange(self.seq_len, device=self.device)[None].expand(b, -1).contiguous()
@@ -115,14 +128,15 @@ class Worker:
         t["ctx_pos"] = ctx
         return t
 
-    def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor) -> dict:
+    def _masks(self, anchors: torch.Tensor, anchor_valid: torch.Tensor, doc_ids: torch.Tensor | None = None) -> dict:
         """Attention masks per distinct window (blocks.attention_masks), built from the (static) anchors outside any
         graph. Flex in graph mode: the mask_mods close over the STATIC anchors, and the kept BlockMask tensors are
         refreshed in place, so the captured flex kernels read this step's masks."""
         kw = dict(seq_len=self.seq_len, block_size=self.block_size, layer_types=self.layer_types,
-                  sliding_window=self.sliding_window, layer_windows=self.layer_windows)
+                  sliding_window=self.sliding_window, layer_windows=self.layer_windows, doc_ids=doc_ids)
         static = (self.attention == "flex" and anchors is self.buffers.bufs.get("anchors")
-                  and anchor_valid is self.buffers.bufs.get("anchor_valid"))
+                  and anchor_valid is self.buffers.bufs.get("anchor_valid")
+                  and (doc_ids is None or doc_ids is self.buffers.bufs.get("doc_ids")))
         if static and self._mask_mods is None:
             self._mask_mods = flex_mask_mods(anchors, anchor_valid, **kw)
         masks = attention_masks(anchors, anchor_valid, backend=self.attention,
@@ -157,7 +171,7 @@ class Worker:
         m0 = mark(self.device)
         self.attach_grads()
         t = self._stage(part)
-        masks = self._masks(t["anchors"], t["anchor_valid"])
+        masks = self._masks(t["anchors"], t["anchor_valid"], t["doc_ids"])
         loss, correct, has_loss = self.graphed(
             features=features, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
             loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **masks)
