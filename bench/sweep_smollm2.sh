@@ -58,7 +58,7 @@ else
   $PY -m dflash_lab.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" >> "$OUT/prep.log"
   log "model converted; building data and regenerating ${N_TRAIN:-4000} answers"
   # the recipe's preparation phases only (no training): data + answers written by the target in fp32
-  $PY - "$WORK" "${N_TRAIN:-4000}" >> "$OUT/prep.log" 2>&1 <<'EOF' || { log "preparation failed"; tail -30 "$OUT/prep.log"; exit 5; }
+  $PY - "$WORK" "${N_TRAIN:-4000}" >> "$OUT/prep.log" 2>&1 <<'EOF' || { log "prep failed"; tail -30 "$OUT/prep.log"; exit 5; }
 import sys
 from dflash_lab.recipe import Recipe, RecipeConfig
 rec = Recipe(RecipeConfig(work_dir=sys.argv[1], device="cuda:0", n_train=int(sys.argv[2])))

@@ -98,7 +98,8 @@ class SweepConfig:
                                   "letters, digits, '_', '.' or '-'. Fix: e.g. {'name': 'lr-1e-3', 'lr': 1e-3}.")
             vname = v["name"]
             if vname in out:
-                raise ConfigError(f"sweep variant #{i} repeats the name {vname!r}. Fix: give every variant its own name.")
+                raise ConfigError(f"sweep variant #{i} repeats the name {vname!r}. "
+                                  "Fix: give every variant its own name.")
             overrides = {k: x for k, x in v.items() if k != "name"}
             for key in overrides:
                 if key in SWEEP_OWNED_FIELDS or key in MEASUREMENT_FIELDS:
@@ -154,11 +155,14 @@ def _config_key(tc: TrainConfig) -> dict:
     return json.loads(json.dumps(d))
 
 
-def _child_env(device: str) -> dict:
+def child_env(device: str) -> dict:
     env = dict(os.environ)
     env.pop(NOTEBOOK_ENV, None)  # the child is no notebook: it must not copy the sweep notebook as its own
     if device.startswith("cuda:"):
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        index = int(device.split(":", 1)[1])
+        # cuda:N counts the GPUs this process sees: under CUDA_VISIBLE_DEVICES="2,3", cuda:1 is physical GPU 3
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
     return env
 
 
@@ -218,7 +222,7 @@ class Sweep:
         logf = open(run_dir / LOG_FILE, "wb")
         try:
             return subprocess.Popen([sys.executable, "-m", "dflash_lab.sweep", "--run", str(run_dir)],
-                                    stdout=logf, stderr=subprocess.STDOUT, env=_child_env(device))
+                                    stdout=logf, stderr=subprocess.STDOUT, env=child_env(device))
         finally:
             logf.close()  # the child holds its own copy of the file descriptor
 

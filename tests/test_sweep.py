@@ -11,7 +11,7 @@ import pytest
 
 from dflash_lab.config import ConfigError
 from dflash_lab.rundir import read_jsonl
-from dflash_lab.sweep import Sweep, SweepConfig, load_variants, run_sweep
+from dflash_lab.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
 from dflash_lab.sweep_results import rank_rows, read_sweep, results_table
 from widgets.sweep_grid import SweepGridModel
 
@@ -62,10 +62,21 @@ def test_sweep_settings_are_validated(tmp_path, kw, words):
 def test_every_variant_gets_the_same_measurement_and_its_own_overrides(tmp_path):
     cfgs = _cfg(tmp_path).train_configs()
     assert list(cfgs) == ["broken", "lr-1e-3", "gamma-2"]
-    assert {(c.steps, c.real_tau_every, c.real_tau_prompts, c.real_tau_new_tokens) for c in cfgs.values()} == {(8, 4, 2, 12)}
+    measured = {(c.steps, c.real_tau_every, c.real_tau_prompts, c.real_tau_new_tokens) for c in cfgs.values()}
+    assert measured == {(8, 4, 2, 12)}
     assert cfgs["lr-1e-3"].lr == 1e-3 and cfgs["gamma-2"].lr == 3e-3 and cfgs["gamma-2"].gamma == 2.0
     assert cfgs["gamma-2"].run_name == "t-gamma-2" and cfgs["gamma-2"].devices == ("cpu",)
     assert _cfg(tmp_path, devices=["cuda:3", "cuda:5"]).train_configs()["lr-1e-3"].devices == ("cuda:0",)
+
+
+def test_each_gpu_slot_is_handed_to_its_process_as_the_only_visible_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("DFLASH_NOTEBOOK_OUTPUT", "/tmp/sweep.ipynb")
+    env = child_env("cuda:3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and "DFLASH_NOTEBOOK_OUTPUT" not in env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert child_env("cuda:1")["CUDA_VISIBLE_DEVICES"] == "6"
+    assert child_env("cpu")["CUDA_VISIBLE_DEVICES"] == "4,6"
 
 
 def test_load_variants_reads_a_json_list(tmp_path):

@@ -88,8 +88,8 @@ class SweepGridModel:
         rows = self.rows()
         head = "".join(f"<th>{c}</th>" for c in GRID_COLUMNS)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(c, r))}</td>" for c in GRID_COLUMNS) + "</tr>"
-                       + (f"<tr><td></td><td colspan='{len(GRID_COLUMNS) - 1}'>{html.escape(r['error'][:300])}</td></tr>"
-                          if r["error"] else "") for r in rows)
+                       + (f"<tr><td></td><td colspan='{len(GRID_COLUMNS) - 1}'>"
+                          f"{html.escape(r['error'][:300])}</td></tr>" if r["error"] else "") for r in rows)
         title = html.escape(self.state.get("name", self.sweep_dir.name))
         return (f"<div><b>sweep {title}</b> ({html.escape(str(self.sweep_dir))})"
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
