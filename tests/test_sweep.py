@@ -13,7 +13,7 @@ from dflash_lab.config import ConfigError
 from dflash_lab.rundir import read_jsonl
 from dflash_lab.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
 from dflash_lab.sweep_results import rank_rows, read_sweep, results_table
-from widgets.sweep_grid import SweepGridModel
+from widgets.sweep_grid import SweepGrid, SweepGridModel
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "sweep.ipynb"
@@ -156,6 +156,20 @@ def test_results_table_renders_markdown_and_html(executed):
     md = table.to_markdown().splitlines()
     assert md[0].startswith("| rank | variant |") and len(md) == 2 + 3
     assert "<table>" in table._repr_html_() and "TargetLoadError" in table._repr_html_()
+
+
+def test_live_grid_overlays_one_trace_per_variant_and_panel(executed):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("plotly")
+    _, sweep_dir = executed
+    grid = SweepGrid(sweep_dir, mode="live")
+    grid.refresh()
+    assert grid.figure is not None and "<td>lr-1e-3</td>" in grid.table.value
+    traces = {(t.name, t.mode): t for t in grid.figure.data}
+    rows = {r["variant"]: r for r in json.loads((sweep_dir / "results.json").read_text())["rows"]}
+    tau = traces[("gamma-2", "lines+markers")]
+    assert list(tau.x) == [4, 8] and tau.y[-1] == rows["gamma-2"]["final_real_tau"]
+    assert traces[("lr-1e-3", "lines")].y[-1] == rows["lr-1e-3"]["final_loss"]
 
 
 def test_rerun_skips_finished_variants_and_retries_the_failed_one(executed):
