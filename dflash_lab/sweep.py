@@ -1,0 +1,309 @@
+"""Sweeps: one base TrainConfig plus named variants, each trained as its own run, ranked by held-out REAL tau.
+
+A researcher asks "which knob helps MY target and data, by how much, for what cost?". Each variant is a name and a
+dict of TrainConfig overrides; every variant's TrainConfig is built before anything runs, so a typo fails in the
+first second naming the variant and the field. Every run measures real speculative-decoding tau (validation.py)
+on the SAME held-out prompts: the sweep turns real tau on (it is off by default on the CPU tiny target) and refuses
+variants that change what is measured (held-out data, prompt count, tokens per prompt).
+
+Each variant runs in its own process (`python -m dflash_lab.sweep --run <run dir>`: a plain Trainer, train(),
+finish(); the same code the train notebook runs), so a variant that crashes or runs out of memory is recorded as
+failed with its error and the sweep goes on. With several devices the variants form a queue, one per device at a
+time; a CUDA device is handed to its process as CUDA_VISIBLE_DEVICES so the run itself sees "cuda:0".
+
+Outputs: `runs/sweeps/<stamp>-<name>/sweep.json` (variants, run dirs, status, errors) and results.csv/json
+(sweep_results.py); each variant's run dir is a normal one under `runs/`. Rerunning a sweep of the same name reuses
+its newest sweep dir and skips variants that finished with the same config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, TrainConfig
+from .rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
+from .sweep_results import SWEEP_FILE, read_sweep, write_results
+
+LOG_FILE = "sweep.log"  # a variant's stdout + stderr, in its run dir
+# Fields that define the measurement: a variant changing them would not be comparable with the others.
+MEASUREMENT_FIELDS = ("heldout_data", "real_tau_prompts", "real_tau_new_tokens", "real_tau_every", "steps")
+# Fields the sweep sets per variant / per slot.
+SWEEP_OWNED_FIELDS = ("run_name", "runs_dir", "devices", "target_devices", "resume_from")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """A sweep: base TrainConfig fields, variants (each {"name": ..., <TrainConfig field>: value, ...}), devices."""
+
+    name: str
+    """Sweep name: the folder `runs_dir/sweeps/<stamp>-<name>/`, and the run names `<name>-<variant>`."""
+    base: dict
+    """TrainConfig fields shared by every variant (e.g. target, data, lr)."""
+    variants: tuple
+    """Dicts, each with a "name" and any TrainConfig field overrides; {"name": "baseline"} is the base itself."""
+    steps: int = 200
+    """Optimizer steps of every variant (the same for all, so their tau is comparable)."""
+    real_tau_every: int = 50
+    """Real tau on the held-out prompts every N steps and at the last step (must be > 0: it is what we rank by)."""
+    devices: tuple = ("cpu",)
+    """Queue slots: one variant per entry at a time, e.g. ("cuda:0", "cuda:1") or ("cpu",)."""
+    runs_dir: str = "runs"
+    """Where the runs and `sweeps/` live."""
+
+    def __post_init__(self):
+        c = "SweepConfig"
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigError(f"{c}.name={self.name!r} is invalid: use letters, digits, '_', '.' or '-'. "
+                              "Fix: e.g. name='lr-gamma'.")
+        if not isinstance(self.base, dict):
+            raise ConfigError(f"{c}.base={self.base!r} is invalid: must be a dict of TrainConfig fields. "
+                              "Fix: e.g. base={'target': 'tiny', 'lr': 3e-3}.")
+        if isinstance(self.variants, dict) or not self.variants:
+            raise ConfigError(f"{c}.variants={self.variants!r} is invalid: must be a non-empty list of dicts. "
+                              "Fix: e.g. variants=[{'name': 'baseline'}, {'name': 'lr-1e-3', 'lr': 1e-3}].")
+        object.__setattr__(self, "variants", tuple(dict(v) if isinstance(v, dict) else v for v in self.variants))
+        for name in ("steps", "real_tau_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{c}.{name}={v!r} is invalid: must be an integer >= 1. Fix: e.g. {name}=50.")
+        if isinstance(self.devices, str) or not self.devices:
+            raise ConfigError(f"{c}.devices={self.devices!r} is invalid: must be a non-empty list of device names. "
+                              "Fix: use ['cpu'] or ['cuda:0', 'cuda:1'].")
+        object.__setattr__(self, "devices", tuple(self.devices))
+        for d in self.devices:
+            if d != "cpu" and not re.match(r"^cuda:\d+$", str(d)):
+                raise ConfigError(f"{c}.devices={self.devices!r} is invalid: {d!r} is not 'cpu' or 'cuda:N'. "
+                                  "Fix: one device per queue slot, e.g. ['cuda:0', 'cuda:1'].")
+        for key in sorted(set(self.base) & set(SWEEP_OWNED_FIELDS + ("steps", "real_tau_every"))):
+            raise ConfigError(f"{c}.base sets {key}={self.base[key]!r}, which the sweep decides. Fix: remove it "
+                              "(use SweepConfig.steps / real_tau_every / devices / runs_dir / name).")
+        self.train_configs()  # every variant's TrainConfig, built now: a typo fails before anything runs
+
+    def train_configs(self) -> dict[str, TrainConfig]:
+        """{variant name: its TrainConfig} (device "cpu" or "cuda:0": the slot decides the real device)."""
+        out: dict[str, TrainConfig] = {}
+        for i, v in enumerate(self.variants):
+            if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not _NAME.match(v["name"]):
+                raise ConfigError(f"sweep variant #{i} ({v!r}) is invalid: each variant is a dict with a 'name' of "
+                                  "letters, digits, '_', '.' or '-'. Fix: e.g. {'name': 'lr-1e-3', 'lr': 1e-3}.")
+            vname = v["name"]
+            if vname in out:
+                raise ConfigError(f"sweep variant #{i} repeats the name {vname!r}. "
+                                  "Fix: give every variant its own name.")
+            overrides = {k: x for k, x in v.items() if k != "name"}
+            for key in overrides:
+                if key in SWEEP_OWNED_FIELDS or key in MEASUREMENT_FIELDS:
+                    raise ConfigError(f"sweep variant #{i} {vname!r} sets {key}={overrides[key]!r}: every variant "
+                                      "must train the same steps and measure real tau on the same held-out prompts, "
+                                      "and the sweep picks run names and devices. Fix: remove it from the variant.")
+            fields = {**self.base, **overrides, "steps": self.steps, "real_tau_every": self.real_tau_every,
+                      "run_name": f"{self.name}-{vname}", "runs_dir": self.runs_dir,
+                      "devices": ("cpu",) if self.devices[0] == "cpu" else ("cuda:0",)}
+            try:
+                out[vname] = TrainConfig.from_dict(fields)
+            except (ConfigError, TypeError) as e:
+                raise ConfigError(f"sweep variant #{i} {vname!r} (overrides {overrides!r}): {e}") from e
+        return out
+
+    def spec(self) -> dict:
+        return {"name": self.name, "base": self.base, "variants": list(self.variants), "steps": self.steps,
+                "real_tau_every": self.real_tau_every, "devices": list(self.devices), "runs_dir": self.runs_dir}
+
+
+def load_variants(variants_file: str | Path | None, variants=()) -> list[dict]:
+    """The variants of a JSON file (a list of {"name": ..., <field>: value} dicts) if one is named, else `variants`."""
+    if not variants_file:
+        return list(variants)
+    path = Path(variants_file)
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"variants_file={str(variants_file)!r} is unreadable ({e}). Fix: a JSON list of dicts, "
+                          'e.g. [{"name": "baseline"}, {"name": "lr-1e-3", "lr": 0.001}].') from e
+    if not isinstance(loaded, list):
+        raise ConfigError(f"variants_file={str(variants_file)!r} holds a {type(loaded).__name__}, not a list. Fix: "
+                          'a JSON list of dicts, e.g. [{"name": "baseline"}, {"name": "lr-1e-3", "lr": 0.001}].')
+    return loaded
+
+
+def sweeps_dir(runs_dir: str | Path = "runs") -> Path:
+    return resolve_runs_dir(runs_dir) / "sweeps"
+
+
+def find_sweep_dir(cfg: SweepConfig) -> Path | None:
+    """The newest `runs_dir/sweeps/<stamp>-<name>/` of this sweep's name, or None."""
+    root = sweeps_dir(cfg.runs_dir)
+    found = sorted(p for p in root.glob(f"*-{cfg.name}") if (p / SWEEP_FILE).is_file()) if root.is_dir() else []
+    return found[-1] if found else None
+
+
+def _config_key(tc: TrainConfig) -> dict:
+    """What must match for a finished run to count as this variant's result (run names and devices may differ)."""
+    d = tc.to_dict()
+    for k in SWEEP_OWNED_FIELDS:
+        d.pop(k, None)
+    return json.loads(json.dumps(d))
+
+
+def child_env(device: str) -> dict:
+    env = dict(os.environ)
+    env.pop(NOTEBOOK_ENV, None)  # the child is no notebook: it must not copy the sweep notebook as its own
+    if device.startswith("cuda:"):
+        index = int(device.split(":", 1)[1])
+        # cuda:N counts the GPUs this process sees: under CUDA_VISIBLE_DEVICES="2,3", cuda:1 is physical GPU 3
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
+    return env
+
+
+def _last_error(run_dir: Path) -> str:
+    """The error a failed variant left: error.json from the child, else the last lines of its log."""
+    try:
+        return json.loads((run_dir / "error.json").read_text())["error"]
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        lines = (run_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return " | ".join(lines[-3:]) or "exited without output"
+
+
+class Sweep:
+    """Runs a SweepConfig: a queue of variant processes over the devices; `state` mirrors sweep.json."""
+
+    def __init__(self, cfg: SweepConfig, *, resume: bool = True, log=print):
+        self.cfg, self.log = cfg, log
+        self.configs = cfg.train_configs()
+        old = find_sweep_dir(cfg) if resume else None
+        if old is None:
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            self.dir = sweeps_dir(cfg.runs_dir) / f"{stamp}-{cfg.name}"
+            self.dir.mkdir(parents=True)
+            previous: dict = {}
+        else:
+            self.dir = old
+            previous = {v["name"]: v for v in read_sweep(old).get("variants", [])}
+        self.state = {"name": cfg.name, "spec": cfg.spec(), "sweep_dir": str(self.dir), "variants": []}
+        for name, tc in self.configs.items():
+            key = _config_key(tc)
+            prev = previous.get(name)
+            if prev and prev.get("status") == "finished" and prev.get("config") == key:
+                self.state["variants"].append({**prev, "skipped": True})
+            else:
+                self.state["variants"].append({"name": name, "status": "pending", "config": key, "run_dir": None,
+                                               "device": None, "error": None, "wall_s": None, "skipped": False})
+        self.save()
+
+    def save(self) -> None:
+        self.state["updated"] = time.time()
+        write_json(self.dir / SWEEP_FILE, self.state)
+
+    def variant(self, name: str) -> dict:
+        return next(v for v in self.state["variants"] if v["name"] == name)
+
+    def _start(self, v: dict, device: str) -> subprocess.Popen:
+        tc = self.configs[v["name"]]
+        run_dir = new_run_dir(tc.runs_dir, tc.run_name)
+        tc.to_json(run_dir / "config.json")
+        v.update(status="running", run_dir=str(run_dir), device=device, error=None, started=time.time(),
+                 skipped=False)
+        self.log(f"sweep {self.cfg.name}: {v['name']} on {device} -> {run_dir}")
+        logf = open(run_dir / LOG_FILE, "wb")
+        try:
+            return subprocess.Popen([sys.executable, "-m", "dflash_lab.sweep", "--run", str(run_dir)],
+                                    stdout=logf, stderr=subprocess.STDOUT, env=child_env(device))
+        finally:
+            logf.close()  # the child holds its own copy of the file descriptor
+
+    def _end(self, v: dict, rc: int) -> None:
+        run_dir = Path(v["run_dir"])
+        v["wall_s"] = round(time.time() - v.pop("started"), 2)
+        summary = run_dir / "summary.json"
+        ok = rc == 0 and summary.is_file() and json.loads(summary.read_text()).get("status") == "finished"
+        v["status"] = "finished" if ok else "failed"
+        if not ok:
+            v["error"] = _last_error(run_dir) if rc != 0 else f"run ended without finishing (exit {rc})"
+        self.log(f"sweep {self.cfg.name}: {v['name']} {v['status']} in {v['wall_s']:.1f} s"
+                 + (f": {v['error']}" if v["error"] else ""))
+
+    def run(self, *, callbacks=(), poll_s: float = 0.5) -> list[dict]:
+        """Run every pending variant (one per device at a time); returns the ranked results (sweep_results)."""
+        pending = [v for v in self.state["variants"] if v["status"] != "finished"]
+        for v in self.state["variants"]:
+            if v["status"] == "finished":
+                self.log(f"sweep {self.cfg.name}: {v['name']} already finished ({v['run_dir']}): skipped")
+        free, running = list(self.cfg.devices), {}  # device -> (variant, process)
+        try:
+            while pending or running:
+                while pending and free:
+                    v, device = pending.pop(0), free.pop(0)
+                    running[device] = (v, self._start(v, device))
+                    self.save()
+                for device, (v, proc) in list(running.items()):
+                    rc = proc.poll()
+                    if rc is not None:
+                        self._end(v, rc)
+                        del running[device]
+                        free.append(device)
+                        self.save()
+                for cb in callbacks:
+                    cb(self)
+                time.sleep(poll_s)
+        finally:
+            for device, (v, proc) in running.items():  # an interrupt: stop our children, record them as stopped
+                proc.terminate()
+                proc.wait()
+                v.update(status="failed", error="sweep interrupted", wall_s=None)
+                v.pop("started", None)
+            self.save()
+        for cb in callbacks:
+            cb(self)
+        return write_results(self.dir)
+
+
+def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print) -> Sweep:
+    """Build and run a sweep; returns the Sweep (its `.dir` holds sweep.json and results.csv/json)."""
+    sweep = Sweep(cfg, resume=resume, log=log)
+    sweep.results = sweep.run(callbacks=callbacks)
+    return sweep
+
+
+def run_variant(run_dir: Path) -> int:
+    """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps and finished."""
+    from .trainer import Trainer  # heavy (torch, transformers): only the child process needs it
+
+    trainer = None
+    try:
+        trainer = Trainer(TrainConfig.from_json(run_dir / "config.json"), run_dir=run_dir)
+        trainer.train(progress_every_s=10.0)
+        summary = trainer.finish()
+        return 0 if summary.get("status") == "finished" else 1
+    except BaseException as e:
+        write_json(run_dir / "error.json", {"error": f"{type(e).__name__}: {e}",
+                                            "step": trainer.step_count if trainer else None})
+        raise
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.sweep", description="run one sweep variant")
+    p.add_argument("--run", required=True, help="the variant's run directory (holding config.json)")
+    args = p.parse_args(argv)
+    return run_variant(Path(args.run))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

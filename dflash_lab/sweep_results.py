@@ -1,0 +1,165 @@
+"""A sweep's results: one row per variant from its run's own metrics, ranked by held-out real tau; table and PNG.
+
+Everything here is read back from files (sweep.json, each run's metrics.jsonl and summary.json), so the table of a
+finished, interrupted or resumed sweep is the same, and the notebook's figure renders on GitHub (PNG, matplotlib).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+from .plots import PngImage
+from .rundir import METRICS_FILE, read_jsonl, write_json
+
+SWEEP_FILE = "sweep.json"
+RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "best_real_tau", "best_tau_step", "val_sim_tau",
+                  "final_loss", "tokens_per_s", "wall_s", "steps", "overrides", "run_dir", "error")
+
+
+def read_sweep(sweep_dir: str | Path) -> dict:
+    return json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+
+
+def _last(rows: list[dict], key: str):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return vals[-1] if vals else None
+
+
+def variant_row(variant: dict, overrides: dict) -> dict:
+    """A variant's figures from its run dir: final/best real tau (and the step of the best), last val_sim_tau,
+    last loss, steady tokens/s (summary.json; else the last logged rate), wall time."""
+    row = {"variant": variant["name"], "status": variant["status"], "wall_s": variant.get("wall_s"),
+           "overrides": json.dumps(overrides, sort_keys=True), "run_dir": variant.get("run_dir"),
+           "error": variant.get("error")}
+    run_dir = Path(variant["run_dir"]) if variant.get("run_dir") else None
+    rows = read_jsonl(run_dir / METRICS_FILE) if run_dir and (run_dir / METRICS_FILE).is_file() else []
+    taus = [(r["step"], r["real_tau"]) for r in rows if r.get("real_tau") is not None]
+    best = max(taus, key=lambda t: (t[1], -t[0])) if taus else (None, None)  # the earliest step among ties
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text()) if run_dir else {}
+    except (OSError, ValueError):
+        summary = {}
+    row.update(final_real_tau=taus[-1][1] if taus else None, best_real_tau=best[1], best_tau_step=best[0],
+               val_sim_tau=_last(rows, "val_sim_tau"), final_loss=_last(rows, "loss"),
+               tokens_per_s=summary.get("steady_tokens_per_s") or _last(rows, "tokens_per_s"),
+               steps=_last(rows, "step"))
+    return row
+
+
+def rank_rows(rows: list[dict]) -> list[dict]:
+    """Best final held-out real tau first (ties: best real tau, then lower loss); variants without one last."""
+    def key(r):
+        tau, best, loss = r["final_real_tau"], r["best_real_tau"], r["final_loss"]
+        return (tau is None, -(tau or 0.0), -(best or 0.0), loss if loss is not None else math.inf)
+
+    ranked = sorted(rows, key=key)
+    for i, r in enumerate(ranked, 1):
+        r["rank"] = i if r["final_real_tau"] is not None else None
+    return [{c: r.get(c) for c in RESULT_COLUMNS} for r in ranked]
+
+
+def results(sweep_dir: str | Path) -> list[dict]:
+    """The ranked rows of a sweep directory (see RESULT_COLUMNS)."""
+    state = read_sweep(sweep_dir)
+    spec = {v["name"]: {k: x for k, x in v.items() if k != "name"} for v in state["spec"]["variants"]}
+    return rank_rows([variant_row(v, spec.get(v["name"], {})) for v in state["variants"]])
+
+
+def write_results(sweep_dir: str | Path) -> list[dict]:
+    """results.json and results.csv in the sweep directory; returns the ranked rows."""
+    sweep_dir = Path(sweep_dir)
+    rows = results(sweep_dir)
+    write_json(sweep_dir / "results.json", {"ranked_by": "final_real_tau", "rows": rows})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    (sweep_dir / "results.csv").write_text(buf.getvalue())
+    return rows
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    if x is None:
+        return "-"
+    return format(x, spec) if isinstance(x, float) else str(x)
+
+
+TABLE_COLUMNS = (("rank", "rank", "d"), ("variant", "variant", ""), ("status", "status", ""),
+                 ("final_real_tau", "real tau (final)", ".3f"), ("best_real_tau", "real tau (best)", ".3f"),
+                 ("best_tau_step", "best at step", "d"), ("val_sim_tau", "val sim tau", ".3f"),
+                 ("final_loss", "loss", ".4f"), ("tokens_per_s", "tokens/s", ".0f"), ("wall_s", "wall s", ".1f"),
+                 ("overrides", "overrides", ""))
+
+
+class ResultsTable:
+    """The ranked rows, shown as an HTML table in a notebook (GitHub renders it) and as markdown in text."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def _cells(self, r: dict) -> list[str]:
+        cells = [_fmt(r.get(k), spec) for k, _, spec in TABLE_COLUMNS]
+        if r.get("error"):
+            cells[2] = f"{cells[2]}: {r['error'][:160]}"
+        return cells
+
+    def to_markdown(self) -> str:
+        head = [h for _, h, _ in TABLE_COLUMNS]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in self._cells(r)) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in TABLE_COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
+                       for r in self.rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __repr__(self) -> str:
+        return self.to_markdown()
+
+
+def results_table(sweep_dir: str | Path) -> ResultsTable:
+    return ResultsTable(results(sweep_dir))
+
+
+def plot_sweep(sweep_dir: str | Path, out: str | Path | None = None) -> PngImage:
+    """Loss and held-out real tau against step, one colour per variant (PNG for result notebooks)."""
+    from matplotlib.figure import Figure
+
+    state = read_sweep(sweep_dir)
+    fig = Figure(figsize=(14, 4))
+    ax_loss, ax_tau = fig.subplots(1, 2)
+    for i, v in enumerate(state["variants"]):
+        rows = read_jsonl(Path(v["run_dir"]) / METRICS_FILE) if v.get("run_dir") and \
+            (Path(v["run_dir"]) / METRICS_FILE).is_file() else []
+        loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
+        tau = [(r["step"], r["real_tau"]) for r in rows if r.get("real_tau") is not None]
+        label = v["name"] + ("" if v["status"] == "finished" else f" ({v['status']})")
+        if loss:
+            ax_loss.plot(*zip(*loss), lw=1.4, color=f"C{i}", label=label)
+        if tau:
+            ax_tau.plot(*zip(*tau), "o-", ms=4, lw=1.2, color=f"C{i}", label=label)
+    for ax, title, unit in ((ax_loss, "training loss (decayed CE)", "loss"),
+                            (ax_tau, "real tau on the held-out prompts", "accepted tokens per block")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel(unit, fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    img = PngImage(buf.getvalue())
+    if out:
+        img.path = img.save(out)
+    return img

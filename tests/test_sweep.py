@@ -1,0 +1,193 @@
+"""sweep.py, sweep_results.py, widgets/sweep_grid.py and notebooks/sweep.ipynb: variants validated up front, a real
+headless sweep on the tiny target (a failing variant recorded, the rest run), the table ranked by the runs' own
+held-out real tau, and a rerun that skips the finished variants."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.config import ConfigError
+from dflash_lab.rundir import read_jsonl
+from dflash_lab.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
+from dflash_lab.sweep_results import rank_rows, read_sweep, results_table
+from widgets.sweep_grid import SweepGrid, SweepGridModel
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "sweep.ipynb"
+# Tiny and quick: real tau on 2 prompts x 12 tokens at steps 4 and 8 (each variant ~12 s on 2 CPU cores).
+BASE = {"target": "tiny", "data": "tiny", "block_size": 8, "num_anchors": 16, "seq_len": 128, "batch_size": 4,
+        "num_draft_layers": 1, "lr": 3e-3, "log_every": 2, "val_every": 4, "val_sequences": 2,
+        "real_tau_prompts": 2, "real_tau_new_tokens": 12}
+VARIANTS = [{"name": "broken", "target": "/nonexistent/model-dir"},  # first: the sweep must go on after it
+            {"name": "lr-1e-3", "lr": 1e-3}, {"name": "gamma-2", "gamma": 2.0}]
+
+
+def _cfg(tmp_path, **kw):
+    return SweepConfig(**{"name": "t", "base": BASE, "variants": VARIANTS, "steps": 8, "real_tau_every": 4,
+                          "runs_dir": str(tmp_path / "runs"), **kw})
+
+
+@pytest.mark.parametrize("variants, words", [
+    ([{"name": "ok"}, {"name": "typo", "lrr": 1e-3}], ["#1", "'typo'", "lrr"]),
+    ([{"name": "ok"}, {"name": "neg", "lr": -1.0}], ["#1", "'neg'", "lr=-1.0"]),
+    ([{"name": "a"}, {"name": "a", "lr": 1e-3}], ["#1", "repeats the name 'a'"]),
+    ([{"lr": 1e-3}], ["#0", "'name'"]),
+    ([{"name": "bad name!"}], ["#0", "bad name!"]),
+    ([{"name": "more", "real_tau_prompts": 4}], ["#0", "'more'", "real_tau_prompts=4", "same held-out prompts"]),
+    ([{"name": "gpu", "devices": ["cuda:0"]}], ["#0", "'gpu'", "devices"]),
+])
+def test_variants_are_validated_before_anything_runs(tmp_path, variants, words):
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, variants=variants)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"steps": 0}, ["steps=0"]), ({"real_tau_every": -5}, ["real_tau_every=-5"]),
+    ({"devices": "cuda:0"}, ["devices='cuda:0'"]), ({"devices": ["gpu1"]}, ["'gpu1'"]),
+    ({"base": {**BASE, "steps": 5}}, ["steps=5", "sweep decides"]), ({"variants": []}, ["non-empty"]),
+])
+def test_sweep_settings_are_validated(tmp_path, kw, words):
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, **kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_every_variant_gets_the_same_measurement_and_its_own_overrides(tmp_path):
+    cfgs = _cfg(tmp_path).train_configs()
+    assert list(cfgs) == ["broken", "lr-1e-3", "gamma-2"]
+    measured = {(c.steps, c.real_tau_every, c.real_tau_prompts, c.real_tau_new_tokens) for c in cfgs.values()}
+    assert measured == {(8, 4, 2, 12)}
+    assert cfgs["lr-1e-3"].lr == 1e-3 and cfgs["gamma-2"].lr == 3e-3 and cfgs["gamma-2"].gamma == 2.0
+    assert cfgs["gamma-2"].run_name == "t-gamma-2" and cfgs["gamma-2"].devices == ("cpu",)
+    assert _cfg(tmp_path, devices=["cuda:3", "cuda:5"]).train_configs()["lr-1e-3"].devices == ("cuda:0",)
+
+
+def test_each_gpu_slot_is_handed_to_its_process_as_the_only_visible_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("DFLASH_NOTEBOOK_OUTPUT", "/tmp/sweep.ipynb")
+    env = child_env("cuda:3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and "DFLASH_NOTEBOOK_OUTPUT" not in env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert child_env("cuda:1")["CUDA_VISIBLE_DEVICES"] == "6"
+    assert child_env("cpu")["CUDA_VISIBLE_DEVICES"] == "4,6"
+
+
+def test_load_variants_reads_a_json_list(tmp_path):
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(VARIANTS[1:]))
+    assert load_variants(str(f), [{"name": "ignored"}]) == VARIANTS[1:]
+    assert load_variants("", [{"name": "x"}]) == [{"name": "x"}]
+    f.write_text('{"name": "x"}')
+    with pytest.raises(ConfigError, match="holds a dict"):
+        load_variants(str(f))
+
+
+def test_ranking_puts_the_best_final_real_tau_first_and_unmeasured_last():
+    rows = [{"variant": "a", "final_real_tau": 1.5, "best_real_tau": 1.6, "final_loss": 3.0},
+            {"variant": "b", "final_real_tau": None, "best_real_tau": None, "final_loss": None},
+            {"variant": "c", "final_real_tau": 2.0, "best_real_tau": 2.0, "final_loss": 4.0},
+            {"variant": "d", "final_real_tau": 1.5, "best_real_tau": 1.9, "final_loss": 3.5}]
+    ranked = rank_rows(rows)
+    assert [r["variant"] for r in ranked] == ["c", "d", "a", "b"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3, None]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """notebooks/sweep.ipynb under the papermill CLI: 3 variants (one broken), 8 steps, real tau at 4 and 8."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    (tmp / "variants.json").write_text(json.dumps(VARIANTS))
+    cmd = [sys.executable, "-m", "papermill", str(NOTEBOOK), str(tmp / "out.ipynb"), "--no-progress-bar",
+           "--cwd", str(REPO / "notebooks"), "-p", "name", "t", "-p", "steps", "8", "-p", "real_tau_every", "4",
+           "-p", "variants_file", str(tmp / "variants.json"), "-p", "runs_dir", str(tmp / "runs"),
+           "-y", "base: " + json.dumps(BASE)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (sweep_dir,) = (tmp / "runs" / "sweeps").iterdir()
+    return tmp, sweep_dir
+
+
+def test_notebook_sweep_records_the_failure_and_ranks_by_the_runs_own_real_tau(executed):
+    tmp, sweep_dir = executed
+    state = read_sweep(sweep_dir)
+    status = {v["name"]: v["status"] for v in state["variants"]}
+    assert status == {"broken": "failed", "lr-1e-3": "finished", "gamma-2": "finished"}
+    broken = next(v for v in state["variants"] if v["name"] == "broken")
+    assert "/nonexistent/model-dir" in broken["error"] and "TargetLoadError" in broken["error"]
+    rows = json.loads((sweep_dir / "results.json").read_text())["rows"]
+    assert [r["variant"] for r in rows][-1] == "broken" and rows[-1]["rank"] is None
+    for r in rows[:2]:  # each value is the run's own metrics.jsonl
+        metrics = read_jsonl(Path(r["run_dir"]) / "metrics.jsonl")
+        taus = {m["step"]: m["real_tau"] for m in metrics if "real_tau" in m}
+        assert sorted(taus) == [4, 8]
+        assert r["final_real_tau"] == taus[8] and r["best_real_tau"] == max(taus.values())
+        assert r["best_tau_step"] == min(s for s, t in taus.items() if t == max(taus.values()))
+        assert r["final_loss"] == [m["loss"] for m in metrics if "loss" in m][-1]
+        assert r["val_sim_tau"] == [m["val_sim_tau"] for m in metrics if "val_sim_tau" in m][-1]
+        assert r["steps"] == 8 and r["tokens_per_s"] > 0 and r["wall_s"] > 0
+        assert json.loads((Path(r["run_dir"]) / "config.json").read_text())["real_tau_every"] == 4
+    assert rows[0]["final_real_tau"] >= rows[1]["final_real_tau"] and [r["rank"] for r in rows[:2]] == [1, 2]
+    csv_lines = (sweep_dir / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("rank,variant,status,final_real_tau") and len(csv_lines) == 4
+    # the executed notebook renders on GitHub: an HTML ranked table and a PNG figure, no widget state needed
+    nb = json.loads((tmp / "out.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    tables = [o["data"]["text/html"] for o in outputs if "<th>real tau (final)</th>" in "".join(
+        o.get("data", {}).get("text/html", ""))]
+    assert tables and rows[0]["variant"] in "".join(tables[0])
+    assert (sweep_dir / "curves.png").stat().st_size > 1000
+    # the grid model reads the same files: both finished variants at 8/8 with their last real tau
+    grid = {r["variant"]: r for r in SweepGridModel(sweep_dir).poll()}
+    assert grid["lr-1e-3"]["step"] == "8/8" and grid["broken"]["status"] == "failed"
+    assert grid["gamma-2"]["real tau"] == next(r for r in rows if r["variant"] == "gamma-2")["final_real_tau"]
+
+
+def test_results_table_renders_markdown_and_html(executed):
+    _, sweep_dir = executed
+    table = results_table(sweep_dir)
+    md = table.to_markdown().splitlines()
+    assert md[0].startswith("| rank | variant |") and len(md) == 2 + 3
+    assert "<table>" in table._repr_html_() and "TargetLoadError" in table._repr_html_()
+
+
+def test_live_grid_overlays_one_trace_per_variant_and_panel(executed):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("plotly")
+    _, sweep_dir = executed
+    grid = SweepGrid(sweep_dir, mode="live")
+    grid.refresh()
+    assert grid.figure is not None and "<td>lr-1e-3</td>" in grid.table.value
+    traces = {(t.name, t.mode): t for t in grid.figure.data}
+    rows = {r["variant"]: r for r in json.loads((sweep_dir / "results.json").read_text())["rows"]}
+    tau = traces[("gamma-2", "lines+markers")]
+    assert list(tau.x) == [4, 8] and tau.y[-1] == rows["gamma-2"]["final_real_tau"]
+    assert traces[("lr-1e-3", "lines")].y[-1] == rows["lr-1e-3"]["final_loss"]
+
+
+def test_rerun_skips_finished_variants_and_retries_the_failed_one(executed):
+    tmp, sweep_dir = executed
+    before = read_sweep(sweep_dir)
+    spec = before["spec"]
+    cfg = SweepConfig(**{**spec, "variants": spec["variants"]})
+    sweep = run_sweep(cfg, log=lambda *a: None)
+    assert sweep.dir == sweep_dir  # the same sweep directory, resumed
+    after = {v["name"]: v for v in read_sweep(sweep_dir)["variants"]}
+    old = {v["name"]: v for v in before["variants"]}
+    for name in ("lr-1e-3", "gamma-2"):
+        assert after[name]["skipped"] and after[name]["run_dir"] == old[name]["run_dir"]
+    assert after["broken"]["status"] == "failed" and after["broken"]["run_dir"] != old["broken"]["run_dir"]
+    runs = [p for p in (tmp / "runs").iterdir() if p.name != "sweeps"]
+    assert len(runs) == 4  # 3 first time + the retried broken variant
+    assert [r["variant"] for r in sweep.results] == [r["variant"] for r in
+                                                     json.loads((sweep_dir / "results.json").read_text())["rows"]]
+    # a changed variant is not "the same": resume=True still trains it anew
+    changed = SweepConfig(**{**spec, "variants": [{"name": "lr-1e-3", "lr": 2e-3}]})
+    assert Sweep(changed, log=lambda *a: None).variant("lr-1e-3")["status"] == "pending"
