@@ -16,7 +16,9 @@
 # fields only), N_TRAIN (conversations regenerated, default 4000: ~95 s), T_TOTAL (seconds for the whole call,
 # default 560), SWEEP_STEPS (steps per variant; default: fitted to the time left, ~45 s per variant),
 # STEPS_PER_S (measured training rate for the fit, default 12: recipe shape, 15 steps/s in the 2026-11-30 run),
-# STARTUP_S (per-variant process start, target load and real tau, default 18).
+# STARTUP_S (per-variant process start, target load and real tau, default 18), SLOTS (variants side by side on the
+# GPU, default 1), TAU_PROMPTS / TAU_TOKENS (held-out prompts and new tokens per real-tau measurement, 8 / 64),
+# TAU_EVERY (default steps / 4).
 # Outputs under $OUT: sweep.ipynb (executed), results.csv/json, sweep.json, curves.png, sweep.log, prep.log.
 set -u
 OUT=${OUT:-/tmp/sweep-out}; mkdir -p "$OUT"
@@ -36,7 +38,8 @@ N_VARIANTS=$($PY -c "import json,sys; print(len(json.load(open(sys.argv[1]))))" 
 
 if [ "${SWEEP_CPU:-0}" = 1 ]; then
   # the tiny target: same notebook, same outputs, nothing to prepare
-  TARGET=tiny; DATA=tiny; DEVICES='["cpu"]'
+  TARGET=tiny; DATA=tiny
+  DEVICES=$($PY -c "import json,sys; print(json.dumps(['cpu'] * int(sys.argv[1])))" "${SLOTS:-1}")
   BASE='{"block_size": 8, "num_anchors": 16, "seq_len": 128, "batch_size": 4, "num_draft_layers": 1, "lr": 0.003,
     "log_every": 2, "val_every": 4, "val_sequences": 2, "real_tau_prompts": 2, "real_tau_new_tokens": 12}'
   STEPS=${SWEEP_STEPS:-8}
@@ -68,18 +71,20 @@ EOF
   TARGET=smollm2-135m-instruct
   DATA=$(grep '^DATA ' "$OUT/prep.log" | tail -1 | cut -d' ' -f2-)
   HELDOUT=$(grep '^HELDOUT ' "$OUT/prep.log" | tail -1 | cut -d' ' -f2-)
-  DEVICES='["cuda:0"]'
+  SLOTS=${SLOTS:-1}  # variants side by side on the one GPU (a 135M target leaves most of an H200 idle)
+  DEVICES=$($PY -c "import json,sys; print(json.dumps(['cuda:0'] * int(sys.argv[1])))" "$SLOTS")
   # the recipe's training shape (recipe.RecipeConfig defaults); every variant measures the same held-out prompts
   BASE="{\"heldout_data\": \"$HELDOUT\", \"seq_len\": 512, \"batch_size\": 32, \"num_anchors\": 64, \"block_size\": 16,
-    \"num_draft_layers\": 3, \"lr\": 0.0006, \"real_tau_prompts\": 8, \"real_tau_new_tokens\": 64}"
+    \"num_draft_layers\": 3, \"lr\": 0.0006, \"real_tau_prompts\": ${TAU_PROMPTS:-8}, \"real_tau_new_tokens\": ${TAU_TOKENS:-64}}"
   LEFT=$(( T_TOTAL - ($(date +%s) - T0) - 25 ))  # 25 s: kernel start, figures, copies
-  PER=$(( LEFT / N_VARIANTS ))
+  ROUNDS=$(( (N_VARIANTS + SLOTS - 1) / SLOTS ))
+  PER=$(( LEFT / ROUNDS ))
   STEPS=${SWEEP_STEPS:-$(( (PER - ${STARTUP_S:-18}) * ${STEPS_PER_S:-12} ))}
   [ "$STEPS" -gt 1000 ] && STEPS=1000
   [ "$STEPS" -lt 40 ] && { log "only ${LEFT}s left for $N_VARIANTS variants: fewer variants or N_TRAIN"; STEPS=40; }
   log "$LEFT s left: $N_VARIANTS variants x ~$PER s -> $STEPS steps each"
 fi
-TAU_EVERY=$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))
+TAU_EVERY=${TAU_EVERY:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}
 log "sweep: $N_VARIANTS variants, $STEPS steps, real tau every $TAU_EVERY steps"
 $PY -m papermill notebooks/sweep.ipynb "$OUT/sweep.ipynb" --log-output --no-progress-bar -k python3 \
   --cwd notebooks -p name smollm2 -p target "$TARGET" -p data "$DATA" -p steps "$STEPS" \

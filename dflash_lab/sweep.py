@@ -56,7 +56,8 @@ class SweepConfig:
     real_tau_every: int = 50
     """Real tau on the held-out prompts every N steps and at the last step (must be > 0: it is what we rank by)."""
     devices: tuple = ("cpu",)
-    """Queue slots: one variant per entry at a time, e.g. ("cuda:0", "cuda:1") or ("cpu",)."""
+    """Queue slots: one variant per entry at a time, e.g. ("cuda:0", "cuda:1") or ("cpu",); a device listed twice
+    runs two variants on it side by side (their tokens/s then share the device: compare tau, not speed)."""
     runs_dir: str = "runs"
     """Where the runs and `sweeps/` live."""
 
@@ -243,25 +244,26 @@ class Sweep:
         for v in self.state["variants"]:
             if v["status"] == "finished":
                 self.log(f"sweep {self.cfg.name}: {v['name']} already finished ({v['run_dir']}): skipped")
-        free, running = list(self.cfg.devices), {}  # device -> (variant, process)
+        # Slots, not devices: a device listed twice runs two variants on it at once (small targets leave a GPU idle).
+        free, running = list(range(len(self.cfg.devices))), {}  # slot -> (variant, process)
         try:
             while pending or running:
                 while pending and free:
-                    v, device = pending.pop(0), free.pop(0)
-                    running[device] = (v, self._start(v, device))
+                    v, slot = pending.pop(0), free.pop(0)
+                    running[slot] = (v, self._start(v, self.cfg.devices[slot]))
                     self.save()
-                for device, (v, proc) in list(running.items()):
+                for slot, (v, proc) in list(running.items()):
                     rc = proc.poll()
                     if rc is not None:
                         self._end(v, rc)
-                        del running[device]
-                        free.append(device)
+                        del running[slot]
+                        free.append(slot)
                         self.save()
                 for cb in callbacks:
                     cb(self)
                 time.sleep(poll_s)
         finally:
-            for device, (v, proc) in running.items():  # an interrupt: stop our children, record them as stopped
+            for slot, (v, proc) in running.items():  # an interrupt: stop our children, record them as stopped
                 proc.terminate()
                 proc.wait()
                 v.update(status="failed", error="sweep interrupted", wall_s=None)
