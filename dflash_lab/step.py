@@ -98,8 +98,13 @@ def build_masks(batch: BlockBatch, *, seq_len: int, backend: str, layer_types: t
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                 inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, dict]:
-    """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside."""
+                 inputs: DraftInputs, chunk_size: int, label_map: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict]:
+    """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside.
+
+    `label_map` (V,) int64 (draft_vocab.label_map, issue 17): with a pruned draft vocabulary `head_weight` is the
+    (d, H) slice of the target head and labels are mapped to draft ids; a label outside (-1) gets weight 0 and
+    counts as wrong."""
     bb = inputs.batch
     b, Q = bb.draft_ids.shape
     with torch.no_grad():
@@ -112,9 +117,17 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
     h = hidden.view(b, -1, B, hidden.shape[-1])[:, :, 1:].reshape(-1, hidden.shape[-1])  # (b*N*(B-1), H)
     y = bb.labels.view(b, -1, B)[:, :, 1:].reshape(-1)
     w = flat_w.view(b, -1, B)[:, :, 1:].reshape(-1)
+    has_loss = (w > 0).view(b, -1, B - 1)  # before pruning: an unpredictable label still counts (as wrong)
+    if label_map is not None:
+        # Static shapes: a label outside the draft vocabulary becomes draft id 0 with weight 0, never a dropped row.
+        y_draft = label_map[y]
+        in_vocab = y_draft >= 0
+        y, w = y_draft.clamp(min=0), w * in_vocab
     loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
-    correct = (preds == y).view(b, -1, B - 1)  # (b, N, B-1)
-    has_loss = (w > 0).view(b, -1, B - 1)
+    correct = preds == y
+    if label_map is not None:
+        correct = correct & in_vocab
+    correct = correct.view(b, -1, B - 1)  # (b, N, B-1)
     return loss, {"correct": correct, "has_loss": has_loss}
 
 
@@ -138,16 +151,18 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 
 
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                     inputs: DraftInputs, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     inputs: DraftInputs, chunk_size: int, label_map: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
     (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
-    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size)
+    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, label_map)
     loss.backward()
     return loss.detach(), raw["correct"], raw["has_loss"]
 
 
 def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-               inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int) -> dict:
+               inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int,
+               label_map: torch.Tensor | None = None) -> dict:
     """One optimizer step: zero grads -> forward + loss + backward -> clip + AdamW. The step a torchrun rank runs
     (DDP/FSDP2 sum the gradients inside backward). The threaded engine runs the same two halves with its own
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
@@ -156,6 +171,6 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     Returns tensors {loss, grad_norm, correct, has_loss}; reading them (.item()) syncs the device.
     """
     optimizer.zero_grad()
-    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size)
+    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, label_map)
     grad_norm = optimizer.step(lr, grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}
