@@ -24,6 +24,7 @@ from .sinks import sink_problem
 from .loss_weights import check_loss_weighting_fields
 from .optimizer_checks import check_optimizer_fields
 from .perf_checks import check_perf_fields
+from .draft_vocab import check_draft_vocab_fields
 from .pack_checks import check_pack_fields
 from .target_defaults import default_gamma
 from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
@@ -169,6 +170,11 @@ class TrainConfig:
     pack_sequences: bool = False
     """Pack several whole conversations into each seq_len window (first fit, seeded; packing.py) instead of one,
     right-padded. Attention, anchors and labels never cross a conversation; positions restart per conversation."""
+    # issue 17: draft vocabulary
+    draft_vocab_size: int | None = None
+    """Draft vocabulary: the drafter predicts only the d most frequent supervised target tokens of the training data
+    (a frozen (d, H) slice of the target head; labels outside it carry no loss and count as wrong). None = the full
+    target vocabulary (draft_vocab.py, docs/ablations.md)."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -260,6 +266,7 @@ class TrainConfig:
         check_loss_weighting_fields(self)
         check_optimizer_fields(self)
         check_pack_fields(self)
+        check_draft_vocab_fields(self)
 
     @property
     def resolved_gamma(self) -> float:

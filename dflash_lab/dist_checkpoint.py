@@ -22,8 +22,8 @@ def gather_full_state(drafter: torch.nn.Module, optimizer, names: list[str], *,
     """(drafter tensors in export names and `export_dtype`, masters + AdamW state by name, param-group settings).
 
     Collective under FSDP2: call it on every drafter rank."""
-    weights = {k: full_tensor(v).to(export_dtype) for k, v in drafter.state_dict().items()
-               if not k.startswith("rotary_emb.")}
+    weights = {k: full_tensor(v).to(export_dtype if v.is_floating_point() else v.dtype)  # d2t stays int64
+               for k, v in drafter.state_dict().items() if not k.startswith("rotary_emb.")}
     sd = optimizer.state_dict()  # MasterAdamW or MasterMuon: one index per trainable parameter
     tensors = {}
     for i, name in enumerate(names):

@@ -174,6 +174,8 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        if config.draft_vocab_size is not None:  # issue 17: draft id i is target id i + d2t[i] (EAGLE-3 offsets)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         """Deterministic init: normal(0, std) for Linear weights, ones for norms."""

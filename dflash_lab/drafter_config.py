@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config_errors import ConfigError, fail
+from .draft_vocab import check_draft_vocab_size
 from .field_types import check_field_types
 from .target_defaults import KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_target_layer_ids
 from .windows import check_layer_windows, layer_windows_of, mask_key
@@ -66,6 +67,10 @@ class DrafterConfig:
     """Per draft layer window: None on full-attention layers, a positive int on sliding ones; empty = every sliding
     layer uses `sliding_window`. Several distinct values train fine (one mask per window) but cannot be exported
     (config.json has one `sliding_window`)."""
+    # issue 17: draft vocabulary
+    draft_vocab_size: int | None = None
+    """Ids the drafter predicts (a `d2t` buffer maps them to target ids, draft_vocab.py); None = the whole target
+    vocabulary."""
 
     def __post_init__(self) -> None:
         c = "DrafterConfig"
@@ -113,6 +118,7 @@ class DrafterConfig:
         object.__setattr__(self, "layer_types", types)
         object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
                                                                       self.layer_windows))
+        check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
 
     @property
     def windows(self) -> tuple[int | None, ...]:
@@ -132,7 +138,8 @@ class DrafterConfig:
     def from_target(cls, target_config: Any, *, num_draft_layers: int = 5, num_target_features: int = 5,
                     target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
                     mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
-                    sliding_window: int | None = None, layer_windows: tuple = ()) -> "DrafterConfig":
+                    sliding_window: int | None = None, layer_windows: tuple = (),
+                    draft_vocab_size: int | None = None) -> "DrafterConfig":
         """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
         L = tc.num_hidden_layers
@@ -162,6 +169,7 @@ class DrafterConfig:
             vocab_size=tc.vocab_size, tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
             block_size=block_size, mask_token_id=int(mask_token_id), num_target_layers=L, target_layer_ids=ids,
             layer_types=tuple(layer_types), sliding_window=sliding_window, layer_windows=tuple(layer_windows or ()),
+            draft_vocab_size=draft_vocab_size,
         )
 
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ from .loss_weights import loss_weighting_of
 from .muon import make_optimizer
 from .prepare import make_feature_extractor, plan_device
 from .features import embedding_of, lm_head_weight
+from .draft_vocab import draft_head, set_draft_vocab
 from .workers import TargetReplica, Worker
 
 
@@ -38,7 +39,7 @@ def initial_drafter(drafter_config, seed: int, device: torch.device) -> DFlashDr
 
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
-                 compile_backend: str = "inductor", compile_mode: str | None = None) -> Engine:
+                 compile_backend: str = "inductor", compile_mode: str | None = None, draft_vocab=None) -> Engine:
     """Drafter replicas (identical init), target replicas and worker threads for `placement`.
 
     `targets`: loaded target models aligned with placement.target_devices (targets.load_targets). With
@@ -49,6 +50,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     if compile_mode is not None and cfg.compile_drafter:  # validated like the field: CUDAGraph Trees are refused
         cfg = cfg.replace(compile_mode=compile_mode)
     base = initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
+    set_draft_vocab(base, draft_vocab)  # issue 17: the d2t buffer travels with the weights (checkpoint, export)
     state = base.state_dict()
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
     replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
@@ -75,9 +77,11 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
             tied = head is embed.weight
             embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(dev), freeze=True)
             head = embed.weight if tied else head.detach().to(dev)
+        head, label_map = draft_head(drafter, head)  # issue 17: a (d, H) slice of the target head when pruned
         workers.append(Worker(index=i, device=dev, drafter=drafter, forward_module=forward,
                               optimizer=make_optimizer(cfg, drafter),
-                              embed=embed, head_weight=head, attention=plan.attention, seq_len=cfg.seq_len,
+                              embed=embed, head_weight=head, label_map=label_map, attention=plan.attention,
+                              seq_len=cfg.seq_len,
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
                               layer_windows=drafter_config.layer_windows,
                               chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log,

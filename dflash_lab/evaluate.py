@@ -208,6 +208,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     drafters = {"trained": drafter}
     if untrained:
         drafters["untrained"] = untrained_drafter(src.config, plan.seed).to(device=dev, dtype=plan.dtype)
+        if src.config.draft_vocab_size is not None:  # issue 17: the same draft vocabulary as the trained one
+            drafters["untrained"].d2t.copy_(drafter.d2t)
     drafters[BASELINE] = None
     decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos, fast=fast,
                                    log=log) for name, d in drafters.items()}

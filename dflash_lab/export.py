@@ -222,7 +222,9 @@ def export_state_names(config: DrafterConfig) -> list[str]:
         names += [a + f"{x}_proj.weight" for x in "qkvo"] + [a + "q_norm.weight", a + "k_norm.weight"]
         names += [f"layers.{i}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         names += [f"layers.{i}.input_layernorm.weight", f"layers.{i}.post_attention_layernorm.weight"]
-    return names + ["fc.weight", "hidden_norm.weight", "norm.weight"]
+    names += ["fc.weight", "hidden_norm.weight", "norm.weight"]
+    # issue 17: a pruned drafter's draft -> target map, int64 offsets as EAGLE-3 / speculators store it
+    return names + (["d2t"] if config.draft_vocab_size is not None else [])
 
 
 def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict | None = None) -> dict:
@@ -270,6 +272,8 @@ def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
         "dtype": dtype,
     }
+    if config.draft_vocab_size is not None:  # issue 17 (absent = the full vocabulary, as in z-lab's configs)
+        out["draft_vocab_size"] = config.draft_vocab_size
     if extra:
         out.update(extra)
     return out
@@ -306,7 +310,8 @@ def config_from_export(d: dict) -> DrafterConfig:
         max_position_embeddings=d.get("max_position_embeddings", 40960), vocab_size=d["vocab_size"],
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), block_size=d["block_size"],
         mask_token_id=dc["mask_token_id"], num_target_layers=n_target, target_layer_ids=ids,
-        layer_types=layer_types, sliding_window=d.get("sliding_window") if "sliding_attention" in layer_types else None)
+        layer_types=layer_types, sliding_window=d.get("sliding_window") if "sliding_attention" in layer_types else None,
+        draft_vocab_size=d.get("draft_vocab_size") if d.get("draft_vocab_size") != d["vocab_size"] else None)
 
 
 def _exported_source(path: Path) -> DrafterSource:
@@ -334,7 +339,8 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     guard_destination(out, force, source=src.weights if src.kind != "exported" else None)
     names = export_state_names(src.config)
     state = drafter.state_dict()
-    tensors = {k: state[k].detach().to("cpu", _DTYPES[dtype]).contiguous() for k in names}
+    tensors = {k: state[k].detach().to("cpu", _DTYPES[dtype] if state[k].is_floating_point() else state[k].dtype)
+               .contiguous() for k in names}  # d2t stays int64
     H, nH = src.config.hidden_size, src.config.num_target_features * src.config.hidden_size
     assert tensors["fc.weight"].shape == (H, nH), tensors["fc.weight"].shape  # [H, n*H] per the format
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, 
         per_layer += c * nh * Q * KV
     once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
     rows = num_anchors * (dc.block_size - 1)
-    head = c * 2 * rows * H + min(chunk_size, rows) * dc.vocab_size * (4 + 4 + c)
+    head = c * 2 * rows * H + min(chunk_size, rows) * (dc.draft_vocab_size or dc.vocab_size) * (4 + 4 + c)
     mask = Q * KV if backend.startswith("sdpa") else 0
     return batch * (D * per_layer + per_layer + once + mask) + head  # + one layer of gradient transients
 

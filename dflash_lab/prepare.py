@@ -24,6 +24,7 @@ from . import checkpoint, resume_checks
 from .config import DrafterConfig, TrainConfig
 from .data import BatchSampler, TokenizedData, load_dataset
 from .loss_weights import loss_weighting_of
+from .draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from .feature_cache import CachedFeatureExtractor
 from .placement import (DevicePlan, Placement, check_placement, device_plan, make_placement,  # noqa: F401
                         resolve_dtype)
@@ -63,6 +64,7 @@ class PreparedRun:
     schedule: LRSchedule
     resume: checkpoint.Checkpoint | None = None
     overrides: tuple[Override, ...] = field(default=())
+    draft_vocab: DraftVocab | None = None  # issue 17: None = the full target vocabulary
 
     def plan(self, device: str | torch.device) -> DevicePlan:
         key = str(torch.device(device))
@@ -115,7 +117,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     drafter_config = DrafterConfig.from_target(
         target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
         target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows)
+        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows,
+        draft_vocab_size=cfg.draft_vocab_size)
     # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
     placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
     memory = {}
@@ -137,11 +140,20 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         if log is not None:
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
+    draft_vocab = None
+    if cfg.draft_vocab_size is not None:  # issue 17: top-d supervised ids of the TRAINING data; coverage reported
+        draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
+                                        vocab_size=drafter_config.vocab_size, log=log)
+        data.report["draft_vocab"] = draft_vocab.report()
+        if log is not None:
+            log(f"draft vocab: {draft_vocab.size} of {draft_vocab.vocab_size} ids cover "
+                f"{draft_vocab.coverage:.2%} of {draft_vocab.supervised_tokens} supervised tokens")
     sampler = BatchSampler(data, batch_size=cfg.batch_size, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
                            mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed,
                            weighting=loss_weighting_of(cfg))
     if resume is not None:
         resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
+        check_same_vocab(resume.drafter.get("d2t"), draft_vocab, resume.path)
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
-                       schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides)
+                       schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides, draft_vocab=draft_vocab)

@@ -25,6 +25,7 @@ from . import checkpoint, dist_checkpoint, run_lock, rundir, train_state
 from .config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
+from .draft_vocab import draft_head, set_draft_vocab
 from .metrics import MetricsLogger, Throughput
 from .muon import make_optimizer
 from .placement import make_placement
@@ -106,6 +107,8 @@ class RankTrainer:
         # The threaded engine's seeded init, on this rank's device (a CUDA generator on GPUs: identical on every
         # rank and to a Trainer's replicas on the same kind of device).
         drafter = initial_drafter(self.drafter_config, cfg.seed, ctx.device)
+        set_draft_vocab(drafter, self.prepared.draft_vocab)  # issue 17: d2t; the head becomes its (d, H) rows
+        self.head, self.label_map = draft_head(drafter, self.head)
         if ctx.config.parallel == "fsdp2":
             drafter.to(device=ctx.device)  # fp32 shards ARE the masters; compute dtype comes from the FSDP policy
             model = wrap_fsdp2(drafter, ctx, self.dtype)
@@ -267,7 +270,7 @@ class RankTrainer:
         # The step (step.py): DDP sums the gradients over drafter ranks in backward; FSDP2 reduce-scatters them.
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
                          lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size,
-                         weighting=loss_weighting_of(cfg))
+                         weighting=loss_weighting_of(cfg), label_map=self.label_map)
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
         raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         _maybe_dump_grads(self, step)

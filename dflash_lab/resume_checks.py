@@ -16,7 +16,7 @@ from .config_errors import ConfigError
 MUST_MATCH = ("target", "data", "seq_len", "batch_size", "block_size", "num_anchors", "num_draft_layers",
               "num_target_features", "target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "lr",
               "weight_decay", "warmup_ratio", "min_lr_ratio", "grad_clip", "gamma", "seed",
-              "pack_sequences")
+              "pack_sequences", "draft_vocab_size")
 
 
 def data_fingerprint(data, sampler) -> dict:

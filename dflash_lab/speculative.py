@@ -29,6 +29,7 @@ from .config import DrafterConfig
 from .windows import window_masks
 from .drafter import DFlashDrafter
 from .features import decoder_of, embedding_of, lm_head_weight
+from .draft_vocab import draft_head, to_target_ids
 
 
 class DrafterMismatchError(ValueError):
@@ -167,6 +168,8 @@ class SpeculativeDecoder:
         self.eos_ids = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         self.embed = embedding_of(target)
         self.head = lm_head_weight(target)
+        # issue 17: a pruned drafter drafts over its (d, H) rows of the head; d2t maps the argmax back to target ids
+        self.draft_head = draft_head(drafter, self.head)[0] if drafter is not None else self.head
         self.target_device = self.embed.weight.device
         self.drafter_device = next(drafter.parameters()).device if drafter is not None else self.target_device
         self.drafter_dtype = next(drafter.parameters()).dtype if drafter is not None else None
@@ -213,8 +216,8 @@ class SpeculativeDecoder:
                p: int) -> list[int]:
         """The B-1 greedy draft tokens of the block [last_token, MASK...] at positions p..p+B-1."""
         hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]  # (B-1, H)
-        logits = hidden.to(self.head.device, self.head.dtype) @ self.head.t()  # slot k predicts position p + k
-        return logits.argmax(-1).tolist()
+        logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # slot k predicts pos p + k
+        return to_target_ids(self.drafter, logits.argmax(-1)).tolist()
 
     def draft_hidden(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                      p: int) -> torch.Tensor:

@@ -162,11 +162,15 @@ def context_positions(batch: BlockBatch, seq_len: int, device) -> torch.Tensor:
 
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                 inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY) -> tuple[torch.Tensor, dict]:
+                 inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
+                 label_map: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside.
 
     weighting.dpace: the batch's loss_weights are has_loss / a global count and the D-PACE factor is applied inside
-    the head's loss (raw stats then carry "dpace_weight" (b, N, B-1), 0 where no loss)."""
+    the head's loss (raw stats then carry "dpace_weight" (b, N, B-1), 0 where no loss).
+    `label_map` (V,) int64 (draft_vocab.label_map, issue 17): with a pruned draft vocabulary `head_weight` is the
+    (d, H) slice of the target head and labels are mapped to draft ids; a label outside (-1) gets weight 0 and
+    counts as wrong."""
     bb = inputs.batch
     b, Q = bb.draft_ids.shape
     with torch.no_grad():
@@ -179,12 +183,20 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
     h = hidden.view(b, -1, B, hidden.shape[-1])[:, :, 1:].reshape(-1, hidden.shape[-1])  # (b*N*(B-1), H)
     y = bb.labels.view(b, -1, B)[:, :, 1:].reshape(-1)
     w = flat_w.view(b, -1, B)[:, :, 1:].reshape(-1)
+    has_loss = (w > 0).view(b, -1, B - 1)  # before pruning: an unpredictable label still counts (as wrong)
+    if label_map is not None:
+        # Static shapes: a label outside the draft vocabulary becomes draft id 0 with weight 0, never a dropped row.
+        y_draft = label_map[y]
+        in_vocab = y_draft >= 0
+        y, w = y_draft.clamp(min=0), w * in_vocab
     if weighting.dpace:
         loss, preds, factors = dpace_head_ce(h, head_weight, y, w, chunk_size, weighting.alpha, B - 1)
     else:
         loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
-    correct = (preds == y).view(b, -1, B - 1)  # (b, N, B-1)
-    has_loss = (w > 0).view(b, -1, B - 1)
+    correct = preds == y
+    if label_map is not None:
+        correct = correct & in_vocab
+    correct = correct.view(b, -1, B - 1)  # (b, N, B-1)
     raw = {"correct": correct, "has_loss": has_loss}
     if weighting.dpace:
         raw["dpace_weight"] = factors.view(b, -1, B - 1)
@@ -211,18 +223,18 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 
 
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
-                     inputs: DraftInputs, chunk_size: int,
-                     weighting: LossWeighting = DECAY) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
+                     label_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
     (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
-    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting)
+    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting, label_map)
     loss.backward()
     return loss.detach(), raw["correct"], raw["has_loss"]
 
 
 def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int,
-               weighting: LossWeighting = DECAY) -> dict:
+               weighting: LossWeighting = DECAY, label_map: torch.Tensor | None = None) -> dict:
     """One optimizer step: zero grads -> forward + loss + backward -> clip + AdamW. The step a torchrun rank runs
     (DDP/FSDP2 sum the gradients inside backward). The threaded engine runs the same two halves with its own
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
@@ -231,6 +243,7 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     Returns tensors {loss, grad_norm, correct, has_loss}; reading them (.item()) syncs the device.
     """
     optimizer.zero_grad()
-    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, weighting)
+    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, weighting,
+                                               label_map)
     grad_norm = optimizer.step(lr, grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}

@@ -29,6 +29,7 @@ from .data import DataError, read_conversations, tokenize_dataset
 from .evaluate import heldout_tau, load_prompts
 from .step import DraftInputs, block_stats, build_masks, drafter_loss
 from .features import FeatureExtractor, embedding_of, lm_head_weight
+from .draft_vocab import draft_head
 
 # Validation runs anchors in passes of this many blocks per sequence: the dense mask of one pass is
 # VAL_BATCH x (N*B) x (S + N*B) booleans (4 x 1024 x 1536 = 6.3 MB at seq_len 512, B 16).
@@ -66,6 +67,7 @@ def teacher_forced(drafter, extractor, embed, head_weight, input_ids: torch.Tens
     The drafter sees the DATA tokens and the target's features of the DATA sequence, exactly as in training.
     """
     dev = head_weight.device
+    head_weight, label_map = draft_head(drafter, head_weight)  # issue 17: pruned head, out-of-vocab labels wrong
     input_ids, loss_mask = input_ids.to(dev), loss_mask.to(dev)
     features = extractor(input_ids)  # (b, S, n*H)
     S = input_ids.shape[1]
@@ -77,7 +79,8 @@ def teacher_forced(drafter, extractor, embed, head_weight, input_ids: torch.Tens
                                mask_token_id=mask_token_id, gamma=gamma)
         masks = build_masks(bb, seq_len=S, backend="sdpa", layer_types=drafter.config.layer_types,
                             sliding_window=drafter.config.sliding_window)
-        _, raw = drafter_loss(drafter, embed, head_weight, features, DraftInputs(bb, masks, ctx_pos), chunk_size)
+        _, raw = drafter_loss(drafter, embed, head_weight, features, DraftInputs(bb, masks, ctx_pos), chunk_size,
+                              label_map)
         for k, v in (("correct", raw["correct"]), ("has_loss", raw["has_loss"]), ("anchors", anchors),
                      ("valid", valid)):
             out[k].append(v)

@@ -55,10 +55,12 @@ class Worker:
     def __init__(self, *, index: int, device, drafter: torch.nn.Module, optimizer, embed: torch.nn.Embedding,
                  head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
                  sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None,
-                 layer_windows: tuple = (), loss_weighting: LossWeighting = DECAY):
+                 layer_windows: tuple = (), loss_weighting: LossWeighting = DECAY,
+                 label_map: torch.Tensor | None = None):
         self.index, self.device = index, torch.device(device)
         self.loss_weighting = loss_weighting  # a constant of the captured step (its buffers hold only values)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
+        self.label_map = label_map  # issue 17: target -> draft ids with a pruned head (draft_vocab.draft_head)
         self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
         self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
@@ -165,7 +167,8 @@ class Worker:
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
                         block_size=self.block_size)
         return forward_backward(self.forward_module, self.embed, self.head_weight, features,
-                                DraftInputs(bb, masks, ctx_pos), self.chunk_size, self.loss_weighting)
+                                DraftInputs(bb, masks, ctx_pos), self.chunk_size, self.loss_weighting,
+                                self.label_map)
 
     def forward_backward(self, part: BlockBatch, features: torch.Tensor, step: int) -> dict:
         m0 = mark(self.device)

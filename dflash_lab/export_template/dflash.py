@@ -94,6 +94,9 @@ class DFlashDraftModel(PreTrainedModel):
         self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        # A pruned draft vocabulary: the logits are target.lm_head rows d2t-mapped; draft id i = target id i + d2t[i]
+        if getattr(config, "draft_vocab_size", None):
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.post_init()
 
     def get_input_embeddings(self):
