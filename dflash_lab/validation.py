@@ -80,7 +80,7 @@ def teacher_forced(drafter, extractor, embed, head_weight, input_ids: torch.Tens
         masks = build_masks(bb, seq_len=S, backend="sdpa", layer_types=drafter.config.layer_types,
                             sliding_window=drafter.config.sliding_window)
         _, raw = drafter_loss(drafter, embed, head_weight, features, DraftInputs(bb, masks, ctx_pos), chunk_size,
-                              label_map)
+                              label_map=label_map)
         for k, v in (("correct", raw["correct"]), ("has_loss", raw["has_loss"]), ("anchors", anchors),
                      ("valid", valid)):
             out[k].append(v)
