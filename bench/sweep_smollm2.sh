@@ -86,12 +86,24 @@ EOF
 fi
 TAU_EVERY=${TAU_EVERY:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}
 log "sweep: $N_VARIANTS variants, $STEPS steps, real tau every $TAU_EVERY steps"
-$PY -m papermill notebooks/sweep.ipynb "$OUT/sweep.ipynb" --log-output --no-progress-bar -k python3 \
+# A hard deadline: if the sweep overruns, stop it and its variant processes and still write what was measured.
+PM_LEFT=$(( T_TOTAL - ($(date +%s) - T0) - 15 ))
+timeout "$PM_LEFT" $PY -m papermill notebooks/sweep.ipynb "$OUT/sweep.ipynb" --log-output --no-progress-bar -k python3 \
   --cwd notebooks -p name smollm2 -p target "$TARGET" -p data "$DATA" -p steps "$STEPS" \
   -p real_tau_every "$TAU_EVERY" -p variants_file "$WORK/variants.json" -p runs_dir "$WORK/runs" \
   -y "base: $BASE" -y "devices: $DEVICES" >> "$OUT/sweep.log" 2>&1
-log "papermill rc=$?"
+RC=$?
+log "papermill rc=$RC"
 SWEEP_DIR=$(ls -d "$WORK"/runs/sweeps/*/ 2>/dev/null | tail -1)
+if [ "$RC" != 0 ] && [ -n "$SWEEP_DIR" ]; then  # overran or failed: results from the runs' own metrics so far
+  pkill -f "dflash_lab.sweep --run" 2>/dev/null; sleep 2
+  $PY -c "import sys; from dflash_lab.sweep_results import write_results, plot_sweep; write_results(sys.argv[1]); \
+plot_sweep(sys.argv[1], sys.argv[1] + '/curves.png')" "$SWEEP_DIR" >> "$OUT/sweep.log" 2>&1
+fi
+for r in "$WORK"/runs/2*/; do  # every run's metrics, summary and log (small), for the record
+  [ -d "$r" ] || continue; d="$OUT/runs/$(basename "$r")"; mkdir -p "$d"
+  cp "$r"/config.json "$r"/metrics.jsonl "$r"/summary.json "$r"/events.jsonl "$r"/*.log "$d"/ 2>/dev/null
+done
 [ -n "$SWEEP_DIR" ] && cp "$SWEEP_DIR"/results.csv "$SWEEP_DIR"/results.json "$SWEEP_DIR"/sweep.json \
   "$SWEEP_DIR"/curves.png "$OUT/" 2>/dev/null
 ls -la "$OUT"; cat "$OUT/results.csv" 2>/dev/null | cut -c1-200; tail -15 "$OUT/sweep.log" | cut -c1-300
