@@ -61,7 +61,7 @@ def check_loss_weighting_fields(cfg) -> None:
     c = "TrainConfig"
     if cfg.loss_weighting not in LOSS_WEIGHTINGS:
         fail(c, "loss_weighting", cfg.loss_weighting, "unknown loss weighting",
-             f'use "decay" (the paper\'s exp(-(k-1)/gamma)) or "dpace" (D-PACE)')
+             'use "decay" (the paper\'s exp(-(k-1)/gamma)) or "dpace" (D-PACE)')
     alpha = cfg.dpace_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
         fail(c, "dpace_alpha", alpha, "must be in (0, 1]: q~ = (1 - alpha) * q + alpha; 0 would let one confident "

@@ -198,6 +198,7 @@ class Trainer:
             "acc": float(out["acc"]), "sim_tau": float(out["sim_tau"]),
             "slot_acc": [round(float(a), 4) for a in out["slot_acc"]],
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
+            "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
             **self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps),
             **self._memory(),

@@ -131,7 +131,7 @@ def test_notebook_sweep_records_the_failure_and_ranks_by_the_runs_own_real_tau(e
         assert r["best_tau_step"] == min(s for s, t in taus.items() if t == max(taus.values()))
         assert r["final_loss"] == [m["loss"] for m in metrics if "loss" in m][-1]
         assert r["val_sim_tau"] == [m["val_sim_tau"] for m in metrics if "val_sim_tau" in m][-1]
-        assert r["steps"] == 8 and r["tokens_per_s"] > 0 and r["wall_s"] > 0
+        assert r["steps"] == 8 and r["tokens_per_s"] > 0 and r["wall_s"] > 0 and r["supervised_tokens_per_s"] > 0
         assert json.loads((Path(r["run_dir"]) / "config.json").read_text())["real_tau_every"] == 4
     assert rows[0]["final_real_tau"] >= rows[1]["final_real_tau"] and [r["rank"] for r in rows[:2]] == [1, 2]
     csv_lines = (sweep_dir / "results.csv").read_text().splitlines()
@@ -191,3 +191,14 @@ def test_rerun_skips_finished_variants_and_retries_the_failed_one(executed):
     # a changed variant is not "the same": resume=True still trains it anew
     changed = SweepConfig(**{**spec, "variants": [{"name": "lr-1e-3", "lr": 2e-3}]})
     assert Sweep(changed, log=lambda *a: None).variant("lr-1e-3")["status"] == "pending"
+
+
+def test_supervised_rate_leaves_out_the_first_fifth_and_padding():
+    from dflash_lab.sweep_results import supervised_rate
+
+    rows = [{"step": s, "supervised_tokens": 100, "step_time_s": 1.0} for s in range(1, 9)]
+    rows[0]["step_time_s"] = 50.0  # the first step (capture, compile) must not drag the rate down
+    rows += [{"step": 9, "supervised_tokens": 300, "step_time_s": 1.0}, {"step": 10, "loss": 1.0}]
+    # 9 logged rows, the first 9 // 5 = 1 dropped: (7 * 100 + 300) / 8 s
+    assert supervised_rate(rows) == 125.0
+    assert supervised_rate([{"step": 1, "loss": 2.0}]) is None
