@@ -19,7 +19,8 @@
 # STARTUP_S (per-variant process start, target load and real tau, default 18), SLOTS (variants side by side on the
 # GPU, default 1), TAU_PROMPTS / TAU_TOKENS (held-out prompts and new tokens per real-tau measurement, 8 / 64),
 # TAU_EVERY (default steps / 4).
-# Outputs under $OUT: sweep.ipynb (executed), results.csv/json, sweep.json, curves.png, sweep.log, prep.log.
+# Outputs under $OUT: sweep.ipynb (executed), results.csv/json, sweep.json, curves.png, sweep.log, prep.log,
+# runs.tgz (every run's config, metrics, summary, events and log).
 set -u
 OUT=${OUT:-/tmp/sweep-out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -104,6 +105,8 @@ for r in "$WORK"/runs/2*/; do  # every run's metrics, summary and log (small), f
   [ -d "$r" ] || continue; d="$OUT/runs/$(basename "$r")"; mkdir -p "$d"
   cp "$r"/config.json "$r"/metrics.jsonl "$r"/summary.json "$r"/events.jsonl "$r"/*.log "$d"/ 2>/dev/null
 done
+# one archive: a device call brings back only a limited number of files (the 2026-12-01 sweep lost its per-run metrics)
+[ -d "$OUT/runs" ] && tar czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs"
 [ -n "$SWEEP_DIR" ] && cp "$SWEEP_DIR"/results.csv "$SWEEP_DIR"/results.json "$SWEEP_DIR"/sweep.json \
   "$SWEEP_DIR"/curves.png "$OUT/" 2>/dev/null
 ls -la "$OUT"; cat "$OUT/results.csv" 2>/dev/null | cut -c1-200; tail -15 "$OUT/sweep.log" | cut -c1-300
