@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .checkpoint import CheckpointError
-from .optim import MasterAdamW
+from .optim import FP32Masters, MasterAdamW
 
 MUON_ADJUST_LR = "match_rms_adamw"
 
@@ -47,7 +47,7 @@ def matrix_roles(module: nn.Module) -> list[bool]:
     return [id(p) in linear for p in module.parameters() if p.requires_grad]
 
 
-class MasterMuon:
+class MasterMuon(FP32Masters):
     """Muon (nn.Linear weights) + AdamW (the rest) over fp32 masters; MasterAdamW's interface (params, masters,
     step(lr, grad_clip), state_dict with one index per trainable parameter)."""
 
@@ -55,14 +55,13 @@ class MasterMuon:
 
     def __init__(self, module: nn.Module, *, lr: float, muon_lr: float | None = None, momentum: float = 0.95,
                  weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        if any(type(p.data) is not torch.Tensor for p in self.params):
+        params = [p for p in module.parameters() if p.requires_grad]
+        if any(type(p.data) is not torch.Tensor for p in params):
             raise ValueError("Muon needs whole matrices, but the drafter's parameters are sharded (FSDP2 DTensors): "
                              "Newton-Schulz on a shard is not Muon. Fix: optimizer=\"adamw\" with parallel=\"fsdp2\", "
                              "or parallel=\"ddp\".")
+        super().__init__(params)
         self.is_matrix = matrix_roles(module)
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
-                        for p in self.params]
         self.muon_index = [i for i, m in enumerate(self.is_matrix) if m]
         self.adamw_index = [i for i, m in enumerate(self.is_matrix) if not m]
         if not self.muon_index or not self.adamw_index:
@@ -76,34 +75,15 @@ class MasterMuon:
         self.muon = torch.optim.Muon([self.masters[i] for i in self.muon_index], lr=lr * self.muon_lr_scale,
                                      weight_decay=weight_decay, momentum=momentum, adjust_lr_fn=MUON_ADJUST_LR)
 
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-        for m in self.masters:
-            m.grad = None
-
-    def grads(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.params]
-
     def step(self, lr: float, grad_clip: float) -> torch.Tensor:
         """Grads to the masters, one global clip, AdamW + Muon, copy back. Returns the pre-clip grad norm (a tensor:
         no sync)."""
-        for p, m in zip(self.params, self.masters):
-            if m is not p:
-                m.grad = None if p.grad is None else p.grad.float()
-        if grad_clip > 0:  # over ALL masters, before either optimizer: the same clip as with AdamW alone
-            norm = torch.nn.utils.clip_grad_norm_(self.masters, grad_clip, foreach=True)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters
-                                                         if m.grad is not None]))
+        norm = self.grads_to_masters_and_clip(grad_clip)  # over ALL masters, before either optimizer
         self.adamw.param_groups[0]["lr"] = lr
         self.muon.param_groups[0]["lr"] = lr * self.muon_lr_scale
         self.adamw.step()
         self.muon.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters):
-                if m is not p:
-                    p.copy_(m)
+        self.masters_to_params()
         return norm
 
     # -- state: one index per trainable parameter (train_state.py keys it by name) -------------------------------
@@ -134,6 +114,3 @@ class MasterMuon:
             hp = {k: (tuple(v) if isinstance(v, list) else v) for k, v in g.items() if k != "params"}
             opt.load_state_dict({"state": state, "param_groups": [{**hp, "params": list(range(len(index)))}]})
         self.muon.param_groups[0]["momentum"] = self.momentum
-
-    def master_state(self) -> list[torch.Tensor]:
-        return self.masters

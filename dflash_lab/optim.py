@@ -27,30 +27,15 @@ def lr_at(step: int, *, peak: float, total_steps: int, warmup_steps: int, min_ra
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-class MasterAdamW:
-    """AdamW over fp32 masters of (possibly bf16) model parameters.
+class FP32Masters:
+    """fp32 master copies of (possibly bf16) trainable parameters and the steps around any update rule: grads to the
+    masters, one global grad-norm clip, masters back into the parameters. MasterAdamW and muon.MasterMuon share it.
+    On fp32 parameters the master IS the parameter (no copy)."""
 
-    `fused_clip`: None = on for bf16/fp16 parameters that are all on CUDA (see the module docstring), else off;
-    True forces it (e.g. bf16 parameters on CPU, for tests)."""
-
-    def __init__(self, params, *, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8,
-                 fused_clip: bool | None = None):
-        self.params = [p for p in params if p.requires_grad]
-        if fused_clip is None:
-            fused_clip = all(p.device.type == "cuda" and p.dtype != torch.float32 and type(p.data) is torch.Tensor
-                             for p in self.params)
-        self.fused_clip = bool(fused_clip) and bool(self.params)
-        if self.fused_clip:
-            self.flat = FlatAdamState(self.params)
-            self.masters = self.flat.masters
-        else:
-            self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
-                            for p in self.params]
-        fused = all(p.device.type == "cuda" for p in self.masters)
-        self.inner = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps,
-                                       fused=fused or None)
-        if self.fused_clip:
-            self.flat.attach(self.inner)
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
+                        for p in params]
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -61,25 +46,59 @@ class MasterAdamW:
     def grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.params]
 
-    def step(self, lr: float, grad_clip: float) -> torch.Tensor:
-        """Move grads to the masters, clip, step, copy back. Returns the pre-clip grad norm (a tensor: no sync)."""
-        if self.fused_clip:
-            return self.flat.step(self.inner, self.params, lr, grad_clip)
+    def master_state(self) -> list[torch.Tensor]:
+        return self.masters
+
+    def grads_to_masters_and_clip(self, grad_clip: float) -> torch.Tensor:
+        """fp32 master grads, clipped over ALL masters; returns the pre-clip norm (a tensor: no sync)."""
         for p, m in zip(self.params, self.masters):
             if m is not p:
                 m.grad = None if p.grad is None else p.grad.float()
         if grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.masters, grad_clip, foreach=True)
+            return torch.nn.utils.clip_grad_norm_(self.masters, grad_clip, foreach=True)
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters
+                                                     if m.grad is not None]))
+
+    @torch.no_grad()
+    def masters_to_params(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                p.copy_(m)
+
+
+class MasterAdamW(FP32Masters):
+    """AdamW over fp32 masters of (possibly bf16) model parameters.
+
+    `fused_clip`: None = on for bf16/fp16 parameters that are all on CUDA (see the module docstring), else off;
+    True forces it (e.g. bf16 parameters on CPU, for tests)."""
+
+    def __init__(self, params, *, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8,
+                 fused_clip: bool | None = None):
+        params = [p for p in params if p.requires_grad]
+        if fused_clip is None:
+            fused_clip = all(p.device.type == "cuda" and p.dtype != torch.float32 and type(p.data) is torch.Tensor
+                             for p in params)
+        self.fused_clip = bool(fused_clip) and bool(params)
+        if self.fused_clip:
+            self.params, self.flat = params, FlatAdamState(params)
+            self.masters = self.flat.masters
         else:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m.grad) for m in self.masters
-                                                         if m.grad is not None]))
+            super().__init__(params)
+        fused = all(p.device.type == "cuda" for p in self.masters)
+        self.inner = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps,
+                                       fused=fused or None)
+        if self.fused_clip:
+            self.flat.attach(self.inner)
+
+    def step(self, lr: float, grad_clip: float) -> torch.Tensor:
+        """Move grads to the masters, clip, step, copy back. Returns the pre-clip grad norm (a tensor: no sync)."""
+        if self.fused_clip:
+            return self.flat.step(self.inner, self.params, lr, grad_clip)
+        norm = self.grads_to_masters_and_clip(grad_clip)
         for g in self.inner.param_groups:
             g["lr"] = lr
         self.inner.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters):
-                if m is not p:
-                    p.copy_(m)
+        self.masters_to_params()
         return norm
 
     def state_dict(self) -> dict:
@@ -89,9 +108,6 @@ class MasterAdamW:
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
-
-    def master_state(self) -> list[torch.Tensor]:
-        return self.masters
 
 
 # ---------------------------------------------------------------------------------------------------------------
