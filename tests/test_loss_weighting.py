@@ -161,6 +161,9 @@ def _rank(rank: int, store: str, out: str) -> None:
     if rank == 0:
         torch.save({"loss": float(stats), "grad": grad, "local_grad": local_grad,
                     "anchors": [int(p.anchor_valid.sum()) for p in batch.split(2)]}, out)
+    # Both ranks reach here before either tears gloo down: a rank exiting first once aborted the other's gloo
+    # thread at teardown ("terminate called without an active exception", one clean-clone suite run).
+    dist.barrier()
     dist.destroy_process_group()
 
 
