@@ -31,10 +31,10 @@ EOF
 "$PY" - <<'EOF'
 import os, json
 from pathlib import Path
-from dflash_lab.config import TrainConfig
-from dflash_lab.distributed import DistConfig
-from dflash_lab.launch import prepare_run
-import dflash_lab.targets as T
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.train.distributed import DistConfig
+from dflash_lab.train.launch import prepare_run
+import dflash_lab.target.load as T
 
 out, target = Path(os.environ["OUT"]), os.environ["TARGET"]
 if target.startswith("bench:") and not hasattr(T, "is_bench_target"):
@@ -88,8 +88,8 @@ EOF
 timeout 300 "$PY" - <<'EOF'
 import os, json
 from pathlib import Path
-from dflash_lab.config import TrainConfig
-from dflash_lab.trainer import Trainer
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.train.trainer import Trainer
 out = Path(os.environ["OUT"])
 cfg = TrainConfig.from_json(out / "ddp" / "config.json")
 tr = Trainer(cfg, run_dir=out / "threads", log=lambda *a, **k: None)

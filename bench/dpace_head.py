@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from dflash_lab.step import chunked_head_ce, dpace_head_ce
+from dflash_lab.drafter.step import chunked_head_ce, dpace_head_ce
 
 M, H, V, SLOTS, CHUNK, STEPS = 512 * 15, 4096, 151936, 15, 4096, 20
 

@@ -74,7 +74,7 @@ stage2)
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   } | tee "$OUT/convert.log"
   log "converting"
-  $PY -m dflash_lab.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep --line-buffered -v "it/s]" \
+  $PY -m dflash_lab.target.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep --line-buffered -v "it/s]" \
     | tee -a "$OUT/convert.log"
   log "recipe notebook"
   WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK

@@ -59,7 +59,7 @@ else
   echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
   log "wheels installed, GGUF joined"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$OUT/prep.log" 2>&1
-  $PY -m dflash_lab.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" >> "$OUT/prep.log"
+  $PY -m dflash_lab.target.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" >> "$OUT/prep.log"
   log "model converted; building data and regenerating ${N_TRAIN:-4000} answers"
   # the recipe's preparation phases only (no training): data + answers written by the target in fp32
   $PY - "$WORK" "${N_TRAIN:-4000}" >> "$OUT/prep.log" 2>&1 <<'EOF' || { log "prep failed"; tail -30 "$OUT/prep.log"; exit 5; }

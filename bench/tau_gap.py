@@ -21,13 +21,13 @@ import time
 
 import torch
 
-from dflash_lab.config import TrainConfig
-from dflash_lab.data import ChatTemplate, read_conversations, resolve_data_path, tokenize_conversation
-from dflash_lab.speculative import SpeculativeDecoder
-from dflash_lab.step import block_stats
-from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
-from dflash_lab.trainer import Trainer
-from dflash_lab.validation import acceptance_lengths, chain_tau, heldout_source, teacher_forced
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.data.tokenize import ChatTemplate, read_conversations, resolve_data_path, tokenize_conversation
+from dflash_lab.evaluation.speculative import SpeculativeDecoder
+from dflash_lab.drafter.step import block_stats
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.train.trainer import Trainer
+from dflash_lab.train.validation import acceptance_lengths, chain_tau, heldout_source, teacher_forced
 
 DEMO = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
             num_draft_layers=2, lr=3e-3, seed=0, log_every=50)

@@ -33,13 +33,13 @@ import time
 
 import torch
 
-from .blocks import sample_anchors
-from .loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
-from . import bench_perf
-from .config import TrainConfig
-from .target_defaults import default_gamma
-from .prepare import prepare_run
-from .targets import load_targets
+from dflash_lab.drafter.blocks import sample_anchors
+from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
+from dflash_lab import bench_perf
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config.target_defaults import default_gamma
+from dflash_lab.train.prepare import prepare_run
+from dflash_lab.target.load import load_targets
 
 SHAPES = {
     "tiny": dict(target="bench:tiny", seq_len=128, num_anchors=8, block_size=16),
@@ -120,8 +120,8 @@ def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
 
 def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placement, variant: str, env: dict,
                 load_report: dict, estimate: dict) -> dict:
-    from .engine_build import build_engine
-    from .engine_metrics import engine_flops
+    from dflash_lab.train.engine_build import build_engine
+    from dflash_lab.train.engine_metrics import engine_flops
 
     cuda_graphs, compile_drafter = VARIANTS[variant]
     cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter, variant=variant)
@@ -240,7 +240,7 @@ def _profile_rows(prof, steps: int, top: int = 30) -> list[dict]:
 
 def time_to_first_step(args, shape: dict, env: dict) -> dict:
     """Trainer construction (tokenizer, placement check, concurrent target load, data) -> first step returned."""
-    from .trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     cfg = TrainConfig(target=shape["target"], data="tiny", seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                       block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
@@ -291,7 +291,7 @@ def parse_args(argv=None):
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse, or $DFLASH_COMMIT)")
     bench_perf.add_args(p)
     args = p.parse_args(argv)
-    from .placement import gpus
+    from dflash_lab.train.placement import gpus
 
     if args.device == "cpu":
         args.drafters = ["cpu"] * args.workers

@@ -88,8 +88,8 @@ def fp8_feature_report(model, layer_ids: tuple[int, ...], *, batch_size: int, se
                        reps: int = 5) -> dict:
     """The FP8 target against bf16 on one random batch: per extracted layer relative error and cosine, and the
     eager target forward's median time for each."""
-    from .fp8 import feature_error
-    from .features import FeatureExtractor
+    from dflash_lab.target.fp8 import feature_error
+    from dflash_lab.target.features import FeatureExtractor
 
     ref_ext = FeatureExtractor(model, layer_ids)
     fp8_ext = FeatureExtractor(model, layer_ids, fp8=True)

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tokens", type=int, default=128, help="new tokens per prompt in the evaluation")
     args = ap.parse_args(argv)
 
-    from dflash_lab import rundir
-    from dflash_lab.notebook_exec import execute
+    from .runs import rundir
+    from dflash_lab.runs.notebook_exec import execute
     from dflash_lab.tiny import ensure_tiny_target
 
     # papermill's log_output writes the notebook's cell output (our progress lines) to its logger at INFO level.
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
           f"simulated tau {summary['sim_tau_last']:.2f}", flush=True)
     quoted = ""
     if not args.no_eval:
-        from dflash_lab import evaluate
+        from .evaluation import evaluate
 
         if evaluate.main([str(run_dir), "--n-prompts", str(args.eval_prompts), "--max-new-tokens",
                           str(args.eval_tokens)]) != 0:

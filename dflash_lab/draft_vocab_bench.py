@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .step import chunked_head_ce
+from dflash_lab.drafter.step import chunked_head_ce
 
 
 def bench_head(*, vocab_size: int = 49152, hidden: int = 576, rows: int = 4096, sizes=(8192, 16384, 32768),

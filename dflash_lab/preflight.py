@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from .config import DrafterConfig, TrainConfig
-from .model_size import drafter_parameters, target_parameters
-from .placement import Placement
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config.model_size import drafter_parameters, target_parameters
+from dflash_lab.train.placement import Placement
 
 config_param_count = target_parameters  # the parameter model is model_size.py's (kept name for callers)
-from .memory_model import CUDA_OVERHEAD_BYTES, GIB, device_memory  # noqa: F401 (re-exported)
-from .prepare import plan_device, prepare_run
-from .targets import load_target_config, resolve_target_path
+from dflash_lab.train.memory_model import CUDA_OVERHEAD_BYTES, GIB, device_memory  # noqa: F401 (re-exported)
+from dflash_lab.train.prepare import plan_device, prepare_run
+from dflash_lab.target.load import load_target_config, resolve_target_path
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "F8_E4M3": 1, "F8_E5M2": 1}
@@ -244,7 +244,7 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
 def benchmark_tokens_per_s(config: TrainConfig, *, steps: int = 8, log=None) -> float:
     """Sequence tokens/s measured with a few real Trainer steps of `config` (no run dir; the first two steps are
     warm-up and excluded). This DOES load the target and use the devices."""
-    from .trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     import time
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from . import models, real_data
-from .config import ConfigError, TrainConfig
-from .targets import load_tokenizer
+from .target import models
+from .data import real_data
+from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.target.load import load_tokenizer
 
 RESULTS = "results.json"
 
@@ -50,7 +51,7 @@ class RecipeConfig:
     """Every knob of the recipe; the notebook's parameters map 1:1 onto these fields."""
 
     model: str = "smollm2-135m-instruct"
-    """A name from dflash_lab.models.KNOWN_MODELS."""
+    """A name from dflash_lab.target.models.KNOWN_MODELS."""
     work_dir: str = "runs/recipe-smollm2"
     """Data, regenerated answers, the training run, the export and results.json go here."""
     device: str = "cpu"
@@ -160,7 +161,7 @@ class Recipe:
                             max_prompt_tokens=limit, long_prompts_left_out={"train": dropped, "heldout": held_dropped})
 
     def regenerate(self) -> dict:
-        from .regenerate import SamplingConfig, regenerate
+        from dflash_lab.data.regenerate import SamplingConfig, regenerate
 
         t0 = time.perf_counter()
         c = self.config
@@ -182,7 +183,7 @@ class Recipe:
                             dtype=c.regen_dtype, greedy_match=stats.greedy_match)
 
     def train(self) -> dict:
-        from .trainer import Trainer
+        from dflash_lab.train.trainer import Trainer
 
         t0 = time.perf_counter()
         cfg = self.config.train_config(self.data, getattr(self, "heldout_data", None))
@@ -215,12 +216,12 @@ class Recipe:
 
     def training_plot(self):
         """The run's training curves as an inline image (loss, accuracy, simulated and real tau)."""
-        from .plots import training_image
+        from dflash_lab.runs.plots import training_image
 
         return training_image(self.run_dir)
 
     def evaluate(self) -> dict:
-        from .evaluate import evaluate
+        from dflash_lab.evaluation.evaluate import evaluate
 
         t0 = time.perf_counter()
         c = self.config
@@ -247,7 +248,7 @@ class Recipe:
     def export(self) -> dict:
         from transformers import AutoModel
 
-        from .export import export_drafter
+        from dflash_lab.evaluation.export import export_drafter
 
         t0 = time.perf_counter()
         out = export_drafter(self.run_dir, self.dir / "export", log=self.log)

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig
-from .rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
+from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.runs.rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
 from .sweep_results import SWEEP_FILE, read_sweep, write_results
 
 LOG_FILE = "sweep.log"  # a variant's stdout + stderr, in its run dir
@@ -283,7 +283,7 @@ def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print)
 
 def run_variant(run_dir: Path) -> int:
     """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps and finished."""
-    from .trainer import Trainer  # heavy (torch, transformers): only the child process needs it
+    from dflash_lab.train.trainer import Trainer  # heavy (torch, transformers): only the child process needs it
 
     trainer = None
     try:

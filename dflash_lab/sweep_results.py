@@ -13,8 +13,8 @@ import json
 import math
 from pathlib import Path
 
-from .plots import PngImage
-from .rundir import METRICS_FILE, read_jsonl, write_json
+from dflash_lab.runs.plots import PngImage
+from dflash_lab.runs.rundir import METRICS_FILE, read_jsonl, write_json
 
 SWEEP_FILE = "sweep.json"
 RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "best_real_tau", "best_tau_step", "val_sim_tau",

@@ -36,7 +36,7 @@ def config(tmp: Path):
 
 
 def trainer_losses(tmp: Path) -> list[float]:
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     t = Trainer(config(tmp), write_run_dir=False, log=lambda *a: None)
     try:
@@ -47,8 +47,8 @@ def trainer_losses(tmp: Path) -> list[float]:
 
 
 def torchrun_losses(tmp: Path) -> list[float]:
-    from dflash_lab.distributed import DistConfig, DistContext
-    from dflash_lab.rank_trainer import RankTrainer
+    from dflash_lab.train.distributed import DistConfig, DistContext
+    from dflash_lab.train.rank_trainer import RankTrainer
 
     cfg = config(tmp)
     ctx = DistContext(DistConfig(backend="gloo"), train_devices=cfg.devices, env=None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_lab.chat_formats import DataError, DataReport, from_messages, read_chat_data
+from dflash_lab.data.chat_formats import DataError, DataReport, from_messages, read_chat_data
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from dflash_lab import checkpoint, resume_checks, train_state
-from dflash_lab.optim import MasterAdamW
+from dflash_lab.runs import checkpoint, resume_checks, train_state
+from dflash_lab.train.optim import MasterAdamW
 
 
 def _state(step, loss):
@@ -252,9 +252,10 @@ def test_full_disk_during_metrics_writes_warns_keeps_training_and_the_last_good_
                                                                                           capsys):
     import errno
 
-    from dflash_lab import TrainConfig, metrics, rundir
+    from dflash_lab import TrainConfig
+    from dflash_lab.runs import metrics, rundir
     from dflash_lab.tiny import ensure_tiny_target, tiny_data_path
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     ensure_tiny_target()
     data = tmp_path / "train.jsonl"

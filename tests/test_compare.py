@@ -7,7 +7,8 @@ import time
 import nbformat
 import pytest
 
-from dflash_lab import TrainConfig, plots, rundir, runs
+from dflash_lab import TrainConfig
+from dflash_lab.runs import plots, rundir, listing as runs
 
 
 def _fake_run(root, stamp, name, *, losses, tps, mem_key, mem, status=None):

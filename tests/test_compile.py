@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.blocks import dense_mask, flex_block_mask
-from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
-from dflash_lab.windows import window_masks
-from dflash_lab.engine_build import build_engine
-from dflash_lab.export import export_config
-from dflash_lab.placement import make_placement
+from dflash_lab.drafter.blocks import dense_mask, flex_block_mask
+from dflash_lab.config.train_config import ConfigError, DrafterConfig, TrainConfig
+from dflash_lab.config.windows import window_masks
+from dflash_lab.train.engine_build import build_engine
+from dflash_lab.evaluation.export import export_config
+from dflash_lab.train.placement import make_placement
 from tests.conftest import make_tiny_qwen3
 
 S, N, B = 64, 4, 8
@@ -158,7 +158,7 @@ def test_compile_drafter_auto_keeps_the_cpu_path_eager(target):
 def test_compiled_target_layer_loop_equals_eager_without_graph_breaks(fp8):
     from torch._dynamo.utils import counters
 
-    from dflash_lab.features import FeatureExtractor
+    from dflash_lab.target.features import FeatureExtractor
 
     model = make_tiny_qwen3(tie=False, layers=3, hidden=64, vocab=256)
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_lab.blocks import build_block_batch, dense_mask, flex_block_mask, sample_anchors
-from dflash_lab.config import DrafterConfig
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.optim import lr_at
-from dflash_lab.step import DraftInputs, build_masks, chunked_head_ce, drafter_loss
-from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.drafter.blocks import build_block_batch, dense_mask, flex_block_mask, sample_anchors
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.train.optim import lr_at
+from dflash_lab.drafter.step import DraftInputs, build_masks, chunked_head_ce, drafter_loss
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 from tests.conftest import make_tiny_qwen3
 
 S, B = 48, 8
@@ -177,7 +177,7 @@ def test_f_flex_and_dense_masks_agree(layer_types, window):
     bb = _batch(ids, lm, anchors, valid)
     # The masks themselves, element by element.
     from torch.nn.attention.flex_attention import create_mask
-    from dflash_lab.blocks import flex_mask_mod
+    from dflash_lab.drafter.blocks import flex_mask_mod
 
     mod = flex_mask_mod(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
     flex_dense = create_mask(mod, 2, None, 4 * B, S + 4 * B, device="cpu")
@@ -191,7 +191,7 @@ def test_f_flex_and_dense_masks_agree(layer_types, window):
 
 
 def test_g_layer_id_rule():
-    from dflash_lab.target_defaults import default_target_layer_ids
+    from dflash_lab.config.target_defaults import default_target_layer_ids
 
     assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)
 
@@ -232,7 +232,7 @@ def test_lr_schedule():
 
 
 def test_i_import_loads_no_jupyter_module():
-    code = ("import sys, dflash_lab, dflash_lab.trainer, dflash_lab.engine, dflash_lab.metrics;"
+    code = ("import sys, dflash_lab, dflash_lab.train.trainer, dflash_lab.train.engine, dflash_lab.runs.metrics;"
             "bad=[m for m in ('IPython','ipywidgets','plotly','widgets','ipykernel') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

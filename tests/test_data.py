@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_lab.chat_formats import DataError
-from dflash_lab.data import (BatchSampler, ChatTemplate, load_dataset, read_conversations, tokenize_conversation,
+from dflash_lab.data.chat_formats import DataError
+from dflash_lab.data.tokenize import (BatchSampler, ChatTemplate, load_dataset, read_conversations, tokenize_conversation,
                              tokenize_dataset)
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from dflash_lab.targets import load_tokenizer
+    from dflash_lab.target.load import load_tokenizer
 
     return load_tokenizer("tiny")
 
 
 @pytest.fixture(scope="module")
 def tiny_chat():
-    from dflash_lab.data import resolve_data_path
+    from dflash_lab.data.tokenize import resolve_data_path
 
     return read_conversations(resolve_data_path("tiny"))
 
@@ -83,7 +83,7 @@ def test_thinking_off_does_not_supervise_the_prefilled_empty_think_block(tok, ti
     ids, mask = tokenize_conversation(tok, PLAIN, enable_thinking=False)
     assert spans(tok, ids, mask) == ["1 2 3<|im_end|>", "4 5 6<|im_end|>"]
     plain = [c for c in tiny_chat.conversations if "</think>" not in c.messages[-1]["content"]][:300]
-    from dflash_lab.chat_formats import ChatData
+    from dflash_lab.data.chat_formats import ChatData
 
     sub = ChatData(plain)
     on = tokenize_dataset(tok, sub, seq_len=512, block_size=4)
@@ -139,7 +139,7 @@ def test_second_template_that_rewrites_earlier_turns(rewriting_tok, tiny_chat):
     text = t.decode(ids)
     assert "You are a tiny bot." in text and "Again." not in text  # injected system prompt; rewritten turn 2
     # cross-check against this template's own generation markers, token by token, on 400 tiny conversations
-    from dflash_lab.chat_formats import ChatData
+    from dflash_lab.data.chat_formats import ChatData
 
     sub = ChatData(tiny_chat.conversations[:400])
     a = tokenize_dataset(t, sub, seq_len=512, block_size=16)
@@ -150,7 +150,7 @@ def test_second_template_that_rewrites_earlier_turns(rewriting_tok, tiny_chat):
 
 
 def test_filtering_truncation_and_padding_counts(tok, tiny_chat):
-    from dflash_lab.chat_formats import ChatData
+    from dflash_lab.data.chat_formats import ChatData
 
     sub = ChatData(tiny_chat.conversations[:200])
     full = tokenize_dataset(tok, sub, seq_len=512, block_size=2)
@@ -225,7 +225,7 @@ def _sampler(data, seed=0, **kw):
 
 @pytest.fixture(scope="module")
 def small_data(tok, tiny_chat):
-    from dflash_lab.chat_formats import ChatData
+    from dflash_lab.data.chat_formats import ChatData
 
     return tokenize_dataset(tok, ChatData(tiny_chat.conversations[:42]), seq_len=160, block_size=8)
 
@@ -266,7 +266,7 @@ def test_epochs_shuffle_deterministically_and_resample_anchors(small_data):
 
 
 def test_validate_cli_prints_the_report(capsys):
-    from dflash_lab.data import main
+    from dflash_lab.data.tokenize import main
 
     assert main(["tiny", "--seq-len", "256", "--block-size", "16", "--thinking", "off"]) == 0
     out = capsys.readouterr().out

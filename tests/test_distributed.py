@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_lab.config import TrainConfig
-from dflash_lab.distributed import DistConfig, rank_layout, resolve_device
-from dflash_lab.launch import cluster_command, launch, prepare_run, torchrun_args
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.train.distributed import DistConfig, rank_layout, resolve_device
+from dflash_lab.train.launch import cluster_command, launch, prepare_run, torchrun_args
 
 CFG = TrainConfig(target="tiny", data="tiny", seq_len=64, batch_size=2, block_size=8, num_anchors=4,
                   num_draft_layers=2, steps=4, log_every=1, checkpoint_every=2, keep_checkpoints=5, seed=0,
@@ -57,7 +57,7 @@ def _grads(dump: Path, rank: int, step: int) -> dict[str, torch.Tensor]:
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from dflash_lab.checkpoint import load_checkpoint
+    from dflash_lab.runs.checkpoint import load_checkpoint
 
     return load_checkpoint(run_dir).drafter
 
@@ -144,7 +144,7 @@ def test_two_gloo_ranks_ddp_match_one_process(reference, ddp_run):
 
 def test_threaded_engine_matches_ddp(ddp_run):
     """The in-process threaded engine with two CPU workers gives the same losses as two DDP ranks."""
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     cfg = ddp_run["cfg"]
     trainer = Trainer(cfg.replace(devices=("cpu", "cpu"), checkpoint_every=0), write_run_dir=False, log=lambda *a: None)
@@ -158,7 +158,7 @@ def test_threaded_engine_matches_ddp(ddp_run):
 
 def test_torchrun_checkpoint_resumes_in_notebook_trainer(ddp_run):
     """Same checkpoint format both ways: the 2-rank run's step-2 checkpoint continues in a Trainer identically."""
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     ckpt = ddp_run["run_dir"] / "checkpoints" / "step-0000002"
     trainer = Trainer(ddp_run["cfg"].replace(resume_from=str(ckpt), checkpoint_every=0), write_run_dir=False,
@@ -212,7 +212,7 @@ def test_dying_rank_ends_job_with_clear_error_then_resume_matches(reference, ddp
     status = json.loads((run_dir / "status.json").read_text())
     assert status["phase"] == "failed" and status["error"].startswith("rank 1 at step 2: RuntimeError: injected")
     assert err["rank"] == 1 and err["step"] == 2 and "injected fault" in err["error"]
-    from dflash_lab.checkpoint import latest_checkpoint
+    from dflash_lab.runs.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(run_dir).name == "step-0000002"  # written before the fault, complete
 
@@ -228,7 +228,7 @@ def test_dying_rank_ends_job_with_clear_error_then_resume_matches(reference, ddp
 
 def test_job_stop_stops_every_rank_at_one_step_with_a_checkpoint(reference):
     """launch -> Job.stop(): STOP file -> all ranks leave at the same step, rank 0 checkpoints, exit code 0."""
-    from dflash_lab.checkpoint import latest_checkpoint
+    from dflash_lab.runs.checkpoint import latest_checkpoint
 
     run_dir = prepare_run(reference["cfg"].replace(steps=400, checkpoint_every=0), DistConfig(targets_per_node=1, timeout_s=30),
                           run_dir=reference["base"] / "stop")

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from dflash_lab import TrainConfig
-from dflash_lab.blocks import build_block_batch
-from dflash_lab.config import ConfigError, DrafterConfig
-from dflash_lab.draft_vocab import (DraftVocab, build_draft_vocab, check_same_vocab, count_supervised, label_map,
+from dflash_lab.drafter.blocks import build_block_batch
+from dflash_lab.config.train_config import ConfigError, DrafterConfig
+from dflash_lab.data.draft_vocab import (DraftVocab, build_draft_vocab, check_same_vocab, count_supervised, label_map,
                                     target_ids_of, to_target_ids, top_ids)
-from dflash_lab.step import DraftInputs, block_stats, drafter_loss
+from dflash_lab.drafter.step import DraftInputs, block_stats, drafter_loss
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -186,7 +186,7 @@ SMALL = dict(target="tiny", steps=4, seq_len=64, batch_size=2, block_size=8, num
 def pruned_run():
     """(root, run dir, the run's DraftVocab) of a 4-step pruned run on 200 tiny conversations."""
     from dflash_lab.tiny import ensure_tiny_target, tiny_data_path
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     ensure_tiny_target()
     root = Path(tempfile.mkdtemp(prefix="dflash-vocab-"))
@@ -205,7 +205,7 @@ def pruned_run():
 
 
 def test_pruned_run_reports_coverage_and_checkpoints_d2t():
-    from dflash_lab import checkpoint
+    from dflash_lab.runs import checkpoint
 
     root, run_dir, vocab = pruned_run()
     assert isinstance(vocab, DraftVocab) and vocab.size == D
@@ -218,7 +218,7 @@ def test_pruned_run_reports_coverage_and_checkpoints_d2t():
 
 
 def test_resume_restores_d2t_and_refuses_another_size():
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.trainer import Trainer
 
     root, run_dir, vocab = pruned_run()
     cfg = TrainConfig(**{**SMALL, "steps": 5}, data=str(root / "train200.jsonl"), runs_dir=str(root / "runs"),
@@ -237,7 +237,7 @@ def test_resume_restores_d2t_and_refuses_another_size():
 def test_export_holds_d2t_and_reloads(tmp_path):
     from safetensors.torch import load_file
 
-    from dflash_lab.export import export_drafter, load_drafter, load_exported
+    from dflash_lab.evaluation.export import export_drafter, load_drafter, load_exported
 
     _, run_dir, vocab = pruned_run()
     out = export_drafter(run_dir, tmp_path / "export", log=lambda *a: None)
@@ -259,11 +259,11 @@ def test_export_holds_d2t_and_reloads(tmp_path):
 
 
 def test_pruned_drafter_decodes_losslessly_and_drafts_only_its_vocabulary():
-    from dflash_lab.evaluate import load_prompts
-    from dflash_lab.export import load_drafter
-    from dflash_lab.speculative import SpeculativeDecoder
-    from dflash_lab.static_decode import StaticSpeculativeDecoder
-    from dflash_lab.targets import load_target, load_tokenizer
+    from dflash_lab.evaluation.evaluate import load_prompts
+    from dflash_lab.evaluation.export import load_drafter
+    from dflash_lab.evaluation.speculative import SpeculativeDecoder
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
+    from dflash_lab.target.load import load_target, load_tokenizer
     from dflash_lab.tiny import tiny_heldout_path
 
     _, run_dir, vocab = pruned_run()

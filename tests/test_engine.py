@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.engine import EngineBrokenError, WorkerError
-from dflash_lab.engine_build import build_engine
-from dflash_lab.placement import make_placement
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.train.engine import EngineBrokenError, WorkerError
+from dflash_lab.train.engine_build import build_engine
+from dflash_lab.train.placement import make_placement
 from tests.conftest import make_tiny_qwen3
 
 S, N, B = 64, 4, 8
@@ -136,8 +136,8 @@ def test_compile_drafter_runs_in_worker_threads_and_counts_graphs(target):
 def test_block_mask_from_dense_equals_create_block_mask(seq_len, window):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from dflash_lab.blocks import dense_mask, flex_mask_mod
-    from dflash_lab.blocks import block_mask_from_dense
+    from dflash_lab.drafter.blocks import dense_mask, flex_mask_mod
+    from dflash_lab.drafter.blocks import block_mask_from_dense
 
     batch = synthetic_batch(0, batch_size=2, seq_len=seq_len, num_anchors=12, block_size=16, vocab_size=256,
                             mask_token_id=255, gamma=7.0)

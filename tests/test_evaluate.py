@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dflash_lab import evaluate as ev
-from dflash_lab.speculative import PromptTooLongError
+from dflash_lab.evaluation import evaluate as ev
+from dflash_lab.evaluation.speculative import PromptTooLongError
 from tests.test_speculative import one_thread, tiny_models, tiny_trained_run  # noqa: F401 (autouse fixture)
 
 
@@ -47,7 +47,7 @@ def test_prompt_longer_than_the_context_is_reported_with_its_length(tmp_path):
 def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
     """Two evaluations (block size 8, then 4) land in two folders under <run>/evals/, each with its notebook, JSON and
     plots; neither overwrites the other, and latest_eval() / load_report(run) pick the newer one."""
-    from dflash_lab.eval_report import eval_dirs, latest_eval
+    from dflash_lab.evaluation.report import eval_dirs, latest_eval
 
     run = tiny_trained_run()
     before = set(eval_dirs(run))
@@ -109,7 +109,7 @@ def test_expected_errors_are_one_line_and_leave_nothing_behind(tmp_path, capsys)
 
 
 def test_lossless_verdicts_tell_a_near_tie_from_a_real_mismatch():
-    from dflash_lab.eval_report import lossless_verdict
+    from dflash_lab.evaluation.report import lossless_verdict
 
     base = {"output_ids": [5, 6, 7, 8], "margins": [3.0, 2.0, 0.25, 1.0], "runner_up": [1, 2, 9, 3]}
     tie = {"output_ids": [5, 6, 9, 4], "margins": [3.0, 2.0, 0.125, 1.0], "runner_up": [1, 2, 7, 3]}
@@ -136,7 +136,7 @@ def test_heldout_tau_is_logged_every_eval_every_steps():
 
 def test_an_exported_folder_is_written_into_only_with_out(tmp_path):
     """Evaluating a serving folder puts the evaluation under runs/exports/<name>/evals/ unless --out names a folder."""
-    from dflash_lab.export import export_drafter
+    from dflash_lab.evaluation.export import export_drafter
 
     exported = export_drafter(tiny_trained_run(), tmp_path / "serve", log=lambda *a: None)
     plan = ev.plan_eval(exported, target="tiny")

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dflash_lab import export
-from dflash_lab.config import DrafterConfig
-from dflash_lab.drafter import DFlashDrafter
+from dflash_lab.evaluation import export
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
 from tests.conftest import make_tiny_qwen3
 
 
@@ -45,7 +45,7 @@ def _inputs(dc, S=11, seed=1):
 
 def _ours(drafter, feats, emb, pos):
     """Our drafter at inference: the block sees all context and (full) the whole block / (sliding) window+causal."""
-    from dflash_lab.blocks import dense_mask
+    from dflash_lab.drafter.blocks import dense_mask
 
     S, B = feats.shape[1], emb.shape[1]
     masks = {t: dense_mask(torch.tensor([[S]]), torch.tensor([[True]]), seq_len=S, block_size=B,

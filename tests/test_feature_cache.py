@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from dflash_lab.chat_formats import DataError
-from dflash_lab.feature_cache import (GIB, CachedFeatureExtractor, FeatureCache, cache_size_bytes,
+from dflash_lab.data.chat_formats import DataError
+from dflash_lab.data.feature_cache import (GIB, CachedFeatureExtractor, FeatureCache, cache_size_bytes,
                                       write_feature_cache)
 
 LAYERS = (1, 3, 5)
@@ -16,9 +16,9 @@ LAYERS = (1, 3, 5)
 
 @pytest.fixture(scope="module")
 def setup():
-    from dflash_lab.chat_formats import ChatData
-    from dflash_lab.data import read_conversations, resolve_data_path, tokenize_dataset
-    from dflash_lab.targets import load_target, load_tokenizer
+    from dflash_lab.data.chat_formats import ChatData
+    from dflash_lab.data.tokenize import read_conversations, resolve_data_path, tokenize_dataset
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     tok, model = load_tokenizer("tiny"), load_target("tiny")
     chat = read_conversations(resolve_data_path("tiny"))
@@ -28,7 +28,7 @@ def setup():
 
 @pytest.fixture(scope="module")
 def live(setup):
-    from dflash_lab.features import FeatureExtractor
+    from dflash_lab.target.features import FeatureExtractor
 
     _, model, data = setup
     return FeatureExtractor(model, LAYERS)(data.input_ids.long())  # (12, 160, 3*H) over the full padded rows
@@ -77,12 +77,12 @@ def test_cached_features_equal_the_live_target(setup, live, cache_dir):
 
 
 def test_a_training_step_from_the_cache_equals_one_with_the_live_target(setup, cache_dir):
-    from dflash_lab.config import DrafterConfig
-    from dflash_lab.data import BatchSampler
-    from dflash_lab.drafter import DFlashDrafter
-    from dflash_lab.optim import MasterAdamW
-    from dflash_lab.step import DraftInputs, build_masks, train_step
-    from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
+    from dflash_lab.config.train_config import DrafterConfig
+    from dflash_lab.data.tokenize import BatchSampler
+    from dflash_lab.drafter.model import DFlashDrafter
+    from dflash_lab.train.optim import MasterAdamW
+    from dflash_lab.drafter.step import DraftInputs, build_masks, train_step
+    from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 
     tok, model, data = setup
     dc = DrafterConfig.from_target(model.config, num_draft_layers=1, target_layer_ids=LAYERS, block_size=8,
@@ -154,8 +154,8 @@ def test_trainer_trains_from_the_cache_like_from_the_live_target(setup, tmp_path
     """TrainConfig.feature_cache: the Trainer reads features from the cache (no target layer runs) and logs the same
     losses as with online features."""
     from dflash_lab import TrainConfig, Trainer
-    from dflash_lab.chat_formats import ChatData
-    from dflash_lab.data import read_conversations, resolve_data_path, tokenize_dataset
+    from dflash_lab.data.chat_formats import ChatData
+    from dflash_lab.data.tokenize import read_conversations, resolve_data_path, tokenize_dataset
 
     tok, model, _ = setup
     convs = read_conversations(resolve_data_path("tiny")).conversations[:8]

@@ -6,12 +6,12 @@ at a real shape are in tests/test_gpu.py and bench/h200_run5.sh."""
 import pytest
 import torch
 
-from dflash_lab import fp8
+from dflash_lab.target import fp8
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.engine_build import build_engine
-from dflash_lab.placement import make_placement
-from dflash_lab.features import FeatureExtractor
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.train.engine_build import build_engine
+from dflash_lab.train.placement import make_placement
+from dflash_lab.target.features import FeatureExtractor
 from tests.conftest import make_tiny_qwen3
 
 S, N, B = 64, 4, 8

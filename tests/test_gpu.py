@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.engine_build import build_engine
-from dflash_lab.placement import make_placement
-from dflash_lab.targets import load_target_config, load_targets
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.train.engine_build import build_engine
+from dflash_lab.train.placement import make_placement
+from dflash_lab.target.load import load_target_config, load_targets
 
 pytestmark = pytest.mark.gpu
 S, N, B = 256, 16, 16
@@ -73,8 +73,8 @@ def test_graph_wrapper_falls_back_eagerly_and_says_why():
 @pytest.mark.parametrize("layer_types,window", [(("full_attention",) * 2, None),
                                                 (("sliding_attention", "full_attention"), 96)])
 def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window):
-    from dflash_lab.blocks import dense_mask, flex_block_mask
-    from dflash_lab.drafter import DFlashDrafter
+    from dflash_lab.drafter.blocks import dense_mask, flex_block_mask
+    from dflash_lab.drafter.model import DFlashDrafter
 
     tc = load_target_config("bench:tiny")
     dc = DrafterConfig.from_target(tc, num_draft_layers=2, block_size=B, mask_token_id=1023, layer_types=layer_types,
@@ -101,7 +101,7 @@ def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window):
 
 
 def test_compiled_ce_epilogue_matches_eager():
-    from dflash_lab import step
+    from dflash_lab.drafter import step
 
     logits = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) * 3
     y = torch.randint(0, 1000, (512,), device="cuda")
@@ -197,8 +197,8 @@ def test_mixed_windows_compiled_under_capture_no_recompiles_equal_to_eager(devic
 
 
 def test_fp8_target_features_error_per_layer():
-    from dflash_lab import fp8
-    from dflash_lab.features import FeatureExtractor
+    from dflash_lab.target import fp8
+    from dflash_lab.target.features import FeatureExtractor
 
     model = load_targets("bench:tiny", ["cuda:0"], dtype=torch.bfloat16)[0]
     ids = torch.randint(0, 1024, (2, S), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -227,7 +227,7 @@ def test_fp8_engine_under_capture_close_to_bf16(compile_drafter, weight_grad):
 
 
 def test_fused_optimizer_on_cuda_matches_unfused():
-    from dflash_lab.optim import MasterAdamW
+    from dflash_lab.train.optim import MasterAdamW
 
     g = torch.Generator("cuda").manual_seed(0)
     shapes = [(256, 128), (128,), (384, 256)]

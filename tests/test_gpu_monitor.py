@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dflash_lab.gpu_monitor import NO_GPU, GpuMonitor, _norm_uuid, map_cuda_to_nvml, parse_visible_devices
+from dflash_lab.runs.gpu_monitor import NO_GPU, GpuMonitor, _norm_uuid, map_cuda_to_nvml, parse_visible_devices
 
 
 def _nvml_available() -> bool:

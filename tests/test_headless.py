@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from dflash_lab import checkpoint, rundir
+from dflash_lab.runs import checkpoint, rundir
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "train.ipynb"

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from dflash_lab.data import BatchSampler, tokenize_dataset
-from dflash_lab.inspector import SampleView, render_sample_html
+from dflash_lab.data.tokenize import BatchSampler, tokenize_dataset
+from dflash_lab.data.inspector import SampleView, render_sample_html
 
 CONV = [{"role": "user", "content": "Count from 1 to 20. <b>bold</b> & more"},
         {"role": "assistant", "content": "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"},
@@ -17,7 +17,7 @@ CONV = [{"role": "user", "content": "Count from 1 to 20. <b>bold</b> & more"},
 
 @pytest.fixture(scope="module")
 def setup():
-    from dflash_lab.targets import load_tokenizer
+    from dflash_lab.target.load import load_tokenizer
 
     tok = load_tokenizer("tiny")
     data = tokenize_dataset(tok, [CONV, CONV[:2]], seq_len=128, block_size=4)

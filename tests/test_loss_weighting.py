@@ -12,12 +12,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from dflash_lab.blocks import sample_anchors
-from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.features import embedding_of, lm_head_weight
-from dflash_lab.loss_weights import DECAY, LossWeighting, dpace_weights, global_block_batch
-from dflash_lab.step import DraftInputs, build_masks, chunked_head_ce, dpace_head_ce, forward_backward
+from dflash_lab.drafter.blocks import sample_anchors
+from dflash_lab.config.train_config import ConfigError, DrafterConfig, TrainConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.target.features import embedding_of, lm_head_weight
+from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, dpace_weights, global_block_batch
+from dflash_lab.drafter.step import DraftInputs, build_masks, chunked_head_ce, dpace_head_ce, forward_backward
 from tests.conftest import make_tiny_qwen3
 
 DPACE = LossWeighting("dpace", 0.5, "valid_anchors")
@@ -184,9 +184,9 @@ def test_two_gloo_ranks_with_uneven_anchors_match_one_process(tmp_path):
 
 # -- (5) a short training run with dpace ---------------------------------------------------------------------
 def test_dpace_training_run_loss_falls_and_rank_loop_agrees(tmp_path):
-    from dflash_lab.distributed import DistConfig, DistContext
-    from dflash_lab.rank_trainer import RankTrainer
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.distributed import DistConfig, DistContext
+    from dflash_lab.train.rank_trainer import RankTrainer
+    from dflash_lab.train.trainer import Trainer
     from tests.golden import config
 
     cfg = config(tmp_path).replace(loss_weighting="dpace", steps=20)
@@ -232,11 +232,11 @@ def test_config_defaults_keep_decay():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA graphs, compiled epilogue)")
 def test_gpu_dpace_graph_replay_equals_eager_and_compiled_epilogue():
-    from dflash_lab import step
+    from dflash_lab.drafter import step
     from dflash_lab.bench import synthetic_batch
-    from dflash_lab.engine_build import build_engine
-    from dflash_lab.placement import make_placement
-    from dflash_lab.targets import load_target_config, load_targets
+    from dflash_lab.train.engine_build import build_engine
+    from dflash_lab.train.placement import make_placement
+    from dflash_lab.target.load import load_target_config, load_targets
 
     logits = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) * 3
     y = torch.randint(0, 1000, (512,), device="cuda")

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig
-from dflash_lab.config import DrafterConfig
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.metrics import flops_per_sequence
-from dflash_lab.model_size import drafter_matmul_parameters, drafter_parameters, target_parameters
-from dflash_lab.placement import Placement, check_placement, drafter_num_parameters, target_num_parameters
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.runs.metrics import flops_per_sequence
+from dflash_lab.config.model_size import drafter_matmul_parameters, drafter_parameters, target_parameters
+from dflash_lab.train.placement import Placement, check_placement, drafter_num_parameters, target_num_parameters
 from dflash_lab.preflight import estimate
 from tests.conftest import make_tiny_qwen3
 
@@ -33,7 +33,7 @@ def test_preflight_placement_and_flops_agree(tmp_path):
     ensure_tiny_target()
     cfg = TrainConfig(target="tiny", seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2)
     p = estimate(cfg)
-    from dflash_lab.prepare import prepare_run
+    from dflash_lab.train.prepare import prepare_run
 
     prep = prepare_run(cfg, log=None)
     dc, tc = prep.drafter_config, prep.target_config

@@ -1,4 +1,4 @@
-"""Real targets by name (dflash_lab/models.py): the cache location, errors that name the command, name resolution in
+"""Real targets by name (dflash_lab/target/models.py): the cache location, errors that name the command, name resolution in
 targets.py, and the Llama-specific config rules (layer ids for 30 layers, the SmolLM2 MASK row). No download here:
 tests/test_real_target.py converts and runs the real model."""
 
@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from dflash_lab import models
-from dflash_lab.config import DrafterConfig
-from dflash_lab.target_defaults import default_target_layer_ids
-from dflash_lab.targets import TargetLoadError, resolve_target_path
+from dflash_lab.target import models
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config.target_defaults import default_target_layer_ids
+from dflash_lab.target.load import TargetLoadError, resolve_target_path
 
 NAME = "smollm2-135m-instruct"
 
@@ -23,7 +23,7 @@ def test_cache_root_default_and_env_override(tmp_path, monkeypatch):
 
 def test_unconverted_name_fails_naming_the_get_command(tmp_path, monkeypatch):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
-    with pytest.raises(TargetLoadError, match=f"python -m dflash_lab.models get {NAME}"):
+    with pytest.raises(TargetLoadError, match=f"python -m dflash_lab.target.models get {NAME}"):
         resolve_target_path(NAME)
     (tmp_path / "models" / NAME).mkdir(parents=True)  # a folder without a manifest is an interrupted conversion
     with pytest.raises(TargetLoadError, match="not converted yet"):

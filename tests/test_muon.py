@@ -4,12 +4,13 @@ learns, exact resume, optimizer switch refused on resume, config errors, two wor
 import pytest
 import torch
 
-from dflash_lab import TrainConfig, checkpoint, rundir
-from dflash_lab.config import ConfigError, DrafterConfig
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.muon import MasterMuon, make_optimizer, matrix_roles
-from dflash_lab.optim import MasterAdamW
-from dflash_lab.trainer import Trainer
+from dflash_lab import TrainConfig
+from dflash_lab.runs import checkpoint, rundir
+from dflash_lab.config.train_config import ConfigError, DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.train.muon import MasterMuon, make_optimizer, matrix_roles
+from dflash_lab.train.optim import MasterAdamW
+from dflash_lab.train.trainer import Trainer
 from tests.conftest import make_tiny_qwen3
 from tests.test_engine import _engine, _run
 

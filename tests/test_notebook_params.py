@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_lab import checkpoint, notebook_params, rundir
+from dflash_lab.runs import checkpoint, rundir
+from dflash_lab.config import notebook_params
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "train.ipynb"

@@ -4,7 +4,7 @@ grad copies, clip_grad_norm_, torch AdamW, copy back), on CPU with bf16 paramete
 import pytest
 import torch
 
-from dflash_lab.optim import MasterAdamW, flat_view
+from dflash_lab.train.optim import MasterAdamW, flat_view
 
 SHAPES = [(64, 48), (48,), (32, 64), (16,), (80, 16)]
 

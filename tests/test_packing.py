@@ -5,15 +5,15 @@ and labels inside one conversation, flex == dense on packed windows."""
 import pytest
 import torch
 
-from dflash_lab.blocks import build_block_batch, dense_mask, raw_weight_total, sample_anchors
-from dflash_lab.config import DrafterConfig, TrainConfig
-from dflash_lab.config_errors import ConfigError
-from dflash_lab.data import BatchSampler, TokenizedData
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
-from dflash_lab.packing import fill_report, pack_data, pack_windows
-from dflash_lab.segments import document_positions
-from dflash_lab.step import DraftInputs, build_masks, context_positions, drafter_loss
+from dflash_lab.drafter.blocks import build_block_batch, dense_mask, raw_weight_total, sample_anchors
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config.errors import ConfigError
+from dflash_lab.data.tokenize import BatchSampler, TokenizedData
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.data.packing import fill_report, pack_data, pack_windows
+from dflash_lab.target.segments import document_positions
+from dflash_lab.drafter.step import DraftInputs, build_masks, context_positions, drafter_loss
 from tests.conftest import make_tiny_qwen3
 
 S, B = 64, 8
@@ -279,7 +279,7 @@ def test_unpacked_batches_are_unchanged_by_one_document():
 def test_flex_and_dense_masks_agree_on_packed_windows(layer_types, window):
     from torch.nn.attention.flex_attention import create_mask
 
-    from dflash_lab.blocks import flex_mask_mod
+    from dflash_lab.drafter.blocks import flex_mask_mod
 
     target, dc, drafter = _setup(layer_types, window)
     ids, mask, docs = _packed_window()
@@ -316,9 +316,9 @@ def test_packed_runs_train_the_same_in_the_engine_and_the_torchrun_rank(tmp_path
     """Both step paths (engine workers: staged doc_ids + per-document ctx positions; RankTrainer: step.py helpers)
     give the same packed losses on windows that really hold several conversations."""
     import dataclasses
-    from dflash_lab.distributed import DistConfig, DistContext
-    from dflash_lab.rank_trainer import RankTrainer
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.train.distributed import DistConfig, DistContext
+    from dflash_lab.train.rank_trainer import RankTrainer
+    from dflash_lab.train.trainer import Trainer
     from tests import golden
 
     cfg = dataclasses.replace(golden.config(tmp_path), pack_sequences=True, steps=6, seq_len=256, num_anchors=8)
@@ -362,9 +362,9 @@ def _packed_synthetic(step, *, b=2, seq_len=256, num_anchors=16, block=16):
 def test_packed_graph_replay_equals_eager_on_the_gpu(attention):
     """doc_ids are one more static buffer: the target (per-document causal mask + RoPE built inside the capture) and
     the drafter (flex mask_mods over the static doc_ids) replay packed windows whose cuts change every step."""
-    from dflash_lab.engine_build import build_engine
-    from dflash_lab.placement import make_placement
-    from dflash_lab.targets import load_target_config, load_targets
+    from dflash_lab.train.engine_build import build_engine
+    from dflash_lab.train.placement import make_placement
+    from dflash_lab.target.load import load_target_config, load_targets
 
     def engine(cuda_graphs):
         cfg = TrainConfig(target="bench:tiny", seq_len=256, num_anchors=16, block_size=16, batch_size=2,
@@ -394,8 +394,8 @@ def test_a_resume_cannot_switch_packing():
     from pathlib import Path
     from types import SimpleNamespace
 
-    from dflash_lab.resume import resumed_config
-    from dflash_lab.resume_checks import config_differences
+    from dflash_lab.train.resume import resumed_config
+    from dflash_lab.runs.resume_checks import config_differences
 
     ckpt = SimpleNamespace(state={"config": TrainConfig().to_dict()}, path=Path("ckpt"), step=3)
     with pytest.raises(ConfigError, match="pack_sequences: False \\(checkpoint\\) -> True"):

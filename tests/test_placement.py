@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from dflash_lab.config import DrafterConfig
-from dflash_lab.placement import (PlacementError, check_placement, drafter_num_parameters,
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.train.placement import (PlacementError, check_placement, drafter_num_parameters,
                                   gpus, make_placement, target_num_parameters)
-from dflash_lab.targets import load_target_config
+from dflash_lab.target.load import load_target_config
 
 
 @pytest.fixture

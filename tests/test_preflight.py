@@ -4,10 +4,9 @@ and a clear warning when the plan does not fit (no weights loaded, no GPU needed
 import pytest
 import torch
 
-from dflash_lab.config import TrainConfig
-from dflash_lab.data import TokenizedData
-from dflash_lab.preflight import (GIB, config_param_count, estimate, preflight,
-                                  safetensors_param_count)
+from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.data.tokenize import TokenizedData
+from dflash_lab.preflight import GIB, config_param_count, estimate, preflight, safetensors_param_count
 
 
 def qwen3_8b_config():
@@ -84,7 +83,7 @@ def tiny_cfg():
 
 
 def test_tiny_target_counted_from_safetensors_headers_and_data_tokenized(tiny_cfg):
-    from dflash_lab.targets import load_target, resolve_target_path
+    from dflash_lab.target.load import load_target, resolve_target_path
 
     model = load_target("tiny")
     n = sum(p.numel() for p in model.parameters())

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig
-from dflash_lab.distributed import DistConfig, DistContext
-from dflash_lab.feature_cache import CachedFeatureExtractor, write_feature_cache
-from dflash_lab.prepare import plan_device, prepare_run
-from dflash_lab.rank_trainer import RankTrainer
-from dflash_lab.trainer import Trainer
+from dflash_lab.train.distributed import DistConfig, DistContext
+from dflash_lab.data.feature_cache import CachedFeatureExtractor, write_feature_cache
+from dflash_lab.train.prepare import plan_device, prepare_run
+from dflash_lab.train.rank_trainer import RankTrainer
+from dflash_lab.train.trainer import Trainer
 
 LAYERS = (1, 3, 5)
 
@@ -19,8 +19,8 @@ LAYERS = (1, 3, 5)
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
     """Non-default data settings and an offline feature cache built for exactly them."""
-    from dflash_lab.data import load_dataset, read_conversations, resolve_data_path
-    from dflash_lab.targets import load_target, load_tokenizer
+    from dflash_lab.data.tokenize import load_dataset, read_conversations, resolve_data_path
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     tmp = tmp_path_factory.mktemp("prepare")
     convs = read_conversations(resolve_data_path("tiny")).conversations[:8]
@@ -61,7 +61,7 @@ def test_trainer_and_torchrun_rank_get_identical_prepared_inputs(settings):
 
 def test_format_and_error_policy_reach_the_reader(settings):
     """The comparison above is not vacuous: the format and the error policy it checks do act on the data."""
-    from dflash_lab.chat_formats import DataError
+    from dflash_lab.data.chat_formats import DataError
 
     cfg, _ = settings
     with pytest.raises(DataError, match="small.jsonl:1"):  # raise: stops at the first record, naming it
@@ -81,9 +81,9 @@ def test_dtype_and_attention_are_decided_once_per_device():
 def test_torchrun_resume_overrides_only_the_command_line_fields(tmp_path):
     """`python -m dflash_lab.train --config <run>/config.json --resume <run> --steps 6`: the checkpoint's config with
     `steps` alone changed, printed; the run goes on to step 6 on the rank loop."""
-    from dflash_lab import rundir
-    from dflash_lab.distributed import DIST_CONFIG_FILE
-    from dflash_lab.train import load_configs, parse_args
+    from dflash_lab.runs import rundir
+    from dflash_lab.train.distributed import DIST_CONFIG_FILE
+    from dflash_lab.train.cli import load_configs, parse_args
     from tests.golden import config as golden_config
 
     cfg = golden_config(tmp_path).replace(steps=4, checkpoint_every=2)

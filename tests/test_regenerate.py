@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from dflash_lab.chat_formats import DataError, read_chat_data
-from dflash_lab.regenerate import SamplingConfig, load_finished, meta_path, regenerate
+from dflash_lab.data.chat_formats import DataError, read_chat_data
+from dflash_lab.data.regenerate import SamplingConfig, load_finished, meta_path, regenerate
 
 N = 10
 MAX_NEW = 160  # tiny answers are 40-150 tokens
@@ -27,7 +27,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from dflash_lab.targets import load_target, load_tokenizer
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     return load_target("tiny"), load_tokenizer("tiny")
 
@@ -226,7 +226,7 @@ def test_tokenizer_without_pad_token_gets_one_and_batches(tiny):
     "Asking to pad but the tokenizer does not have a padding token"."""
     import copy
 
-    from dflash_lab.regen_local import HFGenerator
+    from dflash_lab.data.regen_local import HFGenerator
 
     model, tok = tiny
     tok = copy.deepcopy(tok)

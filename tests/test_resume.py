@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 
-from dflash_lab import TrainConfig, checkpoint, rundir
-from dflash_lab.config import ConfigError
-from dflash_lab.trainer import Trainer, TrainingDiverged
+from dflash_lab import TrainConfig
+from dflash_lab.runs import checkpoint, rundir
+from dflash_lab.config.train_config import ConfigError
+from dflash_lab.train.trainer import Trainer, TrainingDiverged
 
 STEPS = 16
 SMALL = dict(target="tiny", steps=STEPS, seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2,
@@ -59,7 +60,7 @@ KILLED = """
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
 from dflash_lab import TrainConfig
-from dflash_lab.trainer import Trainer
+from dflash_lab.train.trainer import Trainer
 t = Trainer(TrainConfig.from_json(sys.argv[1]), run_dir=sys.argv[3], log=lambda *a: None)
 t.train(callbacks=[lambda tr: time.sleep(0.15)])  # slow enough to be killed between checkpoints
 """

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_lab import rundir
+from dflash_lab.runs import rundir
 
 
 def test_new_run_dir_name_and_layout(tmp_path):
@@ -77,7 +77,7 @@ def test_copy_when_final_waits_for_the_kernel_and_the_final_write(tmp_path):
     src, dst = tmp_path / "out.ipynb", tmp_path / "copy.ipynb"
     _notebook(src)
     kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
-    watcher = subprocess.Popen([sys.executable, "-m", "dflash_lab.rundir", "--copy-final", str(src), str(dst),
+    watcher = subprocess.Popen([sys.executable, "-m", "dflash_lab.runs.rundir", "--copy-final", str(src), str(dst),
                                 str(kernel.pid)])
     time.sleep(0.3)
     assert not dst.exists()  # the kernel still runs
@@ -130,7 +130,7 @@ def _hold_in_subprocess(run_dir):
 def test_second_process_is_refused_naming_the_holder_then_a_killed_holder_is_taken_over(tmp_path):
     import pytest
 
-    from dflash_lab import run_lock
+    from dflash_lab.runs import lock as run_lock
 
     run_dir = tmp_path / "run"
     proc, _ = _hold_in_subprocess(run_dir)

@@ -3,7 +3,7 @@ a run started from a kernel in notebooks/ is listed by `python -m dflash_lab.run
 
 from pathlib import Path
 
-from dflash_lab import rundir, runs
+from dflash_lab.runs import rundir, listing as runs
 
 ROOT = Path(__file__).resolve().parent.parent
 

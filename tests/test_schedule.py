@@ -3,8 +3,8 @@
 import pytest
 
 from dflash_lab import TrainConfig
-from dflash_lab.optim import lr_at
-from dflash_lab.schedule import LRSchedule
+from dflash_lab.train.optim import lr_at
+from dflash_lab.train.schedule import LRSchedule
 
 
 def test_schedule_is_warmup_then_cosine_of_the_config():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from dflash_lab.config import ConfigError, TrainConfig
-from dflash_lab.sinks import scalars
+from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.runs.sinks import scalars
 
 HAS_TB = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_lab.blocks import dense_mask
-from dflash_lab.config import DrafterConfig
-from dflash_lab.drafter import DFlashDrafter
-from dflash_lab.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
+from dflash_lab.drafter.blocks import dense_mask
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible, speculative_accept)
-from dflash_lab.features import FeatureExtractor, embedding_of
+from dflash_lab.target.features import FeatureExtractor, embedding_of
 from tests.conftest import make_tiny_qwen3
 
 # The trained-drafter shape every test of issue 3 shares (the demo's shape, trained only a few steps).
@@ -55,15 +55,15 @@ def tiny_trained_run() -> Path:
 @functools.lru_cache(maxsize=1)
 def tiny_models():
     """(target, tokenizer, trained drafter) of tiny_trained_run()."""
-    from dflash_lab.export import load_drafter
-    from dflash_lab.targets import load_target, load_tokenizer
+    from dflash_lab.evaluation.export import load_drafter
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     _, drafter = load_drafter(tiny_trained_run())
     return load_target("tiny"), load_tokenizer("tiny"), drafter
 
 
 def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
-    from dflash_lab.evaluate import load_prompts
+    from dflash_lab.evaluation.evaluate import load_prompts
     from dflash_lab.tiny import tiny_heldout_path
 
     return load_prompts(tiny_heldout_path(), tokenizer, n_prompts=n)
@@ -271,7 +271,7 @@ def _tiny_llama(device="cpu", dtype=torch.float32):
 def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
     """Static caches (eager on the CPU), starting with a cache too short so it grows: same tokens, same accepted
     counts and same top-2 margins as the dynamic loop, and the target's greedy output."""
-    from dflash_lab.static_decode import StaticSpeculativeDecoder
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
 
     target, tok, drafter = tiny_models()
     eos = tok.eos_token_id
@@ -294,7 +294,7 @@ def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
 
 def test_static_decoder_runs_a_llama_target_losslessly_on_cpu():
     """Architecture-agnostic: a Llama target (no q_norm/k_norm, tied head) with a random drafter."""
-    from dflash_lab.static_decode import speculative_generate
+    from dflash_lab.evaluation.static_decode import speculative_generate
 
     target = _tiny_llama()
     dc = DrafterConfig.from_target(target.config, num_draft_layers=1, block_size=4, mask_token_id=255,
@@ -315,7 +315,7 @@ def test_static_decoder_runs_a_llama_target_losslessly_on_cpu():
 def test_cuda_graph_path_equals_eager_path_and_is_lossless_in_fp32(dtype):
     """On the GPU: the graphed iteration gives token for token what the same step gives eagerly (both dtypes), and
     in fp32 the output equals the target's own greedy generate() (exact check; bf16 may differ at near-ties)."""
-    from dflash_lab.static_decode import StaticSpeculativeDecoder
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
 
     target, tok, drafter = tiny_models()
     dev = torch.device("cuda")
@@ -344,7 +344,7 @@ def test_cuda_graph_path_equals_eager_path_and_is_lossless_in_fp32(dtype):
 
 @pytest.mark.gpu
 def test_cuda_graph_path_on_a_llama_target_equals_greedy_in_fp32():
-    from dflash_lab.static_decode import StaticSpeculativeDecoder
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
 
     target = _tiny_llama("cuda")
     dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=16, mask_token_id=255,

@@ -4,8 +4,8 @@ and the feature extractor that stops after the last needed layer."""
 import pytest
 import torch
 
-from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
-from dflash_lab.targets import (LoadProgress, TargetLoadError, bench_config_names, load_target, load_target_config,
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.target.load import (LoadProgress, TargetLoadError, bench_config_names, load_target, load_target_config,
                                 load_targets)
 from tests.conftest import make_tiny_qwen3
 

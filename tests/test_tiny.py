@@ -113,7 +113,7 @@ def test_trained_target_predicts_heldout_answers(model, tokenizer, heldout):
     """Trained, not random: teacher-forced next-token accuracy on held-out assistant tokens (measured 0.975 on
     40 conversations; a random-init model scores ~0.001). Greedy generation can still slip on a prompt's first
     number (the 1.1M-parameter model copies digits imperfectly) and then keeps the structure (counts on)."""
-    from dflash_lab.data import tokenize_conversation
+    from dflash_lab.data.tokenize import tokenize_conversation
 
     correct = total = 0
     threads = torch.get_num_threads()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig, Trainer
-from dflash_lab.data import DataError
-from dflash_lab.targets import TargetLoadError
+from dflash_lab.data.tokenize import DataError
+from dflash_lab.target.load import TargetLoadError
 
 SMALL = dict(target="tiny", data="tiny", seq_len=128, batch_size=4, block_size=8, num_anchors=12,
              num_draft_layers=2, lr=3e-3, log_every=5)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig, Trainer
-from dflash_lab.config import ConfigError
-from dflash_lab.speculative import SpeculativeDecoder
-from dflash_lab.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.config.train_config import ConfigError
+from dflash_lab.evaluation.speculative import SpeculativeDecoder
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.tiny import tiny_heldout_path
-from dflash_lab.validation import (acceptance_lengths, all_anchors, chain_tau, due, heldout_source,
+from dflash_lab.train.validation import (acceptance_lengths, all_anchors, chain_tau, due, heldout_source,
                                    real_tau_interval, tau_gap, tau_gap_event, teacher_forced, val_interval)
 
 TINY = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
@@ -58,7 +58,7 @@ def test_chain_replays_decoding_by_jumping_the_acceptance_length():
 
 def test_simulated_tau_multiplies_per_slot_accuracies():
     """1 + sum_k prod_{j<=k} acc_j (issue 12: the per-block mean of run lengths overstated real tau 1.57x)."""
-    from dflash_lab.step import block_stats
+    from dflash_lab.drafter.step import block_stats
 
     c = torch.tensor([[[True, True, True], [True, True, False], [True, False, True], [False, True, True]]])
     h = torch.ones_like(c)
@@ -86,7 +86,7 @@ def test_replay_on_the_targets_own_output_matches_real_speculative_tau(trained):
     dcfg = trained.drafter_config
     dec = SpeculativeDecoder(target, drafter, eos_token_id=tok.eos_token_id)
     ext = FeatureExtractor(target, dcfg.target_layer_ids, fused_norms=False)
-    from dflash_lab.evaluate import load_prompts
+    from dflash_lab.evaluation.evaluate import load_prompts
 
     real_acc, tokens, iters = [], 0, 0
     for prompt in load_prompts(tiny_heldout_path(), tok, n_prompts=4):

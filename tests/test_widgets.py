@@ -82,7 +82,7 @@ def test_balance_recommendation_names_the_idle_side_and_the_move():
 
 
 def test_replica_rows_from_loader_reports():
-    from dflash_lab.targets import LoadProgress
+    from dflash_lab.target.load import LoadProgress
 
     rows = replica_rows({0: LoadProgress(replica=0, device="cuda:0", source="x", tensors_done=100,
                                          tensors_total=400, gb_done=4.0, gb_total=16.0, seconds=3.0),
@@ -285,7 +285,7 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     # Checkpoint now acts while paused (the paused loop writes it), without Run
     assert "written now" in c.checkpoint()
     _until(lambda: trainer.last_checkpoint_step == paused_at, 30, "the checkpoint written while paused")
-    from dflash_lab.checkpoint import DRAFTER_FILE
+    from dflash_lab.runs.checkpoint import DRAFTER_FILE
 
     assert (trainer.last_checkpoint / DRAFTER_FILE).is_file() and trainer.step_count == paused_at
     view.state()  # a refresh reports it

@@ -17,7 +17,7 @@ import time
 class TrainerBuilder:
     def __init__(self, config, *, trainer_cls=None, **trainer_kwargs):
         if trainer_cls is None:
-            from dflash_lab.trainer import Trainer as trainer_cls
+            from dflash_lab.train.trainer import Trainer as trainer_cls
         self.config, self.trainer_cls, self.kwargs = config, trainer_cls, trainer_kwargs
         self.partial = None  # the Trainer while its __init__ runs
         self.trainer = None  # the Trainer once built

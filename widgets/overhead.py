@@ -84,7 +84,7 @@ class _Refresher:
 
 def run(args) -> dict:
     from dflash_lab import TrainConfig, Trainer
-    from dflash_lab.gpu_monitor import GpuMonitor
+    from dflash_lab.runs.gpu_monitor import GpuMonitor
 
     use_widgets = {"on": True, "off": False, "auto": _widgets_available()}[args.widgets]
     if use_widgets and not _widgets_available():
@@ -131,7 +131,7 @@ def run(args) -> dict:
     share = ((mon_ms or 0) * args.monitor_hz + (ref_ms or 0) * args.refresh_hz) / 1e3
     import torch
 
-    from dflash_lab.rundir import environment_info
+    from dflash_lab.runs.rundir import environment_info
 
     env = environment_info()
     dev = args.devices[0]

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from dflash_lab.gpu_monitor import GpuMonitor
+from dflash_lab.runs.gpu_monitor import GpuMonitor
 
 from .controls import TrainingControls
 from .env import dashboard_mode
@@ -130,7 +130,7 @@ class TrainingView(_View):
     def __init__(self, trainer_or_config, *, mode: str | None = None, monitor: GpuMonitor | bool = True,
                  monitor_interval_s: float = 0.5, refresh_hz: float = 2.0, static_every_s: float = 5.0,
                  max_points: int = 600, **trainer_kwargs):
-        from dflash_lab.config import TrainConfig
+        from dflash_lab.config.train_config import TrainConfig
 
         self.builder = None
         self._attached = threading.Event()

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .config_errors import ConfigError, fail
-from .draft_vocab import check_draft_vocab_size
+from .errors import ConfigError, fail
+from dflash_lab.data.draft_vocab import check_draft_vocab_size
 from .field_types import check_field_types
 from .target_defaults import KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_target_layer_ids
 from .windows import check_layer_windows, layer_windows_of, mask_key

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig
+from .train_config import ConfigError, TrainConfig
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 PAPERMILL_HEADER = "# Parameters"  # the first line of the cell papermill injects after the `parameters` cell
 
 

@@ -3,7 +3,7 @@ resume a checkpoint under another optimizer. No torch here: config.py imports it
 
 from __future__ import annotations
 
-from .config_errors import ConfigError, fail
+from .errors import ConfigError, fail
 
 OPTIMIZERS = ("adamw", "muon")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config_errors import fail
+from .errors import fail
 
 
 def check_pack_fields(cfg) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config_errors import fail
+from .errors import fail
 from .windows import check_layer_windows
 
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")

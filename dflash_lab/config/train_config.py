@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config_errors import ConfigError, fail
+from .errors import ConfigError, fail
 from .field_types import check_field_types
-from .sinks import sink_problem
-from .loss_weights import check_loss_weighting_fields
+from dflash_lab.runs.sinks import sink_problem
+from dflash_lab.drafter.loss_weights import check_loss_weighting_fields
 from .optimizer_checks import check_optimizer_fields
 from .perf_checks import check_perf_fields
-from .draft_vocab import check_draft_vocab_fields
+from dflash_lab.data.draft_vocab import check_draft_vocab_fields
 from .pack_checks import check_pack_fields
 from .target_defaults import default_gamma
 from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
@@ -45,7 +45,7 @@ class TrainConfig:
     data_errors: str = "skip"
     """Unusable records: "skip" (counted with file:line in data_report.json) or "raise" (stop at the first)."""
     feature_cache: str | None = None
-    """Directory of an offline feature cache (`python -m dflash_lab.feature_cache`): features are read from it
+    """Directory of an offline feature cache (`python -m dflash_lab.data.feature_cache`): features are read from it
     instead of running the target's layers (only its embedding and LM head are used). None = online features."""
     run_name: str = "run"
     """Short name used in the run directory `runs/<UTC stamp>-<run_name>-<id>/`."""
@@ -112,7 +112,7 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
-    # validation (issue 12): honest metrics beside the training ones (dflash_lab/validation.py, docs/tau-gap.md)
+    # validation (issue 12): honest metrics beside the training ones (dflash_lab/train/validation.py, docs/tau-gap.md)
     heldout_data: str | None = None
     """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
     held-out chats; a data file -> `heldout.jsonl` next to it; a `datasets` directory -> its "heldout", "test" or

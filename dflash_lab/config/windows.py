@@ -8,7 +8,7 @@ layer-type keys) or "sliding_attention_<w>"; a drafter with three sliding window
 
 from __future__ import annotations
 
-from .config_errors import fail
+from .errors import fail
 
 
 def check_layer_windows(cls: str, layer_types: tuple[str, ...], sliding_window: int | None,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data_files import DataError, FileIssue, RecordIssue, find_data_files, iter_records
+from .files import DataError, FileIssue, RecordIssue, find_data_files, iter_records
 
 __all__ = ["DataError", "RecordIssue", "DataReport", "Conversation", "ChatData", "normalize_record", "read_chat_data",
            "from_messages"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config_errors import ConfigError, fail
+from dflash_lab.config.errors import ConfigError, fail
 
 
 def check_draft_vocab_fields(cfg) -> None:

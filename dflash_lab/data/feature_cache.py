@@ -59,8 +59,8 @@ def write_feature_cache(out_dir: str | Path, data, *, target="tiny", layer_ids: 
     the compute dtype of `device` (bf16 on CUDA, fp32 on CPU), i.e. exactly what the live target would produce.
     Prints the disk estimate first and refuses to start when the disk has too little free space.
     """
-    from .targets import load_target
-    from .features import FeatureExtractor
+    from dflash_lab.target.load import load_target
+    from dflash_lab.target.features import FeatureExtractor
 
     out = Path(out_dir)
     dev = torch.device(device)

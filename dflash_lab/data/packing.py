@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .data import TokenizedData
+from .tokenize import TokenizedData
 
 
 def pack_windows(lengths, seq_len: int, seed: int) -> list[list[int]]:

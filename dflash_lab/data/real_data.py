@@ -1,10 +1,10 @@
 """Real human prompts for real targets: the chitchat data set (7,168 conversations) as OpenAI-format JSONL.
 
-    python -m dflash_lab.real_data chitchat --out data/chitchat [--heldout 200] [--max-user-turns 8]
+    python -m dflash_lab.data.real_data chitchat --out data/chitchat [--heldout 200] [--max-user-turns 8]
 
 `chitchat-dataset==0.9.0` (MIT) ships `chitchat_dataset/dataset.json`: human-to-human conversations, each a list of
 turns, each turn a list of one sender's messages. They are PROMPTS: the target writes the answers
-(`dflash_lab.regenerate`), which is the right recipe for a drafter anyway (docs/dflash-method.md section 2).
+(`dflash_lab.data.regenerate`), which is the right recipe for a drafter anyway (docs/dflash-method.md section 2).
 Turn k becomes role user (k even) or assistant (k odd), its messages joined with a space.
 
 The held-out split is FIXED and by conversation: conversations are ranked by sha256 of their id and the first
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .models import pip_install_no_deps
+from dflash_lab.target.models import pip_install_no_deps
 
 CHITCHAT_PACKAGE = "chitchat-dataset==0.9.0"
 CHITCHAT_MODULE = "chitchat_dataset"
@@ -140,7 +140,7 @@ def take(src: str | Path, dst: str | Path, n: int, *, prompt_tokens=None, max_pr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.real_data", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.data.real_data", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("chitchat", help="chitchat conversations -> train/heldout x first/all JSONL")
     c.add_argument("--out", required=True)

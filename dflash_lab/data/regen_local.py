@@ -26,7 +26,7 @@ class HFGenerator:
         stop = set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
         if tokenizer.eos_token_id is not None:
             stop.add(tokenizer.eos_token_id)
-        from .data import ChatTemplate
+        from .tokenize import ChatTemplate
 
         eot = ChatTemplate(tokenizer).end_of_turn
         if eot is not None:
@@ -120,7 +120,7 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_generators(target, devices, sampling, dtype, models, log) -> list[HFGenerator]:
     """One HFGenerator per device: the target loaded there (or taken from `models`), each with its own tokenizer."""
-    from .targets import load_target, load_tokenizer
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     tokenizer = load_tokenizer(target)
     gens = []

@@ -17,7 +17,7 @@ throughput). It is append-only and resumable: a rerun skips ids already in the f
 line is cut off first) and refuses to mix sampling settings. Greedy (temperature 0) output is reproducible; sampled
 output is seeded per batch (seed + batch number), so it is reproducible for the same batch composition.
 
-    python -m dflash_lab.regenerate --data prompts.jsonl --out regen.jsonl --target Qwen/Qwen3-8B \
+    python -m dflash_lab.data.regenerate --data prompts.jsonl --out regen.jsonl --target Qwen/Qwen3-8B \
         --devices cuda:0 cuda:1 --batch-size 64 --max-new-tokens 2048 --temperature 0 --thinking off
 """
 
@@ -301,7 +301,7 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
     if isinstance(data, ChatData):
         chat = data
     else:
-        from .data import resolve_data_path
+        from .tokenize import resolve_data_path
 
         chat = read_chat_data(resolve_data_path(str(data)), data_format=data_format, require_assistant=False)
     convs = []

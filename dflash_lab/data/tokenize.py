@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .blocks import sample_anchors
-from .loss_weights import DECAY, LossWeighting, global_block_batch
-from .chat_formats import (ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data)
+from dflash_lab.drafter.blocks import sample_anchors
+from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch
+from .chat_formats import ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data
 
 MASK_METHODS = ("render", "generation")
 _PROBE = "dflash probe answer 7291"
@@ -43,7 +43,7 @@ __all__ = ["DataError", "DataReport", "TokenizedData", "BatchSampler", "ChatTemp
 def resolve_data_path(data: str) -> Path:
     """"tiny" -> the embedded chat set; else an existing file or directory."""
     if data == "tiny":
-        from .tiny import tiny_data_path
+        from dflash_lab.tiny import tiny_data_path
 
         return tiny_data_path()
     p = Path(data).expanduser()
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_lab.data FILE --target tiny`: validate a data file and print its report."""
     import argparse
 
-    from .targets import load_tokenizer
+    from dflash_lab.target.load import load_tokenizer
 
     p = argparse.ArgumentParser(description="Validate chat data against a target's chat template; print the report.")
     p.add_argument("data", help='data file/dir, or "tiny"')

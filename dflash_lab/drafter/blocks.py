@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .segments import document_positions, same_document
-from .windows import window_masks
+from dflash_lab.target.segments import document_positions, same_document
+from dflash_lab.config.windows import window_masks
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .blocks import BlockBatch, build_block_batch, raw_weight_total
-from .config_errors import fail
+from dflash_lab.config.errors import fail
 
 LOSS_WEIGHTINGS = ("decay", "dpace")
 LOSS_NORMALIZERS = ("valid_anchors", "anchor_budget")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig
+from dflash_lab.config.train_config import DrafterConfig
 
 
 class RMSNorm(nn.Module):

@@ -20,7 +20,7 @@ import torch
 
 from .blocks import BlockBatch, attention_masks
 from .loss_weights import DECAY, LossWeighting, dpace_weights
-from .segments import document_positions
+from dflash_lab.target.segments import document_positions
 
 
 def _ce_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):

@@ -1,6 +1,6 @@
 """Micro-benchmark of speculative decoding per iteration: dynamic loop vs static caches eager vs CUDA graphs.
 
-    python -m dflash_lab.decode_bench [--block-size 16] [--prompt-len 128] [--max-new-tokens 128] [--repeats 3]
+    python -m dflash_lab.evaluation.decode_bench [--block-size 16] [--prompt-len 128] [--max-new-tokens 128] [--repeats 3]
                                       [--dtype bfloat16] [--device cuda] [--layers 30]
 
 A random-initialised target of the SmolLM2-135M shape (Llama, 30 layers, hidden 576, 9 heads / 3 KV heads,
@@ -21,8 +21,8 @@ import sys
 
 import torch
 
-from .config import DrafterConfig
-from .drafter import DFlashDrafter
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
 from .speculative import SpeculativeDecoder
 from .static_decode import StaticSpeculativeDecoder
 
@@ -67,7 +67,7 @@ def time_decoder(decoder, prompt: list[int], *, max_new_tokens: int, repeats: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dflash_lab.decode_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.decode_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -1,6 +1,6 @@
 """Measure a trained drafter by real speculative decoding: tau, acceptance per block slot, tokens/s and speedup.
 
-    python -m dflash_lab.evaluate <run dir | checkpoint | export> [--prompts FILE ...] [--block-size B]
+    python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts FILE ...] [--block-size B]
         [--temperature T] [--max-new-tokens N] [--n-prompts K] [--dtype auto|bfloat16|float32]
         [--decoding auto|static|dynamic] [--out DIR] [--no-untrained] [--no-notebook]
 
@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from .drafter import DFlashDrafter
-from .eval_prompts import EvalError, default_prompt_files, load_prompts, prompt_files_of
-from .eval_report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, pooled_tau
+from dflash_lab.drafter.model import DFlashDrafter
+from .prompts import EvalError, default_prompt_files, load_prompts, prompt_files_of
+from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, pooled_tau
 from .speculative import GenerationResult, PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder, speculative_generate
-from .rundir import resolve_runs_dir
+from dflash_lab.runs.rundir import resolve_runs_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "eval.ipynb"
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 DECODING = {"auto": "auto", "static": True, "dynamic": False}
@@ -120,7 +120,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
               ) -> EvalPlan:
     """Check every setting and find the target, prompts and output folder; raises EvalError (one line, with the
     fix) or DrafterNotFoundError. Cheap: no model is loaded."""
-    from .config import TrainConfig
+    from dflash_lab.config.train_config import TrainConfig
     from .export import resolve_drafter, train_config_of
 
     if not str(run).strip():
@@ -187,7 +187,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     slower than 1 (threads waiting for each other on every small matmul).
     """
     from .export import load_drafter
-    from .targets import load_target, load_tokenizer
+    from dflash_lab.target.load import load_target, load_tokenizer
 
     if decoding not in DECODING:
         raise EvalError(f"decoding={decoding!r} is not one of {sorted(DECODING)}.")
@@ -257,7 +257,7 @@ def load_report(path: str | Path) -> dict:
     p = Path(path)
     found = p if p.is_file() else (p / EVAL_FILE if (p / EVAL_FILE).is_file() else latest_eval(p))
     if found is None:
-        raise EvalError(f"no evaluation under {p}. Fix: run `python -m dflash_lab.evaluate {path}` first.")
+        raise EvalError(f"no evaluation under {p}. Fix: run `python -m dflash_lab.evaluation.evaluate {path}` first.")
     return json.loads(found.read_text())
 
 
@@ -268,7 +268,7 @@ def summary_table(report: dict) -> str:
 
 def save_notebook(report: EvalReport) -> Path | None:
     """Copy the executed notebook into the evaluation folder when papermill wrote it elsewhere (no-op otherwise)."""
-    from .rundir import find_papermill_output, save_executed_notebook
+    from dflash_lab.runs.rundir import find_papermill_output, save_executed_notebook
 
     src = find_papermill_output()
     out = Path(report.out_dir or report.run_dir)
@@ -292,7 +292,7 @@ def run_notebook(params: dict, out_dir: Path, *, log_output: bool = True) -> Pat
     import os
     import shutil
 
-    from .notebook_exec import PapermillExecutionError, execute
+    from dflash_lab.runs.notebook_exec import PapermillExecutionError, execute
 
     if not NOTEBOOK.is_file():
         raise EvalError(f"{NOTEBOOK} is missing (installed without the repository's notebooks/). "
@@ -328,7 +328,7 @@ def tau_line(saved: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.evaluate", description=__doc__.split("\n")[0])
     ap.add_argument("run", help="run directory, checkpoint directory, exported directory or drafter .safetensors")
     ap.add_argument("--prompts", nargs="+", default=None, help="JSONL prompt file(s); each file is one prompt set "
                     "(default: the tiny target's heldout + train prompts)")

@@ -1,6 +1,6 @@
 """Export a trained drafter as the DFlashDraftModel checkpoint that SGLang, vLLM and z-lab load; load it back.
 
-    python -m dflash_lab.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16] [--force]
+    python -m dflash_lab.evaluation.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16] [--force]
 
 writes <out dir>/config.json (Qwen3 fields + block_size, num_target_layers, dflash_config {mask_token_id,
 target_layer_ids}, explicit layer_types, auto_map -> dflash.DFlashDraftModel), model.safetensors (bf16, exactly the
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from dflash_lab.runs import checkpoint
 from .export_dest import ExportRefused, guard_destination, swap_into_place
-from .config import DrafterConfig
-from .drafter import DFlashDrafter
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
 
-TEMPLATE = Path(__file__).resolve().parent / "export_template" / "dflash.py"
+TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
 WEIGHTS = "drafter.safetensors"
 DRAFTER_CONFIG = "drafter_config.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -296,7 +296,7 @@ def config_from_export(d: dict) -> DrafterConfig:
     missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dc]
     if missing or "block_size" not in d:
         raise ValueError(f"exported config.json lacks {missing + ([] if 'block_size' in d else ['block_size'])}: "
-                         "not a DFlashDraftModel checkpoint. Fix: export with `python -m dflash_lab.export`.")
+                         "not a DFlashDraftModel checkpoint. Fix: export with `python -m dflash_lab.evaluation.export`.")
     ids = tuple(dc["target_layer_ids"])
     rope_theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     layer_types = tuple(d.get("layer_types") or ())
@@ -379,7 +379,7 @@ def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dt
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dflash_lab.export", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.export", description=__doc__.split("\n")[0])
     ap.add_argument("source", help="run directory, checkpoint directory, or drafter .safetensors file")
     ap.add_argument("out_dir", help="directory to write config.json, model.safetensors and dflash.py into")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES), help="weights dtype (default bfloat16)")

@@ -65,7 +65,7 @@ def load_prompts(path: str | Path, tokenizer, *, n_prompts: int | None = None,
 def default_prompt_files(target: str, data: str = "tiny") -> dict[str, Path]:
     """Prompt sets used when none are given: for the tiny target its held-out set and its training prompts."""
     if target == "tiny":
-        from .tiny import tiny_data_path, tiny_heldout_path
+        from dflash_lab.tiny import tiny_data_path, tiny_heldout_path
 
         return {"heldout": Path(tiny_heldout_path()), "train": Path(tiny_data_path())}
     if data and data != "tiny" and Path(data).is_file():

@@ -192,8 +192,8 @@ class EvalReport:
 
     def save(self, out_dir: str | Path | None = None) -> dict[str, Path]:
         """Write eval.json and the PNG plots into out_dir (default: a new folder under <run>/evals/)."""
-        from .eval_plots import plot_eval
-        from .rundir import write_json
+        from .plots import plot_eval
+        from dflash_lab.runs.rundir import write_json
 
         d = Path(out_dir or self.out_dir or new_eval_dir(self.run_dir, self.block_size, self.temperature, self.dtype))
         d.mkdir(parents=True, exist_ok=True)

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DrafterConfig
-from .windows import window_masks
-from .drafter import DFlashDrafter
-from .features import decoder_of, embedding_of, lm_head_weight
-from .draft_vocab import draft_head, to_target_ids
+from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config.windows import window_masks
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
+from dflash_lab.data.draft_vocab import draft_head, to_target_ids
 
 
 class DrafterMismatchError(ValueError):

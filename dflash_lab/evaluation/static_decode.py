@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .drafter import DFlashDrafter
-from .draft_vocab import to_target_ids
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.data.draft_vocab import to_target_ids
 from .speculative import GenerationResult, SpeculativeDecoder, target_text_config, finish_result, speculative_accept
-from .features import decoder_of
+from dflash_lab.target.features import decoder_of
 
 
 class PositionedKVCache:

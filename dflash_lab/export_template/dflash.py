@@ -1,4 +1,4 @@
-"""DFlashDraftModel: the remote-code model of an exported DFlash drafter (written by dflash_lab.export).
+"""DFlashDraftModel: the remote-code model of an exported DFlash drafter (written by dflash_lab.evaluation.export).
 
     model = AutoModel.from_pretrained(out_dir, trust_remote_code=True)
     hidden = model(target_hidden, noise_embedding, position_ids)   # normed hidden (b, Q, H)

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from . import rundir
-from .eval_report import eval_summary, latest_eval
+from dflash_lab.evaluation.report import eval_summary, latest_eval
 
 _STAMP = re.compile(r"^\d{8}T\d{6}Z-")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LIVE_WINDOW_S = 120.0  # a run whose metrics/events changed this recently counts as running
 
 
@@ -230,4 +230,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

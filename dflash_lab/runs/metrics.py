@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from .model_size import layer_matmul_parameters, text_config
+from dflash_lab.config.model_size import layer_matmul_parameters, text_config
 
 
 class RingBuffer:

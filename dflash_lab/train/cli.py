@@ -19,8 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
-from . import rundir
-from .config import ConfigError, TrainConfig
+from dflash_lab.runs import rundir
+from dflash_lab.config.train_config import ConfigError, TrainConfig
 from .distributed import DistConfig, DistContext
 from .rank_trainer import STATUS_FILE, RankTrainer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, rundir
+from dflash_lab.runs import checkpoint, rundir
 from .distributed import full_tensor, shard_like
 
 

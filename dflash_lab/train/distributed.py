@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError
+from dflash_lab.config.train_config import ConfigError
 
 DIST_CONFIG_FILE = "distributed.json"
 BACKENDS = ("auto", "nccl", "gloo")
@@ -292,7 +292,7 @@ def share_frozen_head(ctx: DistContext, target, dtype: torch.dtype):
 
     Colocated: the local target's. Split: each target-only rank sends them once to every drafter rank it feeds
     (shape header, embedding, then the head unless tied), so a drafter-only rank never loads the target."""
-    from .features import embedding_of, lm_head_weight
+    from dflash_lab.target.features import embedding_of, lm_head_weight
 
     if ctx.layout.colocated:
         return (embedding_of(target), lm_head_weight(target)) if ctx.is_drafter else (None, None)

@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from .blocks import BlockBatch
+from dflash_lab.drafter.blocks import BlockBatch
 from .engine_metrics import dynamo_counts, engine_metrics
-from .step import block_stats
+from dflash_lab.drafter.step import block_stats
 from .streams import DeviceThread, mark
 from .workers import TargetReplica, Worker
 

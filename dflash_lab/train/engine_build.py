@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from .drafter import DFlashDrafter, RotaryEmbedding
+from dflash_lab.drafter.model import DFlashDrafter, RotaryEmbedding
 from .engine import Engine
-from .fp8 import fp8_train_linears
-from .loss_weights import loss_weighting_of
+from dflash_lab.target.fp8 import fp8_train_linears
+from dflash_lab.drafter.loss_weights import loss_weighting_of
 from .muon import make_optimizer
 from .prepare import make_feature_extractor, plan_device
-from .features import embedding_of, lm_head_weight
-from .draft_vocab import draft_head, set_draft_vocab
+from dflash_lab.target.features import embedding_of, lm_head_weight
+from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
 from .workers import TargetReplica, Worker
 
 

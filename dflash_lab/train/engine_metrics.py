@@ -7,7 +7,7 @@ import statistics
 
 import torch
 
-from .metrics import flops_per_sequence, peak_flops
+from dflash_lab.runs.metrics import flops_per_sequence, peak_flops
 
 
 def engine_metrics(engine, tokens_per_s: float | None = None) -> dict:

@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import rundir
-from .config import TrainConfig
+from dflash_lab.runs import rundir
+from dflash_lab.config.train_config import TrainConfig
 from .distributed import DIST_CONFIG_FILE, DistConfig
 
 LOG_FILE = "launch.log"

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .model_size import text_config
+from dflash_lab.config.model_size import text_config
 
 GIB = 2**30
 CUDA_OVERHEAD_BYTES = 1 * GIB

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError
+from dflash_lab.runs.checkpoint import CheckpointError
 from .optim import FP32Masters, MasterAdamW
 
 MUON_ADJUST_LR = "match_rms_adamw"

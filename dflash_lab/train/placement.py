@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ConfigError
+from dflash_lab.config.train_config import ConfigError
 from .memory_model import device_memory
-from .model_size import drafter_parameters, target_parameters
+from dflash_lab.config.model_size import drafter_parameters, target_parameters
 
 # The parameter model lives in model_size.py (shared with preflight and the FLOP count); these names stay for callers.
 target_num_parameters, drafter_num_parameters = target_parameters, drafter_parameters

@@ -20,19 +20,18 @@ from typing import Any
 
 import torch
 
-from . import checkpoint, resume_checks
-from .config import DrafterConfig, TrainConfig
-from .data import BatchSampler, TokenizedData, load_dataset
-from .loss_weights import loss_weighting_of
-from .draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
-from .feature_cache import CachedFeatureExtractor
-from .placement import (DevicePlan, Placement, check_placement, device_plan, make_placement,  # noqa: F401
-                        resolve_dtype)
+from dflash_lab.runs import checkpoint, resume_checks
+from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.data.tokenize import BatchSampler, TokenizedData, load_dataset
+from dflash_lab.drafter.loss_weights import loss_weighting_of
+from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
+from dflash_lab.data.feature_cache import CachedFeatureExtractor
+from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
-from .targets import load_target_config, load_tokenizer
-from .features import FeatureExtractor
-from .packing import fill_report, pack_data
+from dflash_lab.target.load import load_target_config, load_tokenizer
+from dflash_lab.target.features import FeatureExtractor
+from dflash_lab.data.packing import fill_report, pack_data
 
 def plan_device(config: TrainConfig, device: str | torch.device) -> DevicePlan:
     """`config.dtype` / `config.attention` decided for `device` (placement.device_plan: the one place)."""

@@ -21,20 +21,21 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, dist_checkpoint, run_lock, rundir, train_state
-from .config import ConfigError, TrainConfig
+from dflash_lab.runs import checkpoint, lock as run_lock, rundir, train_state
+from . import dist_checkpoint
+from dflash_lab.config.train_config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
-from .draft_vocab import draft_head, set_draft_vocab
-from .metrics import MetricsLogger, Throughput
+from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
+from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .muon import make_optimizer
 from .placement import make_placement
 from .prepare import prepare_run
 from .progress import progress_line
 from .resume import checkpoint_state
-from .loss_weights import loss_weighting_of
-from .step import DraftInputs, block_stats, build_masks, context_positions, train_step
-from .targets import load_target
+from dflash_lab.drafter.loss_weights import loss_weighting_of
+from dflash_lab.drafter.step import DraftInputs, block_stats, build_masks, context_positions, train_step
+from dflash_lab.target.load import load_target
 
 STOP_FILE = "STOP"
 CHECKPOINT_FILE = "CHECKPOINT"  # touch it to request a checkpoint at the next step boundary
@@ -155,7 +156,7 @@ class RankTrainer:
     def _start_monitor(self):
         """system.rank{R}.jsonl from the sampler (gpu_monitor.py): this host's GPUs (NVML) + CPU/RAM, every rank."""
         try:
-            from .gpu_monitor import GpuMonitor
+            from dflash_lab.runs.gpu_monitor import GpuMonitor
         except ImportError:
             return None
         try:

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from . import checkpoint, resume_checks, train_state
-from .config import ConfigError, TrainConfig
-from .optimizer_checks import check_resume_optimizer
+from dflash_lab.runs import checkpoint, resume_checks, train_state
+from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config.optimizer_checks import check_resume_optimizer
 from .schedule import LRSchedule
 
 # Fields that change the drafter's shape, the data stream or the batches: a resume cannot change them. Everything

@@ -22,18 +22,18 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, run_lock, rundir
+from dflash_lab.runs import checkpoint, lock as run_lock, rundir
 from . import resume as resume_state
-from .config import TrainConfig
+from dflash_lab.config.train_config import TrainConfig
 from .controls import STOP_FILE, Controls, counted_loop
-from .drafter import DFlashDrafter
+from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
-from .metrics import MetricsLogger, Throughput
+from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .prepare import prepare_run
 from .progress import process_rss_gb, progress_line
-from .run_end import finish_run, save_drafter
-from .sinks import with_sinks
-from .targets import load_targets
+from dflash_lab.runs.run_end import finish_run, save_drafter
+from dflash_lab.runs.sinks import with_sinks
+from dflash_lab.target.load import load_targets
 from .validation import Validator, tau_gap_event, validation_line
 
 
@@ -205,7 +205,7 @@ class Trainer:
         }
         finite = math.isfinite(loss) and math.isfinite(record["grad_norm"])
         if finite and cfg.eval_every and self.step_count % cfg.eval_every == 0:
-            from .evaluate import heldout_tau  # real speculative decoding, 8 held-out prompts x 64 tokens
+            from dflash_lab.evaluation.evaluate import heldout_tau  # real speculative decoding, 8 held-out prompts x 64 tokens
 
             self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
             self.phase = "training"
@@ -396,7 +396,7 @@ class Trainer:
 
     def _start_monitor(self) -> None:
         """system.jsonl: the NVML sampler thread (gpu_monitor.py; host CPU/RAM only on a machine without GPUs)."""
-        from .gpu_monitor import GpuMonitor
+        from dflash_lab.runs.gpu_monitor import GpuMonitor
 
         try:
             self.monitor = GpuMonitor(interval_s=1.0, jsonl_path=self.run_dir / rundir.SYSTEM_FILE)

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from .blocks import build_block_batch
-from .data import DataError, read_conversations, tokenize_dataset
-from .evaluate import heldout_tau, load_prompts
-from .step import DraftInputs, block_stats, build_masks, drafter_loss
-from .features import FeatureExtractor, embedding_of, lm_head_weight
-from .draft_vocab import draft_head
+from dflash_lab.drafter.blocks import build_block_batch
+from dflash_lab.data.tokenize import DataError, read_conversations, tokenize_dataset
+from dflash_lab.evaluation.evaluate import heldout_tau, load_prompts
+from dflash_lab.drafter.step import DraftInputs, block_stats, build_masks, drafter_loss
+from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
+from dflash_lab.data.draft_vocab import draft_head
 
 # Validation runs anchors in passes of this many blocks per sequence: the dense mask of one pass is
 # VAL_BATCH x (N*B) x (S + N*B) booleans (4 x 1024 x 1536 = 6.3 MB at seq_len 512, B 16).
@@ -135,7 +135,7 @@ def heldout_source(data: str, heldout_data: str | None) -> tuple[Path, str | Non
                                     'file of held-out conversations, or heldout_data="" to turn validation off.')
         return p, None
     if data == "tiny":
-        from .tiny import tiny_heldout_path
+        from dflash_lab.tiny import tiny_heldout_path
 
         return tiny_heldout_path(), None
     p = Path(data).expanduser()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from .blocks import BlockBatch, attention_masks, flex_mask_mods
-from .segments import document_positions
-from .windows import window_masks
+from dflash_lab.drafter.blocks import BlockBatch, attention_masks, flex_mask_mods
+from dflash_lab.target.segments import document_positions
+from dflash_lab.config.windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
-from .loss_weights import DECAY, LossWeighting
-from .step import DraftInputs, forward_backward
+from dflash_lab.drafter.loss_weights import DECAY, LossWeighting
+from dflash_lab.drafter.step import DraftInputs, forward_backward
 from .streams import DeviceThread, StaticBuffers, Timeline, mark
 
 def _why_eager(cuda_graphs: bool, device: torch.device) -> str:

@@ -1,0 +1,6 @@
+"""`python -m dflash_lab.runs list|compare ...`: list and compare run directories."""
+
+from .listing import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
