@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from dflash_lab.data.tokenize import ChatTemplate, read_conversations, resolve_data_path, tokenize_conversation
 from dflash_lab.evaluation.speculative import SpeculativeDecoder
 from dflash_lab.drafter.step import block_stats

@@ -7,8 +7,8 @@ configuration (stdout; progress on stderr).
     python -m dflash_lab.bench --shape paper --gpus 0 --variants graph,eager,compile,compile-eager
     python -m dflash_lab.bench --shape paper --gpus 0 --ttfs                  # Trainer construction -> first step
     python -m dflash_lab.bench --shape tiny --device cpu --steps 3            # the same path on a CPU
-    python -m dflash_lab.bench --shape paper --drafter-layers mixed --variants graph,compile   # issue 18
-    python -m dflash_lab.bench --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # issue 16
+    python -m dflash_lab.bench --shape paper --drafter-layers mixed --variants graph,compile   # the compile trap shape
+    python -m dflash_lab.bench --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # FP8 target/drafter
 
 Targets are random-initialised real architectures (bench_configs/*.json) built on the GPU, so nothing is
 downloaded. Batches are synthetic and fixed-shape: random tokens, the first 1/8 of each sequence is "prompt" (no
@@ -36,7 +36,7 @@ import torch
 from dflash_lab.drafter.blocks import sample_anchors
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
 from dflash_lab import bench_perf
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from dflash_lab.config.target_defaults import default_gamma
 from dflash_lab.train.prepare import prepare_run
 from dflash_lab.target.load import load_targets
@@ -50,7 +50,7 @@ SHAPES = {
 }
 VARIANTS = {  # name -> (cuda_graphs, compile_drafter)
     "graph": (True, False), "eager": (False, False), "compile": (True, True), "compile-eager": (False, True),
-    **bench_perf.VARIANTS,  # FP8 variants (issue 16)
+    **bench_perf.VARIANTS,  # FP8 variants
 }
 MASK_TOKEN_ID = {"bench:tiny": 1023}  # Qwen3 shapes use the family's reserved id (151669)
 

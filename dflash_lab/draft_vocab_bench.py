@@ -1,4 +1,4 @@
-"""Head-time bench of draft-vocabulary pruning (issue 17): step.chunked_head_ce (forward + input gradient) with the
+"""Head-time bench of draft-vocabulary pruning: step.chunked_head_ce (forward + input gradient) with the
 full target vocabulary vs pruned draft vocabularies, same rows. Results: docs/ablations.md (## draft vocabulary).
 
     python -m dflash_lab.draft_vocab_bench [--vocab 49152 --hidden 576 --rows 4096]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.config.model_size import drafter_parameters, target_parameters
 from dflash_lab.train.placement import Placement
 

@@ -25,7 +25,7 @@ import torch
 
 from .target import models
 from .data import real_data
-from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.target.load import load_tokenizer
 
 RESULTS = "results.json"
@@ -65,7 +65,7 @@ class RecipeConfig:
     regen_batch_size: int = 512
     regen_max_new_tokens: int = 192
     regen_dtype: str = "float32"
-    """Regeneration precision: float32 reproduces single-sequence greedy under batching (bf16 did not: issue 12)."""
+    """Regeneration precision: float32 reproduces single-sequence greedy under batching (bf16 did not)."""
     match_check: int = 8
     """Prompts on which batched greedy is compared with single-sequence greedy (0 = skip)."""
     steps: int = 2000

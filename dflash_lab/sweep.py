@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs.rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
 from .sweep_results import SWEEP_FILE, read_sweep, write_results
 

@@ -8,7 +8,7 @@ import torch
 
 from dflash_lab.bench import synthetic_batch
 from dflash_lab.drafter.blocks import dense_mask, flex_block_mask
-from dflash_lab.config.train_config import ConfigError, DrafterConfig, TrainConfig
+from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
 from dflash_lab.config.windows import window_masks
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.evaluation.export import export_config

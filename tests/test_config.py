@@ -2,7 +2,7 @@
 
 import pytest
 
-from dflash_lab.config.train_config import ConfigError, DrafterConfig, TrainConfig
+from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
 from dflash_lab.train.placement import devices_for
 from dflash_lab.config.target_defaults import default_target_layer_ids
 from tests.conftest import make_tiny_qwen3

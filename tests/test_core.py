@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_lab.drafter.blocks import build_block_batch, dense_mask, flex_block_mask, sample_anchors
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.train.optim import lr_at
 from dflash_lab.drafter.step import DraftInputs, build_masks, chunked_head_ce, drafter_loss

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dflash_lab.data.chat_formats import DataError
-from dflash_lab.data.tokenize import (BatchSampler, ChatTemplate, load_dataset, read_conversations, tokenize_conversation,
+from dflash_lab.drafter.batches import BatchSampler
+from dflash_lab.data.tokenize import (ChatTemplate, load_dataset, read_conversations, tokenize_conversation,
                              tokenize_dataset)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from dflash_lab.train.distributed import DistConfig, rank_layout, resolve_device
 from dflash_lab.train.launch import cluster_command, launch, prepare_run, torchrun_args
 

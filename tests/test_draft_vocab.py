@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from dflash_lab import TrainConfig
 from dflash_lab.drafter.blocks import build_block_batch
-from dflash_lab.config.train_config import ConfigError, DrafterConfig
+from dflash_lab.config import ConfigError, DrafterConfig
 from dflash_lab.data.draft_vocab import (DraftVocab, build_draft_vocab, check_same_vocab, count_supervised, label_map,
                                     target_ids_of, to_target_ids, top_ids)
 from dflash_lab.drafter.step import DraftInputs, block_stats, drafter_loss

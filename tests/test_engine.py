@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine import EngineBrokenError, WorkerError
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement

@@ -47,7 +47,7 @@ def test_prompt_longer_than_the_context_is_reported_with_its_length(tmp_path):
 def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
     """Two evaluations (block size 8, then 4) land in two folders under <run>/evals/, each with its notebook, JSON and
     plots; neither overwrites the other, and latest_eval() / load_report(run) pick the newer one."""
-    from dflash_lab.evaluation.report import eval_dirs, latest_eval
+    from dflash_lab.runs.evals import eval_dirs, latest_eval
 
     run = tiny_trained_run()
     before = set(eval_dirs(run))

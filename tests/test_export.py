@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dflash_lab.evaluation import export
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from tests.conftest import make_tiny_qwen3
 

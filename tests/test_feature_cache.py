@@ -77,8 +77,8 @@ def test_cached_features_equal_the_live_target(setup, live, cache_dir):
 
 
 def test_a_training_step_from_the_cache_equals_one_with_the_live_target(setup, cache_dir):
-    from dflash_lab.config.train_config import DrafterConfig
-    from dflash_lab.data.tokenize import BatchSampler
+    from dflash_lab.config import DrafterConfig
+    from dflash_lab.drafter.batches import BatchSampler
     from dflash_lab.drafter.model import DFlashDrafter
     from dflash_lab.train.optim import MasterAdamW
     from dflash_lab.drafter.step import DraftInputs, build_masks, train_step

@@ -8,7 +8,7 @@ import torch
 
 from dflash_lab.target import fp8
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement
 from dflash_lab.target.features import FeatureExtractor

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_lab.bench import synthetic_batch
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement
 from dflash_lab.target.load import load_target_config, load_targets

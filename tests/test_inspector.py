@@ -6,7 +6,8 @@ import re
 import pytest
 import torch
 
-from dflash_lab.data.tokenize import BatchSampler, tokenize_dataset
+from dflash_lab.drafter.batches import BatchSampler
+from dflash_lab.data.tokenize import tokenize_dataset
 from dflash_lab.data.inspector import SampleView, render_sample_html
 
 CONV = [{"role": "user", "content": "Count from 1 to 20. <b>bold</b> & more"},

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from dflash_lab.drafter.blocks import sample_anchors
-from dflash_lab.config.train_config import ConfigError, DrafterConfig, TrainConfig
+from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import embedding_of, lm_head_weight
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, dpace_weights, global_block_batch

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.runs.metrics import flops_per_sequence
 from dflash_lab.config.model_size import drafter_matmul_parameters, drafter_parameters, target_parameters

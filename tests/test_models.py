@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from dflash_lab.target import models
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.config.target_defaults import default_target_layer_ids
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
 

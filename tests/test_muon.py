@@ -6,7 +6,7 @@ import torch
 
 from dflash_lab import TrainConfig
 from dflash_lab.runs import checkpoint, rundir
-from dflash_lab.config.train_config import ConfigError, DrafterConfig
+from dflash_lab.config import ConfigError, DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.train.muon import MasterMuon, make_optimizer, matrix_roles
 from dflash_lab.train.optim import MasterAdamW

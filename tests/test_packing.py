@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from dflash_lab.drafter.blocks import build_block_batch, dense_mask, raw_weight_total, sample_anchors
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
+from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.config.errors import ConfigError
-from dflash_lab.data.tokenize import BatchSampler, TokenizedData
+from dflash_lab.drafter.batches import BatchSampler
+from dflash_lab.data.tokenize import TokenizedData
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.data.packing import fill_report, pack_data, pack_windows

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.train.placement import (PlacementError, check_placement, drafter_num_parameters,
                                   gpus, make_placement, target_num_parameters)
 from dflash_lab.target.load import load_target_config

@@ -4,7 +4,7 @@ and a clear warning when the plan does not fit (no weights loaded, no GPU needed
 import pytest
 import torch
 
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from dflash_lab.data.tokenize import TokenizedData
 from dflash_lab.preflight import GIB, config_param_count, estimate, preflight, safetensors_param_count
 

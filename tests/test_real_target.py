@@ -80,7 +80,7 @@ def test_mask_token_never_occurs_in_tokenized_chat_data(tokenizer, tmp_path):
 
 
 def test_two_training_steps_then_speculative_decoding_equals_target_greedy(folder, target, tokenizer, tmp_path):
-    from dflash_lab.config.train_config import TrainConfig
+    from dflash_lab.config import TrainConfig
     from dflash_lab.evaluation.export import export_drafter
     from dflash_lab.evaluation.speculative import SpeculativeDecoder
     from dflash_lab.train.trainer import Trainer

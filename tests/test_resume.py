@@ -14,7 +14,7 @@ import torch
 
 from dflash_lab import TrainConfig
 from dflash_lab.runs import checkpoint, rundir
-from dflash_lab.config.train_config import ConfigError
+from dflash_lab.config import ConfigError
 from dflash_lab.train.trainer import Trainer, TrainingDiverged
 
 STEPS = 16

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs.sinks import scalars
 
 HAS_TB = importlib.util.find_spec("tensorboard") is not None

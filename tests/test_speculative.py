@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dflash_lab.drafter.blocks import dense_mask
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible, speculative_accept)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_lab.config.train_config import ConfigError
+from dflash_lab.config import ConfigError
 from dflash_lab.runs.rundir import read_jsonl
 from dflash_lab.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
 from dflash_lab.sweep_results import rank_rows, read_sweep, results_table

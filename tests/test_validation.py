@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash_lab import TrainConfig, Trainer
-from dflash_lab.config.train_config import ConfigError
+from dflash_lab.config import ConfigError
 from dflash_lab.evaluation.speculative import SpeculativeDecoder
 from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.tiny import tiny_heldout_path

@@ -130,7 +130,7 @@ class TrainingView(_View):
     def __init__(self, trainer_or_config, *, mode: str | None = None, monitor: GpuMonitor | bool = True,
                  monitor_interval_s: float = 0.5, refresh_hz: float = 2.0, static_every_s: float = 5.0,
                  max_points: int = 600, **trainer_kwargs):
-        from dflash_lab.config.train_config import TrainConfig
+        from dflash_lab.config import TrainConfig
 
         self.builder = None
         self._attached = threading.Event()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, fail
-from dflash_lab.data.draft_vocab import check_draft_vocab_size
+from .feature_checks import check_draft_vocab_size
 from .field_types import check_field_types
 from .target_defaults import KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_target_layer_ids
 from .windows import check_layer_windows, layer_windows_of, mask_key
@@ -62,12 +62,12 @@ class DrafterConfig:
     """Per draft layer: "full_attention" or "sliding_attention"; empty means all full attention."""
     sliding_window: int | None = None
     """Window of the sliding-attention layers (required if any layer slides)."""
-    # perf (issues 16/18)
+    # perf
     layer_windows: tuple[int | None, ...] = ()
     """Per draft layer window: None on full-attention layers, a positive int on sliding ones; empty = every sliding
     layer uses `sliding_window`. Several distinct values train fine (one mask per window) but cannot be exported
     (config.json has one `sliding_window`)."""
-    # issue 17: draft vocabulary
+    # draft vocabulary
     draft_vocab_size: int | None = None
     """Ids the drafter predicts (a `d2t` buffer maps them to target ids, draft_vocab.py); None = the whole target
     vocabulary."""

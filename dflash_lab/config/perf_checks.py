@@ -1,4 +1,4 @@
-"""Validation of TrainConfig's perf knobs (issues 16/18): per-layer attention windows, torch.compile modes, FP8."""
+"""Validation of TrainConfig's perf knobs: per-layer attention windows, torch.compile modes, FP8."""
 
 from __future__ import annotations
 

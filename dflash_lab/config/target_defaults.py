@@ -6,7 +6,7 @@ from .errors import ConfigError
 
 # Reserved, unused embedding rows that the published DFlash drafters use as MASK (docs/dflash-method.md section 1).
 KNOWN_MASK_TOKEN_IDS = {"qwen3": 151669, "qwen3_moe": 151669, "qwen3_5": 248070, "qwen3_next": 248070, "gpt_oss": 200000}
-# --- real targets (issue 12): model_type "llama" is shared by many vocabularies, so key by (model_type, vocab_size).
+# --- real targets: model_type "llama" is shared by many vocabularies, so key by (model_type, vocab_size).
 # 49,152 = the SmolLM/SmolLM2 tokenizer, which has no mask token and no spare embedding rows: id 7 is "<gh_stars>",
 # a StarCoder-style repository-metadata special token that no chat template emits and chat text never contains
 # (tests/test_real_target.py checks the chitchat data). See dflash_lab/target/models.py.

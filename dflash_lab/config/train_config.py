@@ -20,12 +20,9 @@ from typing import Any
 
 from .errors import ConfigError, fail
 from .field_types import check_field_types
-from dflash_lab.runs.sinks import sink_problem
-from dflash_lab.drafter.loss_weights import check_loss_weighting_fields
-from .optimizer_checks import check_optimizer_fields
+from .feature_checks import (check_draft_vocab_fields, check_loss_weighting_fields, check_optimizer_fields,
+                             check_pack_fields, sink_problem)
 from .perf_checks import check_perf_fields
-from dflash_lab.data.draft_vocab import check_draft_vocab_fields
-from .pack_checks import check_pack_fields
 from .target_defaults import default_gamma
 from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
 
@@ -112,7 +109,7 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
-    # validation (issue 12): honest metrics beside the training ones (dflash_lab/train/validation.py, docs/tau-gap.md)
+    # validation: honest metrics beside the training ones (dflash_lab/train/validation.py, docs/tau-gap.md)
     heldout_data: str | None = None
     """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
     held-out chats; a data file -> `heldout.jsonl` next to it; a `datasets` directory -> its "heldout", "test" or
@@ -129,10 +126,10 @@ class TrainConfig:
     """Held-out prompts per real-tau measurement (temperature 0, block size of the run)."""
     real_tau_new_tokens: int = 64
     """New tokens generated per prompt in a real-tau measurement."""
-    # -- metric sinks (issue 15) --
+    # -- metric sinks --
     metric_sinks: tuple[str, ...] = ()
     """Optional extra metric sinks (sinks.py): "tensorboard" (<run_dir>/tensorboard/) and/or "wandb" (offline)."""
-    # perf (issues 16/18)
+    # perf
     layer_windows: tuple[int | None, ...] = ()
     """Per draft layer window (None on full layers); empty = every sliding layer uses `sliding_window`."""
     compile_mode: str | None = None
@@ -149,7 +146,7 @@ class TrainConfig:
     compile_target: bool = False
     """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
     engine still captures it as a CUDA graph. Opt-in until measured."""
-    # issue 17: loss weighting (D-PACE; loss_weights.py, docs/ablations.md)
+    # loss weighting (D-PACE; loss_weights.py, docs/ablations.md)
     loss_weighting: str = "decay"
     """"decay" (paper: w_k = exp(-(k-1)/gamma)) or "dpace" (D-PACE, arXiv 2605.18810, detached self-weights)."""
     dpace_alpha: float = 0.5
@@ -157,7 +154,7 @@ class TrainConfig:
     loss_normalizer: str = "valid_anchors"
     """dpace's GLOBAL normaliser: "valid_anchors" (in the global batch) or "anchor_budget" (batch_size *
     num_anchors). Decay keeps its own global weight-sum normaliser."""
-    # issue 17: Muon optimizer
+    # Muon optimizer
     optimizer: str = "adamw"
     """"adamw" (the paper's: AdamW on every tensor) or "muon": torch.optim.Muon on the nn.Linear weight matrices
     (q/k/v/o, MLP, fc), AdamW on the rest (norms); fp32 masters and one global grad clip either way (muon.py)."""
@@ -166,11 +163,11 @@ class TrainConfig:
     so AdamW's lr scale works unchanged; a value is on that same scale (not the 0.02 of Muon without it)."""
     muon_momentum: float = 0.95
     """Muon's (Nesterov) momentum."""
-    # issue 17: packed sequences
+    # packed sequences
     pack_sequences: bool = False
     """Pack several whole conversations into each seq_len window (first fit, seeded; packing.py) instead of one,
     right-padded. Attention, anchors and labels never cross a conversation; positions restart per conversation."""
-    # issue 17: draft vocabulary
+    # draft vocabulary
     draft_vocab_size: int | None = None
     """Draft vocabulary: the drafter predicts only the d most frequent supervised target tokens of the training data
     (a frozen (d, H) slice of the target head; labels outside it carry no loss and count as wrong). None = the full
@@ -244,7 +241,7 @@ class TrainConfig:
         if self.batch_size % len(self.devices):
             fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                  f"use a multiple of {len(self.devices)}")
-        # validation (issue 12)
+        # validation
         for name in ("val_every", "real_tau_every"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -254,7 +251,7 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 fail(c, name, v, "must be an integer >= 1", f"set {name} >= 1 (turn the measurement off with "
                      f"{'val_every' if name == 'val_sequences' else 'real_tau_every'}=0)")
-        # -- metric sinks (issue 15) --
+        # -- metric sinks --
         if isinstance(self.metric_sinks, str):
             fail(c, "metric_sinks", self.metric_sinks, "must be a tuple of sink names", f"use ({self.metric_sinks!r},)")
         object.__setattr__(self, "metric_sinks", tuple(self.metric_sinks))

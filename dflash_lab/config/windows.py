@@ -1,4 +1,4 @@
-"""Per-layer attention windows (issues 16/18): the window of each draft layer, the key of its mask, and the distinct
+"""Per-layer attention windows: the window of each draft layer, the key of its mask, and the distinct
 masks a step has to build.
 
 A window is None on full-attention layers and a positive int on sliding ones. Masks are keyed by window, not by layer:

@@ -1,4 +1,4 @@
-"""Draft-vocabulary pruning (issue 17): the drafter predicts only the d most frequent supervised target tokens.
+"""Draft-vocabulary pruning: the drafter predicts only the d most frequent supervised target tokens.
 
     python -m dflash_lab.draft_vocab_bench        # CPU time of the head + CE: full vocabulary vs pruned
 
@@ -28,23 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_lab.config.errors import ConfigError, fail
-
-
-def check_draft_vocab_fields(cfg) -> None:
-    """TrainConfig.draft_vocab_size: None or an integer > 1 (the upper bound, the target's vocabulary, is checked by
-    DrafterConfig once the target's config is known)."""
-    d = cfg.draft_vocab_size
-    if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 2):
-        fail("TrainConfig", "draft_vocab_size", d, "a draft vocabulary needs at least 2 ids",
-             "use None (the full target vocabulary) or e.g. 32768")
-
-
-def check_draft_vocab_size(d: int | None, vocab_size: int) -> None:
-    """DrafterConfig.draft_vocab_size against the target's vocabulary: 1 < d <= vocab_size."""
-    if d is not None and (isinstance(d, bool) or not isinstance(d, int) or not 1 < d <= vocab_size):
-        fail("DrafterConfig", "draft_vocab_size", d, f"it must be in (1, {vocab_size}] (the target's vocabulary)",
-             f"use None for the full vocabulary or a value <= {vocab_size}")
+from dflash_lab.config.errors import ConfigError
+from dflash_lab.config.feature_checks import check_draft_vocab_size
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,7 @@ class CachedFeatureExtractor:
         self.dtype = dtype
 
     def __call__(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if doc_ids is not None:  # TrainConfig refuses pack_sequences with a cache (pack_checks.py)
+        if doc_ids is not None:  # TrainConfig refuses pack_sequences with a cache (config/feature_checks.py)
             raise ValueError("a feature cache holds unpacked rows; packed windows need online features")
         feats = self.cache.lookup(input_ids)
         return feats.to(input_ids.device, self.dtype or feats.dtype, non_blocking=True)

@@ -1,4 +1,4 @@
-"""Packed sequences (issue 17): several whole conversations per fixed-length window instead of one, right-padded.
+"""Packed sequences: several whole conversations per fixed-length window instead of one, right-padded.
 
 Chat data is short next to seq_len (tiny data: ~100 tokens at seq_len 256; SmolLM2 chitchat: numbers in
 docs/ablations.md), so most of an unpacked window is padding that the target and the drafter still pay for.

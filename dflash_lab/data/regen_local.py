@@ -48,7 +48,7 @@ class HFGenerator:
 
     # Attention scores one generate() call may hold: rows x (padded prompt + new tokens)^2, per head. The math SDPA
     # path (fp32 with a padding mask) materialises them: 128 rows around one 4,800-token chitchat prompt asked for
-    # 107 GiB on an H200 (issue 12). Batches over the budget are split into consecutive sub-batches.
+    # 107 GiB on an H200. Batches over the budget are split into consecutive sub-batches.
     ATTENTION_BUDGET = 1_200_000_000
 
     def __call__(self, histories: list[list[dict]], seed: int) -> list[tuple[str, str, int]]:
@@ -91,7 +91,7 @@ class HFGenerator:
 def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size: int) -> dict:
     """Does batched, left-padded greedy reproduce what the target says ALONE (batch 1, as served)? Generates each
     history both ways with the same model and dtype and compares token ids. In bf16, batching changes reduction
-    orders and flips near-tied argmaxes (issue 12: 11 of 24 SmolLM2 prompts diverged on CPU; 0 of 24 in fp32), so
+    orders and flips near-tied argmaxes (11 of 24 SmolLM2 prompts diverged on CPU; 0 of 24 in fp32), so
     the training text would not be the served text: record the rate and regenerate in the dtype that matches."""
     t0 = time.perf_counter()
     batched = []

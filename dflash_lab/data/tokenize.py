@@ -1,4 +1,4 @@
-"""Chat data -> token ids + assistant-only loss masks -> fixed-shape batches with per-step anchors.
+"""Chat data -> token ids + assistant-only loss masks (fixed-shape batches of them: drafter/batches.py).
 
 Conversations are rendered with the TARGET tokenizer's chat template (the one that will be served), in the thinking
 mode that will be served (`enable_thinking`, passed to templates that know it). The loss mask is 1 exactly on the
@@ -12,11 +12,6 @@ templates that rewrite earlier turns (Qwen3 drops earlier `<think>` blocks) stay
 Samples with fewer than 2 * block_size supervised tokens after truncation to seq_len are dropped; every drop and every
 skipped record is counted in the `DataReport`. A long conversation is cut to a character budget before tokenizing
 (only its first seq_len tokens are kept), so memory and time stay bounded for any record size.
-
-Batches are a pure function of (seed, step): the epoch order is a seeded permutation per epoch, and anchors are drawn
-from a generator seeded with (seed, step), so they are resampled every epoch and resuming at step k reproduces the
-exact batches of an uninterrupted run. Each epoch uses len(data) // batch_size full batches; the up to batch_size - 1
-left-over samples differ from epoch to epoch.
 """
 
 from __future__ import annotations
@@ -29,14 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_lab.drafter.blocks import sample_anchors
-from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch
 from .chat_formats import ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data
 
 MASK_METHODS = ("render", "generation")
 _PROBE = "dflash probe answer 7291"
 
-__all__ = ["DataError", "DataReport", "TokenizedData", "BatchSampler", "ChatTemplate", "resolve_data_path",
+__all__ = ["DataError", "DataReport", "TokenizedData", "ChatTemplate", "resolve_data_path",
            "read_conversations", "tokenize_conversation", "tokenize_dataset", "load_dataset"]
 
 
@@ -352,48 +345,6 @@ def load_dataset(tokenizer, data: str, *, seq_len: int, block_size: int, enable_
     chat = read_conversations(resolve_data_path(data), data_format=data_format, on_error=on_error)
     return tokenize_dataset(tokenizer, chat, seq_len=seq_len, block_size=block_size, enable_thinking=enable_thinking,
                             mask_method=mask_method, on_error=on_error, log=log)
-
-
-class BatchSampler:
-    """Fixed-shape global batches as a pure function of the step: epoch permutation + per-step anchors."""
-
-    def __init__(self, data: TokenizedData, *, batch_size: int, num_anchors: int, block_size: int,
-                 mask_token_id: int, gamma: float, seed: int, weighting: LossWeighting = DECAY):
-        if len(data) < batch_size:
-            raise DataError(f"only {len(data)} samples survived filtering, fewer than batch_size={batch_size}. "
-                            "Fix: lower batch_size, or add data (see the data report for what was dropped).")
-        self.data = data
-        self.batch_size, self.num_anchors, self.block_size = batch_size, num_anchors, block_size
-        self.mask_token_id, self.gamma, self.seed = mask_token_id, gamma, seed
-        self.weighting = weighting  # how the global batch's loss weights are normalised (loss_weights.py)
-        self.steps_per_epoch = len(data) // batch_size
-        self._perm_epoch, self._perm = -1, None
-
-    def position(self, step: int) -> tuple[int, int]:
-        """(epoch, batch index within the epoch) of a global step."""
-        return divmod(step, self.steps_per_epoch)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeded permutation of sample indices for one epoch."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.data), generator=g)
-
-    def indices(self, step: int) -> torch.Tensor:
-        epoch, i = self.position(step)
-        if epoch != self._perm_epoch:
-            self._perm, self._perm_epoch = self.epoch_order(epoch), epoch
-        return self._perm[i * self.batch_size:(i + 1) * self.batch_size]
-
-    def batch(self, step: int):
-        """The BlockBatch of a global step (CPU tensors). Loss weights are normalised over this whole batch."""
-        idx = self.indices(step)
-        ids, mask = self.data.input_ids[idx].long(), self.data.loss_mask[idx]
-        docs = None if self.data.doc_ids is None else self.data.doc_ids[idx].long()  # packed rows only
-        g = torch.Generator().manual_seed(self.seed * 7_919 + step * 104_729 + 1)
-        anchors, valid = sample_anchors(mask, self.num_anchors, g, doc_ids=docs)
-        return global_block_batch(ids, mask, anchors, valid, block_size=self.block_size,
-                                  mask_token_id=self.mask_token_id, gamma=self.gamma, weighting=self.weighting,
-                                  doc_ids=docs)
 
 
 def main(argv: list[str] | None = None) -> int:

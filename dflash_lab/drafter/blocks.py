@@ -196,7 +196,7 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
 
     The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
     layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
-    all windows instead of once per distinct window (the seed's recompiles, issue 18)."""
+    all windows instead of once per distinct window (the recompiles of a per-layer window value)."""
     S, B = seq_len, block_size
     if sliding_window is not None:
         sliding_window = torch.tensor(sliding_window, device=anchors.device, dtype=torch.long)

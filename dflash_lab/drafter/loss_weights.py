@@ -29,10 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from .blocks import BlockBatch, build_block_batch, raw_weight_total
-from dflash_lab.config.errors import fail
+from dflash_lab.config.feature_checks import LOSS_NORMALIZERS, LOSS_WEIGHTINGS  # noqa: F401 (re-exported)
 
-LOSS_WEIGHTINGS = ("decay", "dpace")
-LOSS_NORMALIZERS = ("valid_anchors", "anchor_budget")
 
 
 @dataclass(frozen=True)
@@ -54,21 +52,6 @@ DECAY = LossWeighting()
 def loss_weighting_of(cfg) -> LossWeighting:
     """The LossWeighting of a TrainConfig (its fields loss_weighting, dpace_alpha, loss_normalizer)."""
     return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer)
-
-
-def check_loss_weighting_fields(cfg) -> None:
-    """The issue-17 loss-weighting knobs of a TrainConfig (raises ConfigError naming the fix)."""
-    c = "TrainConfig"
-    if cfg.loss_weighting not in LOSS_WEIGHTINGS:
-        fail(c, "loss_weighting", cfg.loss_weighting, "unknown loss weighting",
-             'use "decay" (the paper\'s exp(-(k-1)/gamma)) or "dpace" (D-PACE)')
-    alpha = cfg.dpace_alpha
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
-        fail(c, "dpace_alpha", alpha, "must be in (0, 1]: q~ = (1 - alpha) * q + alpha; 0 would let one confident "
-             "miss zero the whole block", "use 0.5 (default); 1 gives the linear weights B - j")
-    if cfg.loss_normalizer not in LOSS_NORMALIZERS:
-        fail(c, "loss_normalizer", cfg.loss_normalizer, "unknown loss normaliser",
-             f"use one of {LOSS_NORMALIZERS} (both are global counts fixed before the batch is split)")
 
 
 def dpace_weights(q: torch.Tensor, has_loss: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 
 
 class RMSNorm(nn.Module):
@@ -144,7 +144,7 @@ class DFlashDecoderLayer(nn.Module):
         super().__init__()
         self.attention_type = config.layer_types[layer_idx]
         # Which mask this layer reads: one per distinct window, built outside the (compiled, captured) step, so a
-        # window is data of the mask, never a per-layer Python value dynamo would specialise on (issue 18).
+        # window is data of the mask, never a per-layer Python value dynamo would specialise on.
         self.mask_key = config.mask_keys[layer_idx]
         self.self_attn = DFlashAttention(config)
         self.mlp = MLP(config)
@@ -174,7 +174,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
-        if config.draft_vocab_size is not None:  # issue 17: draft id i is target id i + d2t[i] (EAGLE-3 offsets)
+        if config.draft_vocab_size is not None:  # draft id i is target id i + d2t[i] (EAGLE-3 offsets)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:

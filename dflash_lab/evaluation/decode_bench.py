@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from .speculative import SpeculativeDecoder
 from .static_decode import StaticSpeculativeDecoder

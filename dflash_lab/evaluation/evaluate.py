@@ -120,7 +120,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
               ) -> EvalPlan:
     """Check every setting and find the target, prompts and output folder; raises EvalError (one line, with the
     fix) or DrafterNotFoundError. Cheap: no model is loaded."""
-    from dflash_lab.config.train_config import TrainConfig
+    from dflash_lab.config import TrainConfig
     from .export import resolve_drafter, train_config_of
 
     if not str(run).strip():
@@ -208,7 +208,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     drafters = {"trained": drafter}
     if untrained:
         drafters["untrained"] = untrained_drafter(src.config, plan.seed).to(device=dev, dtype=plan.dtype)
-        if src.config.draft_vocab_size is not None:  # issue 17: the same draft vocabulary as the trained one
+        if src.config.draft_vocab_size is not None:  # the same draft vocabulary as the trained one
             drafters["untrained"].d2t.copy_(drafter.d2t)
     drafters[BASELINE] = None
     decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos, fast=fast,

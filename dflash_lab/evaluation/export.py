@@ -29,7 +29,7 @@ import torch
 
 from dflash_lab.runs import checkpoint
 from .export_dest import ExportRefused, guard_destination, swap_into_place
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
@@ -223,7 +223,7 @@ def export_state_names(config: DrafterConfig) -> list[str]:
         names += [f"layers.{i}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         names += [f"layers.{i}.input_layernorm.weight", f"layers.{i}.post_attention_layernorm.weight"]
     names += ["fc.weight", "hidden_norm.weight", "norm.weight"]
-    # issue 17: a pruned drafter's draft -> target map, int64 offsets as EAGLE-3 / speculators store it
+    # a pruned drafter's draft -> target map, int64 offsets as EAGLE-3 / speculators store it
     return names + (["d2t"] if config.draft_vocab_size is not None else [])
 
 
@@ -231,7 +231,7 @@ def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict
     """The config.json of a DFlashDraftModel checkpoint (Qwen3 fields + the DFlash fields, layer_types explicit)."""
     sliding = "sliding_attention" in config.layer_types
     windows = sorted({w for w in config.windows if w is not None})
-    if len(windows) > 1:  # perf (issue 18)
+    if len(windows) > 1:  # perf
         raise ValueError(
             f"the drafter has {len(windows)} distinct sliding windows {windows} (layer_windows="
             f"{list(config.layer_windows)}), but config.json has ONE `sliding_window` for every sliding_attention "
@@ -272,7 +272,7 @@ def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
         "dtype": dtype,
     }
-    if config.draft_vocab_size is not None:  # issue 17 (absent = the full vocabulary, as in z-lab's configs)
+    if config.draft_vocab_size is not None:  # (absent = the full vocabulary, as in z-lab's configs)
         out["draft_vocab_size"] = config.draft_vocab_size
     if extra:
         out.update(extra)

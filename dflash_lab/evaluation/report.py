@@ -13,23 +13,15 @@ plots/); `latest_eval(run)` finds the newest (a legacy `<run>/eval.json` counts 
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_lab.runs.evals import EVAL_FILE, eval_dirs, latest_eval, new_eval_dir, pooled_tau  # noqa: F401 (re-exported)
+
 BASELINE = "target only"
-EVAL_FILE = "eval.json"
-EVALS_DIR = "evals"
 NEAR_TIE_MARGIN = {"float32": 1e-3, "bfloat16": 1.0, "float16": 1.0}
-
-
-def pooled_tau(rows: list[dict]) -> float:
-    """tau over all iterations of result rows or per-prompt results (each with iterations + accepted)."""
-    its = sum(r["iterations"] for r in rows)
-    acc = sum(r["accepted"] if isinstance(r["accepted"], int) else sum(r["accepted"]) for r in rows)
-    return acc / its + 1 if its else 1.0
 
 
 def lossless_verdict(spec: dict, base: dict, near_tie_margin: float) -> dict:
@@ -201,51 +193,3 @@ class EvalReport:
         paths = {"dir": d, "json": d / EVAL_FILE}
         paths.update(plot_eval(self, d / "plots"))
         return paths
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Where evaluations live
-# ------------------------------------------------------------------------------------------------------------------
-
-def eval_dir_name(block_size: int, temperature: float, dtype: str, *, now: _dt.datetime | None = None) -> str:
-    """`<UTC stamp>-b<B>-t<T>-<dtype>`, e.g. 20261130T193000Z-b16-t0-bf16."""
-    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    short = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(dtype, dtype)
-    return f"{stamp}-b{block_size}-t{temperature:g}-{short}"
-
-
-def new_eval_dir(run_dir: str | Path, block_size: int, temperature: float, dtype: str) -> Path:
-    """A folder that does not exist yet: <run_dir>/evals/<name>[-2, -3, ...] (not created)."""
-    base = Path(run_dir) / EVALS_DIR / eval_dir_name(block_size, temperature, dtype)
-    path, k = base, 2
-    while path.exists():
-        path, k = base.with_name(f"{base.name}-{k}"), k + 1
-    return path
-
-
-def eval_dirs(run_dir: str | Path) -> list[Path]:
-    """Evaluation folders of a run holding an eval.json, oldest first (the stamp leads the name)."""
-    root = Path(run_dir) / EVALS_DIR
-    found = [p for p in root.iterdir() if (p / EVAL_FILE).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: p.name)
-
-
-def latest_eval(run_dir: str | Path) -> Path | None:
-    """The eval.json of the newest evaluation of a run (a legacy <run>/eval.json when there is no evals/ folder)."""
-    dirs = eval_dirs(run_dir)
-    if dirs:
-        return dirs[-1] / EVAL_FILE
-    legacy = Path(run_dir) / EVAL_FILE
-    return legacy if legacy.is_file() else None
-
-
-def eval_summary(path: str | Path) -> dict:
-    """Headline figures of a saved eval.json: trained tau, block size, temperature, dtype, step, speedup. Figures of
-    the "heldout" prompt set when the evaluation has one (a row of its table), else pooled over its prompt sets."""
-    d = json.loads(Path(path).read_text())
-    trained = [r for r in d.get("summary", []) if r["decoder"] == "trained"]
-    trained = [r for r in trained if r["prompt_set"] == "heldout"] or trained
-    speed = [r["speedup"] for r in trained if r.get("speedup")]
-    return {"eval_tau": pooled_tau(trained) if trained else None, "eval_block_size": d.get("block_size"),
-            "eval_temperature": d.get("temperature"), "eval_dtype": d.get("dtype"), "eval_step": d.get("step"),
-            "eval_speedup": sum(speed) / len(speed) if speed else None, "eval_dir": str(Path(path).parent)}

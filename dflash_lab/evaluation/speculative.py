@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_lab.config.train_config import DrafterConfig
+from dflash_lab.config import DrafterConfig
 from dflash_lab.config.windows import window_masks
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
@@ -168,7 +168,7 @@ class SpeculativeDecoder:
         self.eos_ids = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         self.embed = embedding_of(target)
         self.head = lm_head_weight(target)
-        # issue 17: a pruned drafter drafts over its (d, H) rows of the head; d2t maps the argmax back to target ids
+        # a pruned drafter drafts over its (d, H) rows of the head; d2t maps the argmax back to target ids
         self.draft_head = draft_head(drafter, self.head)[0] if drafter is not None else self.head
         self.target_device = self.embed.weight.device
         self.drafter_device = next(drafter.parameters()).device if drafter is not None else self.target_device

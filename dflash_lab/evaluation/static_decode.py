@@ -170,7 +170,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             hidden = layer(hidden, None, rope, None, masks[layer.attention_type][None, None],
                            context_kv=(self.ctx_keys[i], self.ctx_values[i]))
         hidden = d.norm(hidden)[0, 1:]  # (B-1, H): slot k predicts position p + k
-        return to_target_ids(d, F.linear(hidden.to(self.head.dtype), self.draft_head).argmax(-1))  # d2t (issue 17)
+        return to_target_ids(d, F.linear(hidden.to(self.head.dtype), self.draft_head).argmax(-1))  # d2t
 
     def _step(self) -> None:
         """One iteration, fixed shapes, no host sync: reads `state` (and `feats`), writes the out_* buffers."""

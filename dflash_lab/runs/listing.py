@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import rundir
-from dflash_lab.evaluation.report import eval_summary, latest_eval
+from .evals import eval_summary, latest_eval
 
 _STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parents[2]

@@ -189,7 +189,7 @@ def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: in
     n = d.num_target_features
     drafter_fwd = (2 * d_layer * D * P + 2 * kv_params * D * S + 2 * n * H * H * S
                    + 2 * 2 * P * (S / 2 + B) * (d.num_attention_heads * d.head_dim) * D)
-    head_fwd = 2 * H * (d.draft_vocab_size or d.vocab_size) * N * (B - 1)  # issue 17: a pruned head is d rows
+    head_fwd = 2 * H * (d.draft_vocab_size or d.vocab_size) * N * (B - 1)  # a pruned head is d rows
     return {"target": target, "drafter": 3 * drafter_fwd, "head": 2 * head_fwd,
             "total": target + 3 * drafter_fwd + 2 * head_fwd}
 

@@ -18,7 +18,7 @@ def save_drafter(drafter, path: Path, step: int) -> Path:
              if not k.startswith("rotary_emb.")}
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata={"step": str(step)})
-    respect_umask(tmp)  # safetensors writes 0600: a server running as another user must read it (issue 14)
+    respect_umask(tmp)  # safetensors writes 0600: a server running as another user must read it
     tmp.replace(path)
     return path
 

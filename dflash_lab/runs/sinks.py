@@ -14,24 +14,12 @@ once and is switched off: a full disk or a W&B problem never stops a run (metric
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
-# name -> (module that must import, pip command that installs it)
-SINK_PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard==2.21.0"),
-                 "wandb": ("wandb", "pip install wandb")}
+from dflash_lab.config.feature_checks import sink_problem
+
 SKIP_KEYS = ("step", "time")
-
-
-def sink_problem(name: str) -> str | None:
-    """Why sink `name` cannot be used here (unknown name, package missing), or None."""
-    if name not in SINK_PACKAGES:
-        return f"unknown metric sink {name!r}; use a subset of {tuple(SINK_PACKAGES)}"
-    module, pip = SINK_PACKAGES[name]
-    if importlib.util.find_spec(module) is None:
-        return f"the {name} sink needs the {module!r} package, which is not installed; run `{pip}`"
-    return None
 
 
 def scalars(record: dict) -> dict[str, float]:

@@ -78,12 +78,12 @@ class FeatureExtractor:
         self._cache: dict = {}
         if fused_norms and self.device.type == "cuda":
             fuse_rms_norms(self.decoder.layers[:self.num_layers_run])
-        self.fp8 = fp8  # perf (issue 16): FP8 linears for extraction only (fp8.py); the bf16 weights stay
+        self.fp8 = fp8  # perf: FP8 linears for extraction only (fp8.py); the bf16 weights stay
         if fp8:
             from .fp8 import fp8_frozen_linears
 
             fp8_frozen_linears(self.decoder.layers[:self.num_layers_run])
-        # perf (issue 16): compile the layer loop (RoPE, norms, residual glue, FP8 casts) once; captured like eager
+        # perf: compile the layer loop (RoPE, norms, residual glue, FP8 casts) once; captured like eager
         self._layers = torch.compile(self._run_layers, dynamic=False) if compile else self._run_layers
 
     @property

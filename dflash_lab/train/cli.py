@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from dflash_lab.runs import rundir
-from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config import ConfigError, TrainConfig
 from .distributed import DistConfig, DistContext
 from .rank_trainer import STATUS_FILE, RankTrainer
 

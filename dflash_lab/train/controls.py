@@ -33,7 +33,7 @@ class Controls:
         self.stop = threading.Event()
         self.checkpoint = threading.Event()
         self.new_lr: float | None = None
-        # -- dashboard semantics (issue 15) --
+        # -- dashboard semantics --
         # Stop ends the run: later step()/train() calls from cells (Run All) return at once until a Run / Step N
         # button (or `controls.stopped.clear()`) says to go on.
         self.stopped = threading.Event()

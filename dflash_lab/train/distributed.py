@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dflash_lab.config.train_config import ConfigError
+from dflash_lab.config import ConfigError
 
 DIST_CONFIG_FILE = "distributed.json"
 BACKENDS = ("auto", "nccl", "gloo")

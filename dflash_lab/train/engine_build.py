@@ -50,7 +50,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     if compile_mode is not None and cfg.compile_drafter:  # validated like the field: CUDAGraph Trees are refused
         cfg = cfg.replace(compile_mode=compile_mode)
     base = initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
-    set_draft_vocab(base, draft_vocab)  # issue 17: the d2t buffer travels with the weights (checkpoint, export)
+    set_draft_vocab(base, draft_vocab)  # the d2t buffer travels with the weights (checkpoint, export)
     state = base.state_dict()
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
     replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
@@ -63,7 +63,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
         drafter.load_state_dict(state)  # identical replicas (GPU -> GPU copies)
         drafter.to(device=dev, dtype=plan.dtype)
         forward = drafter
-        if cfg.drafter_fp8:  # issue 16: FP8 GEMMs in the drafter's linear layers, same parameters
+        if cfg.drafter_fp8:  # FP8 GEMMs in the drafter's linear layers, same parameters
             fp8_train_linears(drafter, weight_grad=cfg.drafter_fp8_weight_grad)
         if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
             forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=cfg.compile_mode)
@@ -77,7 +77,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
             tied = head is embed.weight
             embed = torch.nn.Embedding.from_pretrained(embed.weight.detach().to(dev), freeze=True)
             head = embed.weight if tied else head.detach().to(dev)
-        head, label_map = draft_head(drafter, head)  # issue 17: a (d, H) slice of the target head when pruned
+        head, label_map = draft_head(drafter, head)  # a (d, H) slice of the target head when pruned
         workers.append(Worker(index=i, device=dev, drafter=drafter, forward_module=forward,
                               optimizer=make_optimizer(cfg, drafter),
                               embed=embed, head_weight=head, label_map=label_map, attention=plan.attention,

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from dflash_lab.runs import rundir
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from .distributed import DIST_CONFIG_FILE, DistConfig
 
 LOG_FILE = "launch.log"

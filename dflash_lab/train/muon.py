@@ -1,4 +1,4 @@
-"""Muon for the drafter's weight matrices, AdamW for the rest, on fp32 masters (issue 17: the `optimizer` knob).
+"""Muon for the drafter's weight matrices, AdamW for the rest, on fp32 masters (the `optimizer` knob).
 
 Which tensor goes where is decided by ROLE, not by name: the weight of every nn.Linear (q/k/v/o, MLP gate/up/down,
 the `fc` that fuses the target features; Fp8TrainLinear is an nn.Linear too) is a hidden 2-D matrix and goes to
@@ -19,7 +19,7 @@ peak on that same scale and follows the same warm-up + cosine (scaled by muon_lr
 
 Checkpoints keep checkpoint.py's format: masters as `master/<p>`, AdamW state as `exp_avg/<p>`, `exp_avg_sq/<p>`,
 `step/<p>`, Muon's as `momentum_buffer/<p>`. The config checks and the refusal to resume under another optimizer are
-optimizer_checks.py.
+config/feature_checks.py.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class MasterAdamW(FP32Masters):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# perf (issue 16): fused clip + AdamW over flat buffers, reading bf16 gradients
+# perf: fused clip + AdamW over flat buffers, reading bf16 gradients
 # ---------------------------------------------------------------------------------------------------------------
 
 def flat_view(tensors: list) -> torch.Tensor | None:

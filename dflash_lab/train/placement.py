@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_lab.config.train_config import ConfigError
+from dflash_lab.config import ConfigError
 from .memory_model import device_memory
 from dflash_lab.config.model_size import drafter_parameters, target_parameters
 

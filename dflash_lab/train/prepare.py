@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from dflash_lab.runs import checkpoint, resume_checks
-from dflash_lab.config.train_config import DrafterConfig, TrainConfig
-from dflash_lab.data.tokenize import BatchSampler, TokenizedData, load_dataset
+from dflash_lab.config import DrafterConfig, TrainConfig
+from dflash_lab.drafter.batches import BatchSampler
+from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
@@ -63,7 +64,7 @@ class PreparedRun:
     schedule: LRSchedule
     resume: checkpoint.Checkpoint | None = None
     overrides: tuple[Override, ...] = field(default=())
-    draft_vocab: DraftVocab | None = None  # issue 17: None = the full target vocabulary
+    draft_vocab: DraftVocab | None = None  # None = the full target vocabulary
 
     def plan(self, device: str | torch.device) -> DevicePlan:
         key = str(torch.device(device))
@@ -134,13 +135,13 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
         log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
     data.report["fill"] = fill = fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)  # real tokens / window
-    if cfg.pack_sequences:  # issue 17: several whole conversations per window (packing.py)
+    if cfg.pack_sequences:  # several whole conversations per window (packing.py)
         data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed)
         if log is not None:
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
     draft_vocab = None
-    if cfg.draft_vocab_size is not None:  # issue 17: top-d supervised ids of the TRAINING data; coverage reported
+    if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
                                         vocab_size=drafter_config.vocab_size, log=log)
         data.report["draft_vocab"] = draft_vocab.report()

@@ -23,7 +23,7 @@ import torch
 
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir, train_state
 from . import dist_checkpoint
-from dflash_lab.config.train_config import ConfigError, TrainConfig
+from dflash_lab.config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import initial_drafter
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
@@ -108,7 +108,7 @@ class RankTrainer:
         # The threaded engine's seeded init, on this rank's device (a CUDA generator on GPUs: identical on every
         # rank and to a Trainer's replicas on the same kind of device).
         drafter = initial_drafter(self.drafter_config, cfg.seed, ctx.device)
-        set_draft_vocab(drafter, self.prepared.draft_vocab)  # issue 17: d2t; the head becomes its (d, H) rows
+        set_draft_vocab(drafter, self.prepared.draft_vocab)  # d2t; the head becomes its (d, H) rows
         self.head, self.label_map = draft_head(drafter, self.head)
         if ctx.config.parallel == "fsdp2":
             drafter.to(device=ctx.device)  # fp32 shards ARE the masters; compute dtype comes from the FSDP policy
@@ -127,7 +127,7 @@ class RankTrainer:
 
     def _init_run_dir(self) -> None:
         rd, cfg = self.run_dir, self.cfg
-        run_lock.acquire(rd, log=self.log)  # robust (issue 14): rank 0 owns the run dir; a second job is refused
+        run_lock.acquire(rd, log=self.log)  # robust: rank 0 owns the run dir; a second job is refused
         (rd / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / "plots").mkdir(exist_ok=True)
         rundir.write_json(rd / rundir.CONFIG_FILE, cfg.to_dict())

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dflash_lab.runs import checkpoint, resume_checks, train_state
-from dflash_lab.config.train_config import ConfigError, TrainConfig
-from dflash_lab.config.optimizer_checks import check_resume_optimizer
+from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.config.feature_checks import check_resume_optimizer
 from .schedule import LRSchedule
 
 # Fields that change the drafter's shape, the data stream or the batches: a resume cannot change them. Everything
@@ -70,7 +70,7 @@ def resumed_config(resume: checkpoint.Checkpoint, requested: TrainConfig, *, exp
         raise ConfigError(f"explicit={sorted(names)} names {unknown}, which are not TrainConfig fields. Fix: use "
                           f"field names ({sorted(known)}).")
     names.discard("resume_from")
-    check_resume_optimizer(resume.path, saved, requested, names)  # issue 17: AdamW state cannot continue as Muon's
+    check_resume_optimizer(resume.path, saved, requested, names)  # AdamW state cannot continue as Muon's
     changes = [Override(n, getattr(base, n), getattr(requested, n)) for n in sorted(names)
                if _norm(getattr(base, n)) != _norm(getattr(requested, n))]
     refused = [c for c in changes if c.field in FIXED_ON_RESUME]

@@ -24,7 +24,7 @@ import torch
 
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir
 from . import resume as resume_state
-from dflash_lab.config.train_config import TrainConfig
+from dflash_lab.config import TrainConfig
 from .controls import STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
@@ -210,7 +210,7 @@ class Trainer:
             self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
             self.phase = "training"
         if finite:
-            self._validate(record)  # issue 12: held-out validation / real tau on their steps (validation.py)
+            self._validate(record)  # held-out validation / real tau on their steps (validation.py)
         self.last_metrics = record
         if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
                 or "eval_tau" in record or "val_acc" in record or "real_tau" in record):
@@ -432,5 +432,5 @@ class Trainer:
         self._driver.shutdown(wait=True)
         self.engine.shutdown()
         self.metrics.close()
-        if self.run_dir is not None:  # issue 14: the run dir is free for another process
+        if self.run_dir is not None:  # the run dir is free for another process
             run_lock.release(self.run_dir)

@@ -1,7 +1,7 @@
 """Honest training metrics: teacher-forced validation on held-out conversations and real tau while training.
 
 Why: on SmolLM2-135M a run showed training accuracy 0.93 and simulated tau 13.2 while real speculative decoding
-reached ~2.0 on held-out prompts (issue 12, docs/tau-gap.md). Two numbers make the dashboard honest:
+reached ~2.0 on held-out prompts (docs/tau-gap.md). Two numbers make the dashboard honest:
 
 - validation (`val_acc`, `val_slot_acc`, `val_sim_tau`): the drafter in eval mode, no gradient, on a FIXED set of
   held-out sequences with anchors at EVERY valid position (deterministic, no sampling noise), scored by the same
@@ -67,7 +67,7 @@ def teacher_forced(drafter, extractor, embed, head_weight, input_ids: torch.Tens
     The drafter sees the DATA tokens and the target's features of the DATA sequence, exactly as in training.
     """
     dev = head_weight.device
-    head_weight, label_map = draft_head(drafter, head_weight)  # issue 17: pruned head, out-of-vocab labels wrong
+    head_weight, label_map = draft_head(drafter, head_weight)  # pruned head, out-of-vocab labels wrong
     input_ids, loss_mask = input_ids.to(dev), loss_mask.to(dev)
     features = extractor(input_ids)  # (b, S, n*H)
     S = input_ids.shape[1]

@@ -60,7 +60,7 @@ class Worker:
         self.index, self.device = index, torch.device(device)
         self.loss_weighting = loss_weighting  # a constant of the captured step (its buffers hold only values)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
-        self.label_map = label_map  # issue 17: target -> draft ids with a pruned head (draft_vocab.draft_head)
+        self.label_map = label_map  # target -> draft ids with a pruned head (draft_vocab.draft_head)
         self.forward_module = forward_module if forward_module is not None else drafter  # compiled or not
         self.attention, self.seq_len, self.chunk_size = attention, seq_len, chunk_size
         self.layer_types, self.sliding_window = tuple(layer_types), sliding_window
