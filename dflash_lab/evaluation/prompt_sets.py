@@ -3,13 +3,14 @@
     python -m dflash_lab.evaluation.prompt_sets list [--target T]      names, files, sizes, checksums
     python -m dflash_lab.evaluation.prompt_sets build chitchat-heldout   build the chitchat set (installs its wheel)
 
-| name | prompts |
-|---|---|
-| `general` | 78 prompts written for dflash-lab (questions, instructions, arithmetic, code, advice, chit-chat, summaries, multi-step), shipped in `prompt_sets/general.jsonl` |
-| `chitchat-heldout` | the first user turn of the 200 chitchat conversations that `data/real_data.py`'s fixed split holds out (smallest sha256 of the id); built once into `$DFLASH_LAB_CACHE/prompt_sets/` |
-| `self-heldout` | prompts the target wrote itself, held out by `data/self_prompts.py` (`<its --out folder>/self-heldout.jsonl`): looked for next to the run's data, then in `runs/data/` |
-| `tiny-heldout`, `tiny-train` | the tiny target's 100 held-out and 3,200 training conversations |
-| anything else | a JSONL file, `{"messages": [...]}` or `{"prompt": "..."}` per line |
+- `general`: 78 prompts written for dflash-lab (questions, instructions, arithmetic, code, advice, chit-chat,
+  summaries, multi-step), shipped as package data in `prompt_sets/general.jsonl`;
+- `chitchat-heldout`: the first user turn of the 200 chitchat conversations that data/real_data.py's fixed split
+  holds out (smallest sha256 of the id), built once into `$DFLASH_LAB_CACHE/prompt_sets/` from its wheel;
+- `self-heldout`: prompts the target wrote itself, held out by data/self_prompts.py (`<its --out folder>/
+  self-heldout.jsonl`), looked for next to the run's training data, then in `runs/data/`;
+- `tiny-heldout`, `tiny-train`: the tiny target's 100 held-out and 3,200 training conversations;
+- anything else: a JSONL file, `{"messages": [...]}` or `{"prompt": "..."}` per line.
 
 Two tau figures are comparable only on the same prompts, so a report names each set with its size (prompts
 evaluated, and in the file) and the sha256 of exactly the evaluated prompts (their chat messages as canonical JSON,
@@ -102,7 +103,7 @@ def build_chitchat_heldout(*, install: bool = True, log=print) -> Path:
         (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         shutil.move(str(Path(tmp) / "meta.json"), str(out.with_suffix(".meta.json")))
         shutil.move(str(Path(tmp) / "heldout-first.jsonl"), str(out))  # same folder: an atomic rename
-    log(f"prompt set chitchat-heldout: {set_info('chitchat-heldout', out).text()}")
+    log(f"built prompt set {set_info('chitchat-heldout', out).text()}")
     return out
 
 
@@ -146,7 +147,8 @@ def named_set_path(name: str, *, target: str = "", data: str = "", build: bool =
         raise EvalError(f"prompt set 'self-heldout' (prompts written by the target) is missing: looked for "
                         f"{', '.join(str(c) for c in cands)}. Fix: run `"
                         f"{SELF_PROMPTS_COMMAND.format(target=target or '<target>')}` (it writes "
-                        f"runs/data/{SELF_HELDOUT_FILE}), or pass its held-out file: --prompts <dir>/{SELF_HELDOUT_FILE}.")
+                        f"runs/data/{SELF_HELDOUT_FILE}), or pass its held-out file: --prompts "
+                        f"<dir>/{SELF_HELDOUT_FILE}.")
     raise EvalError(f"unknown prompt set {name!r}. Fix: use one of {', '.join(NAMES)}, or a JSONL file path.")
 
 

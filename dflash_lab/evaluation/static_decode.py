@@ -149,7 +149,10 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         kv, q = self.kv_pos[None, :live], (p + self.offsets)[:, None]  # (1, live), (B, 1)
         masks = {}
         for key, window in self.windows.items():
-            seen = (kv < p + B).expand(B, -1) if window is None else ((kv < p) & (q - kv < window)) | ((kv >= p) & (kv <= q))
+            if window is None:
+                seen = (kv < p + B).expand(B, -1)  # (B, live)
+            else:
+                seen = ((kv < p) & (q - kv < window)) | ((kv >= p) & (kv <= q))
             masks[key] = additive(seen, self.drafter_dtype).repeat(groups, 1)[None, None]
         return masks
 
