@@ -88,6 +88,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
     def _allocate(self, length: int) -> None:
         """(Re)allocate every static buffer for caches of `length` positions; drops captured graphs."""
         dev, B, K = self.target_device, self.block_size, min(TOPK, self.head.shape[0])
+        length = -(-length // 64) * 64  # a multiple of 64: attention kernels take masks of aligned length unpadded
         self.length, self.k = length, K
         self.buckets = buckets_for(length, self.min_bucket)
         self._graphs = {}
