@@ -333,6 +333,23 @@ def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
     assert a.output_ids == b.output_ids
 
 
+def test_batched_decoding_gives_every_prompt_its_batch_1_tokens_and_tau():
+    """7 prompts of different lengths through 3 rows (rows refilled as prompts finish, some at eos): each prompt's
+    tokens and accepted counts are those of batch-1 decoding, so tau is too."""
+    from dflash_lab.evaluation.static_decode import speculative_generate
+
+    target, tok, drafter = tiny_models()
+    prompts = heldout_prompt_ids(tok, 7)
+    free = speculative_generate(target, drafter, prompts[:1], block_size=8, max_new_tokens=12)
+    eos = [tok.eos_token_id, free.results[0].output_ids[10]]  # a token some outputs reach early: rows end early
+    one = speculative_generate(target, drafter, prompts, block_size=8, max_new_tokens=40, eos_token_id=eos)
+    many = speculative_generate(target, drafter, prompts, block_size=8, max_new_tokens=40, eos_token_id=eos, batch=3)
+    assert [r.output_ids for r in many.results] == [r.output_ids for r in one.results]
+    assert [r.accepted for r in many.results] == [r.accepted for r in one.results]
+    assert many.tau == one.tau > 1.1  # drafts were accepted (a drafter trained 20 steps)
+    assert {r.stopped for r in one.results} == {"eos", "max_new_tokens"}  # both ends of a row were exercised
+
+
 def test_static_decoder_runs_a_llama_target_losslessly_on_cpu():
     """Architecture-agnostic: a Llama target (no q_norm/k_norm, tied head) with a random drafter."""
     from dflash_lab.evaluation.static_decode import speculative_generate

@@ -81,12 +81,13 @@ def _divergence(baseline: SpeculativeDecoder, ids: list[int], spec: GenerationRe
 
 
 def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 64,
-                n_prompts: int = 8, temperature: float = 0.0) -> SpeculativeRun:
+                n_prompts: int = 8, temperature: float = 0.0, batch: int = 1) -> SpeculativeRun:
     """Real speculative decoding of a drafter on a few held-out prompts, cheap enough to run while training:
     `.tau` is the pooled tau, `.interval()` its bootstrap interval over the prompts.
 
     `source` is a Trainer or a (target, drafter, tokenizer) tuple. prompts: a JSONL file or set name, a list of
-    token-id lists, or None = the tiny held-out set (tiny target) / the run's held-out prompts.
+    token-id lists, or None = the tiny held-out set (tiny target) / the run's held-out prompts. batch > 1 decodes
+    that many prompts at once (greedy; the same tau as one at a time).
     """
     if isinstance(source, tuple):
         target, drafter, tok = source
@@ -103,7 +104,7 @@ def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tok
         if not ids:
             raise EvalError("heldout_tau got no prompts. Fix: pass a JSONL file or a non-empty list of token ids.")
     return speculative_generate(target, drafter, ids, block_size=block_size, max_new_tokens=max_new_tokens,
-                                temperature=temperature, eos_token_id=tok.eos_token_id)
+                                temperature=temperature, eos_token_id=tok.eos_token_id, batch=batch)
 
 
 def heldout_tau(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 64,

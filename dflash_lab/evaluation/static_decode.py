@@ -41,6 +41,7 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
+from .batched_decode import BatchedSpeculativeDecoder
 from .intervals import TauInterval, tau_interval
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, speculative_accept, \
     target_text_config
@@ -362,19 +363,30 @@ class SpeculativeRun:
 @torch.no_grad()
 def speculative_generate(target, drafter: DFlashDrafter | None, prompts, *, block_size: int | None = None,
                          max_new_tokens: int = 128, temperature: float = 0.0, eos_token_id=None, seed: int = 0,
-                         fast: str | bool = "auto") -> SpeculativeRun:
-    """Speculative decoding of every prompt (lists of token ids) at batch size 1; `.tau` is the pooled tau.
+                         fast: str | bool = "auto", batch: int = 1) -> SpeculativeRun:
+    """Speculative decoding of every prompt (lists of token ids); `.tau` is the pooled tau.
 
     drafter None (or block_size 1) = the target alone. The drafter is put in eval mode for the call and restored.
-    Sampling (temperature > 0) uses a CPU generator seeded with seed + prompt index."""
-    decoder = make_decoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id, fast=fast)
+    Sampling (temperature > 0) uses a CPU generator seeded with seed + prompt index. batch > 1: greedy decoding of
+    up to `batch` prompts at once (batched_decode.py: the same tokens and tau, no per-prompt timing)."""
+    prompts = [list(p) for p in prompts]
+    B = block_size or (drafter.config.block_size if drafter is not None else 1)
+    batched = (batch > 1 and len(prompts) > 1 and temperature == 0 and drafter is not None and B > 1
+               and static_path_problem(target, drafter) is None)
+    decoder = (BatchedSpeculativeDecoder(target, drafter, rows=min(batch, len(prompts)), block_size=B,
+                                         length=max(map(len, prompts)) + max_new_tokens + 2 * B,
+                                         eos_token_id=eos_token_id) if batched else
+               make_decoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id, fast=fast))
     was_training = drafter.training if drafter is not None else False
     if drafter is not None:
         drafter.eval()
     try:
-        results = [decoder.generate(list(p), max_new_tokens=max_new_tokens, temperature=temperature,
-                                    generator=torch.Generator().manual_seed(seed + i))
-                   for i, p in enumerate(prompts)]
+        if batched:
+            results = decoder.generate_many(prompts, max_new_tokens=max_new_tokens)
+        else:
+            results = [decoder.generate(p, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        generator=torch.Generator().manual_seed(seed + i))
+                       for i, p in enumerate(prompts)]
     finally:
         if drafter is not None:
             drafter.train(was_training)
