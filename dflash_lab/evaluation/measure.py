@@ -80,14 +80,14 @@ def _divergence(baseline: SpeculativeDecoder, ids: list[int], spec: GenerationRe
     return divergence_record(spec, base, again)
 
 
-def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 64,
-                n_prompts: int = 8, temperature: float = 0.0, batch: int = 1) -> SpeculativeRun:
+def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 128,
+                n_prompts: int = 32, temperature: float = 0.0, batch: int = 16) -> SpeculativeRun:
     """Real speculative decoding of a drafter on a few held-out prompts, cheap enough to run while training:
     `.tau` is the pooled tau, `.interval()` its bootstrap interval over the prompts.
 
     `source` is a Trainer or a (target, drafter, tokenizer) tuple. prompts: a JSONL file or set name, a list of
     token-id lists, or None = the tiny held-out set (tiny target) / the run's held-out prompts. batch > 1 decodes
-    that many prompts at once (greedy; the same tau as one at a time).
+    that many prompts at once (greedy; the same tau as one at a time; batched_decode.py).
     """
     if isinstance(source, tuple):
         target, drafter, tok = source
@@ -107,7 +107,7 @@ def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tok
                                 temperature=temperature, eos_token_id=tok.eos_token_id, batch=batch)
 
 
-def heldout_tau(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 64,
-                n_prompts: int = 8, temperature: float = 0.0) -> float:
+def heldout_tau(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 128,
+                n_prompts: int = 32, temperature: float = 0.0, batch: int = 16) -> float:
     """The pooled real tau of heldout_run (the same arguments)."""
-    return heldout_run(source, prompts, block_size, max_new_tokens, n_prompts, temperature).tau
+    return heldout_run(source, prompts, block_size, max_new_tokens, n_prompts, temperature, batch).tau
