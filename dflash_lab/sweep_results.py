@@ -6,7 +6,7 @@ finished, interrupted or resumed sweep is the same, and the notebook's figure re
 A rank alone overstates what a sweep decided: each final real tau carries its 95% bootstrap interval over the
 held-out prompts (logged with it while training), and variants whose intervals overlap are marked as not
 separated from each other ("separated: no (b, c)"), so a reader does not pick a winner that the prompts cannot
-tell apart.
+tell apart. Each row also carries the sha256 of the prompts its real tau was measured on (`real_tau_sha256`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dflash_lab.runs.rundir import METRICS_FILE, read_jsonl, write_json
 
 SWEEP_FILE = "sweep.json"
 RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "final_real_tau_low", "final_real_tau_high",
-                  "real_tau_prompts", "not_separated_from", "best_real_tau", "best_tau_step", "val_sim_tau",
-                  "final_loss", "tokens_per_s", "supervised_tokens_per_s", "wall_s", "steps", "overrides", "run_dir",
-                  "error")
+                  "real_tau_prompts", "real_tau_sha256", "not_separated_from", "best_real_tau", "best_tau_step",
+                  "val_sim_tau", "final_loss", "tokens_per_s", "supervised_tokens_per_s", "wall_s", "steps",
+                  "overrides", "run_dir", "error")
 
 
 def read_sweep(sweep_dir: str | Path) -> dict:
@@ -55,6 +55,7 @@ def variant_row(variant: dict, overrides: dict) -> dict:
         summary = {}
     row.update(final_real_tau=taus[-1][1] if taus else None, final_real_tau_low=final.get("real_tau_low"),
                final_real_tau_high=final.get("real_tau_high"), real_tau_prompts=final.get("real_tau_prompts"),
+               real_tau_sha256=final.get("real_tau_sha256"),
                best_real_tau=best[1], best_tau_step=best[0],
                val_sim_tau=_last(rows, "val_sim_tau"), final_loss=_last(rows, "loss"),
                tokens_per_s=summary.get("steady_tokens_per_s") or _last(rows, "tokens_per_s"),
@@ -189,13 +190,17 @@ def plot_sweep(sweep_dir: str | Path, out: str | Path | None = None) -> PngImage
             (Path(v["run_dir"]) / METRICS_FILE).is_file() else []
         loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
         tau = [(r["step"], r["real_tau"]) for r in rows if r.get("real_tau") is not None]
+        band = [(r["step"], r["real_tau_low"], r["real_tau_high"]) for r in rows
+                if r.get("real_tau") is not None and r.get("real_tau_low") is not None]
         label = v["name"] + ("" if v["status"] == "finished" else f" ({v['status']})")
         if loss:
             ax_loss.plot(*zip(*loss), lw=1.4, color=f"C{i}", label=label)
         if tau:
             ax_tau.plot(*zip(*tau), "o-", ms=4, lw=1.2, color=f"C{i}", label=label)
+        if band:  # the 95% interval over the held-out prompts
+            ax_tau.fill_between(*zip(*band), color=f"C{i}", alpha=0.15, lw=0)
     for ax, title, unit in ((ax_loss, "training loss (decayed CE)", "loss"),
-                            (ax_tau, "real tau on the held-out prompts", "accepted tokens per block")):
+                            (ax_tau, "real tau on the held-out prompts (95% intervals)", "accepted tokens per block")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(unit, fontsize=9)

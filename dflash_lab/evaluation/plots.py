@@ -1,6 +1,7 @@
 """Static evaluation plots (matplotlib Figure objects, no pyplot state) as PNG files that render on GitHub.
 
-`plot_eval(report, out_dir)` writes eval_tau.png (tau per prompt set and drafter), eval_acceptance.png (histogram of
+`plot_eval(report, out_dir)` writes eval_tau.png (tau per prompt set and drafter, with its 95% interval over
+prompts as an error bar), eval_acceptance.png (histogram of
 accepted drafts per iteration + acceptance rate per block slot) and eval_speedup.png (vs the target alone).
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 COLORS = {"trained": "tab:blue", "untrained": "tab:gray"}
 
 
-def _bars(rows: list[dict], key: str, *, ylabel: str, title: str, fmt: str, ylim=None):
+def _bars(rows: list[dict], key: str, *, ylabel: str, title: str, fmt: str, ylim=None, interval: bool = False):
     """Grouped bars: one group per prompt set, one bar per drafter; a dotted line at 1 (no gain)."""
     from matplotlib.figure import Figure
 
@@ -22,8 +23,13 @@ def _bars(rows: list[dict], key: str, *, ylabel: str, title: str, fmt: str, ylim
     fig = Figure(figsize=(6, 3.6), dpi=110)
     ax = fig.add_subplot()
     for j, d in enumerate(decoders):
-        vals = [next((r[key] or 0 for r in rows if r["decoder"] == d and r["prompt_set"] == s), 0) for s in sets]
-        bars = ax.bar([i + j * width for i in range(len(sets))], vals, width, label=d, color=COLORS.get(d))
+        mine = [next((r for r in rows if r["decoder"] == d and r["prompt_set"] == s), {}) for s in sets]
+        vals = [r.get(key) or 0 for r in mine]
+        err = None
+        if interval and all(r.get("tau_low") is not None for r in mine):
+            err = [[v - r["tau_low"] for v, r in zip(vals, mine)], [r["tau_high"] - v for v, r in zip(vals, mine)]]
+        bars = ax.bar([i + j * width for i in range(len(sets))], vals, width, label=d, color=COLORS.get(d),
+                      yerr=err, capsize=3 if err else 0)
         ax.bar_label(bars, fmt=fmt, fontsize=8)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xticks([i + width * (len(decoders) - 1) / 2 for i in range(len(sets))], sets)
@@ -47,8 +53,9 @@ def plot_eval(report, out_dir: str | Path) -> dict[str, Path]:
     paths = {"tau": out / "eval_tau.png", "acceptance": out / "eval_acceptance.png",
              "speedup": out / "eval_speedup.png"}
 
-    _bars(rows, "tau", ylabel="tau (accepted + 1 per iteration)", fmt="%.2f", ylim=(0, B + 0.5),
-          title=f"Acceptance length, B={B}, T={report.temperature}").savefig(paths["tau"])
+    _bars(rows, "tau", ylabel="tau (accepted + 1 per iteration)", fmt="%.2f", ylim=(0, B + 0.5), interval=True,
+          title=f"Acceptance length, B={B}, T={report.temperature} (95% intervals over prompts)"
+          ).savefig(paths["tau"])
     _bars(rows, "speedup", ylabel="speedup vs target alone (B=1)", fmt="%.2fx",
           title="Wall-clock speedup (same loop, block size 1 = baseline)").savefig(paths["speedup"])
 
