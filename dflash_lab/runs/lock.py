@@ -79,15 +79,28 @@ def _write_record(fd: int) -> dict:
 
 
 @contextlib.contextmanager
-def holding(lock_file: str | Path, *, what: str, fix: str, log=print):
+def holding(lock_file: str | Path, *, what: str, fix: str, wait_s: float = 0.0, log=print):
     """Hold an exclusive lock on `lock_file` for the `with` block (the kernel drops it if this process dies, so a
-    killed holder never blocks the next one). Another live holder raises Busy naming it, `what` it guards and `fix`.
-    Within one process a second `holding` of the same file is refused too (flock locks an open file, not a pid)."""
+    killed holder never blocks the next one). Another live holder raises Busy naming it, `what` it guards and `fix`,
+    at once or after waiting up to `wait_s` seconds for it (said once through `log`). Within one process a second
+    `holding` of the same file is refused too (flock locks an open file, not a pid)."""
     lock_file = Path(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, said = time.monotonic() + wait_s, False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise
+                if not said:
+                    log(f"{what} is in use by {describe(_read_file(lock_file))}; waiting for it (up to "
+                        f"{wait_s:.0f} s)")
+                    said = True
+                time.sleep(0.2)
     except BlockingIOError:
         os.close(fd)
         raise Busy(f"{what} is in use by {describe(_read_file(lock_file))} (lock {lock_file}). Fix: {fix}") from None
