@@ -113,7 +113,7 @@ def test_log_event_appends_json_lines(tmp_path):
 
 
 # --- issue 14: one process per run directory (run_lock.py) ---------------------------------------------------------
-_HOLDER = ("import sys, time; from dflash_lab import rundir; "
+_HOLDER = ("import sys, time; from dflash_lab.runs import rundir; "
            "rundir.open_run_dir(sys.argv[1], runs_dir='unused', name='x'); print('held', flush=True); time.sleep(60)")
 
 
@@ -157,3 +157,20 @@ def test_second_process_is_refused_naming_the_holder_then_a_killed_holder_is_tak
     assert said == [] and run_lock.read_holder(run_dir)["pid"] == proc.pid  # a clean release is not "stale"
     proc.kill()
     proc.wait()
+
+
+def test_resume_metrics_drops_garbage_and_stray_rows_and_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
+    # garbage a crash or a disk fault left, and a stray step-6 row of a process killed before an earlier resume to 3
+    text = "\n".join([good[0], "123", "null", '{"step": "abc", "loss": 1}', good[1], good[2],
+                      json.dumps({"step": 6, "loss": 0.1}), json.dumps({"step": 4, "loss": 0.25})]) + "\n"
+    (run / rundir.METRICS_FILE).write_text(text)
+    said = []
+    rows = rundir.resume_metrics(run, 4, source=run, log=said.append)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    written = [json.loads(x) for x in (run / rundir.METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in written] == [1, 2, 3, 4]
+    assert len(said) == 1 and "metrics.jsonl: kept 4 rows" in said[0] and "(line 2, 3)" in said[0]
+    assert "whose step is not an integer >= 1 (line 4)" in said[0]

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from . import lock as run_lock
+from .run_files import clean_metrics, parse_jsonl, read_jsonl  # noqa: F401 (read_jsonl re-exported)
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -153,21 +154,6 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (a live or killed writer) is skipped."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    rows = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
 def log_event(run_dir: str | Path, event: str, **fields) -> None:
     """Append one event (checkpoint, resumed, stop_requested, interrupted, diverged, ...) to events.jsonl."""
     now = time.time()
@@ -177,11 +163,12 @@ def log_event(run_dir: str | Path, event: str, **fields) -> None:
         f.write(json.dumps(record, default=str) + "\n")
 
 
-def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = None) -> list[dict]:
+def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = None, *, log=print) -> list[dict]:
     """Metric rows up to `step` of the run being resumed; in the same run dir, metrics.jsonl is cut back to them.
 
     Lines after the checkpoint were written by the killed process; the resumed run recomputes exactly those steps,
-    so they are dropped (atomically) rather than duplicated.
+    so they are dropped (atomically) rather than duplicated. Torn or garbage lines, and rows out of step order, are
+    dropped too and said through `log` (run_files.clean_metrics).
     """
     run_dir = Path(run_dir)
     if source is None:
@@ -189,20 +176,18 @@ def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = N
     src = Path(source) / METRICS_FILE
     if not src.is_file():
         return []
-    kept_lines, kept = [], []
-    for line in src.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("step", 0) <= step:
-            kept_lines.append(line)
-            kept.append(row)
-    if Path(source).resolve() == run_dir.resolve():
+    rows, lines = parse_jsonl(src)
+    text = {r["_line"]: line for r, line in zip(rows, lines)}
+    kept = clean_metrics(rows, max_step=step)
+    past = kept.skipped.pop("past_steps", [])  # recomputed by the resumed run: expected, not damage
+    if kept.note():
+        log(f"NOTE: {kept.note()}")
+    kept_lines = [text[r.pop("_line")] for r in kept]
+    if Path(source).resolve() == run_dir.resolve() and (past or kept.skipped):
         tmp = src.with_name(src.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept_lines))
         os.replace(tmp, src)
-    return kept
+    return list(kept)
 
 
 # ---------------------------------------------------------------------------------------------------------------
