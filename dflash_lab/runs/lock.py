@@ -97,13 +97,14 @@ def holding(lock_file: str | Path, *, what: str, fix: str, wait_s: float = 0.0, 
                 if time.monotonic() >= deadline:
                     raise
                 if not said:
-                    log(f"{what} is in use by {describe(_read_file(lock_file))}; waiting for it (up to "
+                    log(f"{what} is in use by {describe(read_holder_file(lock_file))}; waiting for it (up to "
                         f"{wait_s:.0f} s)")
                     said = True
                 time.sleep(0.2)
     except BlockingIOError:
         os.close(fd)
-        raise Busy(f"{what} is in use by {describe(_read_file(lock_file))} (lock {lock_file}). Fix: {fix}") from None
+        holder = describe(read_holder_file(lock_file))
+        raise Busy(f"{what} is in use by {holder} (lock {lock_file}). Fix: {fix}") from None
     except OSError as e:  # no advisory locks on this filesystem: say so, go on unlocked
         os.close(fd)
         log(f"WARNING: cannot lock {lock_file} ({e}); another process could write {what} too. Fix: keep it on a "
@@ -146,12 +147,13 @@ def release(run_dir: str | Path) -> None:
 
 def read_holder(run_dir: str | Path) -> dict | None:
     """The holder record in the lock file (last holder if nobody holds it now), or None."""
-    return _read_file(Path(run_dir) / LOCK_FILE)
+    return read_holder_file(Path(run_dir) / LOCK_FILE)
 
 
-def _read_file(lock_file: Path) -> dict | None:
+def read_holder_file(lock_file: str | Path) -> dict | None:
+    """The holder record in any lock file (`holding`), or None when it is empty or unreadable."""
     try:
-        d = json.loads(lock_file.read_text())
+        d = json.loads(Path(lock_file).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return d if isinstance(d, dict) else None
