@@ -11,6 +11,7 @@ import torch
 from dflash_lab.evaluation.serving_match import first_difference, serving_match
 from dflash_lab.evaluation.static_decode import speculative_generate
 from dflash_lab.target.gen_devices import generate_on_devices
+from dflash_lab.target.gen_kernels import GROUPED_DECODE, engine_kernels, grouped_decode_attention
 from dflash_lab.target.gen_queue import GenProgress, PromptItem, PromptQueue
 from dflash_lab.target.generate import Generated, GenerationSettings, Generator
 from dflash_lab.target.sampling import counter_uniform, filtered_probs, next_tokens
@@ -245,6 +246,38 @@ def test_two_engines_on_one_queue_give_the_answers_of_one():
     assert two == one
     assert seen and seen[-1].prompts_done == len(prompts)
     assert {"cpu#0", "cpu#1"} <= set(seen[-1].rows_live)  # both engines took prompts
+
+
+def test_grouped_decode_attention_is_the_repeated_kv_attention():
+    """A one-token query per row against 3 KV heads x 3 query heads each, masked per row: the same output as Hugging
+    Face's sdpa with repeated K/V; other shapes are handed to Hugging Face's function itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    attn = torch.nn.Module()
+    attn.num_key_value_groups, attn.is_causal = 3, True
+    q, k, v = torch.randn(5, 9, 1, 16), torch.randn(5, 3, 40, 16), torch.randn(5, 3, 40, 16)
+    mask = (torch.arange(40)[None] <= torch.tensor([3, 39, 0, 17, 25])[:, None])[:, None, None]  # (5, 1, 1, 40)
+    ours, _ = grouped_decode_attention(attn, q, k, v, mask, scaling=0.25)
+    ref, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=0.25)
+    assert ours.shape == ref.shape == (5, 1, 9, 16) and torch.allclose(ours, ref, atol=1e-6)
+    q4 = torch.randn(5, 9, 4, 16)
+    assert torch.equal(grouped_decode_attention(attn, q4, k, v, None, scaling=0.25)[0],
+                       sdpa_attention_forward(attn, q4, k, v, None, scaling=0.25)[0])
+
+
+def test_engine_kernels_leave_the_model_as_it_was_given():
+    """Grouped decode attention and fused norms hold only while the engine runs; answers are the same either way."""
+    model, prompts = tiny_llama(), random_prompts(3, seed=8)
+    dec = model.model
+    plain = Generator(model, stop_ids=[7], max_batch=4, max_len=96, grouped_decode=False).generate(prompts, GREEDY)
+    fast = Generator(model, stop_ids=[7], max_batch=4, max_len=96, fused_norms=True).generate(prompts, GREEDY)
+    assert fast == plain
+    assert model.config._attn_implementation == "sdpa" and "forward" not in dec.norm.__dict__
+    with engine_kernels(dec, grouped_decode=True, fused_norms=True):
+        assert dec.layers[0].self_attn.config._attn_implementation == GROUPED_DECODE
+        assert "forward" in dec.norm.__dict__ and "forward" in dec.layers[0].input_layernorm.__dict__
+    assert model.config._attn_implementation == "sdpa" and "forward" not in dec.norm.__dict__
 
 
 def test_buckets():

@@ -22,10 +22,12 @@ from __future__ import annotations
 import heapq
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .features import decoder_of, embedding_of, fuse_rms_norms, lm_head_weight
+from .features import decoder_of, embedding_of, lm_head_weight
+from .gen_kernels import engine_kernels, grouped_decode_applies
 from .gen_queue import Generated, PromptItem, PromptQueue
 from .sampling import GenerationSettings, counter_uniform, next_tokens
 from .static_cache import RowKVCache, batch_ladder, bucket, length_ladder
@@ -51,12 +53,14 @@ class Generator:
     per row (prompt + answer), capped by the target's context. cuda_graphs: None = on CUDA, off on the CPU.
     steps_per_sync: decode steps between device->host copies (None: 8 on CUDA, 1 on the CPU).
     refill_fraction: refill when this fraction of the rows is free. prefill_tokens: most (rows x padded length)
-    of one prefill forward. fused_norms: run the RMSNorms as one kernel (None: on CUDA; changes rounding only,
-    and in place, as the trainer's feature extractor does)."""
+    of one prefill forward. fused_norms: run the RMSNorms as one kernel (None: on CUDA; changes rounding only).
+    grouped_decode: decode attention without repeated K/V for grouped-query sdpa targets (gen_kernels.py). Both
+    hold only while the engine runs: the model is left as it was given."""
 
     def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int = 2048, cuda_graphs: bool | None = None,
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
-                 prefill_tokens: int = 32768, fused_norms: bool | None = None, name: str | None = None):
+                 prefill_tokens: int = 32768, fused_norms: bool | None = None, grouped_decode: bool = True,
+                 name: str | None = None):
         problem = engine_problem(model)
         if problem:
             raise ValueError(f"the generation engine cannot run this target: {problem}. Fix: regenerate with the "
@@ -81,8 +85,8 @@ class Generator:
         self.graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs and on_cuda)
         self.steps_per_sync = steps_per_sync or (8 if on_cuda else 1)
         self.refill_fraction, self.prefill_tokens = refill_fraction, prefill_tokens
-        if fused_norms if fused_norms is not None else on_cuda:
-            fuse_rms_norms(self.decoder)
+        self.fused_norms = on_cuda if fused_norms is None else bool(fused_norms)
+        self.grouped_decode = grouped_decode and grouped_decode_applies(self.decoder)
         self.n_layers = len(self.decoder.layers)
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -253,7 +257,8 @@ class Generator:
         if self.cache is None:
             raise RuntimeError("Generator.run needs allocate(rows, length) first (generate() does it for you).")
         try:
-            self._run(queue, settings)
+            with engine_kernels(self.decoder, grouped_decode=self.grouped_decode, fused_norms=self.fused_norms):
+                self._run(queue, settings)
         except BaseException as e:
             queue.abort(e)
             raise
@@ -261,6 +266,7 @@ class Generator:
     def _run(self, queue: PromptQueue, s: GenerationSettings) -> None:
         self._set_settings(s)
         mode, stops = s.mode, set(self.stop_ids)
+        stop_arr = np.array(self.stop_ids, dtype=np.int64)
         free = list(range(self.rows))  # a heap: new prompts take the lowest rows, so live rows stay in front
         live: dict[int, tuple[PromptItem, int, list[int]]] = {}  # row -> (item, token limit, tokens so far)
         refill_at = max(1, int(self.refill_fraction * self.rows))
@@ -311,11 +317,19 @@ class Generator:
             top = max(len(it.ids) + len(toks) - 1 for it, _, toks in live.values())  # highest input position
             span = bucket(self.len_ladder, min(top + steps, self.length))
             self._run_steps(steps, B, span, mode)
-            chunk = self.out_steps[:steps, :B].tolist()  # syncs: the one device->host copy of a chunk
+            chunk = self.out_steps[:steps, :B].cpu().numpy()  # syncs: the one device->host copy of a chunk
+            stopped = np.isin(chunk, stop_arr)  # (steps, B)
             for row in list(live):
-                for j in range(steps):
-                    if accept(row, chunk[j][row]):
-                        break
+                _, limit, toks = live[row]
+                n = min(steps, limit - len(toks))
+                hit = np.flatnonzero(stopped[:n, row])
+                if hit.size:
+                    toks.extend(chunk[:hit[0] + 1, row].tolist())
+                    done(row, "stop")
+                else:
+                    toks.extend(chunk[:n, row].tolist())
+                    if len(toks) >= limit:
+                        done(row, "length")
             queue.report(self.name, len(live), sum(len(t) for _, _, t in live.values()))
 
     def _pack(self, live: dict, free: list[int]) -> None:
