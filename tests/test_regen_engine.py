@@ -14,7 +14,7 @@ from dflash_lab.data.chat_formats import read_chat_data
 from dflash_lab.data.regen_engine import (EngineGenerator, RoundTrip, answers_to_write, conversation_key,
                                           regenerate_with_engine)
 from dflash_lab.data.regen_local import HFGenerator
-from dflash_lab.data.regenerate import SamplingConfig, _Job
+from dflash_lab.data.regenerate import SamplingConfig, regenerate
 
 GREEDY = SamplingConfig(max_new_tokens=64, enable_thinking=False)  # tiny answers are 45-105 tokens
 SAMPLED = SamplingConfig(max_new_tokens=64, enable_thinking=False, temperature=1.0, top_p=0.95, seed=3)
@@ -52,7 +52,7 @@ def hf(sampling=GREEDY):
 
 def run(convs, sampling=GREEDY, **kw):
     recs = []
-    stats = regenerate_with_engine([hf(sampling)], [_Job(c) for c in convs], recs.append, {"model": "tiny"},
+    stats = regenerate_with_engine([hf(sampling)], convs, recs.append, {"model": "tiny"},
                                    log=None, **{"max_batch": 4, "max_len": 512, **kw})
     return {r["id"]: r for r in recs}, stats
 
@@ -80,6 +80,22 @@ def test_every_turn_answers_each_turn_given_the_regenerated_history():
     assert EngineGenerator(hf(), max_batch=16, max_len=512)(asked, seed=0) == written  # one fresh call
     assert stats["new_tokens"] == sum(sum(r["generation"]["new_tokens"]) for r in recs.values())
     assert stats["round_trip"]["answers"] == 9 and stats["round_trip"]["mismatch_rate"] == 0.0
+
+
+def test_records_are_what_the_hf_back_end_of_regenerate_writes(tmp_path):
+    """The same conversations through regenerate() (HF `generate`, batched, round by round): the same messages,
+    finish reasons and token counts, record for record."""
+    src = tmp_path / "convs.jsonl"
+    src.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in conversations()))
+    out = tmp_path / "hf.jsonl"
+    regenerate(src, out, target="tiny", batch_size=6, sampling=GREEDY, models={"cpu": tiny()[0]}, log=lambda *a: None)
+    theirs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    ours, _ = greedy_run()
+    assert sorted(theirs) == sorted(ours)
+    for i, r in ours.items():
+        assert r["messages"] == theirs[i]["messages"]
+        for k in ("finish_reasons", "new_tokens"):
+            assert r["generation"][k] == theirs[i]["generation"][k]
 
 
 def test_sampled_records_do_not_depend_on_input_order_or_rows():
@@ -138,7 +154,7 @@ def test_a_stop_request_ends_the_run_without_writing_half_conversations():
     stop = threading.Event()
     stop.set()
     recs = []
-    stats = regenerate_with_engine([hf()], [_Job(c) for c in conversations()], recs.append, {}, stop=stop, log=None,
+    stats = regenerate_with_engine([hf()], conversations(), recs.append, {}, stop=stop, log=None,
                                    max_batch=4, max_len=512)
     assert recs == [] and stats["written"] == 0
     json.dumps(stats)  # the counts are JSON-able (they go to the run's meta file)

@@ -8,8 +8,8 @@ template's text, a template that strips whitespace). `RoundTrip` counts, per ans
 the whole conversation gives back the answer's generated ids where the answer sits ("same"), other ids
 ("differs"), or renders the prompt itself differently inside the conversation ("template").
 
-    regenerate_with_engine(hf_generators, jobs, write, generation, stop=stop_event)   # regenerate.py's jobs
-    EngineGenerator(hf_generator)(histories, seed)                                    # HFGenerator's call
+    regenerate_with_engine(hf_generators, conversations, write, generation, stop=stop_event)   # every turn
+    EngineGenerator(hf_generator)(histories, seed)                                    # HFGenerator's role
 
 A conversation whose next prompt no longer fits an engine row (max_len positions) is written with the turns
 answered so far (counted as "cut_at_max_len"); one whose first prompt does not fit is not written ("too_long").
@@ -121,17 +121,56 @@ def answers_to_write(messages: list[dict]) -> int:
     return n + (1 if messages and messages[-1]["role"] != "assistant" else 0)
 
 
+class ConversationTurns:
+    """One conversation regenerated turn by turn: user / system turns kept, each assistant turn replaced by the
+    target's answer to the history so far; a trailing user turn gets an answer too. Writes the same record as
+    regenerate.py's HF back end: {"id", "source", "messages", "generation": {..., finish_reasons, new_tokens}}."""
+
+    def __init__(self, conv):
+        self.conv = conv
+        self.history: list[dict] = []
+        self.rest = list(conv.messages)
+        self.finish: list[str] = []
+        self.tokens: list[int] = []
+
+    def next_prompt(self) -> list[dict] | None:
+        """The history to answer next (kept turns appended up to it), or None when the conversation is done."""
+        while self.rest:
+            m = self.rest.pop(0)
+            if m["role"] == "assistant":
+                return self.history
+            self.history.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
+        if self.history and self.history[-1]["role"] != "assistant":
+            return self.history
+        return None
+
+    def answer(self, text: str, finish: str, n: int) -> None:
+        self.history.append({"role": "assistant", "content": text})
+        self.finish.append(finish)
+        self.tokens.append(n)
+
+    def drop_unanswered(self) -> None:
+        """End the record at its last answer (the next prompt does not fit an engine row)."""
+        while self.history and self.history[-1]["role"] != "assistant":
+            self.history.pop()
+
+    def record(self, generation: dict) -> dict:
+        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
+                "generation": {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}}
+
+
 class _Stopped(Exception):
     """regenerate.py asked to stop (a worker error or an interrupt elsewhere)."""
 
 
-def regenerate_with_engine(hf_generators, jobs: list, write, generation: dict, *, stop: threading.Event | None = None,
-                           log=print, log_every_s: float = 10.0, **engine_kw) -> dict:
-    """Regenerate every job's assistant turns with one engine per device, every turn through one shared queue.
-
-    jobs: regenerate._Job-like objects (next_prompt() -> history or None, answer(text, finish, n),
-    record(generation) -> dict, history, conv.id). write(record) is called once per finished conversation, from
-    an engine thread. Returns counts: written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds."""
+def regenerate_with_engine(hf_generators, conversations: list, write, generation: dict, *,
+                           stop: threading.Event | None = None, log=print, log_every_s: float = 10.0,
+                           **engine_kw) -> dict:
+    """Regenerate the assistant turns of `conversations` (chat_formats conversations: id, source, messages) with
+    one engine per device (HFGenerators from regen_local.load_generators, or EngineGenerators), every turn through
+    one shared queue. write(record) is called once per finished conversation, from an engine thread. Returns
+    counts: written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
+    jobs = [ConversationTurns(c) for c in conversations]
     gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
         engine_generators(hf_generators, log=log, **engine_kw)
     helper, settings = gens[0], settings_of(gens[0].sampling)
@@ -169,8 +208,7 @@ def regenerate_with_engine(hf_generators, jobs: list, write, generation: dict, *
         history = job.next_prompt()
         nxt = item_for(idx, turn + 1, history) if history is not None else None
         if history is not None and nxt is None:
-            while job.history and job.history[-1]["role"] != "assistant":  # the unanswered turn is not kept
-                job.history.pop()
+            job.drop_unanswered()
             count(cut_at_max_len=1)
         if nxt is None:
             finish_conversation(job)
