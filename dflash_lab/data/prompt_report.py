@@ -51,13 +51,14 @@ class PromptReport(dict):
     """Keys: settings, sampled, filtered {reason: n}, filter_examples {reason: [text, ...]}, exact_duplicates,
     near_duplicates, kept, train, heldout, heldout_unused, heldout_fraction, out, heldout_out, length_tokens
     {mean, median, p90, max}, length_histogram, distinct {1, 2, 3}, openings [[words, n], ...], examples,
-    seconds, prompts_per_s, turns, conversations."""
+    seconds (all), sample_seconds (first turns), prompts_per_s and first_turn_tokens_per_s (first turns), turns
+    {user_turns {k: conversations}, answers_truncated, ended_early {reason: n}}."""
 
     @classmethod
     def build(cls, *, settings: dict, sampled: int, filtered: Counter, filter_examples: dict, exact: int, near: int,
               first_turns: list[str], user_turns: list[str], first_turn_tokens: list[int], train: int, heldout: int,
               heldout_unused: int, heldout_fraction: float, out: str, heldout_out: str, seconds: float,
-              turns: dict) -> "PromptReport":
+              sample_seconds: float, first_turn_new_tokens: int, turns: dict) -> "PromptReport":
         return cls(
             settings=settings, sampled=sampled, filtered=dict(sorted(filtered.items(), key=lambda kv: -kv[1])),
             filter_examples=filter_examples, exact_duplicates=exact, near_duplicates=near, kept=len(first_turns),
@@ -66,7 +67,9 @@ class PromptReport(dict):
             length_histogram=length_histogram(first_turn_tokens),
             distinct={str(n): distinct_n(user_turns, n) for n in (1, 2, 3)},
             openings=[[o, c] for o, c in count_openings(first_turns)], examples=first_turns[:10],
-            seconds=round(seconds, 2), prompts_per_s=round(sampled / seconds, 2) if seconds > 0 else 0.0,
+            seconds=round(seconds, 2), sample_seconds=round(sample_seconds, 2),
+            prompts_per_s=round(sampled / sample_seconds, 2) if sample_seconds > 0 else 0.0,
+            first_turn_tokens_per_s=round(first_turn_new_tokens / sample_seconds, 1) if sample_seconds > 0 else 0.0,
             turns=turns)
 
     def lines(self) -> list[str]:
@@ -75,8 +78,8 @@ class PromptReport(dict):
         out = [f"target-written prompts from {s.get('target')} ({s.get('target_checksum') or 'no checksum'}): "
                f"T={s.get('temperature')} top_p={s.get('top_p')} top_k={s.get('top_k')} seed={s.get('seed')} "
                f"max_prompt_tokens={s.get('max_prompt_tokens')} turns={s.get('turns')}",
-               f"sampled {self['sampled']:,} first turns in {self['seconds']} s ({self['prompts_per_s']} prompts/s); "
-               f"filtered {sum(self['filtered'].values()):,}; exact duplicates {self['exact_duplicates']:,}; "
+               f"sampled {self['sampled']:,} first turns in {self['sample_seconds']} s ({self['prompts_per_s']:,} "
+               f"prompts/s, {self['first_turn_tokens_per_s']:,} new tok/s; {self['seconds']} s in all); filtered {sum(self['filtered'].values()):,}; exact duplicates {self['exact_duplicates']:,}; "
                f"near duplicates {self['near_duplicates']:,}; kept {self['kept']:,}",
                f"written: {self['train']:,} -> {self['out']}; held out {self['heldout']:,} -> {self['heldout_out']} "
                f"(fraction {self['heldout_fraction']}; {self['heldout_unused']:,} more held-out prompts not written "

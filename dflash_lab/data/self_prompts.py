@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from dflash_lab.target import models
-from dflash_lab.target.load import TargetLoadError, load_target, load_tokenizer, resolve_target_path
+from dflash_lab.target.load import TargetLoadError, load_targets, load_tokenizer, resolve_target_path
 
 from .chat_formats import DataError
 from .prompt_filters import FilterConfig, dedup, filter_reason, is_heldout
@@ -147,25 +147,33 @@ class _Conversation:
     open: bool = True
 
 
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":  # bf16 on a GPU (what the drafter is served against), fp32 on the CPU
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
 def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *, model=None, tokenizer=None,
-                       device: str = "cpu", dtype: str = "auto", generator: TurnGenerator | None = None,
-                       log=print) -> PromptReport:
-    """Sample, clean, split and answer `config.n` target-written prompts; write the files; return the report."""
+                       devices=("cpu",), dtype: str = "auto", log=print) -> PromptReport:
+    """Sample, clean, split and answer `config.n` target-written prompts; write the files; return the report.
+    `model`: an already loaded target (one device); otherwise one replica is loaded per device in `devices`."""
     paths = output_paths(out)
     tok = tokenizer if tokenizer is not None else load_tokenizer(target)
     fmt = UserTurnFormat.of(tok, enable_thinking=config.enable_thinking)
-    if generator is None:
-        if model is None:
-            dev = torch.device(device)
-            torch_dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
-                           "float32": torch.float32}[dtype]
-            model = load_target(target, device=dev, dtype=torch_dtype)
-        generator = TurnGenerator(model, tok, stop_ids=fmt.stop_ids, max_batch=config.batch_size,
-                                  max_len=config.max_len, log=log)
+    if model is not None:
+        replicas = [model]
+    else:
+        t_load = time.perf_counter()
+        replicas = load_targets(target, list(devices), dtype=lambda d: _dtype(dtype, d))
+        log(f"self-prompts: loaded {target} on {', '.join(map(str, devices))} in {time.perf_counter() - t_load:.1f} s")
+    generator = TurnGenerator(replicas, tok, stop_ids=fmt.stop_ids, max_batch=config.batch_size,
+                              max_len=config.max_len, log=log)
     t0 = time.perf_counter()
     log(f"self-prompts: sampling {config.n:,} first user turns from {target} after {fmt.first_prefix[-40:]!r} "
         f"(T={config.temperature}, top_p={config.top_p}, top_k={config.top_k}, seed={config.seed})")
-    firsts = generator.turns([fmt.first_prefix] * config.n, config.user_settings, what="first user turns")
+    firsts = generator.turns([fmt.first_prefix] * config.n, config.user_settings, keys=list(range(config.n)),
+                             what="first user turns")
+    sample_s = time.perf_counter() - t0
 
     filtered, examples = Counter(), {}
     survivors = []
@@ -193,17 +201,18 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
     user_texts = [m["content"] for c in train + written_held for m in c.messages if m["role"] == "user"]
     settings = {"target": target, "target_checksum": target_checksum(target), "user_prefix": fmt.first_prefix,
                 "end_of_turn": fmt.end_of_turn, "stop_ids": list(fmt.stop_ids), **config.to_dict(),
-                "engine": generator.engine}
+                "engine": generator.engine, "dtype": str(next(replicas[0].parameters()).dtype).replace("torch.", "")}
     generation = {"model": target, "user": dataclasses.asdict(config.user_settings),
                   "answer": dataclasses.asdict(config.answer_settings(0)) if config.answers else None}
-    _write_jsonl(paths["out"], [_record(c, config.seed, generation) for c in train])
-    _write_jsonl(paths["heldout"], [_record(c, config.seed, generation) for c in written_held])
+    _write_jsonl(paths["out"], [_record(c, config.seed, generation) for c in train if c.messages])
+    _write_jsonl(paths["heldout"], [_record(c, config.seed, generation) for c in written_held if c.messages])
     report = PromptReport.build(
         settings=settings, sampled=config.n, filtered=filtered, filter_examples=examples, exact=len(dd.exact),
         near=len(dd.near), first_turns=first_texts, user_turns=user_texts,
         first_turn_tokens=[c.user_tokens[0] for c in kept], train=len(train), heldout=len(written_held),
         heldout_unused=len(held) - len(written_held), heldout_fraction=config.heldout_fraction,
-        out=str(paths["out"]), heldout_out=str(paths["heldout"]), seconds=time.perf_counter() - t0, turns=later)
+        out=str(paths["out"]), heldout_out=str(paths["heldout"]), seconds=time.perf_counter() - t0, sample_seconds=sample_s,
+        first_turn_new_tokens=sum(n for _, _, n in firsts), turns=later)
     _write_text(paths["report_json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     _write_text(paths["report_txt"], str(report) + "\n")
     log(str(report))
@@ -221,15 +230,14 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
         if turn > 0:
             active = [c for c in convs if c.open]
             prefixes = [fmt.user_prefix(tok, c.messages) for c in active]
-            fits = [len(tok(p, add_special_tokens=False)["input_ids"]) + config.max_prompt_tokens <= config.max_len
-                    for p in prefixes]
+            fits = [len(ids) + config.max_prompt_tokens <= gen.max_len for ids in gen.prompt_ids(prefixes)]
             for c, ok in zip(active, fits):
                 if not ok:
                     c.open = False
                     ended["context_full"] += 1
             active, prefixes = [c for c in active if c.open], [p for p, ok in zip(prefixes, fits) if ok]
             settings = dataclasses.replace(config.user_settings, seed=config.seed + 104729 * turn)
-            outs = gen.turns(prefixes, settings, what=f"user turns {turn + 1}")
+            outs = gen.turns(prefixes, settings, keys=[c.index for c in active], what=f"user turns {turn + 1}")
             for c, (text, finish, n_tok) in zip(active, outs):
                 reason = filter_reason(text, finish, markers=fmt.markers, config=config.filters)
                 if reason:
@@ -242,8 +250,7 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
             break
         active = [c for c in convs if c.open and c.messages[-1]["role"] == "user"]
         prompts = [fmt.answer_prompt(tok, c.messages) for c in active]
-        fits = [len(tok(p, add_special_tokens=False)["input_ids"]) + config.max_answer_tokens <= config.max_len
-                for p in prompts]
+        fits = [len(ids) + config.max_answer_tokens <= gen.max_len for ids in gen.prompt_ids(prompts)]
         for c, ok in zip(active, fits):
             if not ok:  # the unanswerable user turn goes: a record ends with an answer
                 c.messages.pop()
@@ -251,7 +258,8 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
                 c.open = False
                 ended["context_full"] += 1
         active, prompts = [c for c in active if c.open], [p for p, ok in zip(prompts, fits) if ok]
-        outs = gen.turns(prompts, config.answer_settings(turn), what=f"answers {turn + 1}")
+        outs = gen.turns(prompts, config.answer_settings(turn), keys=[c.index for c in active],
+                         what=f"answers {turn + 1}")
         for c, (text, finish, n_tok) in zip(active, outs):
             c.messages.append({"role": "assistant", "content": text})
             c.finish_reasons.append(finish)
@@ -307,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heldout-fraction", type=float, default=0.01, help="part of the text-hash range held out")
     p.add_argument("--near-threshold", type=float, default=0.7, help="near-duplicate Jaccard (0 = keep them)")
     p.add_argument("--thinking", choices=["on", "off", "template"], default="template")
-    p.add_argument("--device", default="cpu", help="e.g. cuda:0")
+    p.add_argument("--devices", nargs="+", default=["cpu"], help="e.g. cuda:0 cuda:1 (one target replica each)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-len", type=int, default=2048)
@@ -323,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             heldout=a.heldout, heldout_fraction=a.heldout_fraction, near_threshold=a.near_threshold or None,
             enable_thinking={"on": True, "off": False, "template": None}[a.thinking], batch_size=a.batch_size,
             max_len=a.max_len)
-        write_self_prompts(a.target, a.out, cfg, device=a.device, dtype=a.dtype, log=lambda s: print(s, flush=True))
+        write_self_prompts(a.target, a.out, cfg, devices=tuple(a.devices), dtype=a.dtype,
+                           log=lambda s: print(s, flush=True))
     except (DataError, TargetLoadError, ValueError) as e:
         print(f"error: {e}", flush=True)
         return 2
