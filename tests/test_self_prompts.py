@@ -5,6 +5,7 @@ tiny target: deterministic under a seed, the first N turns unchanged when more a
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,7 +171,11 @@ def test_minhash_finds_the_near_duplicates_an_all_pairs_search_finds():
     assert (len(kept), len(r.exact), len(r.near)) == (250, 1, 49)
     assert sum(jaccard(shingles(texts[i]), shingles(texts[j])) < 0.75 for i, j in r.near) == 13
     idx = MinHashIndex(0.7)
+    assert (idx.bands, idx.rows) == (32, 4) and idx.candidate_probability == pytest.approx(0.9998, abs=1e-4)
+    assert (MinHashIndex(0.5).bands, MinHashIndex(0.5).rows) == (42, 3)
     assert (idx.signature(shingles(texts[0])) == MinHashIndex(0.7).signature(shingles(texts[0]))).all()
+    assert (idx.signatures([shingles(t) for t in texts[:50]], chunk=64)
+            == np.stack([idx.signature(shingles(t)) for t in texts[:50]])).all()
 
 
 def test_heldout_split_is_fixed_by_the_text_and_stable_as_n_grows():

@@ -5,10 +5,11 @@ Everything here is a pure function of the texts (no model, no randomness beyond 
 input always gives the same kept set in the same order:
 - exact duplicates: equal after NFKC, case folding and whitespace collapsing; the first occurrence is kept;
 - near duplicates: word-3-gram shingle sets whose Jaccard similarity is >= a threshold (0.7 by default). MinHash
-  (64 hash functions, 16 bands of 4 rows, a locality-sensitive index) only proposes candidates; each candidate pair
-  is confirmed with the exact Jaccard of the two sets, so the threshold is exact. A pair at Jaccard 0.7 becomes a
-  candidate with probability 1 - (1 - 0.7^4)^16 = 0.988 (0.5: 0.64), and the index keeps the work near-linear:
-  100k prompts take seconds, not the 5e9 comparisons of all pairs;
+  (128 hash functions in b bands of r rows, a locality-sensitive index) only proposes candidates; each candidate
+  pair is confirmed with the exact Jaccard of the two sets, so no pair below the threshold is ever removed. r is
+  the largest for which a pair AT the threshold becomes a candidate with probability 1 - (1 - t^r)^b >= 0.99
+  (t = 0.7: 32 bands of 4, 0.9998; t = 0.5: 42 of 3, 0.996), so pairs further below it rarely cost a comparison and the
+  work stays near-linear: 100k prompts take seconds, not the 5e9 comparisons of all pairs;
 - filters, one reason per turn (the first that applies, in FILTER_REASONS order), each counted;
 - held-out membership by a hash of the normalised text (u in [0, 1) below `fraction`), so a prompt is held out or
   not whatever else was generated: the split stays fixed as N grows, and no held-out prompt is ever trained on.
@@ -16,9 +17,11 @@ input always gives the same kept set in the same order:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -74,32 +77,37 @@ class FilterConfig:
                 raise ValueError(f"FilterConfig.{name}={getattr(self, name)!r} must be an integer >= 2.")
 
 
-def repeated_trigram_ratio(text: str) -> float:
-    """1 - distinct word 3-grams / all word 3-grams (0 when there are none)."""
-    w = words(text)
+def repeated_trigram_ratio(text: str | list[str]) -> float:
+    """1 - distinct word 3-grams / all word 3-grams (0 when there are none); text or its words."""
+    w = words(text) if isinstance(text, str) else text
     grams = list(zip(w, w[1:], w[2:]))
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def letter_ratio(text: str) -> float:
-    chars = [c for c in text if not c.isspace()]
-    return sum(c.isalpha() for c in chars) / len(chars) if chars else 0.0
+    chars = len(text) - sum(map(str.isspace, text))
+    return sum(map(str.isalpha, text)) / chars if chars else 0.0
 
 
-def _bad_char(c: str) -> bool:
-    if c in "\n\t\r":
-        return False
-    return c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn")
+# C0/C1 controls but newline, tab and carriage return; surrogates; private use; the replacement character.
+_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff\ufffd]")
 
 
-def longest_char_run(text: str) -> int:
-    best = run = 0
-    prev = None
-    for c in text:
-        run = run + 1 if c == prev else 1
-        prev = c
-        best = max(best, run)
-    return best
+def has_bad_chars(text: str) -> bool:
+    """Control, surrogate, private-use, unassigned or replacement characters (categories Cc, Cs, Co, Cn)."""
+    if _BAD.search(text):
+        return True
+    return not text.isascii() and any(unicodedata.category(c) in ("Cn", "Co", "Cs") for c in text if ord(c) > 127)
+
+
+@functools.lru_cache(maxsize=8)
+def _run_re(n: int) -> re.Pattern:
+    return re.compile(r"(.)\1{%d,}" % (n - 1), re.DOTALL)
+
+
+def has_char_run(text: str, n: int) -> bool:
+    """One character repeated n or more times in a row."""
+    return _run_re(n).search(text) is not None
 
 
 def filter_reason(text: str, finish_reason: str, *, markers: tuple[str, ...] = (),
@@ -112,12 +120,12 @@ def filter_reason(text: str, finish_reason: str, *, markers: tuple[str, ...] = (
         return "empty"
     if any(m and m in text for m in markers):
         return "template_tokens"
-    if any(_bad_char(c) for c in text):
+    if has_bad_chars(text):
         return "control_chars"
-    if longest_char_run(text) >= config.max_char_run:
+    if has_char_run(text, config.max_char_run):
         return "repetitive"
-    if len(words(text)) >= config.min_words_for_repetition and \
-            repeated_trigram_ratio(text) > config.max_repeated_trigram_ratio:
+    w = words(text)
+    if len(w) >= config.min_words_for_repetition and repeated_trigram_ratio(w) > config.max_repeated_trigram_ratio:
         return "repetitive"
     if letter_ratio(text) < config.min_letter_ratio:
         return "low_letter_ratio"
@@ -132,7 +140,7 @@ _PRIME = (1 << 31) - 1  # hash values and coefficients stay below 2^31, so a * x
 
 
 def _hash31(s: str) -> int:
-    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little") % _PRIME
+    return zlib.crc32(s.encode("utf-8")) % _PRIME  # a collision only adds a candidate: exact Jaccard decides
 
 
 def shingles(text: str, k: int = 3) -> frozenset[str]:
@@ -152,25 +160,42 @@ class MinHashIndex:
 
     Deterministic: the hash functions come from a fixed seed and texts are added in order."""
 
-    def __init__(self, threshold: float = 0.7, *, num_perm: int = 64, bands: int = 16, seed: int = 1):
+    def __init__(self, threshold: float = 0.7, *, num_perm: int = 128, recall: float = 0.99, seed: int = 1):
         if not 0 < threshold <= 1:
             raise ValueError(f"near-duplicate threshold={threshold!r} must be in (0, 1]. Fix: use e.g. 0.7.")
-        if num_perm % bands:
-            raise ValueError(f"num_perm={num_perm} is not a multiple of bands={bands}.")
+        self.rows = max((r for r in range(1, num_perm + 1) if 1 - (1 - threshold ** r) ** (num_perm // r) >= recall),
+                        default=1)
+        self.bands = num_perm // self.rows
+        num_perm = self.bands * self.rows
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _PRIME, size=(num_perm, 1), dtype=np.int64)
         self.b = rng.integers(0, _PRIME, size=(num_perm, 1), dtype=np.int64)
-        self.threshold, self.bands, self.rows = threshold, bands, num_perm // bands
-        self.buckets: list[dict[bytes, list[int]]] = [{} for _ in range(bands)]
+        self.threshold = threshold
+        self.candidate_probability = 1 - (1 - threshold ** self.rows) ** self.bands
+        self.buckets: list[dict[bytes, list[int]]] = [{} for _ in range(self.bands)]
         self.sets: list[frozenset] = []
 
     def signature(self, sh: frozenset) -> np.ndarray:
-        x = np.array(sorted(_hash31(s) for s in sh), dtype=np.int64)[None, :]  # (1, n shingles)
-        return ((self.a * x + self.b) % _PRIME).min(axis=1)  # (num_perm,)
+        return self.signatures([sh])[0]
 
-    def find(self, sh: frozenset) -> tuple[int | None, list[bytes]]:
+    def signatures(self, sets: list[frozenset], chunk: int = 1 << 18) -> np.ndarray:
+        """(len(sets), num_perm) MinHash signatures, computed over all shingles at once in chunks of ~chunk."""
+        out = np.empty((len(sets), self.a.shape[0]), dtype=np.int64)
+        i = 0
+        while i < len(sets):
+            j, n = i, 0
+            while j < len(sets) and (n == 0 or n + len(sets[j]) <= chunk):
+                n += len(sets[j])
+                j += 1
+            x = np.fromiter((_hash31(s) for sh in sets[i:j] for s in sh), dtype=np.int64, count=n)[None, :]
+            starts = np.cumsum([0] + [len(sh) for sh in sets[i:j - 1]])
+            out[i:j] = np.minimum.reduceat((self.a * x + self.b) % _PRIME, starts, axis=1).T  # (docs, num_perm)
+            i = j
+        return out
+
+    def find(self, sh: frozenset, sig: np.ndarray | None = None) -> tuple[int | None, list[bytes]]:
         """(index of the first added set with Jaccard >= threshold, or None; this set's band keys)."""
-        sig = self.signature(sh)
+        sig = self.signature(sh) if sig is None else sig
         keys = [sig[i * self.rows:(i + 1) * self.rows].tobytes() for i in range(self.bands)]
         candidates = sorted({j for band, key in zip(self.buckets, keys) for j in band.get(key, ())})
         for j in candidates:
@@ -201,23 +226,29 @@ def dedup(texts: list[str], *, near_threshold: float | None = 0.7) -> DedupResul
     near_threshold=None keeps near duplicates."""
     out = DedupResult()
     first: dict[str, int] = {}
-    index = MinHashIndex(near_threshold) if near_threshold is not None else None
-    owner: list[int] = []  # MinHash slot -> input index
+    unique = []
     for i, t in enumerate(texts):
         key = normalize(t)
         if key in first:
             out.exact.append((i, first[key]))
+        else:
+            first[key] = i
+            unique.append(i)
+    if near_threshold is None:
+        out.kept = unique
+        return out
+    index = MinHashIndex(near_threshold)
+    sets = [shingles(texts[i]) for i in unique]
+    owner: list[int] = []  # MinHash slot -> input index
+    for i, sh, sig in zip(unique, sets, index.signatures(sets)):
+        j, keys = index.find(sh, sig)
+        if j is not None:
+            out.near.append((i, owner[j]))
             continue
-        if index is not None:
-            sh = shingles(t)
-            j, keys = index.find(sh)
-            if j is not None:
-                out.near.append((i, owner[j]))
-                continue
-            index.add(sh, keys)
-            owner.append(i)
-        first[key] = i
+        index.add(sh, keys)
+        owner.append(i)
         out.kept.append(i)
+    out.exact.sort()
     return out
 
 

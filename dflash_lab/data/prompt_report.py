@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import html
 import statistics
-from collections import Counter
 
 from .prompt_filters import FILTER_REASONS, count_openings, words
 
 
-def distinct_n(texts: list[str], n: int) -> float:
-    """Distinct word n-grams / all word n-grams over all texts (0.0 when there are none)."""
-    grams: Counter = Counter()
+def distinct_n(texts: list[str] | list[list[str]], n: int) -> float:
+    """Distinct word n-grams / all word n-grams over all texts (or their word lists); 0.0 when there are none."""
+    grams: set = set()
+    total = 0
     for t in texts:
-        w = words(t)
+        w = words(t) if isinstance(t, str) else t
         grams.update(zip(*(w[i:] for i in range(n))))
-    total = sum(grams.values())
+        total += max(0, len(w) - n + 1)
     return round(len(grams) / total, 4) if total else 0.0
 
 
@@ -55,17 +55,18 @@ class PromptReport(dict):
     {user_turns {k: conversations}, answers_truncated, ended_early {reason: n}}."""
 
     @classmethod
-    def build(cls, *, settings: dict, sampled: int, filtered: Counter, filter_examples: dict, exact: int, near: int,
+    def build(cls, *, settings: dict, sampled: int, filtered: dict, filter_examples: dict, exact: int, near: int,
               first_turns: list[str], user_turns: list[str], first_turn_tokens: list[int], train: int, heldout: int,
               heldout_unused: int, heldout_fraction: float, out: str, heldout_out: str, seconds: float,
               sample_seconds: float, first_turn_new_tokens: int, turns: dict) -> "PromptReport":
+        user_words = [words(t) for t in user_turns]
         return cls(
             settings=settings, sampled=sampled, filtered=dict(sorted(filtered.items(), key=lambda kv: -kv[1])),
             filter_examples=filter_examples, exact_duplicates=exact, near_duplicates=near, kept=len(first_turns),
             train=train, heldout=heldout, heldout_unused=heldout_unused, heldout_fraction=heldout_fraction,
             out=out, heldout_out=heldout_out, length_tokens=length_summary(first_turn_tokens),
             length_histogram=length_histogram(first_turn_tokens),
-            distinct={str(n): distinct_n(user_turns, n) for n in (1, 2, 3)},
+            distinct={str(n): distinct_n(user_words, n) for n in (1, 2, 3)},
             openings=[[o, c] for o, c in count_openings(first_turns)], examples=first_turns[:10],
             seconds=round(seconds, 2), sample_seconds=round(sample_seconds, 2),
             prompts_per_s=round(sampled / sample_seconds, 2) if sample_seconds > 0 else 0.0,
