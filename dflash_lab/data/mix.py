@@ -134,7 +134,8 @@ class MixReport(dict):
         mode = "with replacement (small sources repeated)" if self["replacement"] else "without replacement"
         out = [f"mixed {self['n']:,} conversations -> {self['out']} (seed {self['seed']}, {mode})"]
         for s in self["sources"]:
-            out.append(f"  {s['label']:<16} {s['count']:>8,} ({100 * s['actual']:.2f}%, asked {100 * s['proportion']:.2f}%)"
+            out.append(f"  {s['label']:<16} {s['count']:>8,} ({100 * s['actual']:.2f}%, "
+                       f"asked {100 * s['proportion']:.2f}%)"
                        f" of {s['available']:,} usable in {s['path']}"
                        + (f"; {s['repeats']:,} repeats" if s["repeats"] else "")
                        + (f"; skipped {s['skipped']}" if s["skipped"] else ""))

@@ -80,7 +80,8 @@ class PromptReport(dict):
                f"T={s.get('temperature')} top_p={s.get('top_p')} top_k={s.get('top_k')} seed={s.get('seed')} "
                f"max_prompt_tokens={s.get('max_prompt_tokens')} turns={s.get('turns')}",
                f"sampled {self['sampled']:,} first turns in {self['sample_seconds']} s ({self['prompts_per_s']:,} "
-               f"prompts/s, {self['first_turn_tokens_per_s']:,} new tok/s; {self['seconds']} s in all); filtered {sum(self['filtered'].values()):,}; exact duplicates {self['exact_duplicates']:,}; "
+               f"prompts/s, {self['first_turn_tokens_per_s']:,} new tok/s; {self['seconds']} s in all)",
+               f"filtered {sum(self['filtered'].values()):,}; exact duplicates {self['exact_duplicates']:,}; "
                f"near duplicates {self['near_duplicates']:,}; kept {self['kept']:,}",
                f"written: {self['train']:,} -> {self['out']}; held out {self['heldout']:,} -> {self['heldout_out']} "
                f"(fraction {self['heldout_fraction']}; {self['heldout_unused']:,} more held-out prompts not written "
@@ -97,7 +98,8 @@ class PromptReport(dict):
                    f"max {lt['max']}")
         top = max((b["count"] for b in self["length_histogram"]), default=1)
         for b in self["length_histogram"]:
-            out.append(f"  {b['range']:>9} {b['count']:>7,} {'#' * max(1 if b['count'] else 0, 40 * b['count'] // top)}")
+            bar = "#" * max(1 if b["count"] else 0, 40 * b["count"] // top)
+            out.append(f"  {b['range']:>9} {b['count']:>7,} {bar}")
         d = self["distinct"]
         out.append(f"distinct-1/2/3 (user turns): {d['1']} / {d['2']} / {d['3']}")
         out.append("most common openings (first 3 words):")

@@ -3,7 +3,8 @@
 `TurnGenerator.turns(prefixes, settings, keys)` tokenizes each prefix once (no special tokens added: the template
 wrote them), generates with target/generate.py's engine (one replica per device, one shared queue, progress with
 an ETA) until a stop token or `max_new_tokens`, and decodes the new tokens, stop token excluded, into the text of
-one turn: (text, finish_reason, new tokens counted with the stop token). The engine draws each token from a hash of
+one turn: (text, finish_reason, new tokens counted with the stop token); user turns are stripped of surrounding
+whitespace, answers are kept exactly. The engine draws each token from a hash of
 (seed, key, position), so a prompt's turn depends on its key and the seed only: not on the batch it fell into, the
 device, or how many other prompts were asked for. Keys are sample indices, so the first N turns stay the same when
 more are sampled.
@@ -31,8 +32,10 @@ class TurnGenerator:
     def prompt_ids(self, prefixes: list[str]) -> list[list[int]]:
         return self.tokenizer(prefixes, add_special_tokens=False)["input_ids"] if prefixes else []
 
-    def turns(self, prefixes: list[str], settings: GenerationSettings, keys: list[int], what: str = "turns"
-              ) -> list[tuple[str, str, int]]:
+    def turns(self, prefixes: list[str], settings: GenerationSettings, keys: list[int], what: str = "turns", *,
+              strip: bool = True) -> list[tuple[str, str, int]]:
+        """strip: drop surrounding whitespace (user turns: the template renders them as given); answers keep the
+        text exactly as generated, since the drafter is trained on those tokens."""
         if not prefixes:
             return []
         outs = generate_on_devices(self.generators, self.prompt_ids(prefixes), settings, keys=keys,
@@ -44,5 +47,5 @@ class TurnGenerator:
             if toks and toks[-1] in self.stop_ids:
                 toks = toks[:-1]
             text = self.tokenizer.decode(toks, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            result.append((text.strip(), g.finish_reason, len(g.token_ids)))
+            result.append((text.strip() if strip else text, g.finish_reason, len(g.token_ids)))
         return result

@@ -211,8 +211,8 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
         near=len(dd.near), first_turns=first_texts, user_turns=user_texts,
         first_turn_tokens=[c.user_tokens[0] for c in kept], train=len(train), heldout=len(written_held),
         heldout_unused=len(held) - len(written_held), heldout_fraction=config.heldout_fraction,
-        out=str(paths["out"]), heldout_out=str(paths["heldout"]), seconds=time.perf_counter() - t0, sample_seconds=sample_s,
-        first_turn_new_tokens=sum(n for _, _, n in firsts), turns=later)
+        out=str(paths["out"]), heldout_out=str(paths["heldout"]), seconds=time.perf_counter() - t0,
+        sample_seconds=sample_s, first_turn_new_tokens=sum(n for _, _, n in firsts), turns=later)
     _write_text(paths["report_json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     _write_text(paths["report_txt"], str(report) + "\n")
     log(str(report))
@@ -259,7 +259,7 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
                 ended["context_full"] += 1
         active, prompts = [c for c in active if c.open], [p for p, ok in zip(prompts, fits) if ok]
         outs = gen.turns(prompts, config.answer_settings(turn), keys=[c.index for c in active],
-                         what=f"answers {turn + 1}")
+                         what=f"answers {turn + 1}", strip=False)
         for c, (text, finish, n_tok) in zip(active, outs):
             c.messages.append({"role": "assistant", "content": text})
             c.finish_reasons.append(finish)

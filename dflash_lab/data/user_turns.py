@@ -73,7 +73,7 @@ class UserTurnFormat:
         stops = {tokenizer.convert_tokens_to_ids(t) for t in (eot, answer_eot) if t}
         eos = tokenizer.eos_token_id
         stops |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        header = _render(tokenizer, user, True, kw)[len(text):].strip()  # the assistant header, e.g. "<|im_start|>assistant"
+        header = _render(tokenizer, user, True, kw)[len(text):].strip()  # the assistant header
         markers = tuple(specials) + ((header,) if header and not any(s in header for s in specials) else ())
         return cls(first_prefix=first_prefix, end_of_turn=eot, stop_ids=tuple(sorted(stops)), markers=markers,
                    enable_thinking=enable_thinking)
