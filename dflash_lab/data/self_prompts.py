@@ -54,6 +54,8 @@ class SelfPromptConfig:
     top_p: float = 0.95
     top_k: int = 0
     seed: int = 0
+    """Sampling seed of the first user turns; user turn t + 1 uses seed + 104729 t, answers of turn t seed + 7919 (t + 1)
+    (each token is drawn from a hash of (seed, sample index, position): target/sampling.py)."""
     max_prompt_tokens: int = 256
     """Longest user turn; a turn that reaches it without its end-of-turn token is filtered as truncated."""
     answers: bool = True
