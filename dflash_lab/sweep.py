@@ -108,6 +108,9 @@ class SweepConfig:
         """The held-out conversations every variant is measured on: the base's heldout_data, else its data's own
         held-out file. A variant that changes `data` would otherwise be scored on another set (or none)."""
         data, given = self.base.get("data", TrainConfig.data), self.base.get("heldout_data")
+        if given is None and data != "tiny" and not Path(str(data)).expanduser().exists():
+            raise ConfigError(f"SweepConfig.base data={data!r} does not exist. Fix: pass an existing data file or "
+                              "folder (its held-out set scores every variant), or set base heldout_data.")
         try:
             found = heldout_source(data, given)
         except FileNotFoundError as e:
