@@ -84,9 +84,10 @@ EOF
     --heldout 256 >> "$OUT/prep.log" 2>&1
   log "self prompts rc=$?"
   cp $DATA/self/self.report.json "$OUT/self_report.json" 2>/dev/null
-  N_POOL=$(( $(grep -c . $DATA/self/self.jsonl) + $(grep -c . $DATA/chitchat-regen.jsonl) ))
-  $PY -m dflash_lab.data.mix --mix $DATA/self/self.jsonl:auto,$DATA/chitchat-regen.jsonl:auto --n $N_POOL \
-    --out $DATA/pool.jsonl >> "$OUT/prep.log" 2>&1
+  # the pool: every target-written conversation and every chitchat one, in the proportions of their counts
+  MIX=$($PY -c "import sys; a, b = (sum(1 for l in open(f) if l.strip()) for f in sys.argv[1:]); n = a + b; \
+print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA/self/self.jsonl $DATA/chitchat-regen.jsonl)
+  $PY -m dflash_lab.data.mix --mix ${MIX% *} --n ${MIX#* } --out $DATA/pool.jsonl >> "$OUT/prep.log" 2>&1
   log "pool: $(grep -c . $DATA/pool.jsonl) conversations"
   tar czf "$OUT/data_meta.tgz" -C $DATA --exclude '*.jsonl' . 2>/dev/null
   ls -la $DATA $DATA/self | tee -a "$OUT/scaling.log"

@@ -506,3 +506,23 @@ def test_a_settings_mismatch_on_the_command_line_is_one_line(tmp_path, capsys):
     assert main(base + ["--max-new-tokens", "9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "max_new_tokens" in err and err.count("\n") == 1
+
+
+def test_engine_back_end_writes_the_same_greedy_answers_as_hf_generate(full_run, prompts, tiny, tmp_path):
+    """The generation engine (every turn through one queue, rows refilled as they finish) answers exactly as the
+    Hugging Face back end at T=0 in fp32, records say which back end wrote them, and a resume checks it."""
+    out = tmp_path / "engine.jsonl"
+    lines = []
+    stats = regenerate(prompts, out, target="tiny", batch_size=3, sampling=SAMPLING, models={"cpu": tiny[0]},
+                       backend="engine", log=lines.append)
+    hf, mine = _records(full_run[0]), _records(out)
+    assert stats.samples == N and sorted(mine) == sorted(hf)
+    for cid, rec in mine.items():
+        assert rec["messages"] == hf[cid]["messages"], cid
+        assert rec["generation"]["backend"] == "engine" and rec["generation"]["prompt_sha256"]
+    assert any("answers re-tokenized as generated" in line for line in lines)
+    with pytest.raises(DataError, match="backend"):  # hf records cannot be resumed by the engine
+        regenerate(prompts, full_run[0], target="tiny", sampling=SAMPLING, models={"cpu": tiny[0]},
+                   backend="engine", log=lambda s: None)
+    with pytest.raises(DataError, match="backend='vllm' is unknown"):
+        regenerate(prompts, tmp_path / "x.jsonl", target="tiny", sampling=SAMPLING, backend="vllm")

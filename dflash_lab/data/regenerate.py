@@ -40,10 +40,13 @@ import torch
 from dflash_lab.target.load import TargetLoadError
 
 from .chat_formats import ChatData, DataError, read_chat_data
+from .regen_engine import regenerate_with_engine
 from .regen_local import HFGenerator, PromptFit, generation_dtype, greedy_match_check, load_generators
 from .regen_output import (Writer, check_meta, check_output_path, check_records, meta_path, output_lock,
                            prompt_sha256, read_output, target_sha256)
 from .regen_server import FailureLog, ServerGenerator, check_server_url, server_job
+
+BACKENDS = ("auto", "engine", "hf")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,12 +213,14 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                data_format: str = "auto", limit: int | None = None, overwrite: bool = False, log=print,
                progress_every_s: float = 10.0, on_progress=None, models: dict | None = None,
                match_check: int = 0, server_timeout_s: float = 300.0, server_retries: int = 3,
-               server_backoff_s: float = 0.5) -> RegenStats:
+               server_backoff_s: float = 0.5, backend: str = "auto") -> RegenStats:
     """Regenerate every conversation of `data` into `out` (JSONL). Resumes if `out` exists. Returns RegenStats.
 
     `models` optionally maps device name -> an already loaded model (skips loading; used by notebooks and tests).
     `match_check` > 0 (local back end, temperature 0): first compare batched vs single-sequence greedy on that many
     first prompts (`greedy_match_check`); the result goes to the stats and `<out>.meta.json`.
+    backend (local targets): "engine" (target/generate.py: static caches, rows refilled as they finish, CUDA graphs;
+    every turn through one queue), "hf" (Hugging Face generate) or "auto" (engine when every device is a GPU).
     Server back end: per-request timeout, bounded retries with backoff, failures counted by id (regen_server.py).
     Refused before anything is touched: an `out` that is the input or lies inside the input folder, another process
     writing `out`, and (on resume) records produced with other settings or for conversations changed since
@@ -229,6 +234,10 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         _positive("limit", limit, 0, fix="the number of first conversations to do, or None (--limit left out) for all")
     if server_url is not None:
         check_server_url(server_url)
+    if backend not in BACKENDS:
+        raise DataError(f"backend={backend!r} is unknown. Fix: use one of {BACKENDS} (--backend).")
+    if backend == "auto":
+        backend = "engine" if all(str(d).startswith("cuda") for d in devices) else "hf"
     out = Path(out)
     data_path = None
     if not isinstance(data, ChatData):
@@ -249,12 +258,12 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                            dtype=dtype, dtype_name=dtype_name, limit=limit, log=log,
                            progress_every_s=progress_every_s, on_progress=on_progress, models=models,
                            match_check=match_check, server_timeout_s=server_timeout_s,
-                           server_retries=server_retries, server_backoff_s=server_backoff_s)
+                           server_retries=server_retries, server_backoff_s=server_backoff_s, engine=backend == "engine")
 
 
 def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampling, server_url, server_model,
                 concurrency, dtype, dtype_name, limit, log, progress_every_s, on_progress, models, match_check,
-                server_timeout_s, server_retries, server_backoff_s) -> RegenStats:
+                server_timeout_s, server_retries, server_backoff_s, engine) -> RegenStats:
     """regenerate() once its output is locked and its input read."""
     convs = []
     skipped = {}
@@ -265,14 +274,14 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
         convs.append(c)
     if limit is not None:
         convs = convs[:limit]
-    backend = f"server {server_url}" if server_url else f"hf {','.join(map(str, devices))}"
+    backend = f"server {server_url}" if server_url else f"{'engine' if engine else 'hf'} {','.join(map(str, devices))}"
     server = None
     if server_url:
         server = ServerGenerator(server_url, sampling, model=server_model, timeout_s=server_timeout_s,
                                  retries=server_retries, backoff_s=server_backoff_s, log=log)
         producer = {"backend": "server", "model": server.model, "server_url": server_url}
     else:
-        producer = {"backend": "hf", "target": target, "target_sha256": target_sha256(target, log=log),
+        producer = {"backend": "engine" if engine else "hf", "target": target, "target_sha256": target_sha256(target, log=log),
                     "dtype": dtype_name, "model": target}
     settings = {"target": target, "backend": producer["backend"], "sampling": sampling.to_dict(),
                 **{k: producer[k] for k in ("target_sha256", "dtype", "model") if k in producer}}
@@ -309,6 +318,15 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
                 futs = [pool.submit(server_job, server, _Job(c), i, writer, generation, stop, failures)
                         for i, c in enumerate(todo)]
                 _wait(futs, stop)
+        elif engine:  # every turn of every conversation through one queue; rows refilled as they finish
+            def write(rec):
+                rec["generation"]["prompt_sha256"] = prompts[rec["id"]]
+                writer.add(rec)
+
+            counts = regenerate_with_engine(gens, todo, write, generation, stop=stop, log=log, max_batch=batch_size)
+            stats.skipped.update({k: counts[k] for k in ("too_long", "cut_at_max_len") if counts.get(k)})
+            log(f"regenerate: engine {counts.get('engine')}; answers re-tokenized as generated: "
+                f"{counts.get('round_trip')}")
         else:
             batches = queue.Queue()
             for b in _length_grouped_batches(todo, batch_size):
@@ -352,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output JSONL (resumed if it exists)")
     p.add_argument("--target", default="tiny", help='HF id, local dir or "tiny"')
     p.add_argument("--devices", nargs="+", default=["cpu"], help="e.g. cuda:0 cuda:1 (one replica each)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="rows generated at once (engine: its static batch)")
+    p.add_argument("--backend", default="auto", choices=list(BACKENDS),
+                   help="local target: engine (static caches + CUDA graphs), hf (HF generate); auto = engine on GPUs")
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -385,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                            sampling=sampling, server_url=a.server_url, server_model=a.server_model,
                            concurrency=a.concurrency, dtype=a.dtype, data_format=a.format, limit=a.limit,
                            overwrite=a.overwrite, log=lambda s: print(s, flush=True), match_check=a.match_check,
-                           server_timeout_s=a.request_timeout, server_retries=a.retries)
+                           server_timeout_s=a.request_timeout, server_retries=a.retries, backend=a.backend)
     except (DataError, TargetLoadError) as e:  # one line for a CLI user: the value and the fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
