@@ -111,10 +111,15 @@ def test_serving_match_reports_the_rate_and_where_answers_differ():
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_refill_and_chunking_give_the_same_answers_as_one_prompt_at_a_time():
-    model, prompts = tiny_llama(), random_prompts(7, seed=3)
-    alone = [Generator(model, stop_ids=[7], max_batch=1, max_len=96).generate([p], GREEDY)[0] for p in prompts]
-    for kw in (dict(max_batch=3), dict(max_batch=8), dict(max_batch=4, steps_per_sync=5, refill_fraction=0.5)):
-        batched = Generator(model, stop_ids=[7], max_len=96, **kw).generate(prompts, GREEDY)
+    """12 stop tokens end answers after 1-40 tokens, so rows free up one by one and are refilled while the next
+    chunk is already in flight (its outputs for a refilled row belong to the previous occupant and must be dropped);
+    with 16 rows for 12 prompts the tail moves its live rows (and their caches) into the first 8."""
+    model, prompts, stop = tiny_llama(), random_prompts(12, seed=3), list(range(40, 52))
+    alone = [Generator(model, stop_ids=stop, max_batch=1, max_len=96).generate([p], GREEDY)[0] for p in prompts]
+    assert {a.finish_reason for a in alone} == {"stop", "length"} and len({len(a.token_ids) for a in alone}) >= 5
+    for kw in (dict(max_batch=3), dict(max_batch=8), dict(max_batch=4, steps_per_sync=5, refill_fraction=0.5),
+               dict(max_batch=2, steps_per_sync=3), dict(max_batch=16)):  # 16: the tail packs into 8 rows
+        batched = Generator(model, stop_ids=stop, max_len=96, **kw).generate(prompts, GREEDY)
         assert batched == alone, kw
 
 
