@@ -81,7 +81,9 @@ def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int,
                     common: dict) -> dict:
     gens = [Generator(m, stop_ids=hf.stop_ids, max_batch=max_batch, max_len=max_len, cuda_graphs=mode == "graph",
                       name=f"{next(m.parameters()).device}") for m in models]
-    generate_on_devices(gens, prompts[:max_batch], settings)  # warm-up: allocation, first captures, kernels
+    for g in gens:  # the whole run's cache size first: a later growth would drop the graphs captured
+        g.allocate(max_batch, max(map(len, prompts)) + settings.max_new_tokens)
+    generate_on_devices(gens, prompts[:max_batch], settings)  # warm-up: first captures, kernels
     capture0 = sum(g.capture_s for g in gens)
     t0 = time.perf_counter()
     out = generate_on_devices(gens, prompts, settings, log=log)

@@ -227,6 +227,7 @@ def test_follow_up_prompts_re_enter_the_queue_and_progress_is_reported():
     queue = PromptQueue([PromptItem(10 * i, p) for i, p in enumerate(prompts)], total=9, on_finish=on_finish,
                         progress=reports.append, log=lines.append, log_every_s=0.0)
     g.run(queue, GenerationSettings(max_new_tokens=12))
+    queue.close()
     queue.flush()
     assert sorted(queue.results) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
     # turn 2 of each conversation == a fresh call on its turn-2 prompt
@@ -239,6 +240,21 @@ def test_follow_up_prompts_re_enter_the_queue_and_progress_is_reported():
     assert isinstance(last, GenProgress) and last.prompts_done == 9 and last.prompts_total == 9
     assert last.new_tokens == sum(len(r.token_ids) for r in queue.results.values()) and last.eta_s == 0
     assert "9/9 prompts" in lines[-1] and "new tok/s" in lines[-1] and "ETA" in lines[-1]
+
+
+def test_an_error_in_on_finish_stops_the_engines_and_comes_back_from_close():
+    model, prompts = tiny_llama(), random_prompts(6, seed=7)
+    g = Generator(model, stop_ids=[7], max_batch=2, max_len=96)
+    g.allocate(2, 96)
+
+    def on_finish(key, gen):
+        raise ValueError(f"cannot render the next turn of {key}")
+
+    queue = PromptQueue([PromptItem(i, p) for i, p in enumerate(prompts)], on_finish=on_finish)
+    g.run(queue, GenerationSettings(max_new_tokens=8))
+    assert queue.aborted and len(queue.results) < len(prompts)  # the engine stopped taking prompts
+    with pytest.raises(ValueError, match="cannot render the next turn"):
+        queue.close()
 
 
 def test_two_engines_on_one_queue_give_the_answers_of_one():

@@ -78,20 +78,22 @@ class EngineGenerator:
         with self._lock:
             return self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
 
-    def answer(self, history: list[dict], gen: Generated) -> tuple[str, str, int]:
-        """(text, finish_reason, new_tokens) of one answer, as HFGenerator reports it; checks its round trip."""
+    def answer(self, history: list[dict], gen: Generated, prompt: list[int] | None = None) -> tuple[str, str, int]:
+        """(text, finish_reason, new_tokens) of one answer, as HFGenerator reports it; checks its round trip.
+        prompt: the ids the answer was generated after (encode(history); recomputed when not given)."""
         ids = gen.token_ids
         content = ids[:-1] if gen.finish_reason == "stop" else ids
         with self._lock:
             text = self.tokenizer.decode(content, skip_special_tokens=False)
-        self.check_round_trip(history, text, content)
+        self.check_round_trip(history, text, content, prompt)
         return text, gen.finish_reason, len(ids)
 
-    def check_round_trip(self, history: list[dict], text: str, content: list[int]) -> str:
+    def check_round_trip(self, history: list[dict], text: str, content: list[int],
+                         prompt: list[int] | None = None) -> str:
         """Tokenize history + answer as a conversation: does the answer come back as `content` where it sits?"""
         kw = self.hf.kwargs
+        prompt = self.encode(history) if prompt is None else prompt
         with self._lock:
-            prompt = self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
             full_text = self.tokenizer.apply_chat_template(history + [{"role": "assistant", "content": text}],
                                                            tokenize=False, **kw)
             full = self.tokenizer(full_text, add_special_tokens=False)["input_ids"]
@@ -177,7 +179,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
     max_len = min(g.engine.max_len for g in gens)
     stats = {"written": 0, "turns": 0, "new_tokens": 0, "cut_at_max_len": 0, "too_long": 0}
     lock = threading.Lock()
-    histories: dict[int, list[dict]] = {}
+    histories: dict[int, tuple[list[dict], list[int]]] = {}  # conversation -> (history asked, its prompt ids)
 
     def count(**kw) -> None:
         with lock:
@@ -195,7 +197,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         ids = helper.encode(history)
         if len(ids) >= max_len:
             return None
-        histories[idx] = list(history)
+        histories[idx] = (list(history), ids)
         return PromptItem(idx * TURN_KEYS + turn, ids, conversation_key(jobs[idx].conv.id) * TURN_KEYS + turn)
 
     def on_finish(key: int, gen: Generated) -> PromptItem | None:
@@ -203,7 +205,8 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
             raise _Stopped()
         idx, turn = divmod(key, TURN_KEYS)
         job = jobs[idx]
-        job.answer(*helper.answer(histories[idx], gen))
+        asked, prompt = histories[idx]
+        job.answer(*helper.answer(asked, gen, prompt))
         count(turns=1, new_tokens=len(gen.token_ids))
         history = job.next_prompt()
         nxt = item_for(idx, turn + 1, history) if history is not None else None
@@ -232,12 +235,12 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
     total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
     queue = PromptQueue(items, total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
     try:
-        run_queue([g.engine for g in gens], queue, settings)
+        try:
+            run_queue([g.engine for g in gens], queue, settings)
+        finally:
+            queue.close()  # every answer handed to on_finish is handled; raises what on_finish raised
     except _Stopped:
         pass
-    except RuntimeError as e:
-        if not isinstance(e.__cause__, _Stopped):
-            raise
     queue.flush()
     stats.update(round_trip=helper.round_trip.to_dict(), seconds=round(time.perf_counter() - t0, 2),
                  engine=[g.engine.graph_status for g in gens])

@@ -207,9 +207,7 @@ class Generator:
     def _prefill(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prompts into `rows` (one right-padded causal forward); returns each one's first new token (syncs)."""
         n, T, dev = len(items), max(len(it.ids) for it in items), self.device
-        ids = torch.zeros(n, T, dtype=torch.long)
-        for i, it in enumerate(items):
-            ids[i, :len(it.ids)] = torch.tensor(it.ids, dtype=torch.long)
+        ids = torch.tensor([it.ids + [0] * (T - len(it.ids)) for it in items], dtype=torch.long)  # (n, T)
         lens = torch.tensor([len(it.ids) for it in items], dtype=torch.long, device=dev)
         keys = torch.tensor([it.seed_key for it in items], dtype=torch.long, device=dev)
         rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
