@@ -22,7 +22,7 @@ import threading
 import time
 
 from dflash_lab.target.gen_devices import run_queue
-from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue
+from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, by_length
 from dflash_lab.target.generate import Generator
 from dflash_lab.target.sampling import GenerationSettings
 
@@ -233,7 +233,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         log(f"regenerate: {stats['too_long']} conversations not written: their first prompt has >= {max_len} "
             f"tokens (the engine's max_len). Fix: raise max_len, or filter long prompts out.")
     total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
-    queue = PromptQueue(items, total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
+    queue = PromptQueue(by_length(items), total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
     try:
         try:
             run_queue([g.engine for g in gens], queue, settings)

@@ -67,6 +67,13 @@ class GenProgress:
                 f"{self.tokens_per_s:,.0f} new tok/s | {sum(self.rows_live.values())} rows live | ETA {eta_s}")
 
 
+def by_length(items: list[PromptItem]) -> list[PromptItem]:
+    """Shortest prompts first (stable): rows decoding together then have similar lengths, and a decode step's
+    attention reads up to the longest live row of the batch, so one 1,500-token prompt among 200-token rows would
+    make every row pay for 1,500 positions while it lives. Results and samples do not depend on the order."""
+    return sorted(items, key=lambda it: len(it.ids))
+
+
 class PromptQueue:
     """Prompts waiting for a free row, the answers of finished ones, and the follow-ups they produce."""
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .features import decoder_of, embedding_of, lm_head_weight
 from .gen_kernels import engine_kernels, grouped_decode_applies
-from .gen_queue import Generated, PromptItem, PromptQueue
+from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
 from .static_cache import RowKVCache, batch_ladder, bucket, length_ladder
@@ -207,11 +207,11 @@ class Generator:
     def _prefill(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prompts into `rows` (one right-padded causal forward); returns each one's first new token (syncs)."""
         n, T, dev = len(items), max(len(it.ids) for it in items), self.device
-        ids = torch.tensor([it.ids + [0] * (T - len(it.ids)) for it in items], dtype=torch.long)  # (n, T)
-        lens = torch.tensor([len(it.ids) for it in items], dtype=torch.long, device=dev)
-        keys = torch.tensor([it.seed_key for it in items], dtype=torch.long, device=dev)
-        rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
-        h = self.embed(ids.to(dev))  # (n, T, H)
+        ids = self._upload([it.ids + [0] * (T - len(it.ids)) for it in items])  # (n, T)
+        lens = self._upload([len(it.ids) for it in items])
+        keys = self._upload([it.seed_key for it in items])
+        rows_t = self._upload(rows)
+        h = self.embed(ids)  # (n, T, H)
         positions = torch.arange(T, device=dev)[None].expand(n, -1)
         rope = self.decoder.rotary_emb(h, positions)
         mask = None  # sdpa: is_causal over the prompt itself (every row starts at position 0)
@@ -227,6 +227,12 @@ class Generator:
         self.pos[rows_t] = torch.clamp(lens, max=self.length - 1)
         self.keys[rows_t] = keys
         return first.tolist()  # syncs
+
+    def _upload(self, values: list) -> torch.Tensor:
+        """A long tensor on the device without a host sync (pinned + non_blocking on CUDA): the prefill's kernels
+        are queued behind the decode chunk in flight instead of waiting for it."""
+        t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def _prefill_waves(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prefill in forwards of at most prefill_tokens (rows x padded length), similar lengths together."""
@@ -308,13 +314,15 @@ class Generator:
 
     def _copy_out(self, chunk_id: int, steps: int, B: int):
         """Start the device->host copy of a chunk's tokens (pinned, double-buffered on CUDA); (view, event)."""
-        buf = self._host_out[chunk_id % 2, :steps, :B]
-        buf.copy_(self.out_steps[:steps, :B], non_blocking=self._host_out.is_pinned())
+        # whole rows of out_steps: both sides contiguous, so the copy is one DMA into pinned memory (a strided copy
+        # would go through an unpinned temporary and block the host until the chunk is done)
+        buf = self._host_out[chunk_id % 2, :steps]
+        buf.copy_(self.out_steps[:steps], non_blocking=self._host_out.is_pinned())
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
-        return buf, event
+        return buf[:, :B], event
 
     @staticmethod
     def _absorb(book: RowBook, pending):
@@ -359,7 +367,8 @@ class Generator:
             raise ValueError(f"keys must be {len(prompts)} distinct integers, one per prompt. Fix: pass unique keys.")
         self.allocate(bucket(batch_ladder(self.max_batch), len(prompts)),
                       max(len(p) for p in prompts) + settings.max_new_tokens)
-        queue = PromptQueue([PromptItem(k, p) for k, p in zip(keys, prompts)], progress=progress, log=self.log)
+        queue = PromptQueue(by_length([PromptItem(k, p) for k, p in zip(keys, prompts)]), progress=progress,
+                            log=self.log)
         self.run(queue, settings)
         queue.flush()
         return [queue.results[k] for k in keys]
