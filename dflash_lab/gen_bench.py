@@ -62,7 +62,10 @@ def first_prompts(path: Path, hf: HFGenerator, n: int, room: int) -> tuple[list[
     for conv in read_chat_data(path, require_assistant=False).conversations:
         if len(out) == n:
             break
-        history = [m for m in conv.messages if m["role"] != "assistant"][:1]
+        user = next((i for i, m in enumerate(conv.messages) if m["role"] == "user"), None)
+        if user is None:
+            continue
+        history = [m for m in conv.messages[:user + 1] if m["role"] != "assistant"]  # system turns kept
         ids = hf.tokenizer(hf.prompt(history), add_special_tokens=False)["input_ids"]
         if len(ids) > room:
             dropped += 1
