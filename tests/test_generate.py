@@ -298,6 +298,9 @@ def test_engine_kernels_leave_the_model_as_it_was_given():
     with engine_kernels(dec, grouped_decode=True, fused_norms=True):
         assert dec.layers[0].self_attn.config._attn_implementation == GROUPED_DECODE
         assert "forward" in dec.norm.__dict__ and "forward" in dec.layers[0].input_layernorm.__dict__
+        with engine_kernels(dec, grouped_decode=False, fused_norms=False):  # a second engine on the same model
+            pass
+        assert dec.layers[0].self_attn.config._attn_implementation == GROUPED_DECODE  # the last one out restores
     assert model.config._attn_implementation == "sdpa" and "forward" not in dec.norm.__dict__
 
 
