@@ -3,7 +3,8 @@ CUDA graph per (batch, length bucket) on CUDA; the same code runs eagerly on the
 
     prompts -> PromptQueue -> free rows take prompts -> batched prefill (eager, right-padded, causal) -> first token
             -> decode chunks: `steps_per_sync` graph replays, each one token for every row at its own position
-            -> one device->host copy per chunk: stop tokens / length limits finish rows, their rows are refilled
+            -> one device->host copy per chunk, read while the NEXT chunk already runs (gen_rows.py keeps the
+               books): stop tokens / length limits finish rows, their rows are refilled
 
 Rows are refilled in waves (when a fraction `refill_fraction` of the rows is free, or none is live): a prefill is a
 few hundred kernel launches whatever its size, while an idle row in a decode step costs almost nothing, since
