@@ -308,3 +308,20 @@ def test_buckets():
     assert length_ladder(300)[:9] == [64, 80, 96, 112, 128, 160, 192, 224, 256] and length_ladder(300)[-1] == 300
     assert batch_ladder(48) == [8, 16, 32, 48] and batch_ladder(4) == [4]
     assert bucket([8, 16, 32], 9) == 16 and bucket([8, 16, 32], 40) == 32
+
+
+def test_gen_bench_prints_one_json_line_per_configuration(capsys):
+    import json
+
+    from dflash_lab.gen_bench import main
+    from dflash_lab.tiny import tiny_heldout_path
+
+    main(["--target", "tiny", "--device", "cpu", "--dtype", "float32", "--prompts", str(tiny_heldout_path()),
+          "--first", "6", "--eager-first", "6", "--all", "3", "--batch-sizes", "4", "--modes", "eager", "--match", "2",
+          "--match-new-tokens", "8", "--max-new-tokens", "16", "--max-len", "256"])
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [(r["kind"], r.get("variant", r.get("mode"))) for r in rows] == [
+        ("serving_match", "engine"), ("serving_match", "plain"), ("first_turns", "eager"), ("every_turn", "eager")]
+    assert rows[0]["match_rate"] == 1.0 and rows[2]["prompts"] == 6 and rows[2]["new_tokens"] == 6 * 16
+    assert rows[3]["conversations"] == 3 and rows[3]["round_trip"]["answers"] == rows[3]["answers"] >= 3
+    assert all(r["new_tokens_per_s"] > 0 for r in rows[2:])
