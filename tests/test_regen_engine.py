@@ -118,6 +118,20 @@ def test_the_drop_in_writes_what_hf_generate_writes():
     assert {f for _, f, _ in ours} == {"stop", "length"}
 
 
+def test_records_can_keep_the_answer_ids_as_generated():
+    convs = conversations()[:3]
+    recs, _ = run(convs, keep_token_ids=True)
+    greedy, _ = greedy_run()
+    _, tok = tiny()
+    for i, r in recs.items():
+        g = r["generation"]
+        answers = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        assert len(g["token_ids"]) == len(answers) and [len(t) for t in g["token_ids"]] == g["new_tokens"]
+        for ids, text, finish in zip(g["token_ids"], answers, g["finish_reasons"]):
+            assert tok.decode(ids[:-1] if finish == "stop" else ids) == text
+        assert "token_ids" not in greedy[i]["generation"] and r["messages"] == greedy[i]["messages"]
+
+
 def test_round_trip_tells_a_non_canonical_answer_apart():
     gen = EngineGenerator(hf(), max_batch=1, max_len=512)
     _, tok = tiny()

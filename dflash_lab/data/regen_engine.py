@@ -134,6 +134,7 @@ class ConversationTurns:
         self.rest = list(conv.messages)
         self.finish: list[str] = []
         self.tokens: list[int] = []
+        self.token_ids: list[list[int]] | None = None  # per answer, the ids as generated (keep_token_ids)
 
     def next_prompt(self) -> list[dict] | None:
         """The history to answer next (kept turns appended up to it), or None when the conversation is done."""
@@ -146,10 +147,12 @@ class ConversationTurns:
             return self.history
         return None
 
-    def answer(self, text: str, finish: str, n: int) -> None:
+    def answer(self, text: str, finish: str, n: int, ids: list[int] | None = None) -> None:
         self.history.append({"role": "assistant", "content": text})
         self.finish.append(finish)
         self.tokens.append(n)
+        if ids is not None:
+            self.token_ids = (self.token_ids or []) + [list(ids)]
 
     def drop_unanswered(self) -> None:
         """End the record at its last answer (the next prompt does not fit an engine row)."""
@@ -157,8 +160,10 @@ class ConversationTurns:
             self.history.pop()
 
     def record(self, generation: dict) -> dict:
-        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
-                "generation": {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}}
+        gen = {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}
+        if self.token_ids is not None:
+            gen["token_ids"] = self.token_ids
+        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history, "generation": gen}
 
 
 class _Stopped(Exception):
@@ -167,11 +172,13 @@ class _Stopped(Exception):
 
 def regenerate_with_engine(hf_generators, conversations: list, write, generation: dict, *,
                            stop: threading.Event | None = None, log=print, log_every_s: float = 10.0,
-                           **engine_kw) -> dict:
+                           keep_token_ids: bool = False, **engine_kw) -> dict:
     """Regenerate the assistant turns of `conversations` (chat_formats conversations: id, source, messages) with
     one engine per device (HFGenerators from regen_local.load_generators, or EngineGenerators), every turn through
-    one shared queue. write(record) is called once per finished conversation, from an engine thread. Returns
-    counts: written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
+    one shared queue. write(record) is called once per finished conversation, from the queue's finisher thread.
+    keep_token_ids: records also hold each answer's ids as generated (generation.token_ids, one list per turn,
+    the stop token included): sampled answers often do not re-tokenize to them (round_trip). Returns counts:
+    written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
     jobs = [ConversationTurns(c) for c in conversations]
     gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
         engine_generators(hf_generators, log=log, **engine_kw)
@@ -206,7 +213,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         idx, turn = divmod(key, TURN_KEYS)
         job = jobs[idx]
         asked, prompt = histories[idx]
-        job.answer(*helper.answer(asked, gen, prompt))
+        job.answer(*helper.answer(asked, gen, prompt), gen.token_ids if keep_token_ids else None)
         count(turns=1, new_tokens=len(gen.token_ids))
         history = job.next_prompt()
         nxt = item_for(idx, turn + 1, history) if history is not None else None
