@@ -5,8 +5,9 @@ configuration (stdout; progress on stderr).
     python -m dflash_lab.gen_bench --target tiny --device cpu --first 32 --all 8 --batch-sizes 8 --modes eager
 
 Per dtype, rows of four kinds:
-- "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), per mode (graph, eager) and
-  max_batch; graph capture during the timed run is included and also reported (`capture_s`);
+- "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), greedy per mode (graph, eager) and
+  max_batch, and sampled (--sampled T TOP_P) at the largest; graph capture during the timed run is included and
+  also reported (`capture_s`, `new_tokens_per_s_excl_capture`);
 - "every_turn": new tokens/s regenerating whole chitchat conversations turn by turn (data/regen_engine.py: each
   conversation re-enters the queue with its regenerated history), with the decode -> re-tokenize round trip;
 - "serving_match": engine greedy vs the evaluator's target-only greedy (evaluation/serving_match.py), for the engine
@@ -142,6 +143,9 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=2048, help="positions per engine row (prompt + answer)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 512, 1024])
     p.add_argument("--modes", nargs="+", default=["graph", "eager"], choices=["graph", "eager"])
+    p.add_argument("--sampled", type=float, nargs=2, default=[1.0, 0.95], metavar=("T", "TOP_P"),
+                   help="also time sampled first turns at the largest batch size (temperature, top_p)")
+    p.add_argument("--no-sampled", dest="sampled", action="store_const", const=None)
     p.add_argument("--match", type=int, default=32, help="prompts of the serving-match check (0 = skip)")
     p.add_argument("--match-new-tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
@@ -191,6 +195,13 @@ def main(argv=None) -> int:
                 log(f"{dtype} first turns: {mode}, max_batch {bs}, {n} prompts")
                 emit(run_first_turns(models, hf_gens[0], prompts[:n], settings, mode=mode, max_batch=bs,
                                      max_len=a.max_len, dtype=dtype, common=common))
+        if a.sampled:  # the sampling path (filters, inverse CDF): T and top-p as a data run would sample
+            sampled = GenerationSettings(max_new_tokens=a.max_new_tokens, temperature=a.sampled[0], top_p=a.sampled[1])
+            bs, mode = a.batch_sizes[-1], a.modes[0]
+            log(f"{dtype} first turns sampled (T={a.sampled[0]}, top_p={a.sampled[1]}): {mode}, max_batch {bs}")
+            row = run_first_turns(models, hf_gens[0], prompts[:a.first], sampled, mode=mode, max_batch=bs,
+                                  max_len=a.max_len, dtype=dtype, common=common)
+            emit({**row, "temperature": a.sampled[0], "top_p": a.sampled[1]})
         if a.all:
             bs, mode = a.batch_sizes[-1], a.modes[0]
             log(f"{dtype} every turn: {mode}, max_batch {bs}, {a.all} conversations from {all_file}")

@@ -320,8 +320,9 @@ def test_gen_bench_prints_one_json_line_per_configuration(capsys):
           "--first", "6", "--eager-first", "6", "--all", "3", "--batch-sizes", "4", "--modes", "eager", "--match", "2",
           "--match-new-tokens", "8", "--max-new-tokens", "16", "--max-len", "256"])
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
-    assert [(r["kind"], r.get("variant", r.get("mode"))) for r in rows] == [
-        ("serving_match", "engine"), ("serving_match", "plain"), ("first_turns", "eager"), ("every_turn", "eager")]
+    assert [(r["kind"], r.get("variant", r.get("mode")), r.get("temperature")) for r in rows] == [
+        ("serving_match", "engine", None), ("serving_match", "plain", None), ("first_turns", "eager", None),
+        ("first_turns", "eager", 1.0), ("every_turn", "eager", None)]
     assert rows[0]["match_rate"] == 1.0 and rows[2]["prompts"] == 6 and rows[2]["new_tokens"] == 6 * 16
-    assert rows[3]["conversations"] == 3 and rows[3]["round_trip"]["answers"] == rows[3]["answers"] >= 3
+    assert rows[4]["conversations"] == 3 and rows[4]["round_trip"]["answers"] == rows[4]["answers"] >= 3
     assert all(r["new_tokens_per_s"] > 0 for r in rows[2:])
