@@ -11,8 +11,9 @@ the whole conversation gives back the answer's generated ids where the answer si
     regenerate_with_engine(hf_generators, conversations, write, generation, stop=stop_event)   # every turn
     EngineGenerator(hf_generator)(histories, seed)                                    # HFGenerator's role
 
-A conversation whose next prompt no longer fits an engine row (max_len positions) is written with the turns
-answered so far (counted as "cut_at_max_len"); one whose first prompt does not fit is not written ("too_long").
+A conversation whose next prompt plus max_new_tokens no longer fits an engine row (max_len positions) is written
+with the turns answered so far (counted as "cut_at_max_len"), so every answer had its whole budget, as with HF
+`generate`; one whose first prompt does not fit is not written ("too_long").
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
             raise ValueError(f"conversation {jobs[idx].conv.id} has more than {TURN_KEYS} assistant turns. Fix: "
                              "split it, or regenerate it with the Hugging Face back end.")
         ids = helper.encode(history)
-        if len(ids) >= max_len:
+        if len(ids) + settings.max_new_tokens > max_len:  # the answer would not get its whole budget
             return None
         histories[idx] = (list(history), ids)
         return PromptItem(idx * TURN_KEYS + turn, ids, conversation_key(jobs[idx].conv.id) * TURN_KEYS + turn)
@@ -237,8 +238,9 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         else:
             items.append(it)
     if stats["too_long"] and log:
-        log(f"regenerate: {stats['too_long']} conversations not written: their first prompt has >= {max_len} "
-            f"tokens (the engine's max_len). Fix: raise max_len, or filter long prompts out.")
+        log(f"regenerate: {stats['too_long']} conversations not written: their first prompt + max_new_tokens "
+            f"({settings.max_new_tokens}) exceeds the engine's max_len ({max_len}). Fix: raise max_len, or filter "
+            "long prompts out.")
     total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
     queue = PromptQueue(by_length(items), total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
     try:
