@@ -31,7 +31,7 @@ WORK=${WORK:-/tmp/scaling-run}
 MODEL=smollm2-135m-instruct DEVICE=cuda:0 DTYPE=bfloat16
 if [ "${SCALING_CPU:-0}" = 1 ]; then  # a dry run of the same path on the embedded tiny target, on the CPU
   MODEL=tiny DEVICE=cpu DTYPE=float32 N_SELF=${N_SELF:-60} SIZES=${SIZES:-"20 40"} STEPS=${STEPS:-4} BATCH=4
-  export SCALING_CPU EVAL_PROMPTS=${EVAL_PROMPTS:-2} EVAL_TOKENS=${EVAL_TOKENS:-8} CHITCHAT_LIMIT=${CHITCHAT_LIMIT:-30}
+  export SCALING_CPU SIZES STEPS BATCH EVAL_PROMPTS=${EVAL_PROMPTS:-2} EVAL_TOKENS=${EVAL_TOKENS:-8} CHITCHAT_LIMIT=${CHITCHAT_LIMIT:-30}
 fi
 export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
@@ -56,12 +56,10 @@ data)
     git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
   $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
   log "model converted"
-  # GPU tests first: graph == eager for the generation engine and the decoders, bf16 and fp32
-  timeout 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_generate.py \
-    tests/test_speculative.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
-  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
-  timeout 120 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 --out "$OUT/gen_bench.jsonl" \
-    >> "$OUT/prep.log" 2>&1
+  # the engine's rate (first turns, every turn, T=1) and its match with the evaluator's greedy, bf16 and fp32
+  timeout 150 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 --first 4096 --eager-first 256 \
+    --batch-sizes 512 1024 --all 500 --match 32 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" \
+    > "$OUT/gen_bench.log" 2>&1
   log "generation bench rc=$?"
   fi
   # chitchat: prompts written by people, answered by the target (greedy, bf16: the evaluator's setting)
@@ -131,13 +129,17 @@ EOF
   tail -30 "$OUT/train.log" | cut -c1-300
   ;;
 extra)
+  # GPU tests: graph == eager for the generation engine and the decoders, bf16 and fp32
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_generate.py tests/test_decode_bench.py \
+    tests/test_speculative.py tests/test_validation.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
+  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
   BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); b=[p for p in s['points'] if p['name']==s.get('best')]; print(b[0]['run_dir'] if b else '')")
   [ -n "$BEST" ] || { echo "no best point in $WORK/scaling.json"; exit 2; }
-  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general --dtype float32 --n-prompts 16 \
-    --max-new-tokens 64 > "$OUT/lossless_fp32.log" 2>&1
+  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general $DATA/chitchat-heldout-regen.jsonl --dtype float32 \
+    --n-prompts 16 --max-new-tokens 128 --no-untrained --no-notebook > "$OUT/lossless_fp32.log" 2>&1
   log "fp32 lossless rc=$?"
-  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --run "$BEST" --out "$OUT/decode_bench.jsonl" \
-    > "$OUT/decode_bench.log" 2>&1
+  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --target $MODEL --drafter "$BEST" --prompts general \
+    --block-size 16 --skip-dynamic > "$OUT/decode_bench.log" 2>&1
   log "decode bench rc=$?"
   ;;
 *) echo "unknown mode $MODE: use data, train or extra"; exit 2 ;;
