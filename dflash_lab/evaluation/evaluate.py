@@ -38,6 +38,7 @@ from .prompts import EvalError, load_prompts  # noqa: F401 (load_prompts: public
 from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
+from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +121,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if n_prompts is not None and (not isinstance(n_prompts, int) or n_prompts < 1):
         raise EvalError(f"n_prompts={n_prompts!r} must be >= 1 (or None for every prompt, \"auto\" for "
                         f"{DEFAULT_PROMPTS['real']} on a real target and {DEFAULT_PROMPTS['tiny']} on the tiny one).")
-    B = block_size or src.config.block_size
+    B = block_size if block_size is not None else src.config.block_size  # 0 is refused below, not defaulted
     if B < 2:
         raise EvalError(f"block_size={B} leaves no draft slot; use >= 2 (the target-only baseline runs anyway).")
     if dtype not in DTYPES:
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             report = evaluate(**params, out_dir=plan.out_dir)
             report.save()
             saved = report.to_dict()
-    except (DrafterNotFoundError, EvalError, PromptTooLongError) as e:
+    except (DrafterNotFoundError, EvalError, PromptTooLongError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report = EvalReport.from_dict(saved)
