@@ -188,7 +188,8 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             q = q.reshape(1, attn.num_kv_heads, groups * B, attn.head_dim)  # head j reads kv head j // groups
             out = F.scaled_dot_product_attention(q, self.ctx_keys[i][:, :, :live], self.ctx_values[i][:, :, :live],
                                                  attn_mask=masks[layer.mask_key])  # (1, kvh, groups * B, d)
-            out = out.view(1, attn.num_heads, B, attn.head_dim).transpose(1, 2).reshape(1, B, -1)
+            # SDPA's fused kernels may return a non-contiguous output on the GPU: reshape, never view
+            out = out.reshape(1, attn.num_heads, B, attn.head_dim).transpose(1, 2).reshape(1, B, -1)
             hidden = hidden + attn.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return d.norm(hidden)[0, 1:]
@@ -220,7 +221,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.out.copy_(torch.cat([top.indices.float(), top.values, col(torch.cat([drafts, drafts[:1] * 0]))
                                   if B > 1 else col(p[None] * 0), ref, acc], dim=1))
         self.out_logits.copy_(logits)
-        self.state.copy_(torch.stack([top1[a], p, p + a + 1]))
+        # top1[a] with a 0-dim tensor index reads `a` on the host (a sync a CUDA graph cannot capture): gather it
+        nxt = top1.index_select(0, a.view(1)).squeeze(0)
+        self.state.copy_(torch.stack([nxt, p, p + a + 1]))
 
     def _capture(self, live: int) -> None:
         """Warm the step up on a side stream, then capture it. Its writes land at positions a prefill overwrites or
