@@ -29,8 +29,10 @@ def header_html(s: DashboardState) -> str:
     for the phase detail, a warning (e.g. `tau_gap`) and an error, each free to wrap on its own."""
     colour = PHASE_COLOURS.get(s.phase, "#8250df")
     total = f" / {s.total_steps}" if s.total_steps else ""
-    warm = s.throughput_state != "steady"
-    steady = "warming up" if warm else f"steady {format_rate(s.steady_tokens_per_s)}"
+    if s.steady_tokens_per_s and s.throughput_state == "steady":
+        steady = f"steady {format_rate(s.steady_tokens_per_s)}"
+    else:
+        steady = "warming up" if s.warming_up else "steady -"
     tau = _v("sim-tau", _num(s.sim_tau, ".2f"), "simulated acceptance length from block accuracy on the training "
                                                 "batch (not a real decode)", s.sim_tau)
     if s.val_sim_tau is not None:

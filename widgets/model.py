@@ -111,6 +111,11 @@ class DashboardState:
         return self.phase in ENDED_PHASES
 
     @property
+    def warming_up(self) -> bool:
+        """Throughput still warming up, said only of a run that is training (a stopped run warms nothing up)."""
+        return self.phase == "training" and self.throughput_state != "steady"
+
+    @property
     def eta_text(self) -> str:
         """The ETA only while training: idle, paused, stopped or finished runs have none."""
         return format_eta(self.eta_s, self.eta_estimated) if self.phase == "training" else "-"
@@ -124,7 +129,7 @@ class DashboardState:
         total = f"/{self.total_steps}" if self.total_steps else ""
         tps = self.steady_tokens_per_s if self.steady_tokens_per_s else self.tokens_per_s
         tps_txt = "-" if tps is None else f"{format_rate(tps)} tok/s"
-        tps_txt += "" if self.throughput_state == "steady" else " (warming up)"
+        tps_txt += " (warming up)" if self.warming_up else ""
         parts = [f"step {self.step}{total}", tps_txt, f"loss {_fmt(self.loss, '.4f')}",
                  f"sim tau {_fmt(self.sim_tau, '.2f')}"]
         if self.real_tau is not None:

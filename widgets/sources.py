@@ -131,6 +131,7 @@ class TrainerSource:
             if added:
                 self.controls.heartbeat()  # new steps: a loop is running (for Trainers without loops_running)
             self.controls.check_checkpoint()  # "Checkpoint now" while paused or idle: say when it is written
+            self.controls.settle_message()  # "pause requested" -> "paused at step N" once it is
         info = trainer_phase(t, self.controls)
         if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
             info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"
