@@ -112,3 +112,30 @@ def test_progress_line_says_warm_up_and_eta_only_while_training():
     for phase in ("stopped", "paused", "finished", "idle"):
         line = progress_line(m, step=10, target=250, steady_step_time=None, phase=phase)
         assert "warming up" not in line and "ETA" not in line and line.endswith(f"| {phase}"), line
+
+
+def test_the_heldout_fix_names_a_parameter_of_the_notebooks_it_names(tmp_path):
+    """Training on a data file with no held-out split says how to give one; each notebook the message names has that
+    parameter (train.ipynb had none: `-p heldout_data` stopped the run)."""
+    import re
+    import shutil
+
+    from dflash_lab import TrainConfig, Trainer
+    from dflash_lab.config.notebook_params import parameter_defaults
+    from dflash_lab.tiny import tiny_data_path
+
+    data = tmp_path / "mine.jsonl"  # no heldout.jsonl next to it
+    shutil.copy(tiny_data_path(), data)
+    lines = []
+    trainer = Trainer(TrainConfig(**{**SMALL, "data": str(data), "steps": 2, "val_every": 1},
+                                  runs_dir=str(tmp_path / "runs")), log=lines.append)
+    try:
+        trainer.step(1)
+    finally:
+        trainer.close()
+    (note,) = [x for x in lines if "validation and real tau are off" in x]
+    assert "-p heldout_data FILE.jsonl" in note, note
+    named = re.findall(r"(\w+\.ipynb)", note)
+    assert set(named) == {"train.ipynb", "explore.ipynb"}
+    for nb in named:
+        assert parameter_defaults(nb)["heldout_data"] == "auto", nb
