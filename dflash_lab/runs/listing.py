@@ -1,6 +1,6 @@
 """List run directories and load their metrics into pandas DataFrames (compare.ipynb and ad-hoc analysis).
 
-    from dflash_lab import runs
+    from dflash_lab.runs import listing as runs
     dirs = runs.list_runs("runs")            # newest first: [Path('runs/20250101T120000Z-train-a1b2c3'), ...]
     runs.runs_table(dirs)                     # one row per run: status, steps, last loss, tokens/s, memory, eval tau
     runs.compact_table(runs.runs_table(dirs)) # the same as short text columns: what `runs list` and compare show

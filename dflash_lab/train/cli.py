@@ -107,7 +107,13 @@ def _failed_status(run_dir: Path, rank: int, step: int | None, error: str) -> No
                              "detail": f"see error.rank{rank}.json and launch.log"})
 
 
-if __name__ == "__main__":
+def run() -> int:
+    """The command's entry: torchrun's `record` writes a failing rank's exception to its error file, so the job's
+    summary names the rank that died first and why."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    sys.exit(record(main)())
+    return record(main)()
+
+
+if __name__ == "__main__":
+    sys.exit(run())
