@@ -13,6 +13,8 @@ import statistics
 import threading
 from dataclasses import dataclass, field
 
+from .history import MAX_MARKERS, DeviceHistory, Marker, SystemHistory, marker_from_record, markers_from_events
+
 # A side that waits more than this share of a step is worth a GPU move.
 IDLE_THRESHOLD = 0.15
 # Phases after which nothing changes: ETA hidden, system readings (CPU, GPU) frozen at their last value.
@@ -105,6 +107,9 @@ class DashboardState:
     val_sim_tau: float | None = None  # held-out validation (logged every few hundred steps; None until then)
     real_tau: float | None = None  # real speculative decoding on held-out prompts
     warning: str | None = None  # e.g. a `tau_gap` event: simulated and real tau part ways
+    device_history: list[DeviceHistory] = field(default_factory=list)  # memory / utilisation over time per device
+    markers: list[Marker] = field(default_factory=list)  # pause, stop, LR change, checkpoint, evaluation (by step)
+    markers_version: int = 0
 
     @property
     def ended(self) -> bool:
@@ -282,6 +287,9 @@ class DashboardModel:
         self._recent: list[dict] = []  # last `balance_window` records (wait fractions, step times)
         self._balance_window = balance_window
         self.placement: tuple[int | None, int | None] = (None, None)  # (target GPUs, drafter GPUs)
+        self.system_history = SystemHistory()
+        self.markers: list[Marker] = []
+        self.markers_version = 0
         self._lock = threading.RLock()  # a refresh thread and the notebook's thread may both read and feed it
 
     # -- input --------------------------------------------------------------------------------------------------
@@ -323,6 +331,9 @@ class DashboardModel:
                     self.latest[name] = v
         if r.get("tau_gap"):
             self.warning = tau_gap_text(r["tau_gap"], step)
+        mark = marker_from_record(r)
+        if mark is not None:
+            self._add_markers([mark])
         if self.steady_from_step is None and r.get("throughput_state") == "steady":
             self.steady_from_step = step
         self._recent.append(r)
@@ -331,7 +342,19 @@ class DashboardModel:
 
     def add_system(self, sample: dict | None) -> None:
         if sample:
-            self.last_system = sample
+            with self._lock:
+                self.last_system = sample
+                self.system_history.add(sample)
+
+    def add_events(self, events: list[dict]) -> None:
+        """events.jsonl lines (any order of arrival): pause / stop / LR change / checkpoint ... become markers."""
+        with self._lock:
+            self._add_markers(markers_from_events(events))
+
+    def _add_markers(self, new: list[Marker]) -> None:
+        if new:
+            self.markers = sorted(set(self.markers) | set(new), key=lambda m: (m.step, m.kind))[-MAX_MARKERS:]
+            self.markers_version += 1
 
     def pull(self, metrics_ring=None, system_ring=None) -> int:
         """Read what is new in a metrics RingBuffer (by step) and the newest monitor sample."""
@@ -380,6 +403,9 @@ class DashboardModel:
             balance=balance_from(self._recent, n_target_gpus=self.placement[0], n_drafter_gpus=self.placement[1]),
             updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
             real_tau=self.latest.get("real_tau"), warning=self.warning,
+            device_history=[DeviceHistory(d.label, list(d.t), list(d.mem_frac), list(d.util_pct))
+                            for d in self.system_history.devices.values()],
+            markers=list(self.markers), markers_version=self.markers_version,
         )
 
 
