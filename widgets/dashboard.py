@@ -179,6 +179,7 @@ class LiveDashboard:
                                                                    "paused again)"), n]
         if "set_lr" in buttons:
             lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="110px"))
+            lr.add_class("dfl-lr-input")
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
         for w in row:
             route_to_frontend_subshell(w)

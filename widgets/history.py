@@ -104,7 +104,7 @@ def marker_from_record(r: dict) -> Marker | None:
     return Marker(int(r["step"]), "eval", f"evaluation at step {int(r['step'])} ({what})")
 
 
-def strip_svg(h: DeviceHistory, *, width: int = 200, height: int = 22) -> str:
+def strip_svg(h: DeviceHistory, *, width: int = 200, height: int = 28) -> str:
     """A sparkline of memory (filled) and utilisation (line) over time; `data-*` carry the numbers for tests."""
     if len(h.t) < 2:
         return (f'<span class="dfl-strip" data-device="{html.escape(h.label)}" data-points="{len(h.t)}" '

@@ -76,11 +76,13 @@ def _bar(frac: float, colour: str, text: str = "") -> str:
     pct = max(0.0, min(1.0, frac)) * 100
     return (f'<div style="position:relative;height:16px;background:#eaeef2;border-radius:3px;min-width:120px">'
             f'<div style="width:{pct:.1f}%;height:100%;background:{colour};border-radius:3px"></div>'
-            f'<div style="position:absolute;left:6px;top:0;line-height:16px;font-size:12px">{text}</div></div>')
+            f'<div style="position:absolute;left:6px;right:4px;top:0;line-height:16px;font-size:12px;'
+            f'white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{text}</div></div>')
 
 
-GRID = ('display:grid;grid-template-columns:minmax(100px,max-content) minmax(160px,1fr) 9ch 7ch 7ch '
-        'minmax(120px,1fr);column-gap:12px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
+# Fits a ~560 px cell (a 1,024 px window with JupyterLab's file browser open): the minima add up to ~500 px.
+GRID = ('display:grid;grid-template-columns:minmax(90px,max-content) minmax(130px,2fr) 7ch 6ch 6ch '
+        'minmax(80px,1fr);column-gap:10px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
 STRIP_HEAD = ('<span style="color:#57606a;font-size:11px" title="memory in use (filled) and busy % (line) over time">'
               'history: memory (fill), busy (line)</span>')
 
@@ -102,7 +104,7 @@ def gpus_html(s: DashboardState) -> str:
         frozen = " (last reading: the run has ended)" if s.ended else ""
         return (f'<div class="dfl-gpus" style="{GRID}">'
                 f'<div class="dfl-gpu-status" style="grid-column:1/-1;color:#57606a;font-size:11px">'
-                f'{html.escape(s.gpu_status + frozen)}</div>'
+                f'{html.escape(s.gpu_status + frozen)}; history strip: RAM in use (fill), CPU % (line)</div>'
                 f'<b>host RAM</b>{_bar(ram_frac, "#8250df", ram + rss)}<span></span><span></span><span></span>'
                 f'<span style="grid-row:span 2">{_strip(s, "host")}</span>'
                 f'<b>host CPU</b>{_bar((cpu or 0) / 100, "#0969da", _v("cpu", _num(cpu, ".0f") + "%", value=cpu))}'
