@@ -369,3 +369,41 @@ def test_dashboard_live_in_jupyterlab(lab):
     assert stopped_at > paused_at
     assert (lab["root"] / "explore.ipynb").stat().st_size > copy_size + 10_000, "the working copy holds the outputs"
     assert _tracked_notebooks() == tracked, "a lab session changed a tracked notebook"
+
+
+JS_TABLES = """() => Array.from(document.querySelectorAll('table')).map((t) => {
+  const r = t.getBoundingClientRect();
+  const area = t.closest('.jp-OutputArea-output') || t.parentElement;
+  return {width: r.width, right: r.right, area: area.getBoundingClientRect().right, columns: t.rows[0].cells.length};
+})"""
+
+
+def test_compare_table_fits_a_1024_px_page(tmp_path):
+    """`python -m dflash_lab.runs compare`'s HTML at a 1,024 px window: the runs table is whole (it was 1,818 px wide
+    and clipped its last columns), next to the static figures."""
+    _ensure_chromium()
+    _ensure_playwright()
+    from playwright.sync_api import sync_playwright
+
+    from dflash_lab.runs import listing
+    from tests.test_compare import _fake_eval, _fake_run
+
+    root = tmp_path / "runs"
+    a = _fake_run(root, "20260101T100000Z", "baseline-long-name", losses=[5.0, 4.0, 3.0], tps=11283.4,
+                  mem_key="mem_gb/cuda:0", mem=40.9, status="finished")
+    _fake_run(root, "20260102T100000Z", "dpace-muon", losses=[6.0, 7.0], tps=2500.0, mem_key="rss_gb", mem=1.5)
+    _fake_eval(a, "20260101T120000Z-b16-t0-bf16", step=30, tau_heldout=3.61, tau_train=4.8, block_size=16)
+    html = listing.compare([], runs_dir=str(root), out=tmp_path / "out" / "compare.ipynb")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1024, "height": 900})
+            page.goto(html.as_uri())
+            tables = page.evaluate(JS_TABLES)
+            page.screenshot(path=str(ARTIFACTS / "compare-1024.png"), full_page=True)
+        finally:
+            browser.close()
+    assert tables, "no table in the compare HTML"
+    for t in tables:
+        assert t["right"] <= min(t["area"], 1024) + 1, f"table clipped at 1,024 px: {tables}"
+    assert tables[0]["columns"] >= 10  # still every figure: status ... target
