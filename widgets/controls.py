@@ -75,7 +75,8 @@ class TrainingControls:
             self._say(f"paused at step {t.step_count}")
         elif pending == "stop" and not self.loop_active():
             self._say(f"stopped at step {t.step_count}")
-        elif isinstance(pending, tuple) and (t.step_count >= pending[1] or not self.loop_active()):
+        elif isinstance(pending, tuple) and ((t.step_count >= pending[1] and phase == "paused")
+                                             or not self.loop_active()):
             self._say(f"took the steps; paused at step {t.step_count}" if phase == "paused"
                       else f"at step {t.step_count}")
         else:
