@@ -13,7 +13,14 @@ time; a CUDA device is handed to its process as CUDA_VISIBLE_DEVICES so the run 
 
 Outputs: `runs/sweeps/<stamp>-<name>/sweep.json` (variants, run dirs, status, errors) and results.csv/json
 (sweep_results.py); each variant's run dir is a normal one under `runs/`. Rerunning a sweep of the same name reuses
-its newest sweep dir and skips variants that finished with the same config.
+its newest sweep dir (named exactly `<stamp>-<name>`), skips variants that finished with the same config and whose
+run folder is still there, and keeps variants that are no longer listed (their rows stay in the results).
+
+Nothing runs twice or beside itself: one sweep of a name runs at a time (`sweeps/<name>.lock`); a variant's process
+dies with the sweep (SIGTERM when its parent goes, SIGKILL and kernel restarts included), and a rerun that finds a
+variant's run folder still locked by a live process refuses to start it again. Every variant is measured on the SAME
+held-out set: the base's (its data's own held-out split when the base leaves heldout_data unset) is pinned into every
+variant, so a variant that trains on other data is still scored on the base's prompts.
 """
 
 from __future__ import annotations
@@ -24,13 +31,18 @@ import datetime as _dt
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.runs import lock as run_lock
 from dflash_lab.runs.rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
+from dflash_lab.runs.run_files import RunFileError
+from dflash_lab.train.validation import heldout_source
 from .sweep_results import SWEEP_FILE, read_sweep, write_results
 
 LOG_FILE = "sweep.log"  # a variant's stdout + stderr, in its run dir
@@ -39,6 +51,8 @@ MEASUREMENT_FIELDS = ("heldout_data", "real_tau_prompts", "real_tau_new_tokens",
 # Fields the sweep sets per variant / per slot.
 SWEEP_OWNED_FIELDS = ("run_name", "runs_dir", "devices", "target_devices", "resume_from")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_STAMP = r"\d{8}T\d{6}Z-"
+PARENT_ENV = "DFLASH_SWEEP_PARENT"  # the sweep's pid, so a variant process can end itself when the sweep is gone
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,9 +104,28 @@ class SweepConfig:
                               "(use SweepConfig.steps / real_tau_every / devices / runs_dir / name).")
         self.train_configs()  # every variant's TrainConfig, built now: a typo fails before anything runs
 
+    def heldout(self) -> str:
+        """The held-out conversations every variant is measured on: the base's heldout_data, else its data's own
+        held-out file. A variant that changes `data` would otherwise be scored on another set (or none)."""
+        data, given = self.base.get("data", TrainConfig.data), self.base.get("heldout_data")
+        if given is None and data != "tiny" and not Path(str(data)).expanduser().exists():
+            raise ConfigError(f"SweepConfig.base data={data!r} does not exist. Fix: pass an existing data file or "
+                              "folder (its held-out set scores every variant), or set base heldout_data.")
+        try:
+            found = heldout_source(data, given)
+        except FileNotFoundError as e:
+            raise ConfigError(f"SweepConfig.base: {e}") from None
+        if found is None or found[1] is not None:
+            why = "has no held-out set" if found is None else f"holds its held-out set as the split {found[1]!r}"
+            raise ConfigError(f"SweepConfig.base data={data!r} {why}: the sweep ranks every variant by real tau on "
+                              "ONE held-out file. Fix: set base heldout_data to a JSONL file of held-out "
+                              "conversations.")
+        return str(found[0])
+
     def train_configs(self) -> dict[str, TrainConfig]:
         """{variant name: its TrainConfig} (device "cpu" or "cuda:0": the slot decides the real device)."""
         out: dict[str, TrainConfig] = {}
+        heldout = self.heldout()
         for i, v in enumerate(self.variants):
             if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not _NAME.match(v["name"]):
                 raise ConfigError(f"sweep variant #{i} ({v!r}) is invalid: each variant is a dict with a 'name' of "
@@ -107,7 +140,8 @@ class SweepConfig:
                     raise ConfigError(f"sweep variant #{i} {vname!r} sets {key}={overrides[key]!r}: every variant "
                                       "must train the same steps and measure real tau on the same held-out prompts, "
                                       "and the sweep picks run names and devices. Fix: remove it from the variant.")
-            fields = {**self.base, **overrides, "steps": self.steps, "real_tau_every": self.real_tau_every,
+            fields = {**self.base, **overrides, "heldout_data": heldout, "steps": self.steps,
+                      "real_tau_every": self.real_tau_every,
                       "run_name": f"{self.name}-{vname}", "runs_dir": self.runs_dir,
                       "devices": ("cpu",) if self.devices[0] == "cpu" else ("cuda:0",)}
             try:
@@ -142,10 +176,17 @@ def sweeps_dir(runs_dir: str | Path = "runs") -> Path:
 
 
 def find_sweep_dir(cfg: SweepConfig) -> Path | None:
-    """The newest `runs_dir/sweeps/<stamp>-<name>/` of this sweep's name, or None."""
+    """The newest `runs_dir/sweeps/<stamp>-<name>/` of exactly this sweep's name (never `<stamp>-lr-<name>`)."""
     root = sweeps_dir(cfg.runs_dir)
-    found = sorted(p for p in root.glob(f"*-{cfg.name}") if (p / SWEEP_FILE).is_file()) if root.is_dir() else []
+    name = re.compile(_STAMP + re.escape(cfg.name))
+    found = sorted(p for p in root.iterdir() if name.fullmatch(p.name) and (p / SWEEP_FILE).is_file()) \
+        if root.is_dir() else []
     return found[-1] if found else None
+
+
+def sweep_lock(cfg: SweepConfig) -> Path:
+    """Held while a sweep of this name runs: a second one would share its folder and train every variant twice."""
+    return sweeps_dir(cfg.runs_dir) / f"{cfg.name}.lock"
 
 
 def _config_key(tc: TrainConfig) -> dict:
@@ -167,17 +208,36 @@ def child_env(device: str) -> dict:
     return env
 
 
-def _last_error(run_dir: Path) -> str:
-    """The error a failed variant left: error.json from the child, else the last lines of its log."""
+def _last_error(run_dir: Path, rc: int | None = None) -> str:
+    """The error a failed variant left: the signal that killed it (SIGKILL: often the out-of-memory killer), else
+    error.json from the child, else the last lines of its log."""
+    killed = ""
+    if rc is not None and rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else f"signal {-rc}"
+        oom = " (often the out-of-memory killer)" if -rc == signal.SIGKILL else ""
+        killed = f"killed by {name}{oom}; "
     try:
-        return json.loads((run_dir / "error.json").read_text())["error"]
-    except (OSError, ValueError, KeyError):
+        return killed + json.loads((run_dir / "error.json").read_text())["error"]
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
         lines = (run_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()
     except OSError:
-        return "no log"
-    return " | ".join(lines[-3:]) or "exited without output"
+        return killed + "no log"
+    return killed + (" | ".join(lines[-3:]) or "exited without output")
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a variant process: ask the kernel for SIGTERM when the sweep that started it dies (a SIGKILLed or
+    restarted kernel cannot stop its children), and end now if it is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):  # not Linux: the sweep's own SIGTERM handler still stops its children
+        pass
+    if os.getppid() != parent:
+        sys.exit("the sweep that started this variant is gone")
 
 
 class Sweep:
@@ -186,25 +246,54 @@ class Sweep:
     def __init__(self, cfg: SweepConfig, *, resume: bool = True, log=print):
         self.cfg, self.log = cfg, log
         self.configs = cfg.train_configs()
+        if run_lock.is_held(sweep_lock(cfg)):
+            raise run_lock.Busy(f"sweep {cfg.name!r} is running in another process "
+                                f"({run_lock.describe(run_lock.read_holder_file(sweep_lock(cfg)))}); a second one "
+                                "would train every variant again beside it. Fix: wait for it, or give this sweep "
+                                "another name.")
         old = find_sweep_dir(cfg) if resume else None
+        previous, old_spec = {}, {}
         if old is None:
             stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             self.dir = sweeps_dir(cfg.runs_dir) / f"{stamp}-{cfg.name}"
             self.dir.mkdir(parents=True)
-            previous: dict = {}
         else:
             self.dir = old
-            previous = {v["name"]: v for v in read_sweep(old).get("variants", [])}
+            try:
+                state = read_sweep(old)
+            except RunFileError as e:
+                raise ConfigError(f"cannot resume sweep {cfg.name!r}: {e} Fix: move {old} aside (its run folders "
+                                  "stay under runs/), or pass resume=False for a new sweep folder.") from None
+            previous = {v["name"]: v for v in state.get("variants", []) if isinstance(v, dict) and "name" in v}
+            old_spec = {v.get("name"): v for v in state.get("spec", {}).get("variants", []) if isinstance(v, dict)}
         self.state = {"name": cfg.name, "spec": cfg.spec(), "sweep_dir": str(self.dir), "variants": []}
+        listed = {v["name"]: {k: x for k, x in v.items() if k != "name"} for v in cfg.variants}
         for name, tc in self.configs.items():
-            key = _config_key(tc)
-            prev = previous.get(name)
-            if prev and prev.get("status") == "finished" and prev.get("config") == key:
-                self.state["variants"].append({**prev, "skipped": True})
-            else:
-                self.state["variants"].append({"name": name, "status": "pending", "config": key, "run_dir": None,
-                                               "device": None, "error": None, "wall_s": None, "skipped": False})
+            self.state["variants"].append(self._carried(name, _config_key(tc), listed[name], previous.get(name)))
+        for name, prev in previous.items():  # left out of this run: kept as they were, rows and all
+            if name not in listed:
+                over = prev.get("overrides", {k: x for k, x in old_spec.get(name, {}).items() if k != "name"})
+                self.state["variants"].append({**prev, "overrides": over, "listed": False})
+                log(f"sweep {cfg.name}: {name} is not among this run's variants: kept as it was ({prev.get('status')})")
         self.save()
+
+    def _carried(self, name: str, key: dict, overrides: dict, prev: dict | None) -> dict:
+        """A variant's record: the previous one if it finished with this config and its run is still there, else
+        pending. A previous 'running' one whose run folder a live process still holds is refused (stale child)."""
+        run_dir = Path(prev["run_dir"]) if prev and prev.get("run_dir") else None
+        if prev and prev.get("status") == "running" and run_dir is not None:
+            if run_lock.is_held(run_dir / run_lock.LOCK_FILE):
+                raise run_lock.Busy(
+                    f"sweep {self.cfg.name}: variant {name!r} is still being trained in {run_dir} by "
+                    f"{run_lock.describe(run_lock.read_holder(run_dir))}, left by an earlier run of this sweep "
+                    f"that was killed. Fix: wait for it, or stop it (touch {run_dir}/STOP), then rerun.")
+        if prev and prev.get("status") == "finished" and prev.get("config") == key:
+            if run_dir is not None and (run_dir / "summary.json").is_file():
+                return {**prev, "overrides": overrides, "listed": True, "skipped": True}
+            self.log(f"sweep {self.cfg.name}: {name} finished earlier but its run folder {run_dir} is gone: "
+                     "training it again")
+        return {"name": name, "status": "pending", "config": key, "overrides": overrides, "listed": True,
+                "run_dir": None, "device": None, "error": None, "wall_s": None, "skipped": False}
 
     def save(self) -> None:
         self.state["updated"] = time.time()
@@ -222,30 +311,44 @@ class Sweep:
         self.log(f"sweep {self.cfg.name}: {v['name']} on {device} -> {run_dir}")
         logf = open(run_dir / LOG_FILE, "wb")
         try:
-            return subprocess.Popen([sys.executable, "-m", "dflash_lab.sweep", "--run", str(run_dir)],
-                                    stdout=logf, stderr=subprocess.STDOUT, env=child_env(device))
+            proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.sweep", "--run", str(run_dir)],
+                                    stdout=logf, stderr=subprocess.STDOUT,
+                                    env={**child_env(device), PARENT_ENV: str(os.getpid())})
         finally:
             logf.close()  # the child holds its own copy of the file descriptor
+        v["pid"] = proc.pid
+        return proc
 
     def _end(self, v: dict, rc: int) -> None:
         run_dir = Path(v["run_dir"])
         v["wall_s"] = round(time.time() - v.pop("started"), 2)
         summary = run_dir / "summary.json"
-        ok = rc == 0 and summary.is_file() and json.loads(summary.read_text()).get("status") == "finished"
+        try:
+            ok = rc == 0 and json.loads(summary.read_text()).get("status") == "finished"
+        except (OSError, ValueError, AttributeError):
+            ok = False
         v["status"] = "finished" if ok else "failed"
         if not ok:
-            v["error"] = _last_error(run_dir) if rc != 0 else f"run ended without finishing (exit {rc})"
+            v["error"] = _last_error(run_dir, rc) if rc != 0 else f"run ended without finishing (exit {rc})"
         self.log(f"sweep {self.cfg.name}: {v['name']} {v['status']} in {v['wall_s']:.1f} s"
                  + (f": {v['error']}" if v["error"] else ""))
 
     def run(self, *, callbacks=(), poll_s: float = 0.5) -> list[dict]:
         """Run every pending variant (one per device at a time); returns the ranked results (sweep_results)."""
-        pending = [v for v in self.state["variants"] if v["status"] != "finished"]
+        with run_lock.holding(sweep_lock(self.cfg), what=f"sweep {self.cfg.name!r}", log=self.log,
+                              fix="wait for the other run of this sweep, or give this one another name."):
+            return self._run(callbacks, poll_s)
+
+    def _run(self, callbacks, poll_s: float) -> list[dict]:
+        pending = [v for v in self.state["variants"] if v["status"] != "finished" and v.get("listed", True)]
         for v in self.state["variants"]:
             if v["status"] == "finished":
                 self.log(f"sweep {self.cfg.name}: {v['name']} already finished ({v['run_dir']}): skipped")
         # Slots, not devices: a device listed twice runs two variants on it at once (small targets leave a GPU idle).
         free, running = list(range(len(self.cfg.devices))), {}  # slot -> (variant, process)
+        old_term = None
+        if threading.current_thread() is threading.main_thread():  # SIGTERM (a kernel restart): stop the children
+            old_term = signal.signal(signal.SIGTERM, _terminated)
         try:
             while pending or running:
                 while pending and free:
@@ -269,9 +372,15 @@ class Sweep:
                 v.update(status="failed", error="sweep interrupted", wall_s=None)
                 v.pop("started", None)
             self.save()
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
         for cb in callbacks:
             cb(self)
         return write_results(self.dir)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(f"sweep terminated by {signal.Signals(signum).name}")
 
 
 def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print) -> Sweep:
@@ -283,6 +392,8 @@ def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print)
 
 def run_variant(run_dir: Path) -> int:
     """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps and finished."""
+    if os.environ.get(PARENT_ENV, "").isdigit():
+        _die_with_parent(int(os.environ[PARENT_ENV]))
     from dflash_lab.train.trainer import Trainer  # heavy (torch, transformers): only the child process needs it
 
     trainer = None

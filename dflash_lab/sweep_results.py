@@ -14,16 +14,30 @@ import math
 from pathlib import Path
 
 from dflash_lab.runs.plots import PngImage
-from dflash_lab.runs.rundir import METRICS_FILE, read_jsonl, write_json
+from dflash_lab.runs.rundir import METRICS_FILE, write_json
+from dflash_lab.runs.run_files import read_json, read_metrics
 
 SWEEP_FILE = "sweep.json"
 RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "best_real_tau", "best_tau_step", "val_sim_tau",
                   "final_loss", "tokens_per_s", "supervised_tokens_per_s", "wall_s", "steps", "overrides", "run_dir",
-                  "error")
+                  "error", "warning")
+DEAD_MIN_ROWS = 2  # logged rows in a row with zero gradient and zero accuracy before a run counts as dead
 
 
 def read_sweep(sweep_dir: str | Path) -> dict:
-    return json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+    """sweep.json of a sweep folder; a cut-off one raises RunFileError naming the file."""
+    return read_json(Path(sweep_dir) / SWEEP_FILE)
+
+
+def dead_from(rows: list[dict]) -> int | None:
+    """The step from which a run stopped learning: every logged row from there on has grad_norm 0 and accuracy 0
+    (an lr far too high zeroes the update yet the run "finishes"), or None."""
+    start = None
+    for r in rows:
+        dead = r.get("grad_norm") == 0 and r.get("acc") == 0
+        start = (start or r["step"]) if dead else None
+    tail = [r for r in rows if start is not None and r["step"] >= start]
+    return start if len(tail) >= DEAD_MIN_ROWS else None
 
 
 def _last(rows: list[dict], key: str):
@@ -38,12 +52,20 @@ def variant_row(variant: dict, overrides: dict) -> dict:
            "overrides": json.dumps(overrides, sort_keys=True), "run_dir": variant.get("run_dir"),
            "error": variant.get("error")}
     run_dir = Path(variant["run_dir"]) if variant.get("run_dir") else None
-    rows = read_jsonl(run_dir / METRICS_FILE) if run_dir and (run_dir / METRICS_FILE).is_file() else []
-    taus = [(r["step"], r["real_tau"]) for r in rows if r.get("real_tau") is not None]
+    rows = read_metrics(run_dir / METRICS_FILE) if run_dir else []
+    warnings = [rows.note()] if run_dir and rows.note() else []
+    if run_dir is not None and not run_dir.is_dir():
+        row["status"] = f"{variant['status']} (run folder missing)"
+        warnings.append(f"its run folder {run_dir} is gone: no figures (rerun the sweep to train it again)")
+    if (dead := dead_from(rows)) is not None:
+        warnings.append(f"dead run: grad_norm 0 and accuracy 0 from step {dead} on (the updates vanished: lr too "
+                        "high?); its figures are not a result")
+    row["warning"] = "; ".join(warnings) or None
+    taus = [(r["step"], r["real_tau"]) for r in rows if isinstance(r.get("real_tau"), (int, float))]
     best = max(taus, key=lambda t: (t[1], -t[0])) if taus else (None, None)  # the earliest step among ties
     try:
-        summary = json.loads((run_dir / "summary.json").read_text()) if run_dir else {}
-    except (OSError, ValueError):
+        summary = read_json(run_dir / "summary.json") if run_dir else {}
+    except ValueError:  # missing or cut off: the figures come from metrics.jsonl
         summary = {}
     row.update(final_real_tau=taus[-1][1] if taus else None, best_real_tau=best[1], best_tau_step=best[0],
                val_sim_tau=_last(rows, "val_sim_tau"), final_loss=_last(rows, "loss"),
@@ -79,7 +101,7 @@ def results(sweep_dir: str | Path) -> list[dict]:
     """The ranked rows of a sweep directory (see RESULT_COLUMNS)."""
     state = read_sweep(sweep_dir)
     spec = {v["name"]: {k: x for k, x in v.items() if k != "name"} for v in state["spec"]["variants"]}
-    return rank_rows([variant_row(v, spec.get(v["name"], {})) for v in state["variants"]])
+    return rank_rows([variant_row(v, v.get("overrides", spec.get(v["name"], {}))) for v in state["variants"]])
 
 
 def write_results(sweep_dir: str | Path) -> list[dict]:
@@ -119,6 +141,8 @@ class ResultsTable:
         cells = [_fmt(r.get(k), spec) for k, _, spec in TABLE_COLUMNS]
         if r.get("error"):
             cells[2] = f"{cells[2]}: {r['error'][:160]}"
+        if r.get("warning"):
+            cells[2] = f"{cells[2]} (WARNING: {r['warning'][:200]})"
         return cells
 
     def to_markdown(self) -> str:
@@ -152,8 +176,7 @@ def plot_sweep(sweep_dir: str | Path, out: str | Path | None = None) -> PngImage
     fig = Figure(figsize=(14, 4))
     ax_loss, ax_tau = fig.subplots(1, 2)
     for i, v in enumerate(state["variants"]):
-        rows = read_jsonl(Path(v["run_dir"]) / METRICS_FILE) if v.get("run_dir") and \
-            (Path(v["run_dir"]) / METRICS_FILE).is_file() else []
+        rows = read_metrics(Path(v["run_dir"]) / METRICS_FILE) if v.get("run_dir") else []
         loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
         tau = [(r["step"], r["real_tau"]) for r in rows if r.get("real_tau") is not None]
         label = v["name"] + ("" if v["status"] == "finished" else f" ({v['status']})")

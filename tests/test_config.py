@@ -119,3 +119,11 @@ def test_drafter_config_fields_are_type_checked():
         DrafterConfig(**{**_dc().to_dict(), "rms_norm_eps": NAN})
     with pytest.raises(ConfigError, match=r"DrafterConfig.rope_theta='1e6' is invalid: must be float"):
         DrafterConfig(**{**_dc().to_dict(), "rope_theta": "1e6"})
+
+
+@pytest.mark.parametrize("field,hint", [("draft_vocab_size", "`-p draft_vocab_size 16`"), ("seed", "`-p seed 0`"),
+                                        ("lr", "`-p lr 0.0006`"), ("enable_thinking", "`-p enable_thinking True`")])
+def test_the_papermill_hint_shows_a_value_of_the_fields_own_type(field, hint):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**{field: "abc"})
+    assert hint in str(e.value) and (field == "lr" or "0.001" not in str(e.value))

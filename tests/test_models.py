@@ -84,3 +84,109 @@ def test_smollm2_config_gets_its_mask_row_and_llama_shapes():
                               num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(Exception, match="mask_token_id is not set"):  # no guess for another vocabulary
         DrafterConfig.from_target(other_llama)
+
+
+# --- a cached model is used only when it is what the conversion wrote -------------------------------------------------
+def _converted(tmp_path, monkeypatch):
+    """A converted folder as `convert` leaves it (a small real safetensors file, config.json, the manifest with every
+    file's size, mtime and sha256), without the 540 MB SmolLM2 conversion."""
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    return _write_converted(models.model_dir(NAME))
+
+
+def _write_converted(d):
+    import hashlib
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True)
+    save_file({"w": torch.arange(4096, dtype=torch.float32)}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    files = {p.name: {"bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns,
+                      "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in sorted(d.iterdir())}
+    (d / models.MANIFEST).write_text(json.dumps({"name": NAME, "files": files, "output_sha256": {
+        "model.safetensors": files["model.safetensors"]["sha256"]}}))
+    return d
+
+
+def test_get_verifies_the_cache_and_names_force_as_the_repair(tmp_path, monkeypatch):
+    import os
+
+    d = _converted(tmp_path, monkeypatch)
+    said = []
+    assert models.get(NAME, install=False, log=said.append) == d and "cached" in said[-1]
+    weights = d / "model.safetensors"
+    full = weights.read_bytes()
+    weights.write_bytes(full[:-100])  # a killed copy / full disk
+    for call in (lambda: models.get(NAME, install=False, log=said.append), lambda: resolve_target_path(NAME)):
+        with pytest.raises((models.ModelNotReady, TargetLoadError),
+                           match=r"is damaged: model.safetensors is 16,\d+ bytes, the conversion wrote 16,\d+.*"
+                                 rf"get {NAME} --force"):
+            call()
+    weights.unlink()
+    with pytest.raises(models.ModelNotReady, match="model.safetensors is missing"):
+        models.get(NAME, install=False, log=said.append)
+    flipped = bytearray(full)
+    flipped[-1] ^= 1  # same size, other bytes: found by the hash because the mtime changed
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(models.ModelNotReady, match="model.safetensors changed since the conversion"):
+        models.get(NAME, install=False, log=said.append)
+    weights.write_bytes(full)
+    assert models.get(NAME, install=False, log=said.append) == d  # the same bytes again: fine, mtime remembered
+    st = os.stat(weights)
+    assert models.manifest(NAME)["files"]["model.safetensors"]["mtime_ns"] == st.st_mtime_ns
+    (d / "config.json").write_text('{"model_type": "llama", "hidden_size": 65}')  # edited config
+    with pytest.raises(models.ModelNotReady, match="config.json changed since the conversion"):
+        models.get(NAME, install=False, log=said.append)
+
+
+def test_a_get_waits_for_a_conversion_in_progress_and_uses_its_result(tmp_path, monkeypatch):
+    import json
+    import threading
+    import time
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    wrong = tmp_path / "wrong.gguf"  # a get that did not wait would try to convert this and fail at once
+    wrong.write_bytes(b"GGUF")
+    started = threading.Event()
+
+    def converter():  # what `get` does while converting: hold the lock, write .partial, rename it in
+        with models.conversion_lock(NAME, log=lambda *a: None):
+            started.set()
+            time.sleep(0.5)
+            partial = models.model_dir(NAME).with_name(NAME + ".partial")
+            _write_converted(partial)
+            partial.rename(models.model_dir(NAME))
+
+    t = threading.Thread(target=converter)
+    t.start()
+    assert started.wait(10)
+    said = []
+    try:
+        assert models.get(NAME, gguf=wrong, log=said.append) == tmp_path / "models" / NAME
+    finally:
+        t.join()
+    assert any("in use by pid" in s and "waiting" in s for s in said) and "cached" in said[-1]
+    assert json.loads((tmp_path / "models" / NAME / models.MANIFEST).read_text())["name"] == NAME
+
+
+def test_garbage_manifest_and_unwritable_cache_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    d = _converted(tmp_path, monkeypatch)
+    (d / models.MANIFEST).write_text('{"name": "smollm2", "files": {')  # cut off
+    with pytest.raises(TargetLoadError, match=rf"{models.MANIFEST} cannot be read .*get {NAME} --force"):
+        resolve_target_path(NAME)
+    assert models.main(["get", NAME, "--no-install"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and models.MANIFEST in err and err.count("\n") == 1
+    assert models.main(["list"]) == 0 and "damaged" in capsys.readouterr().out
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(models.CACHE_ENV, str(blocker / "cache"))  # a cache path under a file
+    gguf = tmp_path / models.KNOWN_MODELS[NAME].gguf_file
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(models.ModelNotReady, match=r"cannot write the model cache .* Fix: set DFLASH_LAB_CACHE"):
+        models.get(NAME, gguf=gguf, log=lambda *a: None)
+    assert models.main(["get", NAME, "--gguf", str(gguf)]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot write the model cache")

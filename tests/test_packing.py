@@ -405,3 +405,21 @@ def test_a_resume_cannot_switch_packing():
     assert cfg.pack_sequences is False
     assert [d[0] for d in config_differences(TrainConfig().to_dict(), TrainConfig(pack_sequences=True).to_dict())] \
         == ["pack_sequences"]
+
+
+def test_too_few_packed_windows_blame_packing_not_filtering(tmp_path):
+    """6 short conversations all kept, packed into 1 window of 1024 tokens: fewer than batch_size=4 windows must say
+    so (it used to say "only 1 samples survived filtering ... see the data report" with nothing dropped)."""
+    from dflash_lab.data.chat_formats import DataError
+    from dflash_lab.tiny import tiny_data_path
+    from dflash_lab.train.prepare import prepare_run
+
+    data = tmp_path / "six.jsonl"
+    data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:6]))
+    cfg = TrainConfig(target="tiny", data=str(data), seq_len=1024, batch_size=4, block_size=8, num_anchors=4,
+                      num_draft_layers=1, pack_sequences=True, steps=2, runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(DataError) as e:
+        prepare_run(cfg, log=None)
+    msg = str(e.value)
+    assert "all 6 conversations kept" in msg and "gives 1 window(s), fewer than batch_size=4" in msg
+    assert "survived filtering" not in msg and "pack_sequences=False" in msg

@@ -4,6 +4,7 @@ redoing finished samples, and the OpenAI-server path against a local HTTP server
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -333,7 +334,7 @@ def test_server_failures_are_counted_by_id_retried_with_backoff_and_settings_che
 
         meta_path(out).unlink()  # even without the .meta.json file, other settings are refused
         hot = SamplingConfig(max_new_tokens=MAX_NEW, enable_thinking=False, temperature=0.7)
-        with pytest.raises(DataError, match=r"other sampling settings \{'temperature': \(0.0, 0.7\)\}"):
+        with pytest.raises(DataError, match=r"was generated with other settings \{'temperature': \(0.0, 0.7\)\}"):
             regenerate(data, out, sampling=hot, log=lines.append, **kw)
         again = regenerate(data, out, sampling=SAMPLING, log=lines.append, **kw)  # same settings: retries the 4
         assert again.already_done == 4 and again.samples == 0 and sum(map(len, again.failed.values())) == 4
@@ -358,3 +359,170 @@ def test_a_dead_server_stops_the_run_after_bounded_retries(tmp_path):
     with pytest.raises(DataError, match="is the server up"):
         regenerate(data, tmp_path / "o.jsonl", server_url=f"http://127.0.0.1:{port}", server_retries=1,
                    server_backoff_s=0.01, log=lambda s: None)
+
+
+# --- nothing lost, nothing mixed: the output is never the input, has one writer, and holds one producer -------------
+def _small_prompts(path, texts, ids=None):
+    path.write_text("".join(json.dumps({"id": (ids or [f"p{i}" for i in range(len(texts))])[i],
+                                        "messages": [{"role": "user", "content": t}]}) + "\n"
+                            for i, t in enumerate(texts)))
+    return path
+
+
+SHORT = SamplingConfig(max_new_tokens=12, enable_thinking=False)
+
+
+def test_out_that_is_the_input_or_inside_its_folder_is_refused_before_anything_is_touched(tmp_path, capsys):
+    from dflash_lab.data.regenerate import main
+
+    data = _small_prompts(tmp_path / "d.jsonl", ["hi", "bye"])
+    before = data.read_bytes()
+    for overwrite in (True, False):
+        with pytest.raises(DataError, match=r"is the input file .* Fix: pass another --out"):
+            regenerate(data, data, overwrite=overwrite, sampling=SHORT, log=lambda s: None)
+    assert data.read_bytes() == before and not meta_path(data).exists()
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _small_prompts(folder / "a.jsonl", ["hi"])
+    with pytest.raises(DataError, match="lies inside the input folder"):
+        regenerate(folder, folder / "sub" / "out.jsonl", sampling=SHORT, log=lambda s: None)
+    assert sorted(p.name for p in folder.rglob("*")) == ["a.jsonl"]  # nothing created there
+    assert main(["--data", str(data), "--out", str(data), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out") and err.count("\n") == 1 and data.read_bytes() == before
+
+
+def test_a_second_writer_of_one_output_is_refused_naming_the_first(tiny, tmp_path):
+    import os
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["one", "two", "three"])
+    out = tmp_path / "out.jsonl"
+    inside, go_on, errors = threading.Event(), threading.Event(), []
+
+    def hold(stats):
+        inside.set()
+        go_on.wait(timeout=60)
+
+    def first():
+        try:
+            regenerate(data, out, sampling=SHORT, batch_size=1, models={"cpu": tiny[0]}, on_progress=hold,
+                       log=lambda s: None)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert inside.wait(timeout=60)
+        with pytest.raises(DataError, match=rf"regeneration output .*out.jsonl is in use by pid {os.getpid()}"):
+            regenerate(data, out, sampling=SHORT, batch_size=1, models={"cpu": tiny[0]}, log=lambda s: None)
+    finally:
+        go_on.set()
+        t.join(timeout=120)
+    assert not errors
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == ["p0", "p1", "p2"]  # each once
+    again = regenerate(data, out, sampling=SHORT, models={"cpu": tiny[0]}, log=lambda s: None)  # released
+    assert again.already_done == 3 and again.samples == 0
+
+
+def test_every_record_carries_what_produced_it_and_a_resume_refuses_any_difference(tiny, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dflash_lab.target.load import resolve_target_path
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["one", "two", "three"])
+    out = tmp_path / "out.jsonl"
+    regenerate(data, out, sampling=SHORT, limit=2, models={"cpu": tiny[0]}, log=lambda s: None)
+    recs = _records(out)
+    g = recs["p0"]["generation"]
+    assert g["dtype"] == "float32" and g["target"] == "tiny" and g["backend"] == "hf"
+    assert len(g["target_sha256"]) == 64 and len(g["prompt_sha256"]) == 64
+    assert recs["p0"]["generation"]["prompt_sha256"] != recs["p1"]["generation"]["prompt_sha256"]
+    meta_path(out).unlink()  # the records alone must be enough
+    with pytest.raises(DataError, match=r"out.jsonl:1 \(id 'p0'\) was generated with other settings "
+                                        r"\{'dtype': \('float32', 'bfloat16'\)\}"):
+        regenerate(data, out, sampling=SHORT, dtype="bfloat16", log=lambda s: None)
+    target = Path(shutil.copytree(resolve_target_path("tiny"), tmp_path / "copy"))
+    with pytest.raises(DataError, match=r"other settings \{'target': \('tiny', '.*copy'\)"):
+        regenerate(data, out, sampling=SHORT, target=str(target), log=lambda s: None)
+    # same name, other weights: the checksum tells them apart
+    out2 = tmp_path / "out2.jsonl"
+    regenerate(data, out2, sampling=SHORT, target=str(target), limit=1, log=lambda s: None)
+    weights = load_file(str(target / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1e-3
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DataError, match=r"other settings \{'target_sha256': "):
+        regenerate(data, out2, sampling=SHORT, target=str(target), log=lambda s: None)
+    # a conversation edited in the input keeps its id: its old answer must not pass for the new prompt
+    _small_prompts(data, ["one, edited", "two", "three"])
+    with pytest.raises(DataError, match=r"1 conversation\(s\) changed in the input since .* \(ids \['p0'\]\)"):
+        regenerate(data, out, sampling=SHORT, models={"cpu": tiny[0]}, log=lambda s: None)
+    assert len(out.read_text().splitlines()) == 2  # nothing appended by any refused run
+
+
+def test_a_prompt_longer_than_the_targets_context_is_skipped_and_counted(tiny, tmp_path):
+    long = "the cat sat on the mat " * 260  # > 1,024 tokens: past the tiny target's positions
+    data = _small_prompts(tmp_path / "in.jsonl", ["hi", long])
+    out = tmp_path / "out.jsonl"
+    said = []
+    stats = regenerate(data, out, sampling=SHORT, models={"cpu": tiny[0]}, log=said.append)
+    assert list(_records(out)) == ["p0"] and stats.samples == 1
+    assert stats.skipped["too_long_for_context"] == 1
+    assert any("'p1' skipped: its prompt has" in s and "exceeds the target's 1,024 positions" in s for s in said)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--batch-size", "-4"], "batch_size=-4 is invalid: must be an integer >= 1"),
+    (["--batch-size", "0"], "batch_size=0 is invalid"),
+    (["--limit", "-1"], "limit=-1 is invalid: must be an integer >= 0"),
+    (["--concurrency", "0", "--server-url", "http://127.0.0.1:9"], "concurrency=0 is invalid"),
+    (["--max-new-tokens", "0"], "SamplingConfig.max_new_tokens=0 is invalid"),
+    (["--devices", "cuda:7"], "device 'cuda:7': this machine sees"),
+    (["--devices", "gpu0"], "device 'gpu0' is not a device name"),
+])
+def test_bad_cli_values_exit_2_with_one_line_naming_the_value(tmp_path, capsys, args, words):
+    from dflash_lab.data.regenerate import main
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["hi", "bye"])
+    out = tmp_path / "out.jsonl"
+    assert main(["--data", str(data), "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_settings_mismatch_on_the_command_line_is_one_line(tmp_path, capsys):
+    from dflash_lab.data.regenerate import main
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["hi", "bye"])
+    out = tmp_path / "out.jsonl"
+    base = ["--data", str(data), "--out", str(out), "--thinking", "off", "--threads", "1"]
+    assert main(base + ["--max-new-tokens", "8", "--limit", "1"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--max-new-tokens", "9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "max_new_tokens" in err and err.count("\n") == 1
+
+
+def test_engine_back_end_writes_the_same_greedy_answers_as_hf_generate(full_run, prompts, tiny, tmp_path):
+    """The generation engine (every turn through one queue, rows refilled as they finish) answers exactly as the
+    Hugging Face back end at T=0 in fp32, records say which back end wrote them, and a resume checks it."""
+    out = tmp_path / "engine.jsonl"
+    lines = []
+    stats = regenerate(prompts, out, target="tiny", batch_size=3, sampling=SAMPLING, models={"cpu": tiny[0]},
+                       backend="engine", log=lines.append)
+    hf, mine = _records(full_run[0]), _records(out)
+    assert stats.samples == N and sorted(mine) == sorted(hf)
+    for cid, rec in mine.items():
+        assert rec["messages"] == hf[cid]["messages"], cid
+        assert rec["generation"]["backend"] == "engine" and rec["generation"]["prompt_sha256"]
+    assert any("answers re-tokenized as generated" in line for line in lines)
+    with pytest.raises(DataError, match="backend"):  # hf records cannot be resumed by the engine
+        regenerate(prompts, full_run[0], target="tiny", sampling=SAMPLING, models={"cpu": tiny[0]},
+                   backend="engine", log=lambda s: None)
+    with pytest.raises(DataError, match="backend='vllm' is unknown"):
+        regenerate(prompts, tmp_path / "x.jsonl", target="tiny", sampling=SAMPLING, backend="vllm")

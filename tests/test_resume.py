@@ -263,3 +263,26 @@ def test_resume_with_only_resume_from_keeps_the_run_settings(tmp_path, data_file
     more.train()
     assert more.step_count == 4 and _losses(t.run_dir) == whole
     more.close()
+
+
+def test_a_fresh_trainer_into_a_used_run_dir_is_refused_before_anything_loads(tmp_path, data_file):
+    from tests.test_rundir import _used_run
+
+    used = _used_run(tmp_path / "used")
+    before = {p.name: p.stat().st_mtime_ns for p in used.iterdir()}
+    said = []
+    with pytest.raises(rundir.RunDirUsed, match=r"resume_from='.*used'"):
+        Trainer(_config(tmp_path, data_file, steps=2), run_dir=used, log=said.append)
+    assert said == [] and {p.name: p.stat().st_mtime_ns for p in used.iterdir()} == before
+
+
+def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path, data_file):
+    from dflash_lab.train.resume import resumed_config
+
+    at6 = checkpoint.Checkpoint(tmp_path / "step-0000006", {"step": 6, "config": _config(tmp_path, data_file)
+                                                            .to_dict()}, {}, {}, {})
+    asked = _config(tmp_path, data_file, steps=2, resume_from=str(at6.path))
+    with pytest.raises(ConfigError, match=r"steps=2 is below the checkpoint's step 6.*Fix: pass steps > 6"):
+        resumed_config(at6, asked, explicit={"steps"}, log=None)
+    config, _ = resumed_config(at6, asked.replace(steps=6), explicit={"steps"}, log=None)  # finishing it is fine
+    assert config.steps == 6

@@ -157,3 +157,67 @@ def test_second_process_is_refused_naming_the_holder_then_a_killed_holder_is_tak
     assert said == [] and run_lock.read_holder(run_dir)["pid"] == proc.pid  # a clean release is not "stale"
     proc.kill()
     proc.wait()
+
+
+def test_resume_metrics_drops_garbage_and_stray_rows_and_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
+    # garbage a crash or a disk fault left, and a stray step-6 row of a process killed before an earlier resume to 3
+    text = "\n".join([good[0], "123", "null", '{"step": "abc", "loss": 1}', good[1], good[2],
+                      json.dumps({"step": 6, "loss": 0.1}), json.dumps({"step": 4, "loss": 0.25})]) + "\n"
+    (run / rundir.METRICS_FILE).write_text(text)
+    said = []
+    rows = rundir.resume_metrics(run, 4, source=run, log=said.append)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    written = [json.loads(x) for x in (run / rundir.METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in written] == [1, 2, 3, 4]
+    assert len(said) == 1 and "metrics.jsonl: kept 4 rows" in said[0] and "(line 2, 3)" in said[0]
+    assert "whose step is not an integer >= 1 (line 4)" in said[0]
+
+
+def _used_run(path):
+    """A finished run's folder: metric rows, an event, a checkpoint, a summary."""
+    import torch
+
+    from dflash_lab.runs import checkpoint
+
+    (path / "checkpoints").mkdir(parents=True)
+    (path / rundir.CONFIG_FILE).write_text('{"steps": 4}')
+    (path / rundir.METRICS_FILE).write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 4)))
+    rundir.log_event(path, "checkpoint", step=4)
+    t = {"w": torch.zeros(2)}
+    checkpoint.write_checkpoint(path / "checkpoints", 4, {checkpoint.DRAFTER_FILE: t, checkpoint.OPTIMIZER_FILE: t,
+                                                          checkpoint.RNG_FILE: t}, {"format_version": 1, "step": 4})
+    (path / "summary.json").write_text('{"status": "finished"}')
+    return path
+
+
+def test_a_fresh_run_into_a_used_run_dir_is_refused_naming_resume_from(tmp_path):
+    import pytest
+
+    from dflash_lab.runs import lock as run_lock
+
+    used = _used_run(tmp_path / "used")
+    before = (used / rundir.METRICS_FILE).read_bytes()
+    try:
+        with pytest.raises(rundir.RunDirUsed, match=r"already holds a run \(metrics.jsonl, events.jsonl, "
+                                                    r"checkpoints/, summary.json\).*resume_from='.*used'"):
+            rundir.open_run_dir(used, runs_dir=tmp_path, name="x")
+        assert (used / rundir.METRICS_FILE).read_bytes() == before  # untouched
+        with pytest.raises(rundir.RunDirUsed):  # a resume of ANOTHER run into it would mix them as well
+            rundir.open_run_dir(used, runs_dir=tmp_path, name="x", resume_from=tmp_path / "other", resume_step=2)
+        path, rows = rundir.open_run_dir(used, runs_dir=tmp_path, name="x", resume_from=used, resume_step=2)
+        assert path == used and [r["step"] for r in rows] == [1, 2]  # continuing it is the way
+        path, rows = rundir.open_run_dir(used, runs_dir=tmp_path, name="x", overwrite=True)
+        assert rows == [] and sorted(p.name for p in used.iterdir()) == ["checkpoints", "plots", "run.lock"]
+        assert not any((used / "checkpoints").iterdir())
+    finally:
+        run_lock.release(used)
+    fresh = tmp_path / "fresh"  # a folder holding only config.json (a sweep or a torchrun launch wrote it) is fine
+    fresh.mkdir()
+    (fresh / rundir.CONFIG_FILE).write_text("{}")
+    try:
+        assert rundir.open_run_dir(fresh, runs_dir=tmp_path, name="x")[0] == fresh
+    finally:
+        run_lock.release(fresh)

@@ -27,3 +27,55 @@ def test_a_run_made_from_notebooks_is_listed_from_another_directory(tmp_path, mo
     assert made.parent == tmp_path / "runs"  # not notebooks/runs
     monkeypatch.chdir(tmp_path)
     assert runs.list_runs("runs") == [made]
+
+
+# --- a damaged line or file costs only itself, and is said --------------------------------------------------------
+def _run(root, name, *, steps=6, metrics: str, summary: str | None = '{"status": "finished"}', events: str = "",
+         config: str | None = None):
+    import json
+
+    d = root / f"20260101T00000{len(list(root.iterdir())) if root.exists() else 0}Z-{name}-abc123"
+    d.mkdir(parents=True)
+    (d / rundir.CONFIG_FILE).write_text(config if config is not None else json.dumps({"steps": steps, "lr": 1e-3}))
+    (d / rundir.METRICS_FILE).write_text(metrics)
+    (d / rundir.EVENTS_FILE).write_text(events)
+    if summary is not None:
+        (d / "summary.json").write_text(summary)
+    return d
+
+
+def _rows(*steps, loss=1.0):
+    import json
+
+    return "".join(json.dumps({"step": s, "loss": loss / s, "acc": 0.5}) + "\n" for s in steps)
+
+
+def test_garbage_lines_and_cut_off_files_cost_only_themselves_and_are_said(tmp_path, capsys):
+    root = tmp_path / "runs"
+    good = _run(root, "good", metrics=_rows(1, 2, 4, 6))
+    garbage = ('123\nnull\n"x"\n[1]\n{"step": "abc", "loss": 1.0}\n{"step": 3, "loss": "x"}\n'
+               '{"step": 3, "loss": NaN}\n')
+    # a resume went back to step 4 (the stray 6 is recomputed), then a row past steps=6, then a torn last line
+    bad = _run(root, "bad", metrics=_rows(1, 2) + garbage + _rows(4, 6, 5, 6) + '{"step": 8, "loss": NaN}\n{"st',
+               summary='{"status": "fin', events='null\n{"event": "resumed", "time": 1}\n')
+    no_config = _run(root, "noconfig", metrics=_rows(1), config='{"steps": ')
+    said = []
+    table = runs.runs_table([good, bad, no_config], log=said.append)
+    assert table.loc[good.name, "status"] == "finished" and table.loc[good.name, "step"] == 6
+    assert table.loc[bad.name, "status"] == "summary.json unreadable"
+    assert table.loc[bad.name, "step"] == 6 and table.loc[bad.name, "loss"] == 1.0 / 6  # not "8/6 loss nan"
+    assert table.loc[no_config.name, "status"] == "config.json unreadable"
+    note = next(s for s in said if f"{bad.name}/metrics.jsonl" in s)
+    assert f"{bad / 'metrics.jsonl'}: kept 5 rows, skipped" in note and "1 torn last line" in note and "4 line(s) that are JSON but not an object (line 3, 4, 5, 6)" in note
+    assert "1 row(s) whose step is not an integer" in note and "1 row(s) whose loss is not a number" in note
+    assert "1 row(s) with a NaN/inf loss before the last row" in note and "1 row(s) past the run's configured" in note
+    assert "1 row(s) recomputed later (a resume went back to an earlier step; the later rows are kept) (line 11)" in note
+    assert any(f"{bad.name}/events.jsonl: kept 1 rows, skipped 1 line(s) that are JSON but not an object" in s
+               for s in said)
+    assert any(f"{no_config.name}/config.json cannot be read" in s for s in said)
+    frame = runs.load_metrics([good, bad], log=None)
+    assert frame[frame.run == bad.name].step.tolist() == [1, 2, 4, 5, 6]  # step order, the later rows kept
+    assert len(frame.attrs["skipped"]) == 1
+    assert runs.main(["list", "--runs-dir", str(root)]) == 0
+    out = capsys.readouterr()
+    assert good.name in out.out and bad.name in out.out and f"NOTE: {bad / 'metrics.jsonl'}: kept" in out.err

@@ -110,7 +110,7 @@ def executed(tmp_path_factory):
            "-y", "base: " + json.dumps(BASE)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    (sweep_dir,) = (tmp / "runs" / "sweeps").iterdir()
+    (sweep_dir,) = [p for p in (tmp / "runs" / "sweeps").iterdir() if p.is_dir()]  # and t.lock (one run at a time)
     return tmp, sweep_dir
 
 
@@ -207,3 +207,151 @@ def test_supervised_rate_leaves_out_the_first_fifth_and_padding():
     # 9 logged rows, the first 9 // 5 = 1 dropped: (7 * 100 + 300) / 8 s
     assert supervised_rate(rows) == 125.0
     assert supervised_rate([{"step": 1, "loss": 2.0}]) is None
+
+
+# --- nothing lost, nothing mixed, nothing run twice -----------------------------------------------------------------
+def _finish(sweep, name, taus, *, dead_from=None):
+    """What a variant process leaves when it finishes: a run folder with metrics and summary.json, then the record."""
+    from dflash_lab.runs.rundir import new_run_dir
+
+    tc = sweep.configs[name]
+    run = new_run_dir(tc.runs_dir, tc.run_name)
+    tc.to_json(run / "config.json")
+    rows = [{"step": s, "loss": 2.0 / s, "acc": 0.0 if dead_from and s >= dead_from else 0.3,
+             "grad_norm": 0.0 if dead_from and s >= dead_from else 1.0, **({"real_tau": t} if t else {})}
+            for s, t in taus]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text('{"status": "finished"}')
+    sweep.variant(name).update(status="finished", run_dir=str(run), wall_s=1.0)
+    sweep.save()
+    return run
+
+
+def test_a_sweep_never_takes_over_the_folder_of_a_sweep_whose_name_ends_like_it(tmp_path):
+    other = Sweep(_cfg(tmp_path, name="lr-gamma"), log=lambda *a: None)
+    mine = Sweep(_cfg(tmp_path, name="gamma", variants=[{"name": "g2", "gamma": 2.0}]), log=lambda *a: None)
+    assert mine.dir != other.dir and mine.dir.name.endswith("Z-gamma")
+    assert [v["name"] for v in read_sweep(other.dir)["variants"]] == ["broken", "lr-1e-3", "gamma-2"]
+
+
+def test_a_rerun_with_fewer_variants_keeps_the_others_and_retrains_one_whose_run_folder_is_gone(tmp_path):
+    import shutil
+
+    from dflash_lab.sweep_results import results
+
+    two = _cfg(tmp_path, variants=VARIANTS[1:])
+    first = Sweep(two, log=lambda *a: None)
+    _finish(first, "lr-1e-3", [(4, 1.5), (8, 1.8)])
+    gone = _finish(first, "gamma-2", [(4, 1.4), (8, 1.6)])
+    said = []
+    fewer = Sweep(_cfg(tmp_path, variants=VARIANTS[2:]), log=said.append)
+    assert fewer.dir == first.dir
+    kept = fewer.variant("lr-1e-3")
+    assert kept["status"] == "finished" and kept["listed"] is False and kept["overrides"] == {"lr": 1e-3}
+    assert any("lr-1e-3 is not among this run's variants: kept" in s for s in said)
+    rows = {r["variant"]: r for r in results(fewer.dir)}
+    assert rows["lr-1e-3"]["final_real_tau"] == 1.8 and rows["gamma-2"]["final_real_tau"] == 1.6
+    assert rows["lr-1e-3"]["rank"] == 1 and json.loads(rows["lr-1e-3"]["overrides"]) == {"lr": 1e-3}
+    shutil.rmtree(gone)  # deleted by hand: "finished" without a run is no result
+    rows = {r["variant"]: r for r in results(fewer.dir)}
+    assert rows["gamma-2"]["status"] == "finished (run folder missing)" and "is gone" in rows["gamma-2"]["warning"]
+    assert rows["gamma-2"]["rank"] is None
+    again = Sweep(_cfg(tmp_path, variants=VARIANTS[2:]), log=said.append)
+    assert again.variant("gamma-2")["status"] == "pending" and any("is gone: training it again" in s for s in said)
+
+
+def test_a_cut_off_sweep_json_is_named_with_the_fix(tmp_path):
+    from dflash_lab.runs.run_files import RunFileError
+
+    sweep = Sweep(_cfg(tmp_path), log=lambda *a: None)
+    (sweep.dir / "sweep.json").write_text('{"name": "t", "variants": [')
+    with pytest.raises(ConfigError, match=rf"{sweep.dir}/sweep.json cannot be read .* Fix: move .* resume=False"):
+        Sweep(_cfg(tmp_path), log=lambda *a: None)
+    with pytest.raises(RunFileError, match=rf"{sweep.dir}/sweep.json cannot be read"):
+        results_table(sweep.dir)
+
+
+def test_every_variant_is_scored_on_the_bases_heldout_set(tmp_path):
+    from dflash_lab.tiny import tiny_heldout_path
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(Path(tiny_heldout_path()).read_text())
+    cfgs = _cfg(tmp_path, variants=[{"name": "base"}, {"name": "other-data", "data": str(other)}]).train_configs()
+    assert {c.heldout_data for c in cfgs.values()} == {str(tiny_heldout_path())}
+    with pytest.raises(ConfigError, match=r"has no held-out set: the sweep ranks .* Fix: set base heldout_data"):
+        _cfg(tmp_path, base={**BASE, "data": str(other)})  # no heldout.jsonl next to it
+
+
+def test_a_dead_run_is_flagged_not_reported_as_a_plain_finish(tmp_path):
+    from dflash_lab.sweep_results import variant_row
+
+    sweep = Sweep(_cfg(tmp_path, variants=[{"name": "hot", "lr": 1e3}]), log=lambda *a: None)
+    _finish(sweep, "hot", [(2, None), (4, None), (6, None), (8, 1.0)], dead_from=4)
+    row = variant_row(sweep.variant("hot"), {"lr": 1e3})
+    assert row["status"] == "finished" and "dead run: grad_norm 0 and accuracy 0 from step 4" in row["warning"]
+    assert "WARNING: dead run" in results_table(sweep.dir).to_markdown()
+
+
+def test_a_killed_variant_is_reported_with_its_signal(tmp_path):
+    import os
+    import signal
+
+    sweep = Sweep(_cfg(tmp_path, variants=[{"name": "oom"}], steps=5000), log=lambda *a: None)
+
+    def kill(s):  # the out-of-memory killer's way: SIGKILL, no traceback, no error.json
+        v = s.variant("oom")
+        if v["status"] == "running" and not v.get("killed"):
+            os.kill(v["pid"], signal.SIGKILL)
+            v["killed"] = True
+
+    sweep.run(callbacks=[kill], poll_s=0.1)
+    v = read_sweep(sweep.dir)["variants"][0]
+    assert v["status"] == "failed" and v["error"].startswith("killed by SIGKILL (often the out-of-memory killer)")
+
+
+def test_a_live_stale_variant_is_refused_and_a_killed_sweep_takes_its_child_with_it(tmp_path):
+    import os
+    import signal
+    import time
+
+    from dflash_lab.runs.lock import Busy
+    from dflash_lab.runs.rundir import _pid_alive
+    from tests.test_rundir import _hold_in_subprocess
+
+    cfg = _cfg(tmp_path, variants=[{"name": "slow"}], steps=5000)
+    script = ("import sys; from dflash_lab.sweep import SweepConfig, run_sweep; "
+              f"run_sweep(SweepConfig(**{cfg.spec()!r}), log=lambda *a: None)")
+    sweeper = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                (folder,) = (tmp_path / "runs" / "sweeps").glob("*-t")
+                child = read_sweep(folder)["variants"][0].get("pid")
+            except (ValueError, OSError, IndexError):
+                continue
+        assert child and _pid_alive(child)
+        with pytest.raises(Busy, match=rf"sweep 't' is running in another process \(pid {sweeper.pid} "):
+            Sweep(cfg, log=lambda *a: None)  # a second sweep of the name would train the variant again beside it
+        os.kill(sweeper.pid, signal.SIGKILL)  # a kernel restart
+        sweeper.wait()
+        deadline = time.monotonic() + 30
+        while _pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(child), "the variant process outlived its killed sweep"
+    finally:
+        for pid in (sweeper.pid, child):
+            if pid and _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    # a variant left "running" whose run folder a live process still holds is never started beside it
+    run_dir = Path(read_sweep(folder)["variants"][0]["run_dir"])
+    holder, _ = _hold_in_subprocess(run_dir)
+    try:
+        with pytest.raises(Busy, match=rf"variant 'slow' is still being trained in .* by pid {holder.pid} "):
+            Sweep(cfg, log=lambda *a: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert Sweep(cfg, log=lambda *a: None).variant("slow")["status"] == "pending"  # gone: trained again

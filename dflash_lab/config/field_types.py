@@ -35,6 +35,16 @@ def _matches(value: Any, hint: Any) -> bool:
     return True  # Any and other hints are not checked here
 
 
+def _cli_example(hint: Any, default: Any) -> str:
+    """A value of the field's own type for the papermill hint: its default when it has one, else one per type (an
+    int field must not be told `-p draft_vocab_size 0.001`, itself invalid)."""
+    if default is not dataclasses.MISSING and default is not None and _matches(default, hint) and \
+            isinstance(default, (int, float, str)):
+        return str(default)  # papermill reads True / False / None / numbers unquoted
+    kinds = [h for h in typing.get_args(hint) if h is not type(None)] or [hint]
+    return {int: "16", float: "0.001", bool: "True", str: "name"}.get(kinds[0], "0.001")
+
+
 def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
@@ -59,8 +69,8 @@ def check_field_types(obj: Any, fail: Callable[[str, str, Any, str, str], None])
                 fix = (f"use ({v!r},)" if isinstance(v, str) else f"pass a tuple{example}") + \
                       f" (papermill: `-y '{f.name}: [...]'`)"
             else:
-                fix = (f"pass a value of type {_type_name(hint)}{example} (papermill: `-p {f.name} 0.001`; quoted "
-                       "numbers stay strings)")
+                fix = (f"pass a value of type {_type_name(hint)}{example} (papermill: `-p {f.name} "
+                       f"{_cli_example(hint, f.default)}`; quoted numbers stay strings)")
             fail(c, f.name, v, f"must be {_type_name(hint)}, got {type(v).__name__}", fix)
         if isinstance(v, float) and not math.isfinite(v):
             fail(c, f.name, v, "must be a finite number", f"pass a finite value{example}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .files import DataError
 from .tokenize import TokenizedData
 
 
@@ -63,15 +64,26 @@ def fill_report(lengths, seq_len: int, seed: int = 0) -> dict:
             "fill_packed": tokens / max(windows * seq_len, 1), "rows_per_window": rows / max(windows, 1)}
 
 
-def pack_data(data: TokenizedData, *, seq_len: int, seed: int, pad_id: int | None = None) -> TokenizedData:
+def pack_data(data: TokenizedData, *, seq_len: int, seed: int, pad_id: int | None = None,
+              batch_size: int | None = None) -> TokenizedData:
     """Tokenized rows (one conversation each) -> packed windows with `doc_ids` (conversation 0, 1, ... from the
-    left; the trailing padding is one more id of its own). Loss masks move with their tokens."""
+    left; the trailing padding is one more id of its own). Loss masks move with their tokens. With `batch_size`,
+    fewer windows than one batch raise DataError saying that packing (not filtering) made them few."""
     if data.doc_ids is not None:
         raise ValueError("data is already packed")
     pad = int(pad_id if pad_id is not None else data.report.get("pad_id", 0))
     lengths = data.lengths.tolist()
     windows = pack_windows(lengths, seq_len, seed)
     n = len(windows)
+    if batch_size is not None and n < batch_size:
+        report = data.report
+        dropped = report.get("dropped_short", 0) + getattr(report, "total_skipped", 0)
+        kept = (f"all {len(lengths)} conversations kept" if not dropped else
+                f"{len(lengths)} conversations kept, {dropped} dropped (see the data report)")
+        raise DataError(f"packing {sum(lengths):,} tokens ({kept}) into windows of seq_len={seq_len} gives {n} "
+                        f"window(s), fewer than batch_size={batch_size} (a batch is batch_size windows). Fix: "
+                        f"lower batch_size to <= {n}, lower seq_len, set pack_sequences=False (then each of the "
+                        f"{len(lengths)} conversations fills a row), or add data.")
     ids = torch.full((n, seq_len), pad, dtype=data.input_ids.dtype)
     mask = torch.zeros((n, seq_len), dtype=torch.bool)
     docs = torch.empty((n, seq_len), dtype=torch.int32)

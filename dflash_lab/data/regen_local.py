@@ -111,11 +111,81 @@ def greedy_match_check(gen: HFGenerator, histories: list[list[dict]], batch_size
             "summary": f"{n - len(diverged)}/{n} identical to single-sequence greedy"}
 
 
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+class PromptFit:
+    """Does a prompt plus its longest answer fit the target's positions (max_position_embeddings)? Past them a model
+    answers with garbage (positions it never saw), which would be written as training data: such a conversation is
+    skipped and counted instead. Independent of the back end that generates."""
+
+    def __init__(self, tokenizer, max_positions: int | None, sampling):
+        self.tokenizer, self.max_positions, self.max_new = tokenizer, max_positions, sampling.max_new_tokens
+        self.kwargs = {} if sampling.enable_thinking is None else {"enable_thinking": sampling.enable_thinking}
+
+    @classmethod
+    def of(cls, target: str, sampling, models: dict | None) -> "PromptFit":
+        from dflash_lab.target.load import load_target_config, load_tokenizer
+
+        configs = [m.config for m in (models or {}).values()] or [load_target_config(target)]
+        limits = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
+        return cls(load_tokenizer(target), min(limits) if limits else None, sampling)
+
+    def problem(self, history: list[dict]) -> str | None:
+        """Why `history` cannot be answered within the context, or None when it fits."""
+        if self.max_positions is None:
+            return None
+        text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **self.kwargs)
+        n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n + self.max_new <= self.max_positions:
+            return None
+        return (f"its prompt has {n:,} tokens; with max_new_tokens={self.max_new} that exceeds the target's "
+                f"{self.max_positions:,} positions (counted under skipped 'too_long_for_context')")
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """"auto" = bf16 on CUDA, fp32 on CPU; otherwise the named dtype."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
+    return DTYPES[name]
+
+
+def check_devices(devices) -> list[torch.device]:
+    """The devices regeneration will load replicas on; DataError naming a bad or absent one and the fix."""
+    if isinstance(devices, str) or not devices:
+        raise DataError(f"devices={devices!r} is invalid: need a non-empty list. Fix: e.g. --devices cpu, or "
+                        "--devices cuda:0 cuda:1.")
+    out = []
+    for name in devices:
+        try:
+            dev = torch.device(name)
+        except (RuntimeError, TypeError):
+            raise DataError(f"device {name!r} is not a device name. Fix: cpu or cuda:N.") from None
+        if dev.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if (dev.index or 0) >= count:
+                raise DataError(f"device {name!r}: this machine sees {count} CUDA GPU(s). Fix: --devices cpu"
+                                + (f", or cuda:0..cuda:{count - 1}" if count else "") + ".")
+        elif dev.type != "cpu":
+            raise DataError(f"device {name!r}: regeneration runs on cpu or cuda:N. Fix: --devices cpu or cuda:0.")
+        out.append(dev)
+    return out
+
+
+def generation_dtype(devices, dtype: str, models: dict | None) -> str:
+    """The one dtype every replica answers in ("float32", "bfloat16", ...): answers of two precisions differ, so a
+    mix (e.g. cpu + cuda under "auto") is refused rather than written into one file."""
+    if dtype != "auto" and dtype not in DTYPES:
+        raise DataError(f"dtype={dtype!r} is invalid. Fix: one of auto, {', '.join(DTYPES)}.")
+    found = {}
+    for name, dev in zip(devices, check_devices(devices)):
+        model = (models or {}).get(name)
+        found[name] = next(model.parameters()).dtype if model is not None else resolve_dtype(dtype, dev)
+    shown = {name: str(d).replace("torch.", "") for name, d in found.items()}
+    if len(set(shown.values())) > 1:
+        raise DataError(f"the replicas would answer in different dtypes {shown}: one file must hold answers of one "
+                        "precision. Fix: pass --dtype float32 (or bfloat16) explicitly, or use devices of one kind.")
+    return next(iter(shown.values()))
 
 
 def load_generators(target, devices, sampling, dtype, models, log) -> list[HFGenerator]:
@@ -130,7 +200,7 @@ def load_generators(target, devices, sampling, dtype, models, log) -> list[HFGen
             model = models[name]
         else:
             t0 = time.perf_counter()
-            model = load_target(target, device=dev, dtype=_resolve_dtype(dtype, dev))
+            model = load_target(target, device=dev, dtype=resolve_dtype(dtype, dev))
             log(f"regenerate: loaded {target} on {dev} in {time.perf_counter() - t0:.1f}s")
         # one tokenizer per device thread: a fast tokenizer's padding state is per object
         gens.append(HFGenerator(model, tokenizer if not gens else copy.deepcopy(tokenizer), sampling))

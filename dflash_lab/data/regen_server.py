@@ -20,9 +20,6 @@ import urllib.request
 
 from .chat_formats import DataError
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "enable_thinking", "seed")
-
-
 class ReplyProblem(Exception):
     """One conversation could not be answered: `reason` (request_failed | malformed_reply | empty_answer)."""
 
@@ -169,21 +166,3 @@ def server_job(gen: ServerGenerator, job, index: int, writer, generation: dict, 
         return
     failures.success()
     writer.add(job.record(generation))
-
-
-def check_record_settings(out, sampling: dict) -> None:
-    """Refuse to append to `out` when its first record was generated with other sampling settings (works without
-    the .meta.json file: every record carries its settings under "generation")."""
-    try:
-        with open(out, "rb") as f:
-            first = json.loads(f.readline() or b"null")
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return  # no complete first record: nothing to compare (load_finished reports a corrupt file)
-    gen = first.get("generation") if isinstance(first, dict) else None
-    if not isinstance(gen, dict):
-        return
-    diff = {k: (gen.get(k), sampling.get(k)) for k in SAMPLING_KEYS if k in gen and gen.get(k) != sampling.get(k)}
-    if diff:
-        raise DataError(f"{out} holds records generated with other sampling settings {diff} (in the file, now). "
-                        "Resuming would mix them in one file. Fix: rerun with the same settings, use a new output "
-                        "file, or pass overwrite=True.")

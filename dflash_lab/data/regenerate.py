@@ -11,11 +11,14 @@ Two back ends:
 - Server: POST {url}/v1/chat/completions (vLLM, SGLang or any OpenAI-compatible server running the target), with
   `concurrency` requests in flight and `chat_template_kwargs.enable_thinking` when a thinking mode is chosen.
 
-Output: JSONL, one line per conversation {"id", "source", "messages", "generation": {sampling settings, model,
-finish_reasons, new_tokens}}, readable as OpenAI-format training data, plus `<out>.meta.json` (settings, counts,
-throughput). It is append-only and resumable: a rerun skips ids already in the file (an interrupted half-written last
-line is cut off first) and refuses to mix sampling settings. Greedy (temperature 0) output is reproducible; sampled
-output is seeded per batch (seed + batch number), so it is reproducible for the same batch composition.
+Output: JSONL, one line per conversation {"id", "source", "messages", "generation": {back end, target and the
+sha256 of its weights, dtype, sampling settings, prompt_sha256, finish_reasons, new_tokens}}, readable as OpenAI-format
+training data, plus `<out>.meta.json` (settings, counts, throughput). It is append-only and resumable: a rerun skips
+ids already in the file (an interrupted half-written last line is cut off first) and refuses to mix anything that
+changes an answer (regen_output.py): other settings, another target, changed prompts, a second writer, an output that
+is the input. Greedy (temperature 0) output is reproducible; sampled output is seeded per batch (seed + batch
+number), so it is reproducible for the same batch composition. A conversation longer than the target's context is
+skipped and counted (`too_long_for_context`), never answered with garbage.
 
     python -m dflash_lab.data.regenerate --data prompts.jsonl --out regen.jsonl --target Qwen/Qwen3-8B \
         --devices cuda:0 cuda:1 --batch-size 64 --max-new-tokens 2048 --temperature 0 --thinking off
@@ -25,20 +28,25 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import json
-import os
 import queue
+import sys
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from dflash_lab.target.load import TargetLoadError
+
 from .chat_formats import ChatData, DataError, read_chat_data
-from .regen_local import HFGenerator, greedy_match_check, load_generators
-from .regen_server import FailureLog, ServerGenerator, check_record_settings, check_server_url, server_job
+from .regen_engine import regenerate_with_engine
+from .regen_local import HFGenerator, PromptFit, generation_dtype, greedy_match_check, load_generators
+from .regen_output import (Writer, check_meta, check_output_path, check_records, meta_path, output_lock,
+                           prompt_sha256, read_output, target_sha256)
+from .regen_server import FailureLog, ServerGenerator, check_server_url, server_job
+
+BACKENDS = ("auto", "engine", "hf")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,100 +130,9 @@ class RegenStats:
         return f"<pre>{html.escape(str(self))}</pre>"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Resumable output
-# ---------------------------------------------------------------------------------------------------------------
-
-def meta_path(out: Path) -> Path:
-    return out.with_name(out.name + ".meta.json")
-
-
 def load_finished(out: Path, log=print) -> set[str]:
     """Ids already in `out`. A half-written last line (interrupted run) is cut off; a bad line elsewhere raises."""
-    if not out.exists():
-        return set()
-    done, good_end = set(), 0
-    with open(out, "rb") as f:
-        lines = f.readlines()
-    for lineno, raw in enumerate(lines, 1):
-        try:
-            rec = json.loads(raw)
-            done.add(str(rec["id"]))
-            good_end += len(raw)
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
-            if lineno == len(lines) and not raw.endswith(b"\n"):
-                with open(out, "r+b") as f:
-                    f.truncate(good_end)
-                log(f"regenerate: cut off a half-written last line of {out} (line {lineno}, interrupted run)")
-                break
-            raise DataError(f"{out}:{lineno}: not a complete output record ({e}). The output file is corrupt. Fix: "
-                            "remove that line, or start a new output file.") from None
-    return done
-
-
-def _check_meta(out: Path, settings: dict, resuming: bool) -> None:
-    mp = meta_path(out)
-    if not (resuming and mp.is_file()):
-        return
-    old = json.loads(mp.read_text()).get("settings", {})
-    diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-    if diff:
-        raise DataError(f"{out} was written with other settings {diff} (old, new). Resuming would mix them in one "
-                        "file. Fix: rerun with the same settings, use a new output file, or pass overwrite=True.")
-
-
-def _write_meta(out: Path, settings: dict, stats: RegenStats) -> None:
-    mp = meta_path(out)
-    tmp = mp.with_name(mp.name + ".tmp")
-    tmp.write_text(json.dumps({"settings": settings, "last_run": stats.to_dict(),
-                               "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
-    os.replace(tmp, mp)
-
-
-class _Writer:
-    """Append-only JSONL writer shared by worker threads; progress lines every `every_s` seconds."""
-
-    def __init__(self, out: Path, stats: RegenStats, settings: dict, log, every_s: float, on_progress):
-        self.f = open(out, "a", encoding="utf-8")
-        self.out, self.stats, self.settings, self.log, self.every_s = out, stats, settings, log, every_s
-        self.on_progress = on_progress
-        self.lock = threading.Lock()
-        self.t0 = self.last = time.monotonic()
-
-    def add(self, rec: dict) -> None:
-        line = json.dumps(rec, ensure_ascii=False) + "\n"
-        with self.lock:
-            self.f.write(line)
-            self.f.flush()
-            s = self.stats
-            s.samples += 1
-            s.turns += len(rec["generation"]["finish_reasons"])
-            s.new_tokens += sum(rec["generation"]["new_tokens"])
-            s.finish_reasons.update(rec["generation"]["finish_reasons"])
-            now = time.monotonic()
-            s.seconds = now - self.t0
-            if now - self.last >= self.every_s or s.samples + s.already_done == s.total:
-                self.last = now
-                os.fsync(self.f.fileno())
-                _write_meta(self.out, self.settings, s)
-                self.log(self.progress_line())
-            if self.on_progress is not None:
-                self.on_progress(s)
-
-    def progress_line(self) -> str:
-        s = self.stats
-        done, left = s.samples + s.already_done, s.total - s.samples - s.already_done
-        eta = int(left / s.samples_per_s) if s.samples_per_s > 0 else 0
-        return (f"regenerate: {done}/{s.total} conversations | {s.samples_per_s:.2f} samples/s | "
-                f"{s.tokens_per_s:,.0f} new tok/s | ETA {eta // 3600}h{eta % 3600 // 60:02d}m{eta % 60:02d}s")
-
-    def close(self) -> None:
-        with self.lock:
-            self.stats.seconds = time.monotonic() - self.t0
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
-            _write_meta(self.out, self.settings, self.stats)
+    return set(read_output(Path(out), log=log))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -249,10 +166,12 @@ class _Job:
 
     def record(self, generation: dict) -> dict:
         return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
-                "generation": {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}}
+                "generation": {**generation, "prompt_sha256": prompt_sha256(self.conv.messages),
+                               "finish_reasons": self.finish, "new_tokens": self.tokens}}
 
 
-def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: _Writer, generation: dict, stop: threading.Event):
+def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: Writer, generation: dict, stop: threading.Event,
+               fit: PromptFit):
     while not stop.is_set():
         try:
             batch_no, convs = batches.get_nowait()
@@ -262,7 +181,14 @@ def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: _Writer, genera
         pending = [(j, j.next_prompt()) for j in jobs]
         rnd = 0
         while pending and not stop.is_set():
-            active = [(j, h) for j, h in pending if h is not None]
+            active = []
+            for j, h in pending:
+                why = fit.problem(h) if h is not None else None
+                if why is not None:  # past the target's positions the answer would be garbage: skip, never write
+                    writer.skip("too_long_for_context", j.conv.id, why)
+                    jobs.remove(j)
+                elif h is not None:
+                    active.append((j, h))
             if not active:
                 break
             outs = gen([h for _, h in active], seed=gen.sampling.seed + batch_no * 1000 + rnd)
@@ -276,34 +202,69 @@ def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: _Writer, genera
             writer.add(j.record(generation))
 
 
+def _positive(name: str, value, minimum: int = 1, fix: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DataError(f"{name}={value!r} is invalid: must be an integer >= {minimum}. Fix: {fix}.")
+
+
 def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "tiny", devices=("cpu",),
                batch_size: int = 16, sampling: SamplingConfig | None = None, server_url: str | None = None,
                server_model: str | None = None, concurrency: int = 8, dtype: str = "auto",
                data_format: str = "auto", limit: int | None = None, overwrite: bool = False, log=print,
                progress_every_s: float = 10.0, on_progress=None, models: dict | None = None,
                match_check: int = 0, server_timeout_s: float = 300.0, server_retries: int = 3,
-               server_backoff_s: float = 0.5) -> RegenStats:
+               server_backoff_s: float = 0.5, backend: str = "auto") -> RegenStats:
     """Regenerate every conversation of `data` into `out` (JSONL). Resumes if `out` exists. Returns RegenStats.
 
     `models` optionally maps device name -> an already loaded model (skips loading; used by notebooks and tests).
     `match_check` > 0 (local back end, temperature 0): first compare batched vs single-sequence greedy on that many
     first prompts (`greedy_match_check`); the result goes to the stats and `<out>.meta.json`.
+    backend (local targets): "engine" (target/generate.py: static caches, rows refilled as they finish, CUDA graphs;
+    every turn through one queue), "hf" (Hugging Face generate) or "auto" (engine when every device is a GPU).
     Server back end: per-request timeout, bounded retries with backoff, failures counted by id (regen_server.py).
+    Refused before anything is touched: an `out` that is the input or lies inside the input folder, another process
+    writing `out`, and (on resume) records produced with other settings or for conversations changed since
+    (regen_output.py). Local back end: a conversation longer than the target's positions is skipped and counted.
     """
     sampling = sampling or SamplingConfig()
+    _positive("batch_size", batch_size, fix="e.g. 16 (--batch-size)")
+    _positive("concurrency", concurrency, fix="e.g. 8 (--concurrency)")
+    _positive("match_check", match_check, 0, fix="0 (off) or e.g. 8 (--match-check)")
+    if limit is not None:
+        _positive("limit", limit, 0, fix="the number of first conversations to do, or None (--limit left out) for all")
     if server_url is not None:
         check_server_url(server_url)
+    if backend not in BACKENDS:
+        raise DataError(f"backend={backend!r} is unknown. Fix: use one of {BACKENDS} (--backend).")
+    if backend == "auto":
+        backend = "engine" if all(str(d).startswith("cuda") for d in devices) else "hf"
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        for p in (out, meta_path(out)):
-            p.unlink(missing_ok=True)
-    if isinstance(data, ChatData):
-        chat = data
-    else:
+    data_path = None
+    if not isinstance(data, ChatData):
         from .tokenize import resolve_data_path
 
-        chat = read_chat_data(resolve_data_path(str(data)), data_format=data_format, require_assistant=False)
+        data_path = resolve_data_path(str(data))
+        check_output_path(data_path, out)
+    dtype_name = None if server_url else generation_dtype(devices, dtype, models)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, log=log):
+        if overwrite:
+            for p in (out, meta_path(out)):
+                p.unlink(missing_ok=True)
+        chat = data if data_path is None else read_chat_data(data_path, data_format=data_format,
+                                                             require_assistant=False)
+        return _regenerate(chat, out, target=target, devices=devices, batch_size=batch_size, sampling=sampling,
+                           server_url=server_url, server_model=server_model, concurrency=concurrency,
+                           dtype=dtype, dtype_name=dtype_name, limit=limit, log=log,
+                           progress_every_s=progress_every_s, on_progress=on_progress, models=models,
+                           match_check=match_check, server_timeout_s=server_timeout_s,
+                           server_retries=server_retries, server_backoff_s=server_backoff_s, engine=backend == "engine")
+
+
+def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampling, server_url, server_model,
+                concurrency, dtype, dtype_name, limit, log, progress_every_s, on_progress, models, match_check,
+                server_timeout_s, server_retries, server_backoff_s, engine) -> RegenStats:
+    """regenerate() once its output is locked and its input read."""
     convs = []
     skipped = {}
     for c in chat.conversations:
@@ -313,14 +274,24 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         convs.append(c)
     if limit is not None:
         convs = convs[:limit]
-    backend = f"server {server_url}" if server_url else f"hf {','.join(map(str, devices))}"
-    settings = {"target": target, "backend": "server" if server_url else "hf", "sampling": sampling.to_dict()}
-    resuming = out.exists()
-    _check_meta(out, settings, resuming)
-    if resuming:
-        check_record_settings(out, sampling.to_dict())  # also without the .meta.json file
-    done = load_finished(out, log=log)
-    todo = [c for c in convs if c.id not in done]
+    backend = f"server {server_url}" if server_url else f"{'engine' if engine else 'hf'} {','.join(map(str, devices))}"
+    server = None
+    if server_url:
+        server = ServerGenerator(server_url, sampling, model=server_model, timeout_s=server_timeout_s,
+                                 retries=server_retries, backoff_s=server_backoff_s, log=log)
+        producer = {"backend": "server", "model": server.model, "server_url": server_url}
+    else:
+        producer = {"backend": "engine" if engine else "hf", "target": target, "target_sha256": target_sha256(target, log=log),
+                    "dtype": dtype_name, "model": target}
+    settings = {"target": target, "backend": producer["backend"], "sampling": sampling.to_dict(),
+                **{k: producer[k] for k in ("target_sha256", "dtype", "model") if k in producer}}
+    generation = {**producer, **sampling.to_dict()}
+    prompts = {c.id: prompt_sha256(c.messages) for c in convs}
+    if out.exists():  # resuming: the meta file and every record must say the same settings (records alone suffice)
+        check_meta(out, settings)
+    records = read_output(out, log=log)
+    check_records(out, records, generation, prompts)
+    todo = [c for c in convs if c.id not in records]
     stats = RegenStats(total=len(convs), already_done=len(convs) - len(todo), out=str(out), backend=backend,
                        skipped={**chat.report["skipped"], **skipped})
     if chat.report["skipped"] or skipped:
@@ -329,20 +300,16 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         f"{backend}; sampling {sampling.to_dict()}")
     if not todo:
         return stats
-    generation = {"model": target, **sampling.to_dict()}
-    if server_url:
-        server = ServerGenerator(server_url, sampling, model=server_model, timeout_s=server_timeout_s,
-                                 retries=server_retries, backoff_s=server_backoff_s, log=log)
-        generation.update(model=server.model, server_url=server_url)
-    else:
+    if not server_url:
+        fit = PromptFit.of(target, sampling, models)
         gens = load_generators(target, devices, sampling, dtype, models, log)
         if match_check > 0 and sampling.temperature == 0:
-            firsts = [_Job(c).next_prompt() for c in todo[:match_check]]
+            firsts = [h for h in (_Job(c).next_prompt() for c in todo[:match_check]) if fit.problem(h) is None]
             stats.greedy_match = greedy_match_check(gens[0], firsts, batch_size)
             log(f"regenerate: batched vs single-sequence greedy ({stats.greedy_match['dtype']} on "
                 f"{stats.greedy_match['device']}): {stats.greedy_match['summary']} "
                 f"({stats.greedy_match['seconds']} s)")
-    writer = _Writer(out, stats, settings, log, progress_every_s, on_progress)  # the clock starts here
+    writer = Writer(out, stats, settings, log, progress_every_s, on_progress)  # the clock starts here
     stop = threading.Event()
     try:
         if server_url:
@@ -351,12 +318,21 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                 futs = [pool.submit(server_job, server, _Job(c), i, writer, generation, stop, failures)
                         for i, c in enumerate(todo)]
                 _wait(futs, stop)
+        elif engine:  # every turn of every conversation through one queue; rows refilled as they finish
+            def write(rec):
+                rec["generation"]["prompt_sha256"] = prompts[rec["id"]]
+                writer.add(rec)
+
+            counts = regenerate_with_engine(gens, todo, write, generation, stop=stop, log=log, max_batch=batch_size)
+            stats.skipped.update({k: counts[k] for k in ("too_long", "cut_at_max_len") if counts.get(k)})
+            log(f"regenerate: engine {counts.get('engine')}; answers re-tokenized as generated: "
+                f"{counts.get('round_trip')}")
         else:
             batches = queue.Queue()
             for b in _length_grouped_batches(todo, batch_size):
                 batches.put(b)
             with cf.ThreadPoolExecutor(max_workers=len(gens), thread_name_prefix="regen") as pool:
-                futs = [pool.submit(_hf_worker, g, batches, writer, generation, stop) for g in gens]
+                futs = [pool.submit(_hf_worker, g, batches, writer, generation, stop, fit) for g in gens]
                 _wait(futs, stop)
     finally:
         writer.close()
@@ -394,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output JSONL (resumed if it exists)")
     p.add_argument("--target", default="tiny", help='HF id, local dir or "tiny"')
     p.add_argument("--devices", nargs="+", default=["cpu"], help="e.g. cuda:0 cuda:1 (one replica each)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="rows generated at once (engine: its static batch)")
+    p.add_argument("--backend", default="auto", choices=list(BACKENDS),
+                   help="local target: engine (static caches + CUDA graphs), hf (HF generate); auto = engine on GPUs")
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -410,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds per server request before it is retried (server back end; raise it for long answers)")
     p.add_argument("--retries", type=int, default=3, help="retries per server request, with backoff (server back end)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N conversations")
+    p.add_argument("--limit", type=int, default=None, help="only the first N conversations (N >= 0)")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     p.add_argument("--match-check", type=int, default=0,
                    help="compare batched vs single-sequence greedy on the first N prompts (recorded in .meta.json)")
@@ -419,12 +397,22 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_new_tokens,
-                              enable_thinking={"on": True, "off": False, "template": None}[a.thinking], seed=a.seed)
-    regenerate(a.data, a.out, target=a.target, devices=tuple(a.devices), batch_size=a.batch_size, sampling=sampling,
-               server_url=a.server_url, server_model=a.server_model, concurrency=a.concurrency, dtype=a.dtype,
-               data_format=a.format, limit=a.limit, overwrite=a.overwrite, log=lambda s: print(s, flush=True),
-               match_check=a.match_check, server_timeout_s=a.request_timeout, server_retries=a.retries)
+    try:
+        sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                                  max_new_tokens=a.max_new_tokens, seed=a.seed,
+                                  enable_thinking={"on": True, "off": False, "template": None}[a.thinking])
+        stats = regenerate(a.data, a.out, target=a.target, devices=tuple(a.devices), batch_size=a.batch_size,
+                           sampling=sampling, server_url=a.server_url, server_model=a.server_model,
+                           concurrency=a.concurrency, dtype=a.dtype, data_format=a.format, limit=a.limit,
+                           overwrite=a.overwrite, log=lambda s: print(s, flush=True), match_check=a.match_check,
+                           server_timeout_s=a.request_timeout, server_retries=a.retries, backend=a.backend)
+    except (DataError, TargetLoadError) as e:  # one line for a CLI user: the value and the fix, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: finished conversations are saved in {a.out}; rerun the same command to resume.",
+              file=sys.stderr)
+        return 130
     return 0
 
 

@@ -33,6 +33,7 @@ from .prompts import EvalError, default_prompt_files, load_prompts, prompt_files
 from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, pooled_tau
 from .speculative import GenerationResult, PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder, speculative_generate
+from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
 
@@ -147,7 +148,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
         raise EvalError(f"max_new_tokens={max_new_tokens} must be >= 1.")
     if n_prompts is not None and n_prompts < 1:
         raise EvalError(f"n_prompts={n_prompts} must be >= 1 (or None for every prompt).")
-    B = block_size or src.config.block_size
+    B = block_size if block_size is not None else src.config.block_size  # 0 is refused below, not defaulted
     if B < 2:
         raise EvalError(f"block_size={B} leaves no draft slot; use >= 2 (the target-only baseline runs anyway).")
     if dtype not in DTYPES:
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             report = evaluate(**params, out_dir=plan.out_dir)
             report.save()
             saved = report.to_dict()
-    except (DrafterNotFoundError, EvalError, PromptTooLongError) as e:
+    except (DrafterNotFoundError, EvalError, PromptTooLongError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report = EvalReport.from_dict(saved)

@@ -22,12 +22,12 @@ import re
 import secrets
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from dflash_lab.runs import checkpoint
+from dflash_lab.runs import checkpoint, weights
 from .export_dest import ExportRefused, guard_destination, swap_into_place
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
@@ -178,17 +178,22 @@ def resolve_drafter(path: str | Path) -> DrafterSource:
         " a checkpoint directory, or an exported directory (config.json + model.safetensors).")
 
 
-def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-                 ) -> tuple[DrafterSource, DFlashDrafter]:
-    """resolve_drafter + weights loaded into a DFlashDrafter (eval mode, requires_grad off)."""
-    src = resolve_drafter(path)
+def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 log=print) -> tuple[DrafterSource, DFlashDrafter]:
+    """resolve_drafter + weights loaded into a DFlashDrafter (eval mode, requires_grad off). A run still training
+    may rotate the chosen checkpoint away: its newest complete weights are read instead, and a damaged file is
+    named with the one used (runs/weights.py)."""
+    src = weights.retry_rotated(lambda: resolve_drafter(path))
     if src.kind == "exported":
         _, drafter = load_exported(src.run_dir, device=device, dtype=dtype)
         return src, drafter
-    from safetensors.torch import load_file
-
+    if src.kind == "run":
+        used, state = weights.read_newest_weights(lambda: checkpoint_candidates(src.run_dir), log=log)
+        src = replace(src, weights=used, step=_step_of(used)) if used != src.weights else src
+    else:
+        state = weights.read_weights(src.weights)
     drafter = DFlashDrafter(src.config)
-    _load_state(drafter, load_file(str(src.weights)), str(src.weights))
+    _load_state(drafter, state, str(src.weights))
     drafter.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return src, drafter
 
@@ -331,7 +336,7 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported. Fix: use one of {sorted(_DTYPES)} "
                          "(serving uses bfloat16).")
-    src, drafter = load_drafter(source)
+    src, drafter = load_drafter(source, log=log)
     out = Path(out_dir).expanduser()
     if out.resolve() == src.run_dir.resolve() and src.kind != "exported":
         raise ExportRefused(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
@@ -387,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         out = export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force)
-    except (DrafterNotFoundError, ValueError) as e:
+    except (DrafterNotFoundError, ValueError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cfg = json.loads((out / "config.json").read_text())

@@ -17,6 +17,9 @@ leaves either a complete `step-N` or a `.deleting` folder that the next save rem
 the old copy to `step-N.old` before renaming the new one in; a kill between the two renames leaves `step-N.old`,
 which readers use as step N and the next save renames back, so one complete copy always survives.
 
+Readers of a run that may still be training (evaluate, export) take the newest COMPLETE weights file and retry when
+the one they chose was rotated away while they read it (weights.py).
+
 What goes into the files (optimiser, RNG, replica state) is train_state.py; whether a checkpoint may be resumed
 with the current settings is resume_checks.py.
 """
@@ -306,14 +309,14 @@ def _readable(path: Path) -> bool:
         for name in (DRAFTER_FILE, OPTIMIZER_FILE, RNG_FILE):
             with safe_open(str(path / name), "pt") as f:
                 f.keys()
-            if (path / name).stat().st_size < _data_end(path / name):
+            if (path / name).stat().st_size < data_end(path / name):
                 return False
     except Exception:  # noqa: BLE001 - any failure means "not a good checkpoint"
         return False
     return True
 
 
-def _data_end(path: Path) -> int:
+def data_end(path: Path) -> int:
     """Byte size a safetensors file must have: 8 + header length + the largest data offset in its header."""
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -357,3 +360,4 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         return Checkpoint(p, state, *(read_tensors(p, n) for n in (DRAFTER_FILE, OPTIMIZER_FILE, RNG_FILE)))
     except CheckpointError as e:
         raise _bad_checkpoint(p, e) from e
+

@@ -53,11 +53,20 @@ def latest_eval(run_dir: str | Path) -> Path | None:
 
 def eval_summary(path: str | Path) -> dict:
     """Headline figures of a saved eval.json: trained tau, block size, temperature, dtype, step, speedup. Figures of
-    the "heldout" prompt set when the evaluation has one (a row of its table), else pooled over its prompt sets."""
-    d = json.loads(Path(path).read_text())
-    trained = [r for r in d.get("summary", []) if r["decoder"] == "trained"]
-    trained = [r for r in trained if r["prompt_set"] == "heldout"] or trained
-    speed = [r["speedup"] for r in trained if r.get("speedup")]
-    return {"eval_tau": pooled_tau(trained) if trained else None, "eval_block_size": d.get("block_size"),
+    the "heldout" prompt set when the evaluation has one (a row of its table), else pooled over its prompt sets.
+    A cut-off or garbled eval.json gives no figures and says why under "eval_error" (listings go on)."""
+    try:
+        d = json.loads(Path(path).read_text())
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
+        trained = [r for r in d.get("summary", []) if r["decoder"] == "trained"]
+        trained = [r for r in trained if r["prompt_set"] == "heldout"] or trained
+        tau = pooled_tau(trained) if trained else None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"eval_tau": None, "eval_block_size": None, "eval_temperature": None, "eval_dtype": None,
+                "eval_step": None, "eval_speedup": None, "eval_dir": str(Path(path).parent),
+                "eval_error": f"{path} cannot be read ({type(e).__name__}: {e})"}
+    speed = [r["speedup"] for r in trained if isinstance(r.get("speedup"), (int, float)) and r["speedup"]]
+    return {"eval_tau": tau, "eval_block_size": d.get("block_size"),
             "eval_temperature": d.get("temperature"), "eval_dtype": d.get("dtype"), "eval_step": d.get("step"),
             "eval_speedup": sum(speed) / len(speed) if speed else None, "eval_dir": str(Path(path).parent)}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import rundir
 from .evals import eval_summary, latest_eval
+from .run_files import RunFileError, read_json, read_metrics
 
 _STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parents[2]
@@ -71,40 +72,73 @@ def run_label(run_dir: Path) -> str:
 
 
 def run_status(run_dir: Path) -> str:
-    """finished | stopped | diverged (from summary.json / events.jsonl), running (recent writes) or incomplete."""
+    """finished | stopped | diverged (from summary.json / events.jsonl), running (recent writes) or incomplete; a
+    cut-off summary.json reads "summary.json unreadable" (that run only, never the whole listing)."""
     run_dir = Path(run_dir)
     events = rundir.read_jsonl(run_dir / rundir.EVENTS_FILE)
     summary_file = run_dir / "summary.json"
     if any(e.get("event") == "diverged" for e in events[-3:]):
         return "diverged"
     if summary_file.is_file():
-        summary = json.loads(summary_file.read_text())
-        last_resume = max((e["time"] for e in events if e.get("event") == "resumed"), default=0)
-        logged = max((r["step"] for r in rundir.read_jsonl(run_dir / rundir.METRICS_FILE) if "step" in r), default=0)
+        try:
+            summary = read_json(summary_file)
+        except RunFileError:
+            return "summary.json unreadable"
+        last_resume = max((e["time"] for e in events if e.get("event") == "resumed" and _is_number(e.get("time"))),
+                          default=0)
+        logged = max((r["step"] for r in rundir.read_jsonl(run_dir / rundir.METRICS_FILE)
+                      if _is_number(r.get("step"))), default=0)
         # a summary older than a resume, or than steps trained after it, describes an earlier point of the run
-        if summary_file.stat().st_mtime >= last_resume and summary.get("steps", logged) >= logged:
-            return summary.get("status", "finished")
+        steps = summary.get("steps")
+        if summary_file.stat().st_mtime >= last_resume and (not _is_number(steps) or steps >= logged):
+            return str(summary.get("status", "finished"))
     newest = max((f.stat().st_mtime for f in (run_dir / rundir.METRICS_FILE, run_dir / rundir.EVENTS_FILE)
                   if f.is_file()), default=0)
     return "running" if time.time() - newest < LIVE_WINDOW_S else "incomplete"
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def run_config(run_dir: Path) -> tuple[dict, str | None]:
+    """(config.json as a dict, None), or ({}, why) when it is cut off or not an object."""
+    try:
+        return read_json(Path(run_dir) / rundir.CONFIG_FILE), None
+    except RunFileError as e:
+        return {}, str(e)
+
+
+def run_metrics(run_dir: Path, notes: list | None = None) -> list[dict]:
+    """metrics.jsonl of a run as checked rows in step order (run_files.read_metrics; rows past the configured steps
+    are left out); what was skipped is appended to `notes` as one line naming the file."""
+    cfg, _ = run_config(run_dir)
+    steps = cfg.get("steps")
+    rows = read_metrics(Path(run_dir) / rundir.METRICS_FILE,
+                        max_step=steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
+    if notes is not None and rows.note():
+        notes.append(rows.note())
+    return rows
+
+
 def _memory_gb(row: dict) -> float | None:
-    gpu = [v for k, v in row.items() if k.startswith("mem_gb/") and v is not None]
-    return max(gpu) if gpu else row.get("rss_gb")
+    gpu = [v for k, v in row.items() if k.startswith("mem_gb/") and _is_number(v)]
+    return max(gpu) if gpu else (row["rss_gb"] if _is_number(row.get("rss_gb")) else None)
 
 
-def load_metrics(run_dirs) -> "pandas.DataFrame":  # noqa: F821
+def load_metrics(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
     """One row per logged step of every run; columns: run, label, step, loss, tokens_per_s, memory_gb, sim_tau, ...
 
     `memory_gb` is the largest per-GPU allocation of the step (process RSS for CPU runs); `slot_acc` stays a list.
+    Lines of metrics.jsonl that are torn, garbage or out of step order are left out, each file's said through `log`
+    (and kept in `frame.attrs["skipped"]`).
     """
     import pandas as pd
 
-    frames = []
+    frames, notes = [], []
     for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
         d = Path(d)
-        rows = [r for r in rundir.read_jsonl(d / rundir.METRICS_FILE) if "step" in r]
+        rows = run_metrics(d, notes)
         if not rows:
             continue
         for r in rows:
@@ -114,9 +148,19 @@ def load_metrics(run_dirs) -> "pandas.DataFrame":  # noqa: F821
         f.insert(0, "run", d.name)
         f.insert(1, "label", run_label(d))
         frames.append(f)
+    _say(notes, log)
     if not frames:
-        return pd.DataFrame(columns=["run", "label", "step", "loss", "tokens_per_s", "memory_gb", "sim_tau"])
-    return pd.concat(frames, ignore_index=True, sort=False)
+        frame = pd.DataFrame(columns=["run", "label", "step", "loss", "tokens_per_s", "memory_gb", "sim_tau"])
+    else:
+        frame = pd.concat(frames, ignore_index=True, sort=False)
+    frame.attrs["skipped"] = notes
+    return frame
+
+
+def _say(notes: list[str], log) -> None:
+    if log is not None:
+        for n in notes:
+            log(f"NOTE: {n}")
 
 
 def _add_latest_eval(rows: list[dict], run_dir: Path) -> None:
@@ -128,7 +172,7 @@ def _add_latest_eval(rows: list[dict], run_dir: Path) -> None:
     ev = eval_summary(found)
     if ev["eval_tau"] is None:
         return
-    step = ev["eval_step"] if ev["eval_step"] is not None else rows[-1]["step"]
+    step = ev["eval_step"] if _is_number(ev["eval_step"]) else rows[-1]["step"]
     row = min(rows, key=lambda r: abs(r["step"] - step))
     if row.get("eval_tau") is None:
         row["eval_tau"] = ev["eval_tau"]
@@ -165,30 +209,44 @@ def _last_logged(metrics: list[dict], *keys: str):
     return next((r[k] for r in reversed(metrics) for k in keys if r.get(k) is not None), None)
 
 
-def runs_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
-    """One row per run: status, steps, final loss, simulated tau, steady tokens/s, peak memory, key settings."""
+def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
+    """One row per run: status, steps, final loss, simulated tau, steady tokens/s, peak memory, key settings.
+
+    A damaged file costs only its own run's cells: a cut-off config.json leaves the settings empty (status says
+    so), torn or garbage metric lines are left out; each such file is said through `log` and kept in
+    `table.attrs["skipped"]`."""
     import pandas as pd
 
-    rows = []
+    rows, notes = [], []
     for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
         d = Path(d)
-        cfg = json.loads((d / rundir.CONFIG_FILE).read_text())
-        metrics = [r for r in rundir.read_jsonl(d / rundir.METRICS_FILE) if "loss" in r]
+        cfg, bad_config = run_config(d)
+        if bad_config:
+            notes.append(bad_config)
+        metrics = run_metrics(d, notes)
+        events = rundir.read_jsonl(d / rundir.EVENTS_FILE)
+        if events.note():
+            notes.append(events.note())
         last = metrics[-1] if metrics else {}
-        steady = [r["steady_tokens_per_s"] for r in metrics if r.get("steady_tokens_per_s")]
-        mem = [m for m in (_memory_gb(r) for r in metrics) if m is not None]
+        steady = [r["steady_tokens_per_s"] for r in metrics if _is_number(r.get("steady_tokens_per_s"))]
+        mem = [m for m in (_memory_gb(r) for r in metrics) if _is_number(m)]
+        devices = cfg.get("devices")
         rows.append({
-            "run": d.name, "status": run_status(d), "step": last.get("step", 0), "steps": cfg.get("steps"),
+            "run": d.name, "status": "config.json unreadable" if bad_config else run_status(d),
+            "step": last.get("step", 0), "steps": cfg.get("steps"),
             "loss": last.get("loss"), "sim_tau": last.get("sim_tau"), "acc": last.get("acc"),
             **_eval_columns(d, metrics),
             "tokens_per_s": steady[-1] if steady else last.get("tokens_per_s"),
             "peak_memory_gb": max(mem) if mem else None,
-            "target": cfg.get("target"), "devices": ",".join(cfg.get("devices") or []),
+            "target": cfg.get("target"), "devices": ",".join(map(str, devices)) if isinstance(devices, list) else None,
             "seq_len": cfg.get("seq_len"), "batch_size": cfg.get("batch_size"), "block_size": cfg.get("block_size"),
             "num_anchors": cfg.get("num_anchors"), "lr": cfg.get("lr"),
-            "resumed": any(e.get("event") == "resumed" for e in rundir.read_jsonl(d / rundir.EVENTS_FILE)),
+            "resumed": any(e.get("event") == "resumed" for e in events),
         })
-    return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
+    _say(notes, log)
+    table = pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
+    table.attrs["skipped"] = notes
+    return table
 
 
 # Short text columns: (header, runs_table column, format). Every missing value prints "-" (never NaN or None).
@@ -262,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--out", default="runs/compare.ipynb", help="executed notebook; the .html goes next to it")
     args = ap.parse_args(argv)
     if args.cmd == "list":
-        table = runs_table(list_runs(args.runs_dir))
+        table = runs_table(list_runs(args.runs_dir), log=lambda s: print(s, file=sys.stderr))
         if not len(table):
             print(f"no runs under {args.runs_dir}")
             return 0

@@ -7,10 +7,14 @@ the holder dies in any way (SIGKILL included): a lock file left behind by a kill
 stale simply because nobody holds the OS lock, and it is taken over without a race (whoever gets the OS lock first
 owns it; the loser sees the new holder). The JSON inside is only there to name the holder in the error.
 The same process may open the same run directory again (e.g. a new Trainer in the same notebook kernel).
+
+`holding(lock_file, ...)` is the same lock for any one output file for the length of a `with` block: regeneration
+takes `<out>.lock`, a sweep takes its folder's `sweep.lock`, so two processes never append to one output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -23,7 +27,11 @@ LOCK_FILE = "run.lock"
 _held: dict[Path, int] = {}  # run dir (resolved) -> open fd holding the OS lock, for this process
 
 
-class RunDirLocked(RuntimeError):
+class Busy(RuntimeError):
+    """Another live process holds a lock (a run directory, an output file); the message names it and what to do."""
+
+
+class RunDirLocked(Busy):
     """Another live process owns the run directory; the message names it and what to do."""
 
 
@@ -54,6 +62,12 @@ def acquire(run_dir: str | Path, *, log=print) -> dict:
     previous = _read_fd(fd)
     if previous and previous.get("pid") != os.getpid():
         log(f"run directory {path}: taking over the stale lock of {describe(previous)} (that process is gone)")
+    record = _write_record(fd)
+    _held[path] = fd
+    return record
+
+
+def _write_record(fd: int) -> dict:
     now = time.time()
     record = {"pid": os.getpid(), "host": socket.gethostname(), "start_time": now,
               "start_utc": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
@@ -61,8 +75,65 @@ def acquire(run_dir: str | Path, *, log=print) -> dict:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     os.fsync(fd)
-    _held[path] = fd
     return record
+
+
+@contextlib.contextmanager
+def holding(lock_file: str | Path, *, what: str, fix: str, wait_s: float = 0.0, log=print):
+    """Hold an exclusive lock on `lock_file` for the `with` block (the kernel drops it if this process dies, so a
+    killed holder never blocks the next one). Another live holder raises Busy naming it, `what` it guards and `fix`,
+    at once or after waiting up to `wait_s` seconds for it (said once through `log`). Within one process a second
+    `holding` of the same file is refused too (flock locks an open file, not a pid)."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, said = time.monotonic() + wait_s, False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise
+                if not said:
+                    log(f"{what} is in use by {describe(read_holder_file(lock_file))}; waiting for it (up to "
+                        f"{wait_s:.0f} s)")
+                    said = True
+                time.sleep(0.2)
+    except BlockingIOError:
+        os.close(fd)
+        holder = describe(read_holder_file(lock_file))
+        raise Busy(f"{what} is in use by {holder} (lock {lock_file}). Fix: {fix}") from None
+    except OSError as e:  # no advisory locks on this filesystem: say so, go on unlocked
+        os.close(fd)
+        log(f"WARNING: cannot lock {lock_file} ({e}); another process could write {what} too. Fix: keep it on a "
+            "local disk or a filesystem with lock support.")
+        yield {}
+        return
+    try:
+        yield _write_record(fd)
+    finally:
+        os.ftruncate(fd, 0)  # an empty record = released cleanly (left in place: unlinking a lock file races)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def is_held(lock_file: str | Path) -> bool:
+    """Whether a live process holds `lock_file` now (tries the lock without waiting and gives it back)."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
 
 
 def release(run_dir: str | Path) -> None:
@@ -76,8 +147,13 @@ def release(run_dir: str | Path) -> None:
 
 def read_holder(run_dir: str | Path) -> dict | None:
     """The holder record in the lock file (last holder if nobody holds it now), or None."""
+    return read_holder_file(Path(run_dir) / LOCK_FILE)
+
+
+def read_holder_file(lock_file: str | Path) -> dict | None:
+    """The holder record in any lock file (`holding`), or None when it is empty or unreadable."""
     try:
-        d = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+        d = json.loads(Path(lock_file).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return d if isinstance(d, dict) else None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from .rundir import METRICS_FILE, read_jsonl
+from . import run_files
+from .rundir import METRICS_FILE
 
 COMPARE_PANELS = (("loss", "training loss (decayed CE)", "loss"),
                   ("tokens_per_s", "sequence tokens/s", "tokens/s"),
@@ -53,8 +54,9 @@ def _png(fig, out: str | Path | None, dpi: int = 90) -> PngImage:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """A run's metric rows in step order, torn or garbage lines left out (run_files.read_metrics)."""
     p = Path(path)
-    return read_jsonl(p / METRICS_FILE if p.is_dir() else p)
+    return run_files.read_metrics(p / METRICS_FILE if p.is_dir() else p)
 
 
 def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path | None:

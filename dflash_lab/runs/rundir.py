@@ -9,7 +9,10 @@
     train.ipynb          the executed notebook (save_executed_notebook)
 
 A resumed run continues in the SAME directory: metrics.jsonl is cut back to the checkpoint's step (the lines after
-it are recomputed identically) and appended to; events.jsonl records the resume and any changed settings.
+it are recomputed identically) and appended to; events.jsonl records the resume and any changed settings. A FRESH
+run given a run_dir that already holds a run (metrics, events, checkpoints, a summary) is refused, naming
+resume_from as the way to continue it: appending would mix the two runs' metrics, and evaluate / export would take
+the old run's weights. `overwrite_run_dir=True` (Trainer) starts such a folder over: everything in it is deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 from . import lock as run_lock
+from .run_files import clean_metrics, parse_jsonl, read_jsonl  # noqa: F401 (read_jsonl re-exported)
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -61,13 +65,47 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     return path
 
 
+class RunDirUsed(RuntimeError):
+    """A fresh run was pointed at a folder that already holds a run; the message names resume_from and the fix."""
+
+
+def used_by_a_run(path: str | Path) -> list[str]:
+    """What shows that a folder already holds a run: metric or event lines, checkpoints, a summary, evaluations.
+    A config.json alone (written by a sweep or a torchrun launch before the run starts) does not count."""
+    path = Path(path)
+    found = [f for f in (METRICS_FILE, EVENTS_FILE) if (path / f).is_file() and (path / f).stat().st_size > 0]
+    found += [f"{d}/" for d in ("checkpoints", "evals") if (path / d).is_dir() and any((path / d).iterdir())]
+    return found + [f for f in ("summary.json",) if (path / f).is_file()]
+
+
+def refuse_used_run_dir(path: str | Path, *, resume_from: str | Path | None = None, overwrite: bool = False) -> None:
+    """For a run that does not continue `path` (a fresh run, or a resume of another folder): refuse a folder that
+    already holds a run, or with `overwrite` delete everything in it (the caller holds its lock) and start clean."""
+    path = Path(path)
+    if resume_from is not None and Path(resume_from).resolve() == path.resolve():
+        return  # a resume continues its own folder
+    used = used_by_a_run(path)
+    if not used:
+        return
+    if not overwrite:
+        raise RunDirUsed(f"run_dir {str(path)!r} already holds a run ({', '.join(used)}): a fresh run there would "
+                         "append to its metrics and keep its checkpoints, and evaluate / export would take the old "
+                         f"weights. Fix: continue that run with resume_from={str(path)!r}; or leave run_dir unset "
+                         "(a new folder is made) or pass another; or overwrite_run_dir=True to delete its contents "
+                         "first.")
+    for p in path.iterdir():
+        if p.name != run_lock.LOCK_FILE:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
 def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str, resume_from: Path | None = None,
-                 resume_step: int = 0) -> tuple[Path, list[dict]]:
+                 resume_step: int = 0, overwrite: bool = False) -> tuple[Path, list[dict]]:
     """The run directory of a Trainer and the metric rows it continues from.
 
-    `run_dir` given: that folder (created if needed). Resuming without one: the checkpoint's own run directory, its
-    metrics.jsonl cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`. This process takes
-    the folder's lock (run_lock.py) first: another live process using it makes this raise RunDirLocked.
+    `run_dir` given: that folder (created if needed); one that already holds another run is refused unless
+    `overwrite` (refuse_used_run_dir). Resuming without one: the checkpoint's own run directory, its metrics.jsonl
+    cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`. This process takes the folder's lock
+    (run_lock.py) first: another live process using it makes this raise RunDirLocked.
     """
     if run_dir:
         path = Path(run_dir)
@@ -76,6 +114,7 @@ def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str,
     else:
         path = new_run_dir(runs_dir, name)
     run_lock.acquire(path)  # one process per run dir: a second run or resume is refused, naming the holder
+    refuse_used_run_dir(path, resume_from=resume_from, overwrite=overwrite)
     (path / "checkpoints").mkdir(parents=True, exist_ok=True)
     (path / "plots").mkdir(exist_ok=True)
     rows = resume_metrics(path, resume_step, source=resume_from) if resume_from is not None else []
@@ -153,21 +192,6 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (a live or killed writer) is skipped."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    rows = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
 def log_event(run_dir: str | Path, event: str, **fields) -> None:
     """Append one event (checkpoint, resumed, stop_requested, interrupted, diverged, ...) to events.jsonl."""
     now = time.time()
@@ -177,11 +201,12 @@ def log_event(run_dir: str | Path, event: str, **fields) -> None:
         f.write(json.dumps(record, default=str) + "\n")
 
 
-def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = None) -> list[dict]:
+def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = None, *, log=print) -> list[dict]:
     """Metric rows up to `step` of the run being resumed; in the same run dir, metrics.jsonl is cut back to them.
 
     Lines after the checkpoint were written by the killed process; the resumed run recomputes exactly those steps,
-    so they are dropped (atomically) rather than duplicated.
+    so they are dropped (atomically) rather than duplicated. Torn or garbage lines, and rows out of step order, are
+    dropped too and said through `log` (run_files.clean_metrics).
     """
     run_dir = Path(run_dir)
     if source is None:
@@ -189,20 +214,18 @@ def resume_metrics(run_dir: str | Path, step: int, source: str | Path | None = N
     src = Path(source) / METRICS_FILE
     if not src.is_file():
         return []
-    kept_lines, kept = [], []
-    for line in src.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("step", 0) <= step:
-            kept_lines.append(line)
-            kept.append(row)
-    if Path(source).resolve() == run_dir.resolve():
+    rows, lines = parse_jsonl(src)
+    text = {r["_line"]: line for r, line in zip(rows, lines)}
+    kept = clean_metrics(rows, max_step=step)
+    past = kept.skipped.pop("past_steps", [])  # recomputed by the resumed run: expected, not damage
+    if kept.note():
+        log(f"NOTE: {kept.note()}")
+    kept_lines = [text[r.pop("_line")] for r in kept]
+    if Path(source).resolve() == run_dir.resolve() and (past or kept.skipped):
         tmp = src.with_name(src.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept_lines))
         os.replace(tmp, src)
-    return kept
+    return list(kept)
 
 
 # ---------------------------------------------------------------------------------------------------------------

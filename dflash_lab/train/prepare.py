@@ -136,7 +136,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
     data.report["fill"] = fill = fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)  # real tokens / window
     if cfg.pack_sequences:  # several whole conversations per window (packing.py)
-        data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed)
+        data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed, batch_size=cfg.batch_size)
         if log is not None:
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")

@@ -128,6 +128,7 @@ class RankTrainer:
     def _init_run_dir(self) -> None:
         rd, cfg = self.run_dir, self.cfg
         run_lock.acquire(rd, log=self.log)  # robust: rank 0 owns the run dir; a second job is refused
+        rundir.refuse_used_run_dir(rd, resume_from=checkpoint.run_dir_of(self.resume.path) if self.resume else None)
         (rd / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / "plots").mkdir(exist_ok=True)
         rundir.write_json(rd / rundir.CONFIG_FILE, cfg.to_dict())

@@ -83,6 +83,10 @@ def resumed_config(resume: checkpoint.Checkpoint, requested: TrainConfig, *, exp
                           "resume: steps, lr and the other optimiser settings, devices, dtype, logging, "
                           "checkpointing, eval and naming.")
     config = base.replace(**{c.field: c.new_value for c in changes}) if changes else base
+    if config.steps < resume.step:  # the loop would "train from step 6 to 2", do nothing and call it finished
+        raise ConfigError(f"cannot resume from {resume.path}: steps={config.steps} is below the checkpoint's step "
+                          f"{resume.step}, so there is nothing to train. Fix: pass steps > {resume.step} to train on "
+                          f"(steps={resume.step} only finishes the run), or resume from an earlier checkpoint.")
     if log is not None:
         log(f"resuming from {resume.path} at step {resume.step} with the checkpoint's config"
             + ("" if changes else " (nothing overridden)"))

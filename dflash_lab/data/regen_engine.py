@@ -1,0 +1,244 @@
+"""Regeneration with the generation engine (target/generate.py) instead of Hugging Face `generate`: the same role
+as regen_local.HFGenerator (histories -> (text, finish_reason, new_tokens)), and an every-turn driver in which a
+conversation re-enters the engine's queue after each answered turn with its regenerated history.
+
+Records are text, so the next turn's prompt is the chat template rendered from the regenerated history and
+tokenized again: an answer's ids need not come back as generated (a BPE merge across the boundary with the
+template's text, a template that strips whitespace). `RoundTrip` counts, per answer, whether the tokenization of
+the whole conversation gives back the answer's generated ids where the answer sits ("same"), other ids
+("differs"), or renders the prompt itself differently inside the conversation ("template").
+
+    regenerate_with_engine(hf_generators, conversations, write, generation, stop=stop_event)   # every turn
+    EngineGenerator(hf_generator)(histories, seed)                                    # HFGenerator's role
+
+A conversation whose next prompt no longer fits an engine row (max_len positions) is written with the turns
+answered so far (counted as "cut_at_max_len"); one whose first prompt does not fit is not written ("too_long").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+from dflash_lab.target.gen_devices import run_queue
+from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue
+from dflash_lab.target.generate import Generator
+from dflash_lab.target.sampling import GenerationSettings
+
+TURN_KEYS = 1024  # queue keys per conversation: key = conversation * TURN_KEYS + turn
+
+
+def settings_of(sampling, seed: int | None = None) -> GenerationSettings:
+    """The engine settings of a regenerate.SamplingConfig (seed: override, e.g. HFGenerator's per-batch seed)."""
+    return GenerationSettings(max_new_tokens=sampling.max_new_tokens, temperature=float(sampling.temperature),
+                              top_p=float(sampling.top_p), top_k=int(sampling.top_k),
+                              seed=int(sampling.seed if seed is None else seed))
+
+
+def conversation_key(conv_id: str) -> int:
+    """A stable 44-bit key of a conversation id: its samples do not depend on where it sits in the input."""
+    return int(hashlib.sha256(str(conv_id).encode()).hexdigest()[:11], 16)
+
+
+class RoundTrip:
+    """Counts of the decode -> re-tokenize round trip of answers (thread-safe); a few differing examples kept."""
+
+    def __init__(self, keep: int = 5):
+        self.counts = {"same": 0, "differs": 0, "template": 0}
+        self.examples: list[dict] = []
+        self.keep = keep
+        self._lock = threading.Lock()
+
+    def add(self, outcome: str, example: dict | None = None) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+            if example is not None and outcome != "same" and len(self.examples) < self.keep:
+                self.examples.append(example)
+
+    def to_dict(self) -> dict:
+        n = sum(self.counts.values())
+        return {**self.counts, "answers": n,
+                "mismatch_rate": round((n - self.counts["same"]) / n, 4) if n else 0.0, "examples": self.examples}
+
+
+class EngineGenerator:
+    """HFGenerator's role on the engine: `gen(histories, seed)` -> [(text, finish_reason, new_tokens)].
+
+    Built from an HFGenerator (its model, tokenizer, sampling settings, stop ids and prompt rendering are used as
+    they are); engine_kw go to the Generator (max_batch, max_len, cuda_graphs, ...)."""
+
+    def __init__(self, hf, *, round_trip: RoundTrip | None = None, log=None, **engine_kw):
+        self.hf, self.tokenizer, self.sampling, self.stop_ids = hf, hf.tokenizer, hf.sampling, hf.stop_ids
+        self.engine = Generator(hf.model, stop_ids=hf.stop_ids, log=log, **engine_kw)
+        self.round_trip = round_trip or RoundTrip()
+        self._lock = threading.Lock()  # one fast tokenizer object is not safe to use from two threads at once
+
+    def encode(self, history: list[dict]) -> list[int]:
+        with self._lock:
+            return self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
+
+    def answer(self, history: list[dict], gen: Generated) -> tuple[str, str, int]:
+        """(text, finish_reason, new_tokens) of one answer, as HFGenerator reports it; checks its round trip."""
+        ids = gen.token_ids
+        content = ids[:-1] if gen.finish_reason == "stop" else ids
+        with self._lock:
+            text = self.tokenizer.decode(content, skip_special_tokens=False)
+        self.check_round_trip(history, text, content)
+        return text, gen.finish_reason, len(ids)
+
+    def check_round_trip(self, history: list[dict], text: str, content: list[int]) -> str:
+        """Tokenize history + answer as a conversation: does the answer come back as `content` where it sits?"""
+        kw = self.hf.kwargs
+        with self._lock:
+            prompt = self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
+            full_text = self.tokenizer.apply_chat_template(history + [{"role": "assistant", "content": text}],
+                                                           tokenize=False, **kw)
+            full = self.tokenizer(full_text, add_special_tokens=False)["input_ids"]
+        if full[:len(prompt)] != prompt:
+            outcome = "template"
+        else:
+            outcome = "same" if full[len(prompt):len(prompt) + len(content)] == content else "differs"
+        back = full[len(prompt):len(prompt) + len(content) + 2]
+        self.round_trip.add(outcome, {"outcome": outcome, "generated": content[:40], "retokenized": back[:40]})
+        return outcome
+
+    def __call__(self, histories: list[list[dict]], seed: int) -> list[tuple[str, str, int]]:
+        prompts = [self.encode(h) for h in histories]
+        outs = self.engine.generate(prompts, settings_of(self.sampling, seed))
+        return [self.answer(h, g) for h, g in zip(histories, outs)]
+
+
+def engine_generators(hf_generators, *, log=None, **engine_kw) -> list[EngineGenerator]:
+    """One EngineGenerator per HFGenerator (per device: regen_local.load_generators), one shared RoundTrip."""
+    rt = RoundTrip()
+    return [EngineGenerator(g, round_trip=rt, log=log, name=f"{g.device}", **engine_kw) for g in hf_generators]
+
+
+def answers_to_write(messages: list[dict]) -> int:
+    """Assistant turns regeneration writes for a conversation: each assistant turn, plus one for a trailing user turn."""
+    n = sum(m["role"] == "assistant" for m in messages)
+    return n + (1 if messages and messages[-1]["role"] != "assistant" else 0)
+
+
+class ConversationTurns:
+    """One conversation regenerated turn by turn: user / system turns kept, each assistant turn replaced by the
+    target's answer to the history so far; a trailing user turn gets an answer too. Writes the same record as
+    regenerate.py's HF back end: {"id", "source", "messages", "generation": {..., finish_reasons, new_tokens}}."""
+
+    def __init__(self, conv):
+        self.conv = conv
+        self.history: list[dict] = []
+        self.rest = list(conv.messages)
+        self.finish: list[str] = []
+        self.tokens: list[int] = []
+
+    def next_prompt(self) -> list[dict] | None:
+        """The history to answer next (kept turns appended up to it), or None when the conversation is done."""
+        while self.rest:
+            m = self.rest.pop(0)
+            if m["role"] == "assistant":
+                return self.history
+            self.history.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
+        if self.history and self.history[-1]["role"] != "assistant":
+            return self.history
+        return None
+
+    def answer(self, text: str, finish: str, n: int) -> None:
+        self.history.append({"role": "assistant", "content": text})
+        self.finish.append(finish)
+        self.tokens.append(n)
+
+    def drop_unanswered(self) -> None:
+        """End the record at its last answer (the next prompt does not fit an engine row)."""
+        while self.history and self.history[-1]["role"] != "assistant":
+            self.history.pop()
+
+    def record(self, generation: dict) -> dict:
+        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
+                "generation": {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}}
+
+
+class _Stopped(Exception):
+    """regenerate.py asked to stop (a worker error or an interrupt elsewhere)."""
+
+
+def regenerate_with_engine(hf_generators, conversations: list, write, generation: dict, *,
+                           stop: threading.Event | None = None, log=print, log_every_s: float = 10.0,
+                           **engine_kw) -> dict:
+    """Regenerate the assistant turns of `conversations` (chat_formats conversations: id, source, messages) with
+    one engine per device (HFGenerators from regen_local.load_generators, or EngineGenerators), every turn through
+    one shared queue. write(record) is called once per finished conversation, from an engine thread. Returns
+    counts: written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
+    jobs = [ConversationTurns(c) for c in conversations]
+    gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
+        engine_generators(hf_generators, log=log, **engine_kw)
+    helper, settings = gens[0], settings_of(gens[0].sampling)
+    max_len = min(g.engine.max_len for g in gens)
+    stats = {"written": 0, "turns": 0, "new_tokens": 0, "cut_at_max_len": 0, "too_long": 0}
+    lock = threading.Lock()
+    histories: dict[int, list[dict]] = {}
+
+    def count(**kw) -> None:
+        with lock:
+            for k, v in kw.items():
+                stats[k] += v
+
+    def finish_conversation(job) -> None:
+        write(job.record(generation))
+        count(written=1)
+
+    def item_for(idx: int, turn: int, history: list[dict]) -> PromptItem | None:
+        if turn >= TURN_KEYS:
+            raise ValueError(f"conversation {jobs[idx].conv.id} has more than {TURN_KEYS} assistant turns. Fix: "
+                             "split it, or regenerate it with the Hugging Face back end.")
+        ids = helper.encode(history)
+        if len(ids) >= max_len:
+            return None
+        histories[idx] = list(history)
+        return PromptItem(idx * TURN_KEYS + turn, ids, conversation_key(jobs[idx].conv.id) * TURN_KEYS + turn)
+
+    def on_finish(key: int, gen: Generated) -> PromptItem | None:
+        if stop is not None and stop.is_set():
+            raise _Stopped()
+        idx, turn = divmod(key, TURN_KEYS)
+        job = jobs[idx]
+        job.answer(*helper.answer(histories[idx], gen))
+        count(turns=1, new_tokens=len(gen.token_ids))
+        history = job.next_prompt()
+        nxt = item_for(idx, turn + 1, history) if history is not None else None
+        if history is not None and nxt is None:
+            job.drop_unanswered()
+            count(cut_at_max_len=1)
+        if nxt is None:
+            finish_conversation(job)
+        return nxt
+
+    t0 = time.perf_counter()
+    items = []
+    for idx, job in enumerate(jobs):
+        history = job.next_prompt()
+        if history is None:
+            finish_conversation(job)  # nothing to answer: written as it is, as the HF back end does
+            continue
+        it = item_for(idx, 0, history)
+        if it is None:
+            count(too_long=1)
+        else:
+            items.append(it)
+    if stats["too_long"] and log:
+        log(f"regenerate: {stats['too_long']} conversations not written: their first prompt has >= {max_len} "
+            f"tokens (the engine's max_len). Fix: raise max_len, or filter long prompts out.")
+    total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
+    queue = PromptQueue(items, total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
+    try:
+        run_queue([g.engine for g in gens], queue, settings)
+    except _Stopped:
+        pass
+    except RuntimeError as e:
+        if not isinstance(e.__cause__, _Stopped):
+            raise
+    queue.flush()
+    stats.update(round_trip=helper.round_trip.to_dict(), seconds=round(time.perf_counter() - t0, 2),
+                 engine=[g.engine.graph_status for g in gens])
+    return stats

@@ -1,0 +1,117 @@
+"""How the generation engine picks the next token: greedy, or sampled from one counter-hashed uniform per token.
+
+Sampling must not depend on how prompts fall into batches or in which order rows are refilled, or a data set would
+change with the batch size. So no RNG state is carried: the uniform of the token at position t of the prompt with
+key k under seed s is a hash of (s, k, t), computed on the device (a few integer ops per ROW, not per vocabulary
+entry), and the token is drawn by inverse CDF from the (temperature, top-k, top-p) filtered distribution in
+vocabulary order. The same prompt then gets the same sample in any batch, on any device, as far as its logits are
+the same. Filters follow Hugging Face `generate`: temperature, then top-k (ties with the k-th logit kept), then
+top-p (the smallest set of most likely tokens whose mass reaches top_p, at least one).
+
+Everything here is fixed-shape tensor work with no host sync: it runs inside the decode step's CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """One generation call's settings (the engine's counterpart of a data set's recorded sampling settings)."""
+
+    max_new_tokens: int
+    """Longest answer; an answer cut here finishes with "length"."""
+    temperature: float = 0.0
+    """0 = greedy (argmax); > 0 samples."""
+    top_p: float = 1.0
+    """Nucleus mass in (0, 1]; 1 = off (only when sampling)."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = off (only when sampling)."""
+    seed: int = 0
+    """Seed of the per-token counter hash (>= 0)."""
+
+    def __post_init__(self) -> None:
+        def bad(name, why, fix):
+            raise ValueError(f"GenerationSettings.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
+
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
+            bad("max_new_tokens", "must be an integer >= 1", "use e.g. 256")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            bad("temperature", "must be a number >= 0", "use 0 for greedy or e.g. 1.0")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            bad("top_k", "must be an integer >= 0", "use 0 (off) or e.g. 50")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 63:
+            bad("seed", "must be an integer in [0, 2**63)", "use e.g. 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def mode(self) -> tuple:
+        """What changes the decode step's kernels (and so its CUDA graph): greedy, or (top_k, top_p on)."""
+        return ("greedy",) if self.greedy else ("sample", self.top_k, self.top_p < 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) in int64, split in 16-bit halves so no product overflows."""
+    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche finalizer (xorshift-multiply, constants of the 'lowbias32' hash)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Uniforms in [0, 1) (float32, 24 random bits) of (seed (), keys (B,), counters (B,)) int64 -> (B,)."""
+    h = _mix32((seed & _M32) ^ 0x9E3779B9)
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    h = _mix32(h ^ (keys & _M32))
+    h = _mix32(h ^ ((keys >> 32) & _M32))
+    h = _mix32(h ^ (counters & _M32))
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def filtered_probs(logits: torch.Tensor, mode: tuple, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities (B, V) fp32 after temperature, top-k and top-p (zeros outside the kept set)."""
+    _, top_k, use_top_p = mode
+    z = logits / temperature
+    if top_k:
+        kth = z.topk(min(top_k, z.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    if use_top_p:
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # stable: ties in vocabulary order
+        before = sorted_p.cumsum(-1) - sorted_p  # mass of the more likely tokens
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+    return probs
+
+
+def next_tokens(logits: torch.Tensor, mode: tuple, *, temperature: torch.Tensor, top_p: torch.Tensor,
+                uniforms: torch.Tensor) -> torch.Tensor:
+    """The next token per row (B,) long from logits (B, V) fp32: argmax, or inverse CDF at `uniforms` (B,)."""
+    if mode[0] == "greedy":
+        return logits.argmax(-1)
+    probs = filtered_probs(logits, mode, temperature, top_p)
+    cdf = probs.cumsum(-1)  # (B, V), non-decreasing
+    drawn = (cdf <= uniforms[:, None] * cdf[:, -1:]).sum(-1)  # first index whose cdf passes u * total
+    # u * total can round up to total: never step past the last token that has mass
+    idx = torch.arange(probs.shape[-1], device=probs.device)
+    last = torch.where(probs > 0, idx, 0).amax(-1)
+    return torch.minimum(drawn, last)

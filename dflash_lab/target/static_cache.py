@@ -1,0 +1,94 @@
+"""Static KV caches for batched generation: one row per sequence, each row written at its own position.
+
+    keys / values per layer   (rows, kv_heads, length, head_dim)   allocated once, never resized while running
+
+Two kinds of forward write into it (the caller says which before running the target's own decoder layers, which
+call `update(k, v, layer_idx)` as on any Hugging Face Cache):
+- prefill: new prompts for a set of rows, right-padded to T tokens at positions 0..T-1. Their K/V go to those rows
+  at 0..T-1 and the attention sees only the prompt itself (causal), so a refilled row never reads its previous
+  occupant. Pad positions hold garbage until decoding overwrites them in order: a row at position p writes p and
+  reads <= p.
+- decode: one token per row for rows 0..B-1, row r at position pos[r]. The attention reads only the first Lb
+  positions (the live length bucket, views of the same storage), not the whole cache: a 2,048-position cache
+  holding 200-token rows would otherwise read 10x the bytes per step.
+
+Batch and length buckets keep the number of distinct shapes (and CUDA graphs) small; `move_rows` packs live rows
+to the front so the tail of a run decodes at a smaller batch bucket.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def length_ladder(cap: int, floor: int = 64) -> list[int]:
+    """Length buckets up to `cap`: 64, 80, 96, 112, 128, 160, ... (four steps per doubling: <= 25% of the bytes an
+    attention reads are past the longest row), ending with `cap` itself."""
+    out, base = [], floor
+    while base < cap:
+        out += [base * k // 4 for k in (4, 5, 6, 7) if base * k // 4 < cap]
+        base *= 2
+    return out + [cap]
+
+
+def batch_ladder(cap: int, floor: int = 8) -> list[int]:
+    """Batch buckets up to `cap`: 8, 16, 32, ... (powers of two), ending with `cap` itself."""
+    out, b = [], floor
+    while b < cap:
+        out.append(b)
+        b *= 2
+    return out + [cap]
+
+
+def bucket(ladder: list[int], need: int) -> int:
+    """The smallest bucket >= need (the last one if none is)."""
+    return next((b for b in ladder if b >= need), ladder[-1])
+
+
+class RowKVCache:
+    """Per target layer a static K and V (rows, kvh, length, d); see the module docstring for the two write modes.
+
+    Implements the one method Hugging Face attention layers call on a cache: update(k, v, layer_idx) -> (K, V)."""
+
+    def __init__(self, n_layers: int, kv_heads: int, rows: int, length: int, head_dim: int, dtype, device):
+        shape = (rows, kv_heads, length, head_dim)
+        self.rows, self.length = rows, length
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self._mode = ""
+        self._prefill_rows: torch.Tensor | None = None  # (n,) long
+        self._decode_rows: torch.Tensor | None = None  # (B,) long: 0..B-1
+        self._decode_pos: torch.Tensor | None = None  # (B,) long
+        self._span = 0  # Lb (decode)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * sum(k.numel() * k.element_size() for k in self.keys)
+
+    def prefill(self, rows: torch.Tensor) -> None:
+        """The next forward writes prompts (n, T) into `rows` at positions 0..T-1 and attends to them only."""
+        self._mode, self._prefill_rows = "prefill", rows
+
+    def decode(self, rows: torch.Tensor, pos: torch.Tensor, span: int) -> None:
+        """The next forward writes one token per row of `rows` (0..B-1) at `pos` and attends to positions < span."""
+        self._mode, self._decode_rows, self._decode_pos, self._span = "decode", rows, pos, span
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k_all, v_all = self.keys[layer_idx], self.values[layer_idx]
+        if self._mode == "prefill":
+            T = key_states.shape[2]
+            k_all[self._prefill_rows, :, :T] = key_states  # (n, kvh, T, d)
+            v_all[self._prefill_rows, :, :T] = value_states
+            return key_states, value_states
+        if self._mode == "decode":
+            B, span = self._decode_rows.numel(), self._span
+            # advanced indices on dims 0 and 2 around a slice: the selection is (B, kvh, d), one entry per row
+            k_all[self._decode_rows, :, self._decode_pos] = key_states[:, :, 0]
+            v_all[self._decode_rows, :, self._decode_pos] = value_states[:, :, 0]
+            return k_all[:B, :, :span], v_all[:B, :, :span]
+        raise RuntimeError("RowKVCache.update called before prefill() or decode() said where this forward writes.")
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy rows src -> dst (disjoint sets) in every layer: live rows packed to the front."""
+        for t in (*self.keys, *self.values):
+            t[dst] = t[src]

@@ -1,0 +1,160 @@
+"""Regeneration on the generation engine (data/regen_engine.py) with the tiny target: every turn re-enters the queue
+with its regenerated history and gets the answer a fresh call on that history gets; sampled records do not depend
+on the input order; the HFGenerator drop-in writes what HF `generate` writes; the round-trip check; long
+conversations cut at a turn boundary; a stop request."""
+
+import functools
+import json
+import threading
+
+import pytest
+import torch
+
+from dflash_lab.data.chat_formats import read_chat_data
+from dflash_lab.data.regen_engine import (EngineGenerator, RoundTrip, answers_to_write, conversation_key,
+                                          regenerate_with_engine)
+from dflash_lab.data.regen_local import HFGenerator
+from dflash_lab.data.regenerate import SamplingConfig, regenerate
+
+GREEDY = SamplingConfig(max_new_tokens=64, enable_thinking=False)  # tiny answers are 45-105 tokens
+SAMPLED = SamplingConfig(max_new_tokens=64, enable_thinking=False, temperature=1.0, top_p=0.95, seed=3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.lru_cache(maxsize=1)
+def tiny():
+    from dflash_lab.target.load import load_target, load_tokenizer
+
+    return load_target("tiny"), load_tokenizer("tiny")
+
+
+@functools.lru_cache(maxsize=1)
+def conversations():
+    """6 held-out tiny conversations, 3 of them with two user turns (9 answers to write)."""
+    from dflash_lab.tiny import tiny_heldout_path
+
+    convs = read_chat_data(tiny_heldout_path(), require_assistant=False).conversations
+    multi = [c for c in convs if len(c.messages) > 2][:3]
+    return multi + [c for c in convs if len(c.messages) == 2][:3]
+
+
+def hf(sampling=GREEDY):
+    model, tok = tiny()
+    return HFGenerator(model, tok, sampling)
+
+
+def run(convs, sampling=GREEDY, **kw):
+    recs = []
+    stats = regenerate_with_engine([hf(sampling)], convs, recs.append, {"model": "tiny"},
+                                   log=None, **{"max_batch": 4, "max_len": 512, **kw})
+    return {r["id"]: r for r in recs}, stats
+
+
+@functools.lru_cache(maxsize=1)
+def greedy_run():
+    return run(conversations())
+
+
+def test_every_turn_answers_each_turn_given_the_regenerated_history():
+    convs = conversations()
+    recs, stats = greedy_run()
+    assert sorted(recs) == sorted(c.id for c in convs) and stats["written"] == len(convs)
+    assert stats["turns"] == sum(answers_to_write(c.messages) for c in convs) == 9
+    asked, written = [], []  # every answered turn: (its regenerated history, what the record says)
+    for conv in convs:
+        msgs = recs[conv.id]["messages"]
+        assert [m["role"] for m in msgs] == [m["role"] for m in conv.messages]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == \
+               [m["content"] for m in conv.messages if m["role"] == "user"]
+        gen = recs[conv.id]["generation"]
+        for turn, k in enumerate(k for k, m in enumerate(msgs) if m["role"] == "assistant"):
+            asked.append(msgs[:k])
+            written.append((msgs[k]["content"], gen["finish_reasons"][turn], gen["new_tokens"][turn]))
+    assert EngineGenerator(hf(), max_batch=16, max_len=512)(asked, seed=0) == written  # one fresh call
+    assert stats["new_tokens"] == sum(sum(r["generation"]["new_tokens"]) for r in recs.values())
+    assert stats["round_trip"]["answers"] == 9 and stats["round_trip"]["mismatch_rate"] == 0.0
+
+
+def test_records_are_what_the_hf_back_end_of_regenerate_writes(tmp_path):
+    """The same conversations through regenerate() (HF `generate`, batched, round by round): the same messages,
+    finish reasons and token counts, record for record."""
+    src = tmp_path / "convs.jsonl"
+    src.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in conversations()))
+    out = tmp_path / "hf.jsonl"
+    regenerate(src, out, target="tiny", batch_size=6, sampling=GREEDY, models={"cpu": tiny()[0]}, log=lambda *a: None)
+    theirs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    ours, _ = greedy_run()
+    assert sorted(theirs) == sorted(ours)
+    for i, r in ours.items():
+        assert r["messages"] == theirs[i]["messages"]
+        for k in ("finish_reasons", "new_tokens"):
+            assert r["generation"][k] == theirs[i]["generation"][k]
+
+
+def test_sampled_records_do_not_depend_on_input_order_or_rows():
+    convs = conversations()
+    a, _ = run(convs, SAMPLED)
+    b, _ = run(convs[::-1], SAMPLED, max_batch=2, steps_per_sync=3)
+    assert a == b
+    greedy, _ = greedy_run()
+    assert sum(a[i]["messages"] != greedy[i]["messages"] for i in a) >= 4
+    assert conversation_key("x") == conversation_key("x") != conversation_key("y") and conversation_key("x") < 2 ** 44
+
+
+def test_the_drop_in_writes_what_hf_generate_writes():
+    """EngineGenerator in HFGenerator's place: the same (text, finish_reason, new_tokens) as batched HF greedy."""
+    histories = [[m for m in c.messages[:1]] for c in conversations()]
+    long = SamplingConfig(max_new_tokens=128, enable_thinking=False)  # long enough for some answers to end
+    ours = EngineGenerator(hf(long), max_batch=4, max_len=512)(histories, seed=0)
+    theirs = hf(long)(histories, seed=0)
+    assert ours == theirs
+    assert {f for _, f, _ in ours} == {"stop", "length"}
+
+
+def test_round_trip_tells_a_non_canonical_answer_apart():
+    gen = EngineGenerator(hf(), max_batch=1, max_len=512)
+    _, tok = tiny()
+    history = [{"role": "user", "content": "Count from 1 to 5."}]
+    canonical = tok("1 2 3 4 5", add_special_tokens=False)["input_ids"]
+    assert gen.check_round_trip(history, "1 2 3 4 5", canonical) == "same"
+    # the same text spelled with other ids (one character per token): the conversation tokenizes it back otherwise
+    spelled = [tok.convert_tokens_to_ids(t) for t in tok.convert_ids_to_tokens(canonical)]
+    chars = [i for t in tok.convert_ids_to_tokens(canonical) for i in tok.convert_tokens_to_ids(list(t))]
+    assert spelled == canonical and len(chars) > len(canonical)
+    assert tok.decode(chars) == "1 2 3 4 5"
+    assert gen.check_round_trip(history, tok.decode(chars), chars) == "differs"
+    rt = gen.round_trip.to_dict()
+    assert rt["same"] == 1 and rt["differs"] == 1 and rt["mismatch_rate"] == 0.5 and rt["examples"]
+    assert RoundTrip().to_dict()["mismatch_rate"] == 0.0
+
+
+def test_conversations_are_cut_at_a_turn_boundary_when_rows_run_out():
+    """max_len 96: later turns of the long conversations no longer fit: kept up to the last answer; a first prompt
+    longer than a row is not written."""
+    convs = conversations()
+    recs, stats = run(convs, max_len=96)
+    assert stats["cut_at_max_len"] >= 1 and stats["too_long"] == 0
+    for r in recs.values():
+        assert r["messages"][-1]["role"] == "assistant"
+        assert len(r["generation"]["finish_reasons"]) == sum(m["role"] == "assistant" for m in r["messages"])
+    tiny_rows, stats = run(convs, max_len=20)
+    first_lens = [len(EngineGenerator(hf(), max_len=20).encode(c.messages[:1])) for c in convs]
+    assert stats["too_long"] == sum(n >= 20 for n in first_lens) >= 1
+    assert len(tiny_rows) == len(convs) - stats["too_long"]
+
+
+def test_a_stop_request_ends_the_run_without_writing_half_conversations():
+    stop = threading.Event()
+    stop.set()
+    recs = []
+    stats = regenerate_with_engine([hf()], conversations(), recs.append, {}, stop=stop, log=None,
+                                   max_batch=4, max_len=512)
+    assert recs == [] and stats["written"] == 0
+    json.dumps(stats)  # the counts are JSON-able (they go to the run's meta file)
