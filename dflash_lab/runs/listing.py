@@ -273,8 +273,9 @@ def compact_table(table) -> "pandas.DataFrame":  # noqa: F821
 
 
 def _cell(value, fmt: str, row) -> str:
-    if fmt == "step":
-        return f"{int(value or 0)}/{int(row['steps'])}" if row.get("steps") else f"{int(value or 0)}"
+    if fmt == "step":  # a cut-off config.json leaves steps unknown (NaN in the frame): the step alone
+        step, total = (int(v) if _is_number(v) and v == v else None for v in (value, row.get("steps")))
+        return f"{step or 0}/{total}" if total else f"{step or 0}"
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     if fmt == "rate":
