@@ -188,11 +188,13 @@ def _check_dense(page, width: int, want_kinds=()) -> dict:
     while True:
         d = page.evaluate(JS_DENSE)
         ok = (d["strips"] and all(s["tag"] == "svg" and s["points"] >= 2 for s in d["strips"])
-              and all(k in d["kinds"] for k in want_kinds))
+              and all(k in d["kinds"] for k in want_kinds)
+              and (not want_kinds or d["lines"] >= 4 * sum(d["kinds"].values())))  # the plot follows the key
         if ok or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert d["strips"], f"no history strip at {width} px: {d}"
+    assert d["right"] <= width, f"the dashboard is wider than a {width} px window: {d}"
     for strip in d["strips"]:
         assert strip["tag"] == "svg" and strip["points"] >= 2, f"strip without history at {width} px: {d}"
         assert strip["width"] >= 60 and strip["right"] <= d["right"] + 1, f"strip clipped at {width} px: {d}"
@@ -211,11 +213,13 @@ def _check_layout(page, width: int) -> dict:
     while True:  # plotly re-lays out on the window's resize event
         lay = page.evaluate(JS_LAYOUT)
         ok = (lay["plot"] is not None and lay["plot"]["right"] <= lay["cell"]["right"] + 1
-              and lay["plot"]["width"] >= 0.9 * lay["dash"]["width"])
+              and lay["plot"]["width"] >= 0.9 * lay["dash"]["width"]
+              and lay["dash"]["right"] <= width)  # JupyterLab has laid the notebook out for the new window
         if ok or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert lay["plot"] is not None, "no plotly plot in the dashboard"
+    assert lay["dash"]["right"] <= width, f"the dashboard is wider than a {width} px window: {lay}"
     assert lay["plot"]["right"] <= lay["cell"]["right"] + 1, f"plot clipped at {width} px: {lay}"
     assert lay["plot"]["width"] >= 0.9 * lay["dash"]["width"], f"plot does not fill the cell at {width} px: {lay}"
     assert len(set(lay["header_cells"])) == 1, f"header wrapped at {width} px: {lay}"
@@ -321,7 +325,7 @@ def test_dashboard_live_in_jupyterlab(lab):
                 path = ARTIFACTS / f"dashboard-{width}.png"
                 page.locator(".dflash-dashboard").screenshot(path=str(path))
                 shots.append(path)
-            print(f"dashboard markers {dense['kinds']}, {dense['lines']} lines; strips {dense['strips']}")
+            print(f"dashboard at 1,024 px: markers {dense['kinds']}, {dense['lines']} lines; strips {dense['strips']}")
             page.set_viewport_size({"width": 1600, "height": 1000})
             # Stop ended the cell: the inspector renders, the hand-step cell skips (the run stays stopped) and
             # the finish cell writes summary.json.
