@@ -91,7 +91,8 @@ def curve_shapes(s: DashboardState) -> list[dict]:
         colour, dash, _ = KIND_STYLE[m.kind]
         for ax in PANEL_AXES:
             shapes.append(dict(type="line", xref=ax, yref=f"y{ax[1:]} domain", x0=m.step, x1=m.step, y0=0, y1=1,
-                               line=dict(color=colour, width=1, dash=dash), opacity=0.7, layer="below",
+                               line=dict(color=colour, width=1, dash=dash), opacity=0.35 if m.kind == "eval" else 0.7,
+                               layer="below",
                                name=f"marker-{m.kind}"))
     return shapes
 

@@ -42,7 +42,7 @@ def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
             colour, dash, label = KIND_STYLE[m.kind]
             first = ax is axes[0, 0] and m.kind not in seen
             seen.add(m.kind)
-            ax.axvline(m.step, color=colour, lw=0.9, alpha=0.7, ls={"dot": ":", "dash": "--", "dashdot": "-."}.get(
+            ax.axvline(m.step, color=colour, lw=0.9, alpha=0.3 if m.kind == "eval" else 0.7, ls={"dot": ":", "dash": "--", "dashdot": "-."}.get(
                 dash, "-"), label=label if first else None)
         if len([k for k in keys if s.series.get(k, ([], []))[0]]) > 1 or (ax is axes[0, 0] and s.markers):
             ax.legend(fontsize=7)
