@@ -28,7 +28,11 @@ PY=${PY:-python3}
 STAGE=/tmp/recipe-smollm2
 DATA=${DATA:-/tmp/scaling-data}
 WORK=${WORK:-/tmp/scaling-run}
-MODEL=smollm2-135m-instruct
+MODEL=smollm2-135m-instruct DEVICE=cuda:0 DTYPE=bfloat16
+if [ "${SCALING_CPU:-0}" = 1 ]; then  # a dry run of the same path on the embedded tiny target, on the CPU
+  MODEL=tiny DEVICE=cpu DTYPE=float32 N_SELF=${N_SELF:-60} SIZES=${SIZES:-"20 40"} STEPS=${STEPS:-4} BATCH=4
+  export SCALING_CPU SIZES STEPS BATCH EVAL_PROMPTS=${EVAL_PROMPTS:-2} EVAL_TOKENS=${EVAL_TOKENS:-8} CHITCHAT_LIMIT=${CHITCHAT_LIMIT:-30}
+fi
 export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
@@ -38,6 +42,8 @@ data)
   GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
   GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
   T_DATA=${T_DATA:-560}
+  mkdir -p $DATA
+  if [ "$MODEL" != tiny ]; then
   [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run bench/recipe_smollm2.sh stage1 first (call 1)"; exit 2; }
   cp .recipe/call2/*.whl $STAGE/ || exit 3
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $STAGE/*.whl \
@@ -50,21 +56,20 @@ data)
     git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
   $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
   log "model converted"
-  # GPU tests first: graph == eager for the generation engine and the decoders, bf16 and fp32
-  timeout 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_generate.py \
-    tests/test_speculative.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
-  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
-  timeout 120 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 --out "$OUT/gen_bench.jsonl" \
-    >> "$OUT/prep.log" 2>&1
+  # the engine's rate (first turns, every turn, T=1) and its match with the evaluator's greedy, bf16 and fp32
+  timeout 150 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 --first 4096 --eager-first 256 \
+    --batch-sizes 512 1024 --all 500 --match 32 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" \
+    > "$OUT/gen_bench.log" 2>&1
   log "generation bench rc=$?"
-  mkdir -p $DATA
+  fi
   # chitchat: prompts written by people, answered by the target (greedy, bf16: the evaluator's setting)
   $PY -m dflash_lab.data.real_data chitchat --out $DATA/chitchat >> "$OUT/prep.log" 2>&1 || { log "chitchat failed"; exit 5; }
+  LIMIT=${CHITCHAT_LIMIT:+--limit $CHITCHAT_LIMIT}
   $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/train-first.jsonl --out $DATA/chitchat-regen.jsonl \
-    --target $MODEL --devices cuda:0 --dtype bfloat16 --backend engine --max-new-tokens 256 --batch-size 512 \
+    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens 256 --batch-size 512 $LIMIT \
     >> "$OUT/prep.log" 2>&1 || { log "chitchat regeneration failed"; tail -5 "$OUT/prep.log"; exit 5; }
   $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/heldout-first.jsonl --out $DATA/chitchat-heldout-regen.jsonl \
-    --target $MODEL --devices cuda:0 --dtype bfloat16 --backend engine --max-new-tokens 256 --batch-size 512 \
+    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens 256 --batch-size 512 $LIMIT \
     >> "$OUT/prep.log" 2>&1 || { log "held-out regeneration failed"; exit 5; }
   log "chitchat answered"
   if [ -z "${N_SELF:-}" ]; then  # fit the number of target-written conversations to the time left
@@ -80,7 +85,7 @@ EOF
   fi
   log "writing $N_SELF target-written conversations"
   timeout $(( $(left $T_DATA) - 30 )) $PY -m dflash_lab.data.self_prompts --target $MODEL --n $N_SELF \
-    --out $DATA/self/self.jsonl --devices cuda:0 --dtype bfloat16 --batch-size 512 --max-answer-tokens 256 \
+    --out $DATA/self/self.jsonl --devices $DEVICE --dtype $DTYPE --batch-size 512 --max-answer-tokens 256 \
     --heldout 256 >> "$OUT/prep.log" 2>&1
   log "self prompts rc=$?"
   cp $DATA/self/self.report.json "$OUT/self_report.json" 2>/dev/null
@@ -96,21 +101,26 @@ train)
   T_TRAIN=${T_TRAIN:-550}
   [ -f $DATA/pool.jsonl ] || { echo "no $DATA/pool.jsonl: run 'data' first on this same machine (call 2)"; exit 2; }
   rm -rf $WORK; mkdir -p $WORK
-  $PY - "$DATA" "$WORK" $(( T_TRAIN - 60 )) > "$OUT/train.log" 2>&1 <<'EOF'
+  $PY - "$DATA" "$WORK" $(( T_TRAIN - 60 )) "$MODEL" "$DEVICE" "$DTYPE" > "$OUT/train.log" 2>&1 <<'EOF'
 import os, sys
 from dflash_lab.scaling import ScalingConfig, run_scaling
-data, work, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
+data, work, budget, model, device, dtype = sys.argv[1], sys.argv[2], float(sys.argv[3]), *sys.argv[4:7]
+cpu = os.environ.get("SCALING_CPU") == "1"
 sizes = tuple(int(s) for s in os.environ.get("SIZES", "3000 10000 30000 100000").split())
 n_pool = sum(1 for line in open(f"{data}/pool.jsonl") if line.strip())
 sizes = tuple(s for s in sizes if s <= n_pool) or (n_pool,)
 cfg = ScalingConfig(
-    target="smollm2-135m-instruct", pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
+    target=model, pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
     prompt_sets={"chitchat-heldout": f"{data}/chitchat-heldout-regen.jsonl", "self-heldout": f"{data}/self/self-heldout.jsonl",
                  "general": "general"},
     sizes=sizes, matched_steps=int(os.environ.get("STEPS", 1500)), matched_epochs=1.0,
     base={"seq_len": 512, "batch_size": int(os.environ.get("BATCH", 32)), "num_anchors": 64, "block_size": 16,
-          "num_draft_layers": 3, "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "log_every": 50},
-    devices=("cuda:0",) * int(os.environ.get("SLOTS", 2)), out=work)
+          "num_draft_layers": 3, "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "log_every": 50}
+    if not cpu else {"seq_len": 128, "batch_size": 4, "num_anchors": 8, "block_size": 4, "num_draft_layers": 1,
+                     "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1},
+    block_sizes=(16, 8) if not cpu else (4,), eval_dtype=dtype, extra_depths=(5,) if not cpu else (2,),
+    eval_prompts=int(os.environ.get("EVAL_PROMPTS", 64)), eval_new_tokens=int(os.environ.get("EVAL_TOKENS", 128)),
+    devices=(device,) * int(os.environ.get("SLOTS", 2)), out=work)
 print(run_scaling(cfg, deadline_s=budget)["wall_s"])
 EOF
   log "scaling rc=$?"
@@ -119,13 +129,17 @@ EOF
   tail -30 "$OUT/train.log" | cut -c1-300
   ;;
 extra)
+  # GPU tests: graph == eager for the generation engine and the decoders, bf16 and fp32
+  timeout 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_generate.py tests/test_decode_bench.py \
+    tests/test_speculative.py tests/test_validation.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
+  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
   BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); b=[p for p in s['points'] if p['name']==s.get('best')]; print(b[0]['run_dir'] if b else '')")
   [ -n "$BEST" ] || { echo "no best point in $WORK/scaling.json"; exit 2; }
-  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general --dtype float32 --n-prompts 16 \
-    --max-new-tokens 64 > "$OUT/lossless_fp32.log" 2>&1
+  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general $DATA/chitchat-heldout-regen.jsonl --dtype float32 \
+    --n-prompts 16 --max-new-tokens 128 --no-untrained --no-notebook > "$OUT/lossless_fp32.log" 2>&1
   log "fp32 lossless rc=$?"
-  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --run "$BEST" --out "$OUT/decode_bench.jsonl" \
-    > "$OUT/decode_bench.log" 2>&1
+  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --target $MODEL --drafter "$BEST" --prompts general \
+    --block-size 16 --skip-dynamic > "$OUT/decode_bench.log" 2>&1
   log "decode bench rc=$?"
   ;;
 *) echo "unknown mode $MODE: use data, train or extra"; exit 2 ;;

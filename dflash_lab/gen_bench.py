@@ -5,8 +5,9 @@ configuration (stdout; progress on stderr).
     python -m dflash_lab.gen_bench --target tiny --device cpu --first 32 --all 8 --batch-sizes 8 --modes eager
 
 Per dtype, rows of four kinds:
-- "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), per mode (graph, eager) and
-  max_batch; graph capture during the timed run is included and also reported (`capture_s`);
+- "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), greedy per mode (graph, eager) and
+  max_batch, and sampled (--sampled T TOP_P) at the largest; graph capture during the timed run is included and
+  also reported (`capture_s`, `new_tokens_per_s_excl_capture`);
 - "every_turn": new tokens/s regenerating whole chitchat conversations turn by turn (data/regen_engine.py: each
   conversation re-enters the queue with its regenerated history), with the decode -> re-tokenize round trip;
 - "serving_match": engine greedy vs the evaluator's target-only greedy (evaluation/serving_match.py), for the engine
@@ -62,7 +63,10 @@ def first_prompts(path: Path, hf: HFGenerator, n: int, room: int) -> tuple[list[
     for conv in read_chat_data(path, require_assistant=False).conversations:
         if len(out) == n:
             break
-        history = [m for m in conv.messages if m["role"] != "assistant"][:1]
+        user = next((i for i, m in enumerate(conv.messages) if m["role"] == "user"), None)
+        if user is None:
+            continue
+        history = [m for m in conv.messages[:user + 1] if m["role"] != "assistant"]  # system turns kept
         ids = hf.tokenizer(hf.prompt(history), add_special_tokens=False)["input_ids"]
         if len(ids) > room:
             dropped += 1
@@ -81,19 +85,23 @@ def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int,
                     common: dict) -> dict:
     gens = [Generator(m, stop_ids=hf.stop_ids, max_batch=max_batch, max_len=max_len, cuda_graphs=mode == "graph",
                       name=f"{next(m.parameters()).device}") for m in models]
-    generate_on_devices(gens, prompts[:max_batch], settings)  # warm-up: allocation, first captures, kernels
-    capture0 = sum(g.capture_s for g in gens)
+    for g in gens:  # the whole run's cache size first: a later growth would drop the graphs captured
+        g.allocate(max_batch, max(map(len, prompts)) + settings.max_new_tokens)
+    generate_on_devices(gens, prompts[:max_batch], settings)  # warm-up: first captures, kernels
+    capture0 = [g.capture_s for g in gens]
     t0 = time.perf_counter()
     out = generate_on_devices(gens, prompts, settings, log=log)
     seconds = time.perf_counter() - t0
     new = sum(len(o.token_ids) for o in out)
+    capture = max(g.capture_s - c for g, c in zip(gens, capture0))  # engines capture in parallel
     row = {"kind": "first_turns", "dtype": dtype, "mode": mode, "max_batch": max_batch, "prompts": len(prompts),
            "new_tokens": new, "seconds": round(seconds, 2), "new_tokens_per_s": round(new / seconds, 1),
+           "new_tokens_per_s_excl_capture": round(new / max(seconds - capture, 1e-9), 1),
            "prompts_per_s": round(len(prompts) / seconds, 2),
            "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
            "mean_new_tokens": round(new / len(prompts), 1),
            "finish": dict(Counter(o.finish_reason for o in out)),
-           "capture_s": round(sum(g.capture_s for g in gens) - capture0, 2), "graphs": gens[0].graph_status,
+           "capture_s": round(capture, 2), "graphs": gens[0].graph_status,
            "kv_cache_gb": round(sum(g.cache.nbytes for g in gens) / 1e9, 2), **common}
     del gens
     free_memory()
@@ -129,12 +137,15 @@ def parse_args(argv=None):
     p.add_argument("--prompts", default=None, help="chat JSONL for first turns (default: chitchat train split)")
     p.add_argument("--data-dir", default=None, help="where the chitchat files are built (reused if present)")
     p.add_argument("--first", type=int, default=8192, help="first-turn prompts per configuration")
-    p.add_argument("--eager-first", type=int, default=1024, help="first-turn prompts for mode eager (slow)")
+    p.add_argument("--eager-first", type=int, default=512, help="first-turn prompts for mode eager (slow)")
     p.add_argument("--all", type=int, default=2000, help="conversations for every-turn regeneration (0 = skip)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-len", type=int, default=2048, help="positions per engine row (prompt + answer)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 512, 1024])
     p.add_argument("--modes", nargs="+", default=["graph", "eager"], choices=["graph", "eager"])
+    p.add_argument("--sampled", type=float, nargs=2, default=[1.0, 0.95], metavar=("T", "TOP_P"),
+                   help="also time sampled first turns at the largest batch size (temperature, top_p)")
+    p.add_argument("--no-sampled", dest="sampled", action="store_const", const=None)
     p.add_argument("--match", type=int, default=32, help="prompts of the serving-match check (0 = skip)")
     p.add_argument("--match-new-tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
@@ -184,6 +195,13 @@ def main(argv=None) -> int:
                 log(f"{dtype} first turns: {mode}, max_batch {bs}, {n} prompts")
                 emit(run_first_turns(models, hf_gens[0], prompts[:n], settings, mode=mode, max_batch=bs,
                                      max_len=a.max_len, dtype=dtype, common=common))
+        if a.sampled:  # the sampling path (filters, inverse CDF): T and top-p as a data run would sample
+            sampled = GenerationSettings(max_new_tokens=a.max_new_tokens, temperature=a.sampled[0], top_p=a.sampled[1])
+            bs, mode = a.batch_sizes[-1], a.modes[0]
+            log(f"{dtype} first turns sampled (T={a.sampled[0]}, top_p={a.sampled[1]}): {mode}, max_batch {bs}")
+            row = run_first_turns(models, hf_gens[0], prompts[:a.first], sampled, mode=mode, max_batch=bs,
+                                  max_len=a.max_len, dtype=dtype, common=common)
+            emit({**row, "temperature": a.sampled[0], "top_p": a.sampled[1]})
         if a.all:
             bs, mode = a.batch_sizes[-1], a.modes[0]
             log(f"{dtype} every turn: {mode}, max_batch {bs}, {a.all} conversations from {all_file}")

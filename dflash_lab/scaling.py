@@ -255,15 +255,16 @@ def _sampled_eval(cfg: ScalingConfig, state: dict, log) -> None:
 
 def evaluate_point(run_dir: Path, prompt_sets: dict, block_size: int, temperature: float, new_tokens: int,
                    n_prompts: int | None, dtype: str, log=print) -> dict:
-    """Real speculative decoding of a run's drafter on every prompt set: {set: {tau, interval, prompts, speedup}}."""
+    """Real speculative decoding of a run's drafter on every prompt set: {set: {tau, its 95% bootstrap interval
+    over prompts (tau_low, tau_high), prompts, speedup at batch 1, lossless counts}}."""
     from dflash_lab.evaluation.evaluate import evaluate
 
     report = evaluate(run_dir, prompts=dict(prompt_sets), block_size=block_size, temperature=temperature,
                       max_new_tokens=new_tokens, n_prompts=n_prompts, untrained=False, dtype=dtype, log=log)
     report.save()
     out = {}
-    keep = ("tau", "tau_ci95", "prompts", "speedup", "tokens_per_s", "identical_to_target", "near_ties",
-            "real_mismatches", "new_tokens")
+    keep = ("tau", "tau_low", "tau_high", "prompts", "prompt_set_sha256", "speedup", "tokens_per_s",
+            "identical_to_target", "near_ties", "real_mismatches", "new_tokens")
     for row in report.rows():
         if row["decoder"] == "trained":
             out[row["prompt_set"]] = {k: row[k] for k in keep if k in row}

@@ -29,7 +29,7 @@ def rows(results: dict) -> list[dict]:
             for name, fig in sets.items():
                 if not isinstance(fig, dict):
                     continue
-                lo, hi = (fig.get("tau_ci95") or (None, None))
+                lo, hi = fig.get("tau_low"), fig.get("tau_high")
                 out.append({"point": p["name"], "series": p["series"], "conversations": p["conversations"],
                             "steps": p["steps"], "epochs": p["epochs"], "depth": p["depth"], "eval": ev,
                             "prompt_set": name, "prompts": fig.get("prompts"), "tau": fig.get("tau"),

@@ -2,6 +2,11 @@
 
 Everything here is read back from files (sweep.json, each run's metrics.jsonl and summary.json), so the table of a
 finished, interrupted or resumed sweep is the same, and the notebook's figure renders on GitHub (PNG, matplotlib).
+
+A rank alone overstates what a sweep decided: each final real tau carries its 95% bootstrap interval over the
+held-out prompts (logged with it while training), and variants whose intervals overlap are marked as not
+separated from each other ("separated: no (b, c)"), so a reader does not pick a winner that the prompts cannot
+tell apart.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import json
 import math
 from pathlib import Path
 
+from dflash_lab.evaluation.intervals import TauInterval, not_separated
 from dflash_lab.runs.plots import PngImage
 from dflash_lab.runs.rundir import METRICS_FILE, write_json
 from dflash_lab.runs.run_files import read_json, read_metrics
 
 SWEEP_FILE = "sweep.json"
-RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "best_real_tau", "best_tau_step", "val_sim_tau",
+RESULT_COLUMNS = ("rank", "variant", "status", "final_real_tau", "final_real_tau_low", "final_real_tau_high",
+                  "real_tau_prompts", "not_separated_from", "best_real_tau", "best_tau_step", "val_sim_tau",
                   "final_loss", "tokens_per_s", "supervised_tokens_per_s", "wall_s", "steps", "overrides", "run_dir",
                   "error", "warning")
 DEAD_MIN_ROWS = 2  # logged rows in a row with zero gradient and zero accuracy before a run counts as dead
@@ -63,11 +70,14 @@ def variant_row(variant: dict, overrides: dict) -> dict:
     row["warning"] = "; ".join(warnings) or None
     taus = [(r["step"], r["real_tau"]) for r in rows if isinstance(r.get("real_tau"), (int, float))]
     best = max(taus, key=lambda t: (t[1], -t[0])) if taus else (None, None)  # the earliest step among ties
+    final = next((r for r in reversed(rows) if r.get("real_tau") is not None), {})
     try:
         summary = read_json(run_dir / "summary.json") if run_dir else {}
     except ValueError:  # missing or cut off: the figures come from metrics.jsonl
         summary = {}
-    row.update(final_real_tau=taus[-1][1] if taus else None, best_real_tau=best[1], best_tau_step=best[0],
+    row.update(final_real_tau=taus[-1][1] if taus else None, final_real_tau_low=final.get("real_tau_low"),
+               final_real_tau_high=final.get("real_tau_high"), real_tau_prompts=final.get("real_tau_prompts"),
+               best_real_tau=best[1], best_tau_step=best[0],
                val_sim_tau=_last(rows, "val_sim_tau"), final_loss=_last(rows, "loss"),
                tokens_per_s=summary.get("steady_tokens_per_s") or _last(rows, "tokens_per_s"),
                supervised_tokens_per_s=supervised_rate(rows), steps=_last(rows, "step"))
@@ -94,7 +104,17 @@ def rank_rows(rows: list[dict]) -> list[dict]:
     ranked = sorted(rows, key=key)
     for i, r in enumerate(ranked, 1):
         r["rank"] = i if r["final_real_tau"] is not None else None
+    overlap = not_separated({r["variant"]: _interval(r) for r in ranked})
+    for r in ranked:  # None: no interval to compare (not measured, or logged before intervals were)
+        r["not_separated_from"] = overlap[r["variant"]] if _interval(r) is not None else None
     return [{c: r.get(c) for c in RESULT_COLUMNS} for r in ranked]
+
+
+def _interval(row: dict) -> TauInterval | None:
+    lo, hi, tau = row.get("final_real_tau_low"), row.get("final_real_tau_high"), row.get("final_real_tau")
+    if None in (lo, hi, tau):
+        return None
+    return TauInterval(tau, lo, hi, row.get("real_tau_prompts") or 0)
 
 
 def results(sweep_dir: str | Path) -> list[dict]:
@@ -108,11 +128,12 @@ def write_results(sweep_dir: str | Path) -> list[dict]:
     """results.json and results.csv in the sweep directory; returns the ranked rows."""
     sweep_dir = Path(sweep_dir)
     rows = results(sweep_dir)
-    write_json(sweep_dir / "results.json", {"ranked_by": "final_real_tau", "rows": rows})
+    write_json(sweep_dir / "results.json", {"ranked_by": "final_real_tau", "separated_by": "95% bootstrap intervals "
+                                            "over the held-out prompts that do not overlap", "rows": rows})
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS, lineterminator="\n")
     w.writeheader()
-    w.writerows(rows)
+    w.writerows({**r, "not_separated_from": " ".join(r["not_separated_from"] or [])} for r in rows)
     (sweep_dir / "results.csv").write_text(buf.getvalue())
     return rows
 
@@ -124,7 +145,8 @@ def _fmt(x, spec: str = ".3f") -> str:
 
 
 TABLE_COLUMNS = (("rank", "rank", "d"), ("variant", "variant", ""), ("status", "status", ""),
-                 ("final_real_tau", "real tau (final)", ".3f"), ("best_real_tau", "real tau (best)", ".3f"),
+                 ("final_real_tau", "real tau (final)", ".3f"), ("interval", "95% interval", ""),
+                 ("separated", "separated", ""), ("best_real_tau", "real tau (best)", ".3f"),
                  ("best_tau_step", "best at step", "d"), ("val_sim_tau", "val sim tau", ".3f"),
                  ("final_loss", "loss", ".4f"), ("tokens_per_s", "steady tokens/s", ".0f"),
                  ("supervised_tokens_per_s", "supervised tokens/s", ".0f"), ("wall_s", "wall s", ".1f"),
@@ -138,7 +160,8 @@ class ResultsTable:
         self.rows = rows
 
     def _cells(self, r: dict) -> list[str]:
-        cells = [_fmt(r.get(k), spec) for k, _, spec in TABLE_COLUMNS]
+        shown = {**r, **shown_interval(r)}
+        cells = [_fmt(shown.get(k), spec) for k, _, spec in TABLE_COLUMNS]
         if r.get("error"):
             cells[2] = f"{cells[2]}: {r['error'][:160]}"
         if r.get("warning"):
@@ -162,6 +185,16 @@ class ResultsTable:
 
     def __repr__(self) -> str:
         return self.to_markdown()
+
+
+def shown_interval(row: dict) -> dict:
+    """The table's `interval` ("[2.10, 2.52] n=32") and `separated` ("yes" / "no (b, c)") cells of a ranked row."""
+    if row.get("not_separated_from") is None:
+        return {"interval": None, "separated": None}
+    n = f" n={row['real_tau_prompts']}" if row.get("real_tau_prompts") else ""
+    others = row["not_separated_from"]
+    return {"interval": f"[{row['final_real_tau_low']:.2f}, {row['final_real_tau_high']:.2f}]{n}",
+            "separated": "yes" if not others else f"no ({', '.join(others)})"}
 
 
 def results_table(sweep_dir: str | Path) -> ResultsTable:

@@ -139,3 +139,33 @@ def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):
         assert bad not in "\n".join(lines), (bad, lines)
     assert "11.3k" in row_a and "2.71" in row_a and "2.33" in row_a and "30/30" in row_a
     assert row_b.split()[1] == "diverged" and " - " in row_b  # b logged no held-out tau: "-", like every gap
+
+
+def test_real_taus_with_intervals_are_compared_only_on_the_same_prompts(two_runs, tmp_path):
+    """run_taus (compare.ipynb's interval table): runs a and b evaluated on the same prompts (sha) with overlapping
+    intervals are not separated; c's interval on those prompts is apart; d measured other prompts: not compared."""
+    from dflash_lab.evaluation.run_taus import run_taus, tau_table
+
+    root, a, b = two_runs
+    c = _fake_run(root, "20260103T100000Z", "c", losses=[4.0], tps=1.0, mem_key="rss_gb", mem=1.0)
+    d = _fake_run(root, "20260104T100000Z", "d", losses=[4.0], tps=1.0, mem_key="rss_gb", mem=1.0)
+    for run, (tau, lo, hi), sha in ((a, (2.4, 2.2, 2.6), "s1"), (b, (2.3, 2.1, 2.5), "s1"), (c, (3.1, 2.9, 3.3), "s1"),
+                                    (d, (2.35, 2.2, 2.5), "s2")):
+        (run / "evals" / "e").mkdir(parents=True)
+        rundir.write_json(run / "evals" / "e" / "eval.json", {"step": 30, "max_new_tokens": 128, "summary": [
+            {"decoder": "trained", "prompt_set": "general", "prompts": 64, "prompt_set_sha256": sha, "block_size": 16,
+             "tau": tau, "tau_low": lo, "tau_high": hi},
+            {"decoder": "target only", "prompt_set": "general", "prompts": 64, "block_size": 1, "tau": 1.0}]})
+    with open(a / rundir.METRICS_FILE, "a") as f:  # a training-time real tau with its interval
+        f.write(json.dumps({"step": 40, "real_tau": 2.0, "real_tau_low": 1.8, "real_tau_high": 2.2,
+                            "real_tau_prompts": 32, "real_tau_sha256": "h"}) + "\n")
+    rows = {(r["run"], r["measured"].split(" ")[0]): r for r in run_taus([a, b, c, d])}
+    assert rows[(a.name, "evaluation")]["not_separated_from"] == [b.name]
+    assert rows[(b.name, "evaluation")]["not_separated_from"] == [a.name]
+    assert rows[(c.name, "evaluation")]["not_separated_from"] == []
+    assert rows[(d.name, "evaluation")]["not_separated_from"] == []  # other prompts: compared with nobody
+    t = rows[(a.name, "training")]
+    assert (t["tau"], t["tau_low"], t["tau_high"], t["prompts"], t["step"]) == (2.0, 1.8, 2.2, 32, 40)
+    frame = tau_table([a, c])
+    assert list(frame["not_separated_from"])[:2] == ["separated from all", "separated from all"]
+    assert len(frame) == 3 and frame["sha256"].tolist()[0] == "s1"

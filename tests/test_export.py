@@ -106,7 +106,7 @@ def test_export_format_round_trip_and_automodel(tmp_path, layer_types, window):
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
-def test_resolver_prefers_best_then_newest_and_lists_what_it_looked_for(tmp_path):
+def test_resolver_takes_the_newest_or_a_named_checkpoint_and_lists_what_it_looked_for(tmp_path):
     dc, d = _drafter()
     run = tmp_path / "run"
     _write_run(run, dc, d, step=15)  # final save_drafter at step 15
@@ -119,8 +119,15 @@ def test_resolver_prefers_best_then_newest_and_lists_what_it_looked_for(tmp_path
     assert ck.step == 10 and ck.run_dir == run and ck.config == dc
     f = export.resolve_drafter(run / "checkpoints" / "drafter.safetensors")
     assert f.step == 15 and f.run_dir == run
+    with pytest.raises(export.DrafterNotFoundError, match="has no best checkpoint"):
+        export.resolve_drafter(run, "best")
     _write_run(run, dc, d, step=12, where="checkpoints/best/drafter.safetensors")
-    assert export.resolve_drafter(run).weights.parent.name == "best"
+    assert export.resolve_drafter(run).step == 20  # best/ only by name: a run dir means its newest weights
+    best = export.resolve_drafter(run, "best")
+    assert best.weights.parent.name == "best" and best.step == 12 and best.run_dir == run
+    assert export.resolve_drafter(run, "step-10").step == 10 and export.resolve_drafter(run, "latest").step == 20
+    with pytest.raises(export.DrafterNotFoundError, match="needs a run directory"):
+        export.resolve_drafter(run / "checkpoints" / "drafter.safetensors", "best")
 
     empty = tmp_path / "empty"
     empty.mkdir()

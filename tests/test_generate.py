@@ -111,10 +111,15 @@ def test_serving_match_reports_the_rate_and_where_answers_differ():
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_refill_and_chunking_give_the_same_answers_as_one_prompt_at_a_time():
-    model, prompts = tiny_llama(), random_prompts(7, seed=3)
-    alone = [Generator(model, stop_ids=[7], max_batch=1, max_len=96).generate([p], GREEDY)[0] for p in prompts]
-    for kw in (dict(max_batch=3), dict(max_batch=8), dict(max_batch=4, steps_per_sync=5, refill_fraction=0.5)):
-        batched = Generator(model, stop_ids=[7], max_len=96, **kw).generate(prompts, GREEDY)
+    """12 stop tokens end answers after 1-40 tokens, so rows free up one by one and are refilled while the next
+    chunk is already in flight (its outputs for a refilled row belong to the previous occupant and must be dropped);
+    with 16 rows for 12 prompts the tail moves its live rows (and their caches) into the first 8."""
+    model, prompts, stop = tiny_llama(), random_prompts(12, seed=3), list(range(40, 52))
+    alone = [Generator(model, stop_ids=stop, max_batch=1, max_len=96).generate([p], GREEDY)[0] for p in prompts]
+    assert {a.finish_reason for a in alone} == {"stop", "length"} and len({len(a.token_ids) for a in alone}) >= 5
+    for kw in (dict(max_batch=3), dict(max_batch=8), dict(max_batch=4, steps_per_sync=5, refill_fraction=0.5),
+               dict(max_batch=2, steps_per_sync=3), dict(max_batch=16)):  # 16: the tail packs into 8 rows
+        batched = Generator(model, stop_ids=stop, max_len=96, **kw).generate(prompts, GREEDY)
         assert batched == alone, kw
 
 
@@ -222,6 +227,7 @@ def test_follow_up_prompts_re_enter_the_queue_and_progress_is_reported():
     queue = PromptQueue([PromptItem(10 * i, p) for i, p in enumerate(prompts)], total=9, on_finish=on_finish,
                         progress=reports.append, log=lines.append, log_every_s=0.0)
     g.run(queue, GenerationSettings(max_new_tokens=12))
+    queue.close()
     queue.flush()
     assert sorted(queue.results) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
     # turn 2 of each conversation == a fresh call on its turn-2 prompt
@@ -234,6 +240,21 @@ def test_follow_up_prompts_re_enter_the_queue_and_progress_is_reported():
     assert isinstance(last, GenProgress) and last.prompts_done == 9 and last.prompts_total == 9
     assert last.new_tokens == sum(len(r.token_ids) for r in queue.results.values()) and last.eta_s == 0
     assert "9/9 prompts" in lines[-1] and "new tok/s" in lines[-1] and "ETA" in lines[-1]
+
+
+def test_an_error_in_on_finish_stops_the_engines_and_comes_back_from_close():
+    model, prompts = tiny_llama(), random_prompts(6, seed=7)
+    g = Generator(model, stop_ids=[7], max_batch=2, max_len=96)
+    g.allocate(2, 96)
+
+    def on_finish(key, gen):
+        raise ValueError(f"cannot render the next turn of {key}")
+
+    queue = PromptQueue([PromptItem(i, p) for i, p in enumerate(prompts)], on_finish=on_finish)
+    g.run(queue, GenerationSettings(max_new_tokens=8))
+    assert queue.aborted and len(queue.results) < len(prompts)  # the engine stopped taking prompts
+    with pytest.raises(ValueError, match="cannot render the next turn"):
+        queue.close()
 
 
 def test_two_engines_on_one_queue_give_the_answers_of_one():
@@ -277,6 +298,9 @@ def test_engine_kernels_leave_the_model_as_it_was_given():
     with engine_kernels(dec, grouped_decode=True, fused_norms=True):
         assert dec.layers[0].self_attn.config._attn_implementation == GROUPED_DECODE
         assert "forward" in dec.norm.__dict__ and "forward" in dec.layers[0].input_layernorm.__dict__
+        with engine_kernels(dec, grouped_decode=False, fused_norms=False):  # a second engine on the same model
+            pass
+        assert dec.layers[0].self_attn.config._attn_implementation == GROUPED_DECODE  # the last one out restores
     assert model.config._attn_implementation == "sdpa" and "forward" not in dec.norm.__dict__
 
 
@@ -284,3 +308,21 @@ def test_buckets():
     assert length_ladder(300)[:9] == [64, 80, 96, 112, 128, 160, 192, 224, 256] and length_ladder(300)[-1] == 300
     assert batch_ladder(48) == [8, 16, 32, 48] and batch_ladder(4) == [4]
     assert bucket([8, 16, 32], 9) == 16 and bucket([8, 16, 32], 40) == 32
+
+
+def test_gen_bench_prints_one_json_line_per_configuration(capsys):
+    import json
+
+    from dflash_lab.gen_bench import main
+    from dflash_lab.tiny import tiny_heldout_path
+
+    main(["--target", "tiny", "--device", "cpu", "--dtype", "float32", "--prompts", str(tiny_heldout_path()),
+          "--first", "6", "--eager-first", "6", "--all", "3", "--batch-sizes", "4", "--modes", "eager", "--match", "2",
+          "--match-new-tokens", "8", "--max-new-tokens", "16", "--max-len", "256"])
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [(r["kind"], r.get("variant", r.get("mode")), r.get("temperature")) for r in rows] == [
+        ("serving_match", "engine", None), ("serving_match", "plain", None), ("first_turns", "eager", None),
+        ("first_turns", "eager", 1.0), ("every_turn", "eager", None)]
+    assert rows[0]["match_rate"] == 1.0 and rows[2]["prompts"] == 6 and rows[2]["new_tokens"] == 6 * 16
+    assert rows[4]["conversations"] == 3 and rows[4]["round_trip"]["answers"] == rows[4]["answers"] >= 3
+    assert all(r["new_tokens_per_s"] > 0 for r in rows[2:])

@@ -118,6 +118,20 @@ def test_the_drop_in_writes_what_hf_generate_writes():
     assert {f for _, f, _ in ours} == {"stop", "length"}
 
 
+def test_records_can_keep_the_answer_ids_as_generated():
+    convs = conversations()[:3]
+    recs, _ = run(convs, keep_token_ids=True)
+    greedy, _ = greedy_run()
+    _, tok = tiny()
+    for i, r in recs.items():
+        g = r["generation"]
+        answers = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        assert len(g["token_ids"]) == len(answers) and [len(t) for t in g["token_ids"]] == g["new_tokens"]
+        for ids, text, finish in zip(g["token_ids"], answers, g["finish_reasons"]):
+            assert tok.decode(ids[:-1] if finish == "stop" else ids) == text
+        assert "token_ids" not in greedy[i]["generation"] and r["messages"] == greedy[i]["messages"]
+
+
 def test_round_trip_tells_a_non_canonical_answer_apart():
     gen = EngineGenerator(hf(), max_batch=1, max_len=512)
     _, tok = tiny()
@@ -136,18 +150,18 @@ def test_round_trip_tells_a_non_canonical_answer_apart():
 
 
 def test_conversations_are_cut_at_a_turn_boundary_when_rows_run_out():
-    """max_len 96: later turns of the long conversations no longer fit: kept up to the last answer; a first prompt
-    longer than a row is not written."""
+    """max_len 112 with 64 new tokens per answer: later turns of the long conversations no longer fit: kept up to
+    the last answer; a conversation whose first prompt leaves no room for a whole answer is not written."""
     convs = conversations()
-    recs, stats = run(convs, max_len=96)
+    recs, stats = run(convs, max_len=112)
     assert stats["cut_at_max_len"] >= 1 and stats["too_long"] == 0
     for r in recs.values():
         assert r["messages"][-1]["role"] == "assistant"
         assert len(r["generation"]["finish_reasons"]) == sum(m["role"] == "assistant" for m in r["messages"])
-    tiny_rows, stats = run(convs, max_len=20)
-    first_lens = [len(EngineGenerator(hf(), max_len=20).encode(c.messages[:1])) for c in convs]
-    assert stats["too_long"] == sum(n >= 20 for n in first_lens) >= 1
-    assert len(tiny_rows) == len(convs) - stats["too_long"]
+    first_lens = [len(EngineGenerator(hf(), max_len=90).encode(c.messages[:1])) for c in convs]
+    tight, stats = run(convs, max_len=90)
+    assert stats["too_long"] == sum(n + 64 > 90 for n in first_lens) >= 1
+    assert len(tight) == len(convs) - stats["too_long"] >= 1
 
 
 def test_a_stop_request_ends_the_run_without_writing_half_conversations():

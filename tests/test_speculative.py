@@ -104,6 +104,41 @@ def test_cached_drafting_equals_the_training_forward(layer_types, window):
             torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layer_types,window", [((), None), (("sliding_attention", "full_attention"), 5)])
+def test_fused_static_drafting_equals_the_training_forward(layer_types, window):
+    """The static path's fused step (the previous verify's B features ingested together with the block, both
+    written into one cache, attention over a length bucket, query groups folded into the query length) gives
+    the training forward's block output, after full and partial acceptances (p - p_prev = 4, then 6 = B)."""
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
+
+    target = make_tiny_qwen3()
+    B = 6
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=B, mask_token_id=255,
+                                   layer_types=layer_types, sliding_window=window)
+    drafter = DFlashDrafter(dc)
+    drafter.init_weights(torch.Generator().manual_seed(3), std=0.1)
+    drafter.eval()
+    ids = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(4))
+    feats = FeatureExtractor(target, dc.target_layer_ids)(ids)  # (1, 30, n*H)
+    dec = StaticSpeculativeDecoder(target, drafter, block_size=B, graphs=False, max_length=40, min_bucket=8)
+    assert dec.length == 64 and dec.buckets == [8, 16, 32, 64]  # rounded up to a multiple of 64
+    with torch.no_grad():
+        dec._ingest_prompt(feats[:, :9], torch.arange(9))
+        stale = torch.randn(1, B, feats.shape[-1])  # the first step ingests whatever is there: masked or overwritten
+        for p_prev, p, new in ((9, 9, stale), (9, 13, feats[:, 9:9 + B]), (13, 19, feats[:, 13:13 + B])):
+            ctx = drafter.fuse_context(new)
+            live = dec.bucket(p + B)
+            got = dec._draft_hidden(ctx, ids[0, p:p + 1], torch.tensor(p_prev), torch.tensor(p), live)  # (B-1, H)
+            draft_ids = torch.full((1, B), 255)
+            draft_ids[0, 0] = ids[0, p]
+            masks = {t: dense_mask(torch.tensor([[p]]), torch.tensor([[True]]), seq_len=p, block_size=B,
+                                   sliding_window=window if t == "sliding_attention" else None)
+                     for t in set(dc.layer_types)}
+            ref = drafter(feats[:, :p], embedding_of(target)(draft_ids), torch.arange(p, p + B)[None],
+                          torch.arange(p)[None], masks)
+            torch.testing.assert_close(got, ref[0, 1:], atol=2e-5, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Lossless at temperature 0
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,11 +320,34 @@ def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
         assert b.margins == pytest.approx(a.margins, abs=1e-3)
         accepted += b.accepted
     assert static.length >= 32 and any(x > 0 for x in accepted)
+    # attention over length buckets (8, 16, 32, ...): every prompt crosses several, same tokens and acceptance
+    bucketed = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, min_bucket=8)
+    assert bucketed.buckets[:3] == [8, 16, 32]
+    for ids in heldout_prompt_ids(tok, 3):
+        a, b = dyn.generate(ids, max_new_tokens=40), bucketed.generate(ids, max_new_tokens=40)
+        assert b.output_ids == a.output_ids and b.accepted == a.accepted
     # sampling: the same generator stream gives the same tokens
     ids = heldout_prompt_ids(tok, 1)[0]
     a = dyn.generate(ids, max_new_tokens=30, temperature=1.0, generator=torch.Generator().manual_seed(5))
     b = static.generate(ids, max_new_tokens=30, temperature=1.0, generator=torch.Generator().manual_seed(5))
     assert a.output_ids == b.output_ids
+
+
+def test_batched_decoding_gives_every_prompt_its_batch_1_tokens_and_tau():
+    """7 prompts of different lengths through 3 rows (rows refilled as prompts finish, some at eos): each prompt's
+    tokens and accepted counts are those of batch-1 decoding, so tau is too."""
+    from dflash_lab.evaluation.static_decode import speculative_generate
+
+    target, tok, drafter = tiny_models()
+    prompts = heldout_prompt_ids(tok, 7)
+    free = speculative_generate(target, drafter, prompts[:1], block_size=8, max_new_tokens=12)
+    eos = [tok.eos_token_id, free.results[0].output_ids[10]]  # a token some outputs reach early: rows end early
+    one = speculative_generate(target, drafter, prompts, block_size=8, max_new_tokens=40, eos_token_id=eos)
+    many = speculative_generate(target, drafter, prompts, block_size=8, max_new_tokens=40, eos_token_id=eos, batch=3)
+    assert [r.output_ids for r in many.results] == [r.output_ids for r in one.results]
+    assert [r.accepted for r in many.results] == [r.accepted for r in one.results]
+    assert many.tau == one.tau > 1.1  # drafts were accepted (a drafter trained 20 steps)
+    assert {r.stopped for r in one.results} == {"eos", "max_new_tokens"}  # both ends of a row were exercised
 
 
 def test_static_decoder_runs_a_llama_target_losslessly_on_cpu():

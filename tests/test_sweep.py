@@ -99,6 +99,24 @@ def test_ranking_puts_the_best_final_real_tau_first_and_unmeasured_last():
     assert [r["rank"] for r in ranked] == [1, 2, 3, None]
 
 
+def test_ranking_marks_variants_whose_intervals_overlap_as_not_separated():
+    """c's interval overlaps d's, d's overlaps a's, a's and c's do not: rank 1 is separated from rank 3 only."""
+    from dflash_lab.sweep_results import ResultsTable
+
+    iv = lambda t, lo, hi: {"final_real_tau": t, "final_real_tau_low": lo, "final_real_tau_high": hi,  # noqa: E731
+                            "real_tau_prompts": 32, "best_real_tau": t, "final_loss": 1.0}
+    rows = [{"variant": "a", **iv(2.0, 1.8, 2.2)}, {"variant": "c", **iv(2.6, 2.35, 2.85)},
+            {"variant": "d", **iv(2.3, 2.1, 2.5)}, {"variant": "old", "final_real_tau": 2.9, "best_real_tau": 2.9,
+                                                    "final_loss": 1.0}]  # logged before intervals: unknown
+    ranked = {r["variant"]: r for r in rank_rows(rows)}
+    assert [r["variant"] for r in rank_rows(rows)] == ["old", "c", "d", "a"]
+    assert ranked["c"]["not_separated_from"] == ["d"] and ranked["d"]["not_separated_from"] == ["c", "a"]
+    assert ranked["a"]["not_separated_from"] == ["d"] and ranked["old"]["not_separated_from"] is None
+    md = ResultsTable(rank_rows(rows)).to_markdown()
+    assert "| 2 | c | - | 2.600 | [2.35, 2.85] n=32 | no (d) |" in md
+    assert "| 1 | old | - | 2.900 | - | - |" in md
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     """notebooks/sweep.ipynb under the papermill CLI: 3 variants (one broken), 8 steps, real tau at 4 and 8."""

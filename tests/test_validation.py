@@ -129,6 +129,46 @@ def test_trainer_logs_validation_and_real_tau_without_disturbing_training(tmp_pa
     assert on.history[-1]["real_tau"] == r["real_tau"]  # the dashboard's ring buffer has them too
 
 
+def test_real_tau_carries_its_interval_and_the_best_step_is_kept_by_name(tmp_path):
+    """real_tau comes with its 95% bootstrap interval, prompt count and the prompts' sha256; the best step's
+    weights survive checkpoint rotation in checkpoints/best/ (best.json says which step), and evaluate / export
+    take them with --checkpoint best while a run dir alone still means its newest weights."""
+    from safetensors import safe_open
+
+    from dflash_lab.evaluation import export
+    from dflash_lab.evaluation.prompt_sets import prompts_sha256
+    from dflash_lab.evaluation.prompts import read_prompt_messages
+
+    cfg = TrainConfig(**TINY, steps=6, real_tau_every=2, val_every=0, real_tau_prompts=3, real_tau_new_tokens=12,
+                      checkpoint_every=2, keep_checkpoints=1, runs_dir=str(tmp_path))
+    t = Trainer(cfg, **QUIET)
+    try:
+        t.train()
+        t.save_drafter()
+    finally:
+        t.close()
+    rows = [r for r in map(json.loads, open(t.run_dir / "metrics.jsonl")) if "real_tau" in r]
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    for r in rows:
+        assert r["real_tau_low"] <= r["real_tau"] <= r["real_tau_high"] and r["real_tau_prompts"] == 3
+        assert r["real_tau_sha256"] == prompts_sha256(read_prompt_messages(tiny_heldout_path(), 3))
+    best = max(rows, key=lambda r: (r["real_tau"], -r["step"]))  # the earliest of equal taus
+    marker = json.loads((t.run_dir / "best.json").read_text())
+    assert marker["step"] == best["step"] and marker["real_tau"] == best["real_tau"]
+    assert (marker["real_tau_low"], marker["real_tau_high"]) == (best["real_tau_low"], best["real_tau_high"])
+    weights = t.run_dir / "checkpoints" / "best" / "drafter.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        assert int(f.metadata()["step"]) == best["step"]
+    assert [p.name for p in (t.run_dir / "checkpoints").glob("step-*")] == ["step-0000006"]  # rotated; best stays
+    assert export.resolve_drafter(t.run_dir, "best").step == best["step"]
+    assert export.resolve_drafter(t.run_dir).step == 6 and export.resolve_drafter(t.run_dir, "6").step == 6
+    with pytest.raises(export.DrafterNotFoundError, match=r"no checkpoint of step 3; it has steps \[6\]"):
+        export.resolve_drafter(t.run_dir, "step-3")
+    out = export.export_drafter(t.run_dir, tmp_path / "served", checkpoint="best", log=lambda *a: None)
+    said = json.loads((out / "config.json").read_text())["dflash_lab"]
+    assert said["step"] == best["step"] and said["best"]["real_tau"] == best["real_tau"]
+
+
 def test_tau_gap_rule_and_event():
     assert tau_gap(13.2, 2.7) and tau_gap(5.6, 3.6)
     assert not tau_gap(1.4, 1.0)  # ratio 1.4 < 1.5

@@ -138,6 +138,19 @@ def test_eight_gpu_rows_are_compact_and_aligned():
     assert 'style="width:57.1%' in h  # the 8th bar: 80 of 140 GB
 
 
+def test_real_tau_shows_its_interval_beside_it():
+    m = DashboardModel(total_steps=100)
+    m.add_metrics([rec(10, 2.5, real_tau=1.75, real_tau_low=1.5, real_tau_high=2.0, real_tau_prompts=32)])
+    s = m.state(phase="training")
+    assert s.real_tau_ci == (1.5, 2.0) and "real tau 1.75 [1.50, 2.00]" in s.summary_line()
+    from widgets.html import header_html
+
+    assert 'class="dfl-real-tau-ci" title="95% bootstrap interval over the held-out prompts">[1.50, 2.00]' in \
+        header_html(s)
+    m.add_metrics([rec(20, 2.4, real_tau=1.9)])  # a record without an interval shows none (never a stale one)
+    assert m.state().real_tau_ci is None and "dfl-real-tau-ci" not in header_html(m.state())
+
+
 def test_loss_ema_advances_per_step_not_per_logged_line():
     every = DashboardModel()
     every.add_metrics([rec(i, 10.0 if i <= 10 else 2.0) for i in range(1, 101)])

@@ -39,7 +39,11 @@ def header_html(s: DashboardState) -> str:
     if s.val_sim_tau is not None:
         tau += f' <small>val {_v("val-sim-tau", _num(s.val_sim_tau, ".2f"), "on held-out data", s.val_sim_tau)}</small>'
     if s.real_tau is not None:
-        tau += f' <small>real {_v("real-tau", _num(s.real_tau, ".2f"), "real speculative decoding", s.real_tau)}</small>'
+        real = _v("real-tau", _num(s.real_tau, ".2f"), "real speculative decoding", s.real_tau)
+        if s.real_tau_ci:
+            real += " " + _v("real-tau-ci", f"[{s.real_tau_ci[0]:.2f}, {s.real_tau_ci[1]:.2f}]",
+                             "95% bootstrap interval over the held-out prompts")
+        tau += f" <small>real {real}</small>"
     cells = [
         ("phase", f'<b style="color:{colour}">{_v("phase", s.phase)}</b>'),
         ("step", f'{_v("step", str(s.step))}{html.escape(total)}'),

@@ -106,6 +106,7 @@ class DashboardState:
     updated: float | None = None  # time of the newest metric record
     val_sim_tau: float | None = None  # held-out validation (logged every few hundred steps; None until then)
     real_tau: float | None = None  # real speculative decoding on held-out prompts
+    real_tau_ci: tuple[float, float] | None = None  # its 95% bootstrap interval over those prompts
     warning: str | None = None  # e.g. a `tau_gap` event: simulated and real tau part ways
     device_history: list[DeviceHistory] = field(default_factory=list)  # memory / utilisation over time per device
     markers: list[Marker] = field(default_factory=list)  # pause, stop, LR change, checkpoint, evaluation (by step)
@@ -138,7 +139,8 @@ class DashboardState:
         parts = [f"step {self.step}{total}", tps_txt, f"loss {_fmt(self.loss, '.4f')}",
                  f"sim tau {_fmt(self.sim_tau, '.2f')}"]
         if self.real_tau is not None:
-            parts.append(f"real tau {_fmt(self.real_tau, '.2f')}")
+            ci = f" [{self.real_tau_ci[0]:.2f}, {self.real_tau_ci[1]:.2f}]" if self.real_tau_ci else ""
+            parts.append(f"real tau {_fmt(self.real_tau, '.2f')}{ci}")
         if self.phase == "training":
             parts.append(f"ETA {self.eta_text}")
         parts.append(self.phase_text)
@@ -329,6 +331,9 @@ class DashboardModel:
                 self.curves[name].append(step, v)
                 if name in ("val_sim_tau", "real_tau"):
                     self.latest[name] = v
+                if name == "real_tau":  # its interval (None when logged without one)
+                    lo, hi = r.get("real_tau_low"), r.get("real_tau_high")
+                    self.latest["real_tau_ci"] = (lo, hi) if lo is not None and hi is not None else None
         if r.get("tau_gap"):
             self.warning = tau_gap_text(r["tau_gap"], step)
         mark = marker_from_record(r)
@@ -402,7 +407,7 @@ class DashboardModel:
             gpus=bars, gpu_status=gpu_status, host=host,
             balance=balance_from(self._recent, n_target_gpus=self.placement[0], n_drafter_gpus=self.placement[1]),
             updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
-            real_tau=self.latest.get("real_tau"), warning=self.warning,
+            real_tau=self.latest.get("real_tau"), real_tau_ci=self.latest.get("real_tau_ci"), warning=self.warning,
             device_history=[DeviceHistory(d.label, list(d.t), list(d.mem_frac), list(d.util_pct))
                             for d in self.system_history.devices.values()],
             markers=list(self.markers), markers_version=self.markers_version,

@@ -11,8 +11,9 @@ the whole conversation gives back the answer's generated ids where the answer si
     regenerate_with_engine(hf_generators, conversations, write, generation, stop=stop_event)   # every turn
     EngineGenerator(hf_generator)(histories, seed)                                    # HFGenerator's role
 
-A conversation whose next prompt no longer fits an engine row (max_len positions) is written with the turns
-answered so far (counted as "cut_at_max_len"); one whose first prompt does not fit is not written ("too_long").
+A conversation whose next prompt plus max_new_tokens no longer fits an engine row (max_len positions) is written
+with the turns answered so far (counted as "cut_at_max_len"), so every answer had its whole budget, as with HF
+`generate`; one whose first prompt does not fit is not written ("too_long").
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 import time
 
 from dflash_lab.target.gen_devices import run_queue
-from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue
+from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, by_length
 from dflash_lab.target.generate import Generator
 from dflash_lab.target.sampling import GenerationSettings
 
@@ -78,20 +79,22 @@ class EngineGenerator:
         with self._lock:
             return self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
 
-    def answer(self, history: list[dict], gen: Generated) -> tuple[str, str, int]:
-        """(text, finish_reason, new_tokens) of one answer, as HFGenerator reports it; checks its round trip."""
+    def answer(self, history: list[dict], gen: Generated, prompt: list[int] | None = None) -> tuple[str, str, int]:
+        """(text, finish_reason, new_tokens) of one answer, as HFGenerator reports it; checks its round trip.
+        prompt: the ids the answer was generated after (encode(history); recomputed when not given)."""
         ids = gen.token_ids
         content = ids[:-1] if gen.finish_reason == "stop" else ids
         with self._lock:
             text = self.tokenizer.decode(content, skip_special_tokens=False)
-        self.check_round_trip(history, text, content)
+        self.check_round_trip(history, text, content, prompt)
         return text, gen.finish_reason, len(ids)
 
-    def check_round_trip(self, history: list[dict], text: str, content: list[int]) -> str:
+    def check_round_trip(self, history: list[dict], text: str, content: list[int],
+                         prompt: list[int] | None = None) -> str:
         """Tokenize history + answer as a conversation: does the answer come back as `content` where it sits?"""
         kw = self.hf.kwargs
+        prompt = self.encode(history) if prompt is None else prompt
         with self._lock:
-            prompt = self.tokenizer(self.hf.prompt(history), add_special_tokens=False)["input_ids"]
             full_text = self.tokenizer.apply_chat_template(history + [{"role": "assistant", "content": text}],
                                                            tokenize=False, **kw)
             full = self.tokenizer(full_text, add_special_tokens=False)["input_ids"]
@@ -132,6 +135,7 @@ class ConversationTurns:
         self.rest = list(conv.messages)
         self.finish: list[str] = []
         self.tokens: list[int] = []
+        self.token_ids: list[list[int]] | None = None  # per answer, the ids as generated (keep_token_ids)
 
     def next_prompt(self) -> list[dict] | None:
         """The history to answer next (kept turns appended up to it), or None when the conversation is done."""
@@ -144,10 +148,12 @@ class ConversationTurns:
             return self.history
         return None
 
-    def answer(self, text: str, finish: str, n: int) -> None:
+    def answer(self, text: str, finish: str, n: int, ids: list[int] | None = None) -> None:
         self.history.append({"role": "assistant", "content": text})
         self.finish.append(finish)
         self.tokens.append(n)
+        if ids is not None:
+            self.token_ids = (self.token_ids or []) + [list(ids)]
 
     def drop_unanswered(self) -> None:
         """End the record at its last answer (the next prompt does not fit an engine row)."""
@@ -155,8 +161,10 @@ class ConversationTurns:
             self.history.pop()
 
     def record(self, generation: dict) -> dict:
-        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
-                "generation": {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}}
+        gen = {**generation, "finish_reasons": self.finish, "new_tokens": self.tokens}
+        if self.token_ids is not None:
+            gen["token_ids"] = self.token_ids
+        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history, "generation": gen}
 
 
 class _Stopped(Exception):
@@ -165,11 +173,13 @@ class _Stopped(Exception):
 
 def regenerate_with_engine(hf_generators, conversations: list, write, generation: dict, *,
                            stop: threading.Event | None = None, log=print, log_every_s: float = 10.0,
-                           **engine_kw) -> dict:
+                           keep_token_ids: bool = False, **engine_kw) -> dict:
     """Regenerate the assistant turns of `conversations` (chat_formats conversations: id, source, messages) with
     one engine per device (HFGenerators from regen_local.load_generators, or EngineGenerators), every turn through
-    one shared queue. write(record) is called once per finished conversation, from an engine thread. Returns
-    counts: written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
+    one shared queue. write(record) is called once per finished conversation, from the queue's finisher thread.
+    keep_token_ids: records also hold each answer's ids as generated (generation.token_ids, one list per turn,
+    the stop token included): sampled answers often do not re-tokenize to them (round_trip). Returns counts:
+    written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
     jobs = [ConversationTurns(c) for c in conversations]
     gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
         engine_generators(hf_generators, log=log, **engine_kw)
@@ -177,7 +187,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
     max_len = min(g.engine.max_len for g in gens)
     stats = {"written": 0, "turns": 0, "new_tokens": 0, "cut_at_max_len": 0, "too_long": 0}
     lock = threading.Lock()
-    histories: dict[int, list[dict]] = {}
+    histories: dict[int, tuple[list[dict], list[int]]] = {}  # conversation -> (history asked, its prompt ids)
 
     def count(**kw) -> None:
         with lock:
@@ -193,9 +203,9 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
             raise ValueError(f"conversation {jobs[idx].conv.id} has more than {TURN_KEYS} assistant turns. Fix: "
                              "split it, or regenerate it with the Hugging Face back end.")
         ids = helper.encode(history)
-        if len(ids) >= max_len:
+        if len(ids) + settings.max_new_tokens > max_len:  # the answer would not get its whole budget
             return None
-        histories[idx] = list(history)
+        histories[idx] = (list(history), ids)
         return PromptItem(idx * TURN_KEYS + turn, ids, conversation_key(jobs[idx].conv.id) * TURN_KEYS + turn)
 
     def on_finish(key: int, gen: Generated) -> PromptItem | None:
@@ -203,7 +213,8 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
             raise _Stopped()
         idx, turn = divmod(key, TURN_KEYS)
         job = jobs[idx]
-        job.answer(*helper.answer(histories[idx], gen))
+        asked, prompt = histories[idx]
+        job.answer(*helper.answer(asked, gen, prompt), gen.token_ids if keep_token_ids else None)
         count(turns=1, new_tokens=len(gen.token_ids))
         history = job.next_prompt()
         nxt = item_for(idx, turn + 1, history) if history is not None else None
@@ -227,17 +238,18 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         else:
             items.append(it)
     if stats["too_long"] and log:
-        log(f"regenerate: {stats['too_long']} conversations not written: their first prompt has >= {max_len} "
-            f"tokens (the engine's max_len). Fix: raise max_len, or filter long prompts out.")
+        log(f"regenerate: {stats['too_long']} conversations not written: their first prompt + max_new_tokens "
+            f"({settings.max_new_tokens}) exceeds the engine's max_len ({max_len}). Fix: raise max_len, or filter "
+            "long prompts out.")
     total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
-    queue = PromptQueue(items, total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
+    queue = PromptQueue(by_length(items), total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
     try:
-        run_queue([g.engine for g in gens], queue, settings)
+        try:
+            run_queue([g.engine for g in gens], queue, settings)
+        finally:
+            queue.close()  # every answer handed to on_finish is handled; raises what on_finish raised
     except _Stopped:
         pass
-    except RuntimeError as e:
-        if not isinstance(e.__cause__, _Stopped):
-            raise
     queue.flush()
     stats.update(round_trip=helper.round_trip.to_dict(), seconds=round(time.perf_counter() - t0, 2),
                  engine=[g.engine.graph_status for g in gens])

@@ -1,15 +1,20 @@
 """Measure a trained drafter by real speculative decoding: tau, acceptance per block slot, tokens/s and speedup.
 
-    python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts FILE ...] [--block-size B]
-        [--temperature T] [--max-new-tokens N] [--n-prompts K] [--dtype auto|bfloat16|float32]
-        [--decoding auto|static|dynamic] [--out DIR] [--no-untrained] [--no-notebook]
+    python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts NAME|FILE ...]
+        [--checkpoint best|latest|step-N] [--block-size B] [--temperature T] [--max-new-tokens N] [--n-prompts K]
+        [--dtype auto|bfloat16|float32] [--decoding auto|static|dynamic] [--out DIR] [--no-untrained] [--no-notebook]
 
 checks every setting first (a bad one is one line with the fix, and nothing is written), then runs
 notebooks/eval.ipynb with papermill into a NEW folder <run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/ (eval.ipynb,
 eval.json, plots/; an exported serving folder goes to runs/exports/<name>/evals/ unless --out), then prints a
-compact table: tau and speedup of the trained drafter, of an untrained drafter (same seed, random init: the floor a
-drafter must beat) and of the target alone (block size 1, the speedup baseline). At temperature 0 every drafter's
-output is compared with the target-only output, with a verdict per differing prompt (eval_report.py).
+compact table: tau (with its 95% bootstrap interval over prompts) and speedup of the trained drafter, of an
+untrained drafter (same seed, random init: the floor a drafter must beat) and of the target alone (block size 1,
+the speedup baseline), and each prompt set's name, size and sha256. At temperature 0 every drafter's output is
+compared with the target-only output, with a verdict per differing prompt (verdicts.py).
+
+Prompts: named sets (general, chitchat-heldout, self-heldout, tiny-heldout, tiny-train; prompt_sets.py) or JSONL
+files. Default: the tiny target's held-out and training prompts, 20 of each; a real target's held-out prompts (the
+run's held-out JSONL, when it has one) and the general set, 64 of each, 128 new tokens.
 
 On a GPU all three decode with static KV caches and one CUDA graph per iteration (static_decode.py), so the speedup
 compares like with like; on the CPU they use the dynamic loop (speculative.py). Timing is wall clock; on a shared
@@ -22,17 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dflash_lab.drafter.model import DFlashDrafter
-from .prompts import EvalError, default_prompt_files, load_prompts, prompt_files_of
-from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, pooled_tau
-from .speculative import GenerationResult, PromptTooLongError, SpeculativeDecoder
-from .static_decode import make_decoder, speculative_generate
+from .measure import heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401 (public names)
+from .prompt_sets import resolve_sets, set_info
+from .prompts import EvalError, load_prompts  # noqa: F401 (load_prompts: public name)
+from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
+from .speculative import PromptTooLongError, SpeculativeDecoder
+from .static_decode import make_decoder
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
@@ -41,47 +46,14 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "eval.ipynb"
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 DECODING = {"auto": "auto", "static": True, "dynamic": False}
+# Prompts per set when none is said: the tiny target's tests and `make demo` stay fast; a real target's figures need
+# enough prompts to decide something (8 prompts read 2.28 where 64 others read 1.83; intervals.py).
+DEFAULT_PROMPTS = {"tiny": 20, "real": 64}
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # Measurement
 # ------------------------------------------------------------------------------------------------------------------
-
-def untrained_drafter(config, seed: int) -> DFlashDrafter:
-    """The floor: a drafter of the same shape, initialised exactly as training starts (same seed), never trained."""
-    d = DFlashDrafter(config)
-    d.init_weights(torch.Generator().manual_seed(seed))
-    return d.eval().requires_grad_(False)
-
-
-def run_decoders(target, decoders: dict[str, SpeculativeDecoder], prompt_sets: dict[str, list[list[int]]], *,
-                 max_new_tokens: int, temperature: float, seed: int = 0, log=print, progress_every_s: float = 10.0
-                 ) -> dict:
-    """Every decoder on every prompt, interleaved per prompt (fair timing on a shared machine).
-
-    Returns {decoder: {set: [result dict with output_ids]}}."""
-    first = next(iter(prompt_sets.values()))[0]
-    for dec in decoders.values():  # warm-up: first calls allocate / pick kernels
-        dec.generate(first, max_new_tokens=min(8, max_new_tokens), temperature=0.0)
-    results = {name: {s: [] for s in prompt_sets} for name in decoders}
-    total = sum(len(v) for v in prompt_sets.values())
-    done, last = 0, time.monotonic()
-    for sname, prompts in prompt_sets.items():
-        for i, ids in enumerate(prompts):
-            for k, (name, dec) in enumerate(decoders.items()):
-                g = torch.Generator().manual_seed(seed * 1_000_003 + i * 101 + k)
-                r: GenerationResult = dec.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                   generator=g)
-                results[name][sname].append({**r.to_dict(), "output_ids": r.output_ids, "margins": r.margins,
-                                             "runner_up": r.runner_up})
-            done += 1
-            if time.monotonic() - last >= progress_every_s or done == total:
-                last = time.monotonic()
-                taus = " | ".join(f"{n} tau {pooled_tau([x for v in results[n].values() for x in v]):.2f}"
-                                  for n in decoders if n != BASELINE)
-                log(f"eval {done}/{total} prompts | {taus}")
-    return results
-
 
 def _check_lengths(dec: SpeculativeDecoder, prompt_sets: dict[str, list[list[int]]], files: dict[str, Path],
                    max_new_tokens: int) -> None:
@@ -114,12 +86,15 @@ class EvalPlan:
     block_size: int
     prompt_files: dict
     out_dir: Path  # where eval.json, eval.ipynb and plots/ go (created by the evaluation, never reused)
+    n_prompts: int | None = None  # per set (None = every prompt of each file)
+    prompt_sets: dict | None = None  # {set name: PromptSetInfo}: file, prompts evaluated, sha256
+    checkpoint: str | None = None  # which weights of a run (None = its newest)
 
 
 def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, temperature: float = 0.0,
-              max_new_tokens: int = 128, n_prompts: int | None = 20, target: str | None = None,
-              seed: int | None = None, device: str = "auto", dtype: str = "auto", out_dir: str | Path | None = None
-              ) -> EvalPlan:
+              max_new_tokens: int = 128, n_prompts: int | str | None = "auto", target: str | None = None,
+              seed: int | None = None, device: str = "auto", dtype: str = "auto", out_dir: str | Path | None = None,
+              checkpoint: str | None = None) -> EvalPlan:
     """Check every setting and find the target, prompts and output folder; raises EvalError (one line, with the
     fix) or DrafterNotFoundError. Cheap: no model is loaded."""
     from dflash_lab.config import TrainConfig
@@ -128,7 +103,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if not str(run).strip():
         raise EvalError("run is empty. Fix: pass the run directory (runs/<stamp>-<name>-<id>/), a checkpoint "
                         "directory, an exported directory or a drafter .safetensors file.")
-    src = resolve_drafter(run)
+    src = resolve_drafter(run, checkpoint)
     found = train_config_of(src)
     try:
         train_cfg = TrainConfig.from_dict(found) if found else None
@@ -146,8 +121,11 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
         raise EvalError(f"temperature={temperature} must be >= 0 (0 = greedy, lossless check on).")
     if max_new_tokens < 1:
         raise EvalError(f"max_new_tokens={max_new_tokens} must be >= 1.")
-    if n_prompts is not None and n_prompts < 1:
-        raise EvalError(f"n_prompts={n_prompts} must be >= 1 (or None for every prompt).")
+    if n_prompts == "auto":
+        n_prompts = DEFAULT_PROMPTS["tiny" if target_name == "tiny" else "real"]
+    if n_prompts is not None and (not isinstance(n_prompts, int) or n_prompts < 1):
+        raise EvalError(f"n_prompts={n_prompts!r} must be >= 1 (or None for every prompt, \"auto\" for "
+                        f"{DEFAULT_PROMPTS['real']} on a real target and {DEFAULT_PROMPTS['tiny']} on the tiny one).")
     B = block_size if block_size is not None else src.config.block_size  # 0 is refused below, not defaulted
     if B < 2:
         raise EvalError(f"block_size={B} leaves no draft slot; use >= 2 (the target-only baseline runs anyway).")
@@ -158,11 +136,9 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EvalError(f"device={device!r} but no CUDA GPU is visible. Fix: --device cpu (or auto).")
     torch_dtype = DTYPES[dtype] or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    files = prompt_files_of(prompts, target_name, train_cfg.data if train_cfg else "")
-    missing = [str(f) for f in files.values() if not Path(f).expanduser().is_file()]
-    if missing:
-        raise EvalError(f"prompts file {', '.join(missing)} does not exist. Fix: pass JSONL files with one "
-                        "{\"messages\": [...]} or {\"prompt\": \"...\"} object per line (--prompts FILE).")
+    files = resolve_sets(prompts, target_name, train_cfg.data if train_cfg else "",
+                         train_cfg.heldout_data if train_cfg else None)
+    infos = {name: set_info(name, f, n_prompts) for name, f in files.items()}
     dtype_name = str(torch_dtype).replace("torch.", "")
     if out_dir:
         out = Path(out_dir).expanduser()
@@ -175,15 +151,20 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
         out = new_eval_dir(src.run_dir, B, temperature, dtype_name)
     seed = seed if seed is not None else (train_cfg.seed if train_cfg else 0)
     return EvalPlan(src=src, target=target_name, data=train_cfg.data if train_cfg else "", seed=seed, device=dev,
-                    dtype=torch_dtype, block_size=B, prompt_files=files, out_dir=out)
+                    dtype=torch_dtype, block_size=B, prompt_files=files, out_dir=out, n_prompts=n_prompts,
+                    prompt_sets=infos, checkpoint=checkpoint)
 
 
 def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, temperature: float = 0.0,
-             max_new_tokens: int = 128, n_prompts: int | None = 20, untrained: bool = True,
+             max_new_tokens: int = 128, n_prompts: int | str | None = "auto", untrained: bool = True,
              target: str | None = None, seed: int | None = None, device: str = "auto", dtype: str = "auto",
              decoding: str = "auto", out_dir: str | Path | None = None, enable_thinking: bool | None = None,
-             threads: int | None = 1, log=print) -> EvalReport:
+             threads: int | None = 1, checkpoint: str | None = None, log=print) -> EvalReport:
     """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets.
+
+    prompts: set names (general, chitchat-heldout, self-heldout, tiny-heldout, tiny-train) or JSONL files, a list
+    of them, or {set name: name or file}; None = the defaults (module docstring). n_prompts: per set; "auto" = 64
+    on a real target, 20 on the tiny one; None = every prompt. checkpoint: best | latest | step-N (a run dir).
 
     dtype: auto (bf16 on a GPU, fp32 on the CPU) | bfloat16 | float32 (an exact lossless check).
     decoding: auto (static caches + CUDA graphs on a GPU, the dynamic loop on the CPU) | static | dynamic.
@@ -199,17 +180,18 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
         raise EvalError(f"decoding={decoding!r} is not one of {sorted(DECODING)}.")
     plan = plan_eval(run, prompts=prompts, block_size=block_size, temperature=temperature,
                      max_new_tokens=max_new_tokens, n_prompts=n_prompts, target=target, seed=seed, device=device,
-                     dtype=dtype, out_dir=out_dir)
+                     dtype=dtype, out_dir=out_dir, checkpoint=checkpoint)
     dev, B = plan.device, plan.block_size
     if dev.type == "cpu" and threads:
         torch.set_num_threads(threads)
-    src, drafter = load_drafter(run)
+    src, drafter = load_drafter(run, checkpoint=checkpoint)
     log(f"loading target {plan.target!r} on {dev} ({plan.dtype}) and drafter {src.weights} (step {src.step})")
     tok = load_tokenizer(plan.target)
     tgt = load_target(plan.target, device=dev, dtype=plan.dtype)
     drafter.to(device=dev, dtype=plan.dtype)
     files = plan.prompt_files
-    sets = {s: load_prompts(f, tok, n_prompts=n_prompts, enable_thinking=enable_thinking) for s, f in files.items()}
+    sets = {s: load_prompts(f, tok, n_prompts=plan.n_prompts, enable_thinking=enable_thinking)
+            for s, f in files.items()}
     eos, fast = tok.eos_token_id, DECODING[decoding]
     drafters = {"trained": drafter}
     if untrained:
@@ -221,7 +203,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                                    log=log) for name, d in drafters.items()}
     _check_lengths(decoders["trained"], sets, files, max_new_tokens)
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
-    log(f"prompt sets: {', '.join(f'{s} ({len(v)} from {files[s]})' for s, v in sets.items())}; block size {B}, "
+    log(f"prompt sets: {'; '.join(plan.prompt_sets[s].text() for s in sets)}; block size {B}, "
         f"temperature {temperature}, max_new_tokens {max_new_tokens}; decoding: "
         f"{type(decoders['trained']).__name__} ({how})")
     results = run_decoders(tgt, decoders, sets, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -230,32 +212,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     return EvalReport(run_dir=str(src.run_dir), weights=str(src.weights), step=src.step, target=plan.target,
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
-                      decoding=f"{type(decoders['trained']).__name__}: {how}")
-
-
-def heldout_tau(source, prompts=None, block_size: int | None = None, max_new_tokens: int = 64,
-                n_prompts: int = 8, temperature: float = 0.0) -> float:
-    """Real tau of a drafter on a few held-out prompts (pooled over iterations); cheap enough to run while training.
-
-    `source` is a Trainer or a (target, drafter, tokenizer) tuple. prompts: a JSONL file, a list of token-id lists,
-    or None = the tiny held-out set (tiny target) / the training data's prompts.
-    """
-    if isinstance(source, tuple):
-        target, drafter, tok = source
-        target_name, data = "tiny", "tiny"
-    else:
-        target, drafter, tok = source.target, source.drafter, source.tokenizer
-        target_name, data = source.config.target, source.config.data
-    if prompts is None:
-        prompts = next(iter(default_prompt_files(target_name, data).values()))
-    if isinstance(prompts, (str, Path)):
-        ids = load_prompts(prompts, tok, n_prompts=n_prompts)
-    else:
-        ids = [list(p) for p in prompts][:n_prompts]
-        if not ids:
-            raise EvalError("heldout_tau got no prompts. Fix: pass a JSONL file or a non-empty list of token ids.")
-    return speculative_generate(target, drafter, ids, block_size=block_size, max_new_tokens=max_new_tokens,
-                                temperature=temperature, eos_token_id=tok.eos_token_id).tau
+                      decoding=f"{type(decoders['trained']).__name__}: {how}", seed=plan.seed,
+                      prompt_sets={k: v.to_dict() for k, v in plan.prompt_sets.items()})
 
 
 def load_report(path: str | Path) -> dict:
@@ -327,21 +285,39 @@ def run_notebook(params: dict, out_dir: Path, *, log_output: bool = True) -> Pat
 
 
 def tau_line(saved: dict) -> str:
-    """Trained and untrained tau per prompt set, quoted from the table's rows."""
+    """Trained and untrained tau per prompt set with its interval, quoted from the table's rows."""
     rows = [r for r in saved["summary"] if r["decoder"] != BASELINE]
-    return ("tau " + "; ".join(f"{r['decoder']} {r['prompt_set']} {r['tau']:.2f}" for r in rows)
-            + f" (block size {saved['block_size']}, temperature {saved['temperature']}, {saved.get('dtype', '?')})")
+    ci = lambda r: f" [{r['tau_low']:.2f}, {r['tau_high']:.2f}]" if r.get("tau_low") is not None else ""  # noqa: E731
+    sha = lambda r: f", sha256 {r['prompt_set_sha256'][:12]}" if r.get("prompt_set_sha256") else ""  # noqa: E731
+    return ("tau " + "; ".join(f"{r['decoder']} {r['prompt_set']} {r['tau']:.2f}{ci(r)} ({r['prompts']} prompts"
+                               f"{sha(r)})" for r in rows)
+            + f" (95% bootstrap intervals over prompts; block size {saved['block_size']}, temperature "
+              f"{saved['temperature']}, {saved.get('dtype', '?')}, {saved['max_new_tokens']} new tokens)")
+
+
+def _n_prompts(text: str):
+    if text in ("auto", "all"):
+        return None if text == "all" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, auto or all") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.evaluate", description=__doc__.split("\n")[0])
     ap.add_argument("run", help="run directory, checkpoint directory, exported directory or drafter .safetensors")
-    ap.add_argument("--prompts", nargs="+", default=None, help="JSONL prompt file(s); each file is one prompt set "
-                    "(default: the tiny target's heldout + train prompts)")
+    ap.add_argument("--prompts", nargs="+", default=None, help="prompt sets: names (general, chitchat-heldout, "
+                    "self-heldout, tiny-heldout, tiny-train) or JSONL files, one set each (default: the tiny target's "
+                    "heldout + train prompts; a real target's held-out prompts + general)")
+    ap.add_argument("--checkpoint", default=None, help="which weights of a run: latest (default), best (the best "
+                    "held-out real tau while training), step-N or N")
     ap.add_argument("--block-size", type=int, default=None, help="block size (default: the drafter's)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check on)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--n-prompts", type=int, default=20, help="prompts per set (first N of each file)")
+    ap.add_argument("--n-prompts", type=_n_prompts, default="auto", help="prompts per set, the first N of each "
+                    f"(default auto: {DEFAULT_PROMPTS['real']} on a real target, {DEFAULT_PROMPTS['tiny']} on the "
+                    "tiny one; all = every prompt)")
     ap.add_argument("--untrained", action=argparse.BooleanOptionalAction, default=True,
                     help="also measure an untrained drafter of the same shape and seed (default on)")
     ap.add_argument("--target", default=None, help="target model (default: the run's config.json)")
@@ -363,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = {"prompts": args.prompts, "block_size": args.block_size, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "n_prompts": args.n_prompts, "target": args.target,
-                "device": args.device, "dtype": args.dtype}
+                "device": args.device, "dtype": args.dtype, "checkpoint": args.checkpoint}
     try:
         plan = plan_eval(args.run, **settings, out_dir=args.out)  # every expected error, before anything is written
         params = {"run": str(args.run), **settings, "untrained": args.untrained, "decoding": args.decoding,

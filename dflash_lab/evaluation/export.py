@@ -11,7 +11,9 @@ written into a temp folder and renamed into place; a non-empty <out dir> is refu
 holds a model (e.g. the target) or a training run is refused even then.
 
 `resolve_drafter(path)` is the one place that turns "a run dir, a checkpoint dir or a .safetensors file" into
-(DrafterConfig, weights path); evaluate.py uses it too.
+(DrafterConfig, weights path); evaluate.py uses it too. A run dir means its newest weights; `--checkpoint best`
+takes the weights of the step with the best held-out real tau (`checkpoints/best/`, described by `best.json`, both
+written while training), `--checkpoint step-N` (or N) a step's checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import torch
 
-from dflash_lab.runs import checkpoint, weights
+from dflash_lab.runs import weights
+from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
+from .export_format import config_from_export, export_config, export_state_names, is_exported  # noqa: F401 (public)
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 
@@ -36,6 +40,8 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
 WEIGHTS = "drafter.safetensors"
 DRAFTER_CONFIG = "drafter_config.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+BEST = "best"  # checkpoints/best/: the drafter at the best held-out real tau (train/validation.py writes it)
+BEST_FILE = "best.json"  # <run>/best.json: which step that was, its real tau and interval, on which prompts
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -121,25 +127,70 @@ def _run_of(config_dir: Path) -> Path:
 
 
 def checkpoint_candidates(run_dir: Path) -> list[Path]:
-    """Weights files of a run, best first: checkpoints/best/, then newest step-N/ or checkpoints/drafter.safetensors."""
+    """Weights files of a run, newest first: step-N/ or checkpoints/drafter.safetensors (best/ only by name)."""
     ck = run_dir / "checkpoints"
-    found = []
-    best = ck / "best" / WEIGHTS
-    if best.is_file():
-        found.append(best)
     rest = [p for p in ck.glob(f"step-*/{WEIGHTS}") if STEP_DIR.match(p.parent.name)]
     if (ck / WEIGHTS).is_file():
         rest.append(ck / WEIGHTS)
     # newest by step; the final save_drafter() file wins a tie with the step dir of the same step
     rest.sort(key=lambda p: ((_step_of(p) or -1), p.parent == ck), reverse=True)
-    return found + rest
+    return rest
 
 
-def resolve_drafter(path: str | Path) -> DrafterSource:
-    """A run dir, a checkpoint dir, an exported dir or a .safetensors file -> DrafterSource. Prefers the run's
-    `best` checkpoint, then its newest; raises DrafterNotFoundError listing every place it looked."""
+def named_checkpoint(run_dir: Path, name: str) -> Path:
+    """The weights a run's checkpoint NAME means: "best", "latest" (the newest), "step-N" or "N"."""
+    name = str(name).strip()
+    ck = run_dir / "checkpoints"
+    if name == BEST:
+        best = ck / BEST / WEIGHTS
+        if best.is_file():
+            return best
+        raise DrafterNotFoundError(
+            f"{run_dir} has no best checkpoint ({best} is missing). It is written while training each time the "
+            "held-out real tau improves (real_tau_every > 0 and a held-out set). Fix: use --checkpoint latest, or "
+            "train with real tau measured.")
+    if name == "latest":
+        cands = checkpoint_candidates(run_dir)
+        if cands:
+            return cands[0]
+        raise DrafterNotFoundError(f"{run_dir} holds no drafter weights under {ck}.")
+    m = re.fullmatch(r"(?:step-)?(\d+)", name)
+    if m:
+        step = int(m.group(1))
+        hit = [p for p in checkpoint_candidates(run_dir) if _step_of(p) == step]
+        if hit:
+            return hit[0]
+        have = sorted({s for s in map(_step_of, checkpoint_candidates(run_dir)) if s is not None})
+        raise DrafterNotFoundError(f"{run_dir} has no checkpoint of step {step}; it has steps {have}. Fix: pass "
+                                   "one of them, latest or best.")
+    raise DrafterNotFoundError(f"checkpoint {name!r} is not a checkpoint name. Fix: pass best, latest, step-N or N.")
+
+
+def best_marker(run_dir: str | Path) -> dict | None:
+    """<run>/best.json (step, real tau and interval of the best checkpoint), or None."""
+    f = Path(run_dir) / BEST_FILE
+    try:
+        return json.loads(f.read_text()) if f.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def resolve_drafter(path: str | Path, checkpoint: str | None = None) -> DrafterSource:
+    """A run dir, a checkpoint dir, an exported dir or a .safetensors file -> DrafterSource. A run dir means its
+    newest weights, or the named `checkpoint` (best | latest | step-N | N); raises DrafterNotFoundError listing
+    every place it looked."""
     p = Path(path).expanduser()
     looked: list[str] = []
+    if checkpoint:
+        if not (p.is_dir() and (p / "checkpoints").is_dir()):
+            raise DrafterNotFoundError(f"--checkpoint {checkpoint} needs a run directory with checkpoints/, and "
+                                       f"{p} is not one. Fix: pass the run directory, or leave --checkpoint out.")
+        w = named_checkpoint(p, checkpoint)
+        hit = _find_config(w.parent, looked)
+        if hit is None:
+            raise DrafterNotFoundError(f"found {w} but no {DRAFTER_CONFIG}; looked at: {', '.join(looked)}.")
+        kind = "checkpoint" if checkpoint != "latest" else "run"
+        return DrafterSource(hit[0], w, p, kind, _step_of(w))
     if not p.exists():
         raise DrafterNotFoundError(f"{p} does not exist. Pass a run directory (runs/<stamp>-<name>-<id>/), a "
                                    f"checkpoint directory holding {WEIGHTS}, an exported directory, or a "
@@ -166,8 +217,7 @@ def resolve_drafter(path: str | Path) -> DrafterSource:
         if hit:
             return DrafterSource(hit[0], direct, _run_of(hit[1]), "checkpoint", _step_of(direct))
     cands = checkpoint_candidates(p)
-    looked += [str(p / "checkpoints" / "best" / WEIGHTS), str(p / "checkpoints" / "step-*" / WEIGHTS),
-               str(p / "checkpoints" / WEIGHTS)]
+    looked += [str(p / "checkpoints" / "step-*" / WEIGHTS), str(p / "checkpoints" / WEIGHTS)]
     if cands:
         hit = _find_config(cands[0].parent, looked)
         if hit:
@@ -179,11 +229,11 @@ def resolve_drafter(path: str | Path) -> DrafterSource:
 
 
 def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 log=print) -> tuple[DrafterSource, DFlashDrafter]:
+                 checkpoint: str | None = None, log=print) -> tuple[DrafterSource, DFlashDrafter]:
     """resolve_drafter + weights loaded into a DFlashDrafter (eval mode, requires_grad off). A run still training
     may rotate the chosen checkpoint away: its newest complete weights are read instead, and a damaged file is
     named with the one used (runs/weights.py)."""
-    src = weights.retry_rotated(lambda: resolve_drafter(path))
+    src = weights.retry_rotated(lambda: resolve_drafter(path, checkpoint))
     if src.kind == "exported":
         _, drafter = load_exported(src.run_dir, device=device, dtype=dtype)
         return src, drafter
@@ -215,117 +265,13 @@ def _load_state(drafter: DFlashDrafter, state: dict, where: str) -> None:
     drafter.load_state_dict({k: state[k].to(own[k].dtype) for k in want}, strict=False)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Export format
-# ------------------------------------------------------------------------------------------------------------------
-
-def export_state_names(config: DrafterConfig) -> list[str]:
-    """Exactly the tensor names of the serving checkpoint (docs/dflash-method.md section 4)."""
-    names = []
-    for i in range(config.num_hidden_layers):
-        a = f"layers.{i}.self_attn."
-        names += [a + f"{x}_proj.weight" for x in "qkvo"] + [a + "q_norm.weight", a + "k_norm.weight"]
-        names += [f"layers.{i}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
-        names += [f"layers.{i}.input_layernorm.weight", f"layers.{i}.post_attention_layernorm.weight"]
-    names += ["fc.weight", "hidden_norm.weight", "norm.weight"]
-    # a pruned drafter's draft -> target map, int64 offsets as EAGLE-3 / speculators store it
-    return names + (["d2t"] if config.draft_vocab_size is not None else [])
-
-
-def export_config(config: DrafterConfig, *, dtype: str = "bfloat16", extra: dict | None = None) -> dict:
-    """The config.json of a DFlashDraftModel checkpoint (Qwen3 fields + the DFlash fields, layer_types explicit)."""
-    sliding = "sliding_attention" in config.layer_types
-    windows = sorted({w for w in config.windows if w is not None})
-    if len(windows) > 1:  # perf
-        raise ValueError(
-            f"the drafter has {len(windows)} distinct sliding windows {windows} (layer_windows="
-            f"{list(config.layer_windows)}), but config.json has ONE `sliding_window` for every sliding_attention "
-            "layer: Hugging Face's Qwen3Config and the engines that read it (vLLM, SGLang) would serve every sliding "
-            "layer with the same window, a different model than the one trained. Fix: train with one window "
-            "(layer_windows=() and sliding_window=W) for a servable drafter; per-layer windows are for experiments.")
-    window = windows[0] if windows else None
-    rope_params = {"rope_type": "default", "rope_theta": config.rope_theta}
-    if config.rope_scaling:
-        rope_params = {**config.rope_scaling, "rope_theta": config.rope_theta}
-        rope_params.setdefault("rope_type", rope_params.get("type", "default"))
-    out = {
-        "architectures": ["DFlashDraftModel"],
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "model_type": "qwen3",
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling,
-        "rope_parameters": rope_params,
-        "max_position_embeddings": config.max_position_embeddings,
-        "vocab_size": config.vocab_size,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "layer_types": list(config.layer_types),
-        "use_sliding_window": sliding,
-        "sliding_window": window if sliding else None,
-        "max_window_layers": config.num_hidden_layers,
-        "block_size": config.block_size,
-        "num_target_layers": config.num_target_layers,
-        "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
-        "dtype": dtype,
-    }
-    if config.draft_vocab_size is not None:  # (absent = the full vocabulary, as in z-lab's configs)
-        out["draft_vocab_size"] = config.draft_vocab_size
-    if extra:
-        out.update(extra)
-    return out
-
-
-def is_exported(path: Path) -> bool:
-    cfg = path / "config.json"
-    if not (cfg.is_file() and (path / "model.safetensors").is_file()):
-        return False
-    try:
-        d = json.loads(cfg.read_text())
-    except json.JSONDecodeError:
-        return False
-    return "DFlashDraftModel" in d.get("architectures", []) and "dflash_config" in d
-
-
-def config_from_export(d: dict) -> DrafterConfig:
-    """DrafterConfig from an exported config.json (ours or a published z-lab one)."""
-    dc = d.get("dflash_config") or {}
-    missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dc]
-    if missing or "block_size" not in d:
-        raise ValueError(f"exported config.json lacks {missing + ([] if 'block_size' in d else ['block_size'])}: "
-                         "not a DFlashDraftModel checkpoint. Fix: export with `python -m dflash_lab.evaluation.export`.")
-    ids = tuple(dc["target_layer_ids"])
-    rope_theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    layer_types = tuple(d.get("layer_types") or ())
-    n_target = d.get("num_target_layers") or max(ids) + 1
-    return DrafterConfig(
-        hidden_size=d["hidden_size"], target_hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"], num_attention_heads=d["num_attention_heads"],
-        num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-        head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
-        rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(rope_theta), rope_scaling=d.get("rope_scaling"),
-        max_position_embeddings=d.get("max_position_embeddings", 40960), vocab_size=d["vocab_size"],
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), block_size=d["block_size"],
-        mask_token_id=dc["mask_token_id"], num_target_layers=n_target, target_layer_ids=ids,
-        layer_types=layer_types, sliding_window=d.get("sliding_window") if "sliding_attention" in layer_types else None,
-        draft_vocab_size=d.get("draft_vocab_size") if d.get("draft_vocab_size") != d["vocab_size"] else None)
-
-
 def _exported_source(path: Path) -> DrafterSource:
     cfg = config_from_export(json.loads((path / "config.json").read_text()))
     return DrafterSource(cfg, path / "model.safetensors", path, "exported", None)
 
 
 def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfloat16", force: bool = False,
-                   log=print) -> Path:
+                   log=print, checkpoint: str | None = None) -> Path:
     """Write config.json, model.safetensors and dflash.py into out_dir; returns out_dir.
 
     Everything is written into a sibling temp folder that is renamed into place at the end, so a failed export
@@ -336,7 +282,7 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported. Fix: use one of {sorted(_DTYPES)} "
                          "(serving uses bfloat16).")
-    src, drafter = load_drafter(source, log=log)
+    src, drafter = load_drafter(source, checkpoint=checkpoint, log=log)
     out = Path(out_dir).expanduser()
     if out.resolve() == src.run_dir.resolve() and src.kind != "exported":
         raise ExportRefused(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
@@ -353,8 +299,10 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     tmp.mkdir()  # mkdir (not tempfile.mkdtemp, which is 0700) so the folder follows the umask
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(src.weights)})
-        checkpoint.respect_umask(tmp / "model.safetensors")  # safetensors writes 0600
+        respect_umask(tmp / "model.safetensors")  # safetensors writes 0600
         extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
+        if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
+            extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
         (tmp / "config.json").write_text(json.dumps(export_config(src.config, dtype=dtype, extra=extra), indent=2)
                                          + "\n")
         shutil.copyfile(TEMPLATE, tmp / "dflash.py")
@@ -389,10 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir", help="directory to write config.json, model.safetensors and dflash.py into")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES), help="weights dtype (default bfloat16)")
     ap.add_argument("--force", action="store_true", help="replace a non-empty out dir (never a model or a run)")
+    ap.add_argument("--checkpoint", default=None, help="which weights of a run: latest (default), best (the best "
+                    "held-out real tau while training), step-N or N")
     args = ap.parse_args(argv)
     try:
-        out = export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force)
-    except (DrafterNotFoundError, ValueError, checkpoint.CheckpointError) as e:
+        out = export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force,
+                             checkpoint=args.checkpoint)
+    except (DrafterNotFoundError, ValueError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cfg = json.loads((out / "config.json").read_text())

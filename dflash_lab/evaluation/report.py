@@ -1,11 +1,9 @@
-"""Results of one evaluation: the table, lossless verdicts that explain themselves, and where they are saved.
+"""Results of one evaluation: the table with intervals and prompt sets, verdicts per prompt, where they are saved.
 
-Lossless verdicts. At temperature 0 a drafter's output must equal the target-only output. When it does not, the
-first differing token tells why: both computations chose their token as the target's argmax, so if each one's
-runner-up is the other's choice and both top-1/top-2 logit margins are within `near_tie_margin` (default by
-dtype: 1.0 logit in bf16/fp16, where verifying 16 tokens at once and 1 at a time round differently, 1e-3 in
-fp32), the two computations merely broke a near-tie differently: "numerical near-tie (margin x)". Anything else is
-a "real mismatch" (a decoding bug). Run with `--dtype float32` for an exact check.
+Every tau comes with its 95% bootstrap interval over prompts (intervals.py) and with the prompt set it was measured
+on: its name, how many prompts, and the sha256 of exactly those prompts (prompt_sets.py), so two figures are
+compared only when they were measured on the same prompts. Lossless verdicts (identical / numerical near-tie /
+real mismatch) are verdicts.py's.
 
 Every evaluation gets its own folder, `<run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/` (eval.json, eval.ipynb,
 plots/); `latest_eval(run)` finds the newest (a legacy `<run>/eval.json` counts when there is no folder).
@@ -14,36 +12,14 @@ plots/); `latest_eval(run)` finds the newest (a legacy `<run>/eval.json` counts 
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_lab.runs.evals import EVAL_FILE, eval_dirs, latest_eval, new_eval_dir, pooled_tau  # noqa: F401 (re-exported)
+from .intervals import LEVEL, RESAMPLES, tau_interval
+from .verdicts import NEAR_TIE_MARGIN, lossless_verdict  # noqa: F401 (re-exported)
 
 BASELINE = "target only"
-NEAR_TIE_MARGIN = {"float32": 1e-3, "bfloat16": 1.0, "float16": 1.0}
-
-
-def lossless_verdict(spec: dict, base: dict, near_tie_margin: float) -> dict:
-    """Compare one prompt's speculative output with the target-only output (result dicts with output_ids, margins,
-    runner_up). Returns {"verdict", "index", "spec_token", "target_token", "margin_spec", "margin_target"}."""
-    a, b = spec["output_ids"], base["output_ids"]
-    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if j is None:
-        if len(a) == len(b):
-            return {"verdict": "identical", "index": None}
-        return {"verdict": "real mismatch (one output is a prefix of the other)", "index": min(len(a), len(b))}
-    m_spec = spec.get("margins", [])[j] if j < len(spec.get("margins", [])) else None
-    m_base = base.get("margins", [])[j] if j < len(base.get("margins", [])) else None
-    swapped = (j < len(spec.get("runner_up", [])) and j < len(base.get("runner_up", []))
-               and spec["runner_up"][j] == b[j] and base["runner_up"][j] == a[j])
-    out = {"index": j, "spec_token": a[j], "target_token": b[j], "margin_spec": m_spec, "margin_target": m_base}
-    if swapped and m_spec is not None and m_base is not None and max(m_spec, m_base) <= near_tie_margin:
-        out["verdict"] = f"numerical near-tie (margin {max(m_spec, m_base):.3g})"
-    else:
-        shown = "?" if m_spec is None or m_base is None else f"{m_spec:.3g} / {m_base:.3g}"
-        out["verdict"] = f"real mismatch (margin {shown})"
-    return out
 
 
 @dataclass
@@ -64,11 +40,15 @@ class EvalReport:
     decoding: str = ""  # how decoding ran (static caches + CUDA graphs, or the dynamic loop)
     near_tie_margin: float | None = None  # None = NEAR_TIE_MARGIN[dtype]
     out_dir: str = ""  # where save() writes by default ("" = a new folder under <run>/evals/)
+    prompt_sets: dict = field(default_factory=dict)  # {set name: PromptSetInfo.to_dict()}: file, size, sha256
+    seed: int = 0  # of the bootstrap resampling
 
     @classmethod
     def from_dict(cls, d: dict) -> "EvalReport":
         keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
-        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir") if k in d}
+        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets") if k in d}
+        if "interval" in d:
+            extra["seed"] = d["interval"].get("seed", 0)
         return cls(**{k: d[k] for k in keys}, **extra)
 
     @property
@@ -108,9 +88,12 @@ class EvalReport:
                     speedup = (b_secs / b_toks) / (secs / toks) if toks and b_toks and secs else None
                 mine = [v["verdict"] for v in verdicts if v["decoder"] == name and v["prompt_set"] == sname]
                 checked = self.temperature == 0 and base and name != BASELINE
+                iv = tau_interval(res, seed=self.seed)
+                info = self.prompt_sets.get(sname, {})
                 rows.append({"decoder": name, "prompt_set": sname, "block_size": 1 if name == BASELINE else
                              self.block_size, "prompts": len(res), "iterations": its, "accepted": acc,
-                             "tau": (acc / its + 1) if its else 1.0,
+                             "tau": (acc / its + 1) if its else 1.0, "tau_low": iv.low if iv else None,
+                             "tau_high": iv.high if iv else None, "prompt_set_sha256": info.get("sha256"),
                              "tau_per_prompt_mean": sum(r["tau"] for r in res) / len(res),
                              "new_tokens": toks, "tokens_per_s": toks / secs if secs else 0.0, "speedup": speedup,
                              "identical_to_target": mine.count("identical") if checked else None,
@@ -128,8 +111,9 @@ class EvalReport:
         return pooled_tau(rows)
 
     def table(self) -> str:
-        """A compact text table; `lossless` = identical / prompts, then near-ties and real mismatches."""
-        head = (f"{'decoder':<13}{'prompts':<10}{'B':>3}{'n':>5}{'tau':>7}{'tok/s':>9}{'speedup':>9}"
+        """A compact text table: tau with its 95% interval over prompts; `lossless` = identical / prompts, then
+        near-ties and real mismatches; then one line per prompt set (size, sha256)."""
+        head = (f"{'decoder':<13}{'prompts':<18}{'B':>3}{'n':>5}{'tau [95% CI]':>20}{'tok/s':>9}{'speedup':>9}"
                 f"{'lossless':>10}{'ties':>6}{'real':>6}")
         lines = [head, "-" * len(head)]
         for r in self.rows():
@@ -137,27 +121,51 @@ class EvalReport:
             checked = r["identical_to_target"] is not None
             same = f"{r['identical_to_target']}/{r['prompts']}" if checked else "-"
             ties, real = (str(r["near_ties"]), str(r["real_mismatches"])) if checked else ("-", "-")
-            lines.append(f"{r['decoder']:<13}{r['prompt_set']:<10}{r['block_size']:>3}{r['prompts']:>5}"
-                         f"{r['tau']:>7.2f}{r['tokens_per_s']:>9.1f}{sp:>9}{same:>10}{ties:>6}{real:>6}")
+            tau = f"{r['tau']:.2f} [{r['tau_low']:.2f}, {r['tau_high']:.2f}]" if r["tau_low"] is not None else \
+                f"{r['tau']:.2f}"
+            lines.append(f"{r['decoder']:<13}{r['prompt_set'][:17]:<18}{r['block_size']:>3}{r['prompts']:>5}"
+                         f"{tau:>20}{r['tokens_per_s']:>9.1f}{sp:>9}{same:>10}{ties:>6}{real:>6}")
+        lines += [f"prompt set {self._set_text(name)}" for name in self._set_names()]
         return "\n".join(lines)
+
+    def _set_names(self) -> list[str]:
+        return list(dict.fromkeys(s for sets in self.results.values() for s in sets))
+
+    def _set_text(self, name: str) -> str:
+        info = self.prompt_sets.get(name)
+        if not info:
+            return f"{name}: (size and checksum not recorded)"
+        return (f"{name}: {info['prompts']} of {info['file_prompts']} prompts, sha256 {info['sha256'][:12]}, "
+                f"{info['path']}")
 
     def verdict_lines(self) -> list[str]:
         """One line per prompt whose output differs from the target's (empty when all are identical)."""
-        return [f"{v['decoder']} {v['prompt_set']} prompt {v['prompt']}: token {v['index']}: {v['verdict']} "
-                f"(speculative {v.get('spec_token')} vs target {v.get('target_token')})"
-                for v in self.verdicts() if v["verdict"] != "identical"]
+        lines = []
+        for v in self.verdicts():
+            if v["verdict"] == "identical":
+                continue
+            line = (f"{v['decoder']} {v['prompt_set']} prompt {v['prompt']}: token {v['index']}: {v['verdict']} "
+                    f"(speculative {v.get('spec_token')} vs target {v.get('target_token')}")
+            if v.get("spec_topk"):
+                top = lambda t: ", ".join(f"{i}:{x:.4g}" for i, x in t[:3])  # noqa: E731
+                line += f"; top-3 speculative {top(v['spec_topk'])}, target-only {top(v['target_topk'])}"
+            lines.append(line + ")")
+        return lines
 
     def _repr_html_(self) -> str:
-        cols = ["decoder", "prompt_set", "block_size", "prompts", "tau", "tokens_per_s", "speedup",
-                "identical_to_target", "near_ties", "real_mismatches"]
-        fmt = {"tau": "{:.2f}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x"}
+        cols = ["decoder", "prompt_set", "block_size", "prompts", "tau", "tau_low", "tau_high", "tokens_per_s",
+                "speedup", "identical_to_target", "near_ties", "real_mismatches"]
+        fmt = {"tau": "{:.2f}", "tau_low": "{:.2f}", "tau_high": "{:.2f}", "tokens_per_s": "{:.1f}",
+               "speedup": "{:.2f}x"}
         cell = lambda r, c: fmt.get(c, "{}").format(r[c]) if r[c] is not None else "-"  # noqa: E731
         body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r, c))}</td>" for c in cols) + "</tr>"
                        for r in self.rows())
         diffs = "".join(f"<li>{html.escape(line)}</li>" for line in self.verdict_lines())
+        sets = "".join(f"<li>{html.escape(self._set_text(n))}</li>" for n in self._set_names())
         return (f"<p>step {self.step} of {html.escape(self.run_dir)}, T={self.temperature}, {self.dtype}, "
-                f"max_new_tokens={self.max_new_tokens}; {html.escape(self.decoding)}</p><table><tr>"
-                + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{body}</table>"
+                f"max_new_tokens={self.max_new_tokens}; {html.escape(self.decoding)}; tau_low / tau_high: "
+                f"{LEVEL:.0%} bootstrap interval over prompts</p><table><tr>"
+                + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{body}</table><p>prompt sets:</p><ul>{sets}</ul>"
                 + (f"<p>outputs that differ from the target's:</p><ul>{diffs}</ul>" if diffs else ""))
 
     def __repr__(self) -> str:
@@ -177,7 +185,10 @@ class EvalReport:
         return {"run_dir": self.run_dir, "weights": self.weights, "step": self.step, "target": self.target,
                 "block_size": self.block_size, "temperature": self.temperature,
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
-                "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "summary": self.rows(), "verdicts": self.verdicts(),
+                "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "prompt_sets": self.prompt_sets,
+                "interval": {"level": LEVEL, "resamples": RESAMPLES, "seed": self.seed,
+                             "method": "bootstrap over prompts, pooled tau (accepted / iterations + 1) per resample"},
+                "summary": self.rows(), "verdicts": self.verdicts(),
                 "acceptance": {d: dict(zip(("histogram", "slot_rate"), self.acceptance(d)))
                                for d in self.results if d != BASELINE},
                 "results": self.results}

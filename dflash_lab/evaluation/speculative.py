@@ -40,6 +40,9 @@ class PromptTooLongError(ValueError):
     """A prompt (plus the generation budget) does not fit in the target's context."""
 
 
+TOPK = 5  # target logits kept per output token: enough to see a 3- or 4-way tie at a divergence
+
+
 def target_text_config(target):
     cfg = target.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -81,10 +84,21 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stopped: str  # "eos" | "max_new_tokens"
-    # Per output token: the target's top-1 minus top-2 logit where it chose that token, and its runner-up token id.
-    # At a divergence between two computations they tell a numerical near-tie from a real mismatch (evaluate.py).
-    margins: list[float] = field(default_factory=list)
-    runner_up: list[int] = field(default_factory=list)
+    # Per output token, from the target logits it was chosen from: the TOPK best token ids and their logits, and the
+    # logit of the reference's token at that position (generate(reference=...), None past its end). At the first
+    # token where two computations differ they give each computation's logits of BOTH candidates (verdicts.py).
+    topk_ids: list[list[int]] = field(default_factory=list)
+    topk_logits: list[list[float]] = field(default_factory=list)
+    ref_logits: list[float | None] = field(default_factory=list)
+
+    @property
+    def margins(self) -> list[float]:
+        """Per output token: the target's top-1 minus top-2 logit where it chose that token."""
+        return [round(v[0] - v[1], 5) if len(v) > 1 else 0.0 for v in self.topk_logits]
+
+    @property
+    def runner_up(self) -> list[int]:
+        return [i[1] if len(i) > 1 else -1 for i in self.topk_ids]
 
     @property
     def iterations(self) -> int:
@@ -207,10 +221,17 @@ class SpeculativeDecoder:
         return out.logits[0].float(), feats  # logits (T, V)
 
     @staticmethod
-    def _top2(logits: torch.Tensor) -> tuple[list[float], list[int]]:
-        """(top-1 minus top-2 logit, runner-up id) per row of logits (T, V)."""
-        top = logits.topk(2, dim=-1)
-        return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist()
+    def _topk(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+        """(top-k ids, their logits) per row of logits (T, V); row i's first id is its greedy token."""
+        top = logits.topk(min(TOPK, logits.shape[-1]), dim=-1)
+        return top.indices.tolist(), top.values.tolist()
+
+    @staticmethod
+    def _ref_logits(logits: torch.Tensor, reference, start: int, rows: int) -> list[float | None]:
+        """Logit of reference[start + i] in row i (i < rows) of logits (T, V); None past the reference's end."""
+        if reference is None:
+            return [None] * rows
+        return [float(logits[i, reference[start + i]]) if start + i < len(reference) else None for i in range(rows)]
 
     def _draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                p: int) -> list[int]:
@@ -265,8 +286,11 @@ class SpeculativeDecoder:
     # ---------------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids, *, max_new_tokens: int = 128, temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> GenerationResult:
-        """Speculative generation for one prompt (a list or 1-D tensor of token ids)."""
+                 generator: torch.Generator | None = None, reference: list[int] | None = None) -> GenerationResult:
+        """Speculative generation for one prompt (a list or 1-D tensor of token ids).
+
+        reference: another computation's output for this prompt; the result then records, per output token, this
+        computation's logit of the reference's token there (`ref_logits`)."""
         from transformers import DynamicCache
 
         ids = self.checked_prompt(prompt_ids, max_new_tokens, temperature)
@@ -277,8 +301,9 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = DynamicCache(config=self.target.config)
         logits, feats = self._target_forward(ids[None].to(self.target_device), cache)
-        out = [self._pick(logits[-1], temperature, generator)]
-        margins, runner_up = self._top2(logits[-1:])
+        top_ids, top_logits = self._topk(logits[-1:])
+        out = [top_ids[0][0] if temperature == 0 else self._pick(logits[-1], temperature, generator)]
+        refs = self._ref_logits(logits[-1:], reference, 0, 1)
         sync()
         t1 = time.perf_counter()
 
@@ -292,13 +317,14 @@ class SpeculativeDecoder:
             drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
             block = torch.tensor([[last, *drafts]], dtype=torch.long, device=self.target_device)  # (1, B)
             logits, feats = self._target_forward(block, cache)  # logits[i] = next-token dist after block[i]
-            a, nxt = self._accept(drafts, logits, temperature, generator)
+            ti, tv = self._topk(logits)
+            a, nxt = self._accept(drafts, logits, [r[0] for r in ti], temperature, generator)
             accepted.append(a)
+            refs += self._ref_logits(logits, reference, len(out), a + 1)
             out.extend(drafts[:a])
             out.append(nxt)
-            m, r = self._top2(logits[: a + 1])
-            margins += m
-            runner_up += r
+            top_ids += ti[: a + 1]
+            top_logits += tv[: a + 1]
             done = any(t in self.eos_ids for t in out[-(a + 1):])
             keep = p + a + 1  # positions 0..p+a are verified; the bonus token is not in the cache yet
             cache.crop(keep - cache.get_seq_length())  # negative = tokens to remove
@@ -306,8 +332,8 @@ class SpeculativeDecoder:
             p = keep
         sync()
         t2 = time.perf_counter()
-        return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, margins, runner_up, self.eos_ids,
-                             max_new_tokens)
+        return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, self.eos_ids, max_new_tokens,
+                             top_ids, top_logits, refs)
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, generator) -> int:
@@ -316,10 +342,11 @@ class SpeculativeDecoder:
         probs = torch.softmax(logits / temperature, dim=-1)
         return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
-    def _accept(self, drafts: list[int], logits: torch.Tensor, temperature: float, generator) -> tuple[int, int]:
-        """(accepted draft count, next token) for one verified block. logits: (B, V) fp32."""
+    def _accept(self, drafts: list[int], logits: torch.Tensor, greedy: list[int], temperature: float,
+                generator) -> tuple[int, int]:
+        """(accepted draft count, next token) for one verified block. logits: (B, V) fp32; greedy: its top-1 ids."""
         if temperature == 0:
-            target_tokens = logits.argmax(-1).tolist()  # (B,)
+            target_tokens = greedy  # (B,) the top-k's first ids, so the recorded top-k explains every choice
             a = 0
             while a < len(drafts) and drafts[a] == target_tokens[a]:
                 a += 1
@@ -329,8 +356,8 @@ class SpeculativeDecoder:
 
 
 def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_size: int, prefill_s: float,
-                  decode_s: float, margins: list[float], runner_up: list[int], eos_ids: set,
-                  max_new_tokens: int) -> GenerationResult:
+                  decode_s: float, eos_ids: set, max_new_tokens: int, topk_ids: list, topk_logits: list,
+                  ref_logits: list) -> GenerationResult:
     """Cut the emitted tokens at the first eos and at max_new_tokens (the last block may overshoot both)."""
     stopped = "max_new_tokens"
     for i, t in enumerate(out):
@@ -338,9 +365,11 @@ def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_si
             out, stopped = out[: i + 1], "eos"
             break
     out = out[:max_new_tokens]
+    n = len(out)
     return GenerationResult(prompt_len=prompt_len, output_ids=out, accepted=accepted, block_size=block_size,
-                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped,
-                            margins=[round(m, 5) for m in margins[: len(out)]], runner_up=runner_up[: len(out)])
+                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped, topk_ids=topk_ids[:n],
+                            topk_logits=[[round(v, 5) for v in row] for row in topk_logits[:n]],
+                            ref_logits=[None if v is None else round(v, 5) for v in ref_logits[:n]])
 
 
 def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None

@@ -2,25 +2,27 @@
 
 The dynamic loop (speculative.py) grows caches with torch.cat, crops them after each verification and launches every
 kernel from Python: for a 135M target on an H200 that is ~60 ms per iteration of which the GPU works a few. Here
-every buffer has a fixed shape, so one iteration (ingest the last verified features into the drafter's context,
-draft the block, verify it with the target) is ONE `torch.cuda.CUDAGraph` replay followed by one small copy back:
+every buffer has a fixed shape, so one iteration is ONE `torch.cuda.CUDAGraph` replay and one small copy back:
 
-    state (device, long): [last token, p_prev, p]   p = position of the last accepted token
-    drafter context K/V per draft layer (1, kvh, L, d)  written at p_prev..p_prev+B-1 (the previous verify's features)
-    target K/V per target layer (1, kvh, L, d)          written at p..p+B-1 by the verify
-    masks are built in the graph from positions: a query at position q sees keys at positions <= q (target) or
-    < p plus the whole block (drafter), so entries past the accepted prefix are never read and need no cropping:
-    the next iteration overwrites them.
+    ingest   fuse the previous verify's B target features into drafter context (fc + hidden_norm)
+    draft    per draft layer ONE k/v projection of [those B context rows | the block's B rows], both written into
+             the drafter's cache (context at p_prev.., block at p..: the block's entries are overwritten by the next
+             ingest before anything reads them as context); block queries attend to cache[:live] (< p + B)
+    verify   the target's own decoder layers on [last, drafts] at p..p+B-1, K/V written into a positioned cache
+    accept   top-k of the verify logits, greedy acceptance ON the device (longest matching prefix, bonus token) and
+             the next state [last, p_prev, p], so a greedy iteration copies nothing host -> device
 
-The verify's features land in a static buffer that the next replay ingests; when fewer than B tokens were
-accepted, the rejected positions' features are ingested too but sit at positions >= p, which no query sees before
-they are overwritten. Nothing of the target is reimplemented: its own decoder layers run with our positioned cache
-(the `update(k, v, layer_idx)` contract of a Hugging Face Cache; transformers' StaticCache writes at an internal
-running counter, which cannot roll back a rejected block), so Llama and Qwen3 targets work alike.
+Attention reads the LIVE prefix only: keys [0, live) where `live` is the smallest length bucket (256, 512, ...,
+the cache length) >= p + B, with one graph per bucket, instead of the whole static cache behind a dense mask. The
+mask is additive (built once per step, in the model dtype) so SDPA takes its memory-efficient kernel without a
+per-layer bool conversion; the drafter's grouped-query attention folds its query groups into the query length
+(q (1, kvh, groups * B, d) against k (1, kvh, live, d)) instead of copying K/V per head. Entries past the accepted
+prefix are never read and need no cropping: the next iteration overwrites them. Nothing of the target is
+reimplemented: its decoder layers run with our positioned cache (the `update(k, v, layer_idx)` contract of a
+Hugging Face Cache), so Llama and Qwen3 targets work alike.
 
-Prefill stays eager (one variable-length forward per prompt). Graphs are captured per (block size, cache length);
-the cache length grows (and graphs are re-captured) only when a prompt needs more. `graphs=False` runs the very
-same step eagerly: tests/test_speculative.py checks graphs == eager token for token and lossless vs greedy.
+Prefill stays eager (one variable-length forward per prompt). `graphs=False` runs the very same step eagerly:
+tests/test_speculative.py checks graphs == eager token for token and lossless vs greedy.
 
     speculative_generate(target, drafter, prompts, block_size=16, max_new_tokens=128, temperature=0.0) -> SpeculativeRun
 is the stable entry point for callers outside evaluation (the trainer's periodic real tau).
@@ -29,63 +31,44 @@ is the stable entry point for callers outside evaluation (the trainer's periodic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from dflash_lab.drafter.model import DFlashDrafter
+from dataclasses import dataclass
+
+from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
-from .speculative import GenerationResult, SpeculativeDecoder, target_text_config, finish_result, speculative_accept
+from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
+from .batched_decode import BatchedSpeculativeDecoder
+from .intervals import TauInterval, tau_interval
+from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, speculative_accept, \
+    target_text_config
+from .static_cache import MIN_BUCKET, PositionedKVCache, additive, buckets_for, static_path_problem
 
-
-class PositionedKVCache:
-    """Per target layer a static K and V (1, kvh, L, d), written at the positions of the current forward.
-
-    Implements the one method Hugging Face attention layers call on a cache: update(k, v, layer_idx) -> (K, V)."""
-
-    def __init__(self, n_layers: int, kv_heads: int, length: int, head_dim: int, dtype, device):
-        shape = (1, kv_heads, length, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.positions: torch.Tensor | None = None  # (T,) long: where this forward's K/V go
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.keys[layer_idx].index_copy_(2, self.positions, key_states)
-        self.values[layer_idx].index_copy_(2, self.positions, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
-
-
-def static_path_problem(target, drafter: DFlashDrafter | None) -> str | None:
-    """Why the static/graph path cannot run this target (None if it can)."""
-    tc = target_text_config(target)
-    if "sliding_attention" in (getattr(tc, "layer_types", None) or ()) and getattr(tc, "use_sliding_window", True):
-        return "the target has sliding-window layers (the static path implements full attention only)"
-    impl = getattr(target.config, "_attn_implementation", "sdpa")
-    if impl not in ("sdpa", "eager"):
-        return f"the target's attention implementation is {impl!r} (static path: sdpa or eager)"
-    if not hasattr(decoder_of(target), "rotary_emb"):
-        return "the target's decoder has no rotary_emb"
-    if drafter is not None and next(drafter.parameters()).device != next(target.parameters()).device:
-        return "the drafter and the target are on different devices (one graph spans one device)"
-    return None
+STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
 
 
 class StaticSpeculativeDecoder(SpeculativeDecoder):
-    """SpeculativeDecoder with static caches and (on CUDA) one CUDA graph per iteration; same results.
+    """SpeculativeDecoder with static caches and (on CUDA) one CUDA graph per iteration and length bucket; same
+    results.
 
-    graphs: capture the iteration as a CUDA graph (CUDA only); False runs the same fixed-shape step eagerly.
-    max_length: initial cache length in positions (grown to fit prompt + max_new_tokens + 2 blocks)."""
+    graphs: capture the iteration as CUDA graphs (CUDA only); False runs the same fixed-shape step eagerly.
+    max_length: initial cache length in positions (grown to fit prompt + max_new_tokens + 2 blocks).
+    min_bucket: the shortest attention length (tests use a small one to cross buckets with short prompts)."""
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
-                 mask_token_id: int | None = None, eos_token_id=None, graphs: bool = True, max_length: int = 1024):
+                 mask_token_id: int | None = None, eos_token_id=None, graphs: bool = True, max_length: int = 1024,
+                 min_bucket: int = MIN_BUCKET):
         super().__init__(target, drafter, block_size=block_size, mask_token_id=mask_token_id,
                          eos_token_id=eos_token_id)
         problem = static_path_problem(target, drafter)
         if problem:
             raise ValueError(f"static decoding cannot run this target: {problem}. Fix: use SpeculativeDecoder "
                              "(the dynamic loop) for it.")
+        if self.head.shape[0] >= 1 << 24:  # token ids travel in the float32 output row
+            raise ValueError(f"vocabulary of {self.head.shape[0]} tokens is too large for the static path.")
         self.graphs = graphs and self.target_device.type == "cuda"
         self.decoder = decoder_of(target)
         tc = target_text_config(target)
@@ -93,26 +76,31 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.kv_heads = tc.num_key_value_heads
         self.head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.dtype = self.embed.weight.dtype
-        self.additive_mask = getattr(target.config, "_attn_implementation", "sdpa") == "eager"
-        self.length = 0
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self.length, self.min_bucket = 0, min_bucket
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
         self.graph_status = "graphs: not captured yet" if self.graphs else "eager: graphs off"
+        if drafter is not None:
+            cfg = drafter.config
+            self.windows = window_masks(cfg.layer_types, cfg.sliding_window, cfg.layer_windows)  # {mask key: window}
         self._allocate(max_length)
 
     # ---------------------------------------------------------------------------------------------------------
     def _allocate(self, length: int) -> None:
-        """(Re)allocate every static buffer for caches of `length` positions; drops a captured graph."""
-        dev, B = self.target_device, self.block_size
-        self.length = length
-        self._graph = None
+        """(Re)allocate every static buffer for caches of `length` positions; drops captured graphs."""
+        dev, B, K = self.target_device, self.block_size, min(TOPK, self.head.shape[0])
+        length = -(-length // 64) * 64  # a multiple of 64: attention kernels take masks of aligned length unpadded
+        self.length, self.k = length, K
+        self.buckets = buckets_for(length, self.min_bucket)
+        self._graphs = {}
         self.cache = PositionedKVCache(self.n_layers, self.kv_heads, length, self.head_dim, self.dtype, dev)
         self.kv_pos = torch.arange(length, device=dev)  # (L,)
         self.offsets = torch.arange(B, device=dev)  # (B,)
         self.state = torch.zeros(3, dtype=torch.long, device=dev)  # [last token, p_prev, p]
-        self.out_tokens = torch.zeros(3 * B, dtype=torch.long, device=dev)  # target top-1 | runner-up | drafts
-        self.out_margin = torch.zeros(B, dtype=torch.float32, device=dev)
-        self.out_logits = torch.zeros(B, self.head.shape[0], dtype=torch.float32, device=dev)
+        self.ref_seq = torch.zeros(length, dtype=torch.long, device=dev)  # reference token at each position
+        # One row per block slot: top-k ids | top-k logits | draft (slots 1..B-1) | reference logit | accepted (row 0)
+        self.out = torch.zeros(B, 2 * K + 3, dtype=torch.float32, device=dev)
+        self.out_logits = torch.zeros(B, self.head.shape[0], dtype=torch.float32, device=dev)  # sampling (T > 0)
         if self.drafter is not None:
             d = self.drafter
             a0 = d.layers[0].self_attn
@@ -123,16 +111,18 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             self.feats = torch.zeros(1, B, len(self.layer_ids) * d.config.hidden_size, dtype=self.dtype, device=dev)
             self.mask_ids = torch.full((B - 1,), self.mask_token_id, dtype=torch.long, device=dev)
 
+    def bucket(self, need: int) -> int:
+        """The attention length of an iteration whose block ends before position `need`."""
+        return next(b for b in self.buckets if b >= need)
+
     # ---------------------------------------------------------------------------------------------------------
-    def _target_step(self, ids: torch.Tensor, pos: torch.Tensor):
-        """The target on ids (1, T) at positions pos (T,), K/V written into the static cache.
-        Returns logits (T, V) fp32 and the features of layer_ids (1, T, n*H) (None without a drafter)."""
+    def _target_step(self, ids: torch.Tensor, pos: torch.Tensor, live: int):
+        """The target on ids (1, T) at positions pos (T,), K/V written into the static cache, attention over
+        [0, live). Returns logits (T, V) fp32 and the features of layer_ids (1, T, n*H) (None without a drafter)."""
         h = self.embed(ids)  # (1, T, H)
         rope = self.decoder.rotary_emb(h, pos[None])
-        mask = (self.kv_pos[None, :] <= pos[:, None])[None, None]  # (1, 1, T, L): causal by absolute position
-        if self.additive_mask:
-            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
-        self.cache.positions = pos
+        mask = additive((self.kv_pos[None, :live] <= pos[:, None])[None, None], h.dtype)  # (1, 1, T, live) causal
+        self.cache.positions, self.cache.live = pos, live
         picked = {}
         for i, layer in enumerate(self.decoder.layers):
             h = layer(h, attention_mask=mask, position_ids=pos[None], past_key_values=self.cache, use_cache=True,
@@ -144,8 +134,8 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         feats = torch.cat([picked[i] for i in self.layer_ids], dim=-1) if self.layer_ids else None
         return logits, feats
 
-    def _ingest(self, feats: torch.Tensor, pos: torch.Tensor) -> None:
-        """Write the drafter's context K/V of target features (1, T, n*H) at positions pos (T,)."""
+    def _ingest_prompt(self, feats: torch.Tensor, pos: torch.Tensor) -> None:
+        """The prompt's context K/V (features (1, T, n*H) at positions pos (T,)) into the drafter cache."""
         d = self.drafter
         ctx = d.fuse_context(feats.to(self.drafter_dtype))  # (1, T, H)
         rope = d.rotary_emb(ctx, pos[None])
@@ -154,89 +144,138 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             self.ctx_keys[i].index_copy_(2, pos, k)
             self.ctx_values[i].index_copy_(2, pos, v)
 
-    def _draft(self, last: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """The B-1 greedy draft tokens (B-1,) of the block [last, MASK...] at positions p..p+B-1."""
-        d, B = self.drafter, self.block_size
-        blk_pos = p + self.offsets  # (B,)
-        hidden = self.embed(torch.cat([last, self.mask_ids])[None]).to(self.drafter_dtype)  # (1, B, H)
-        rope = d.rotary_emb(hidden, blk_pos[None])
-        seen = (self.kv_pos < p)[None].expand(B, -1)  # (B, L): context strictly before the anchor
-        masks = {"full_attention": torch.cat([seen, torch.ones(B, B, dtype=torch.bool, device=p.device)], 1)}
-        if "sliding_attention" in d.config.layer_types:
-            near = (blk_pos[:, None] - self.kv_pos[None]) < d.config.sliding_window  # (B, L)
-            causal = self.offsets[None] <= self.offsets[:, None]  # (B, B)
-            masks["sliding_attention"] = torch.cat([seen & near, causal], 1)
-        for i, layer in enumerate(d.layers):
-            hidden = layer(hidden, None, rope, None, masks[layer.attention_type][None, None],
-                           context_kv=(self.ctx_keys[i], self.ctx_values[i]))
-        hidden = d.norm(hidden)[0, 1:]  # (B-1, H): slot k predicts position p + k
-        return to_target_ids(d, F.linear(hidden.to(self.head.dtype), self.draft_head).argmax(-1))  # d2t
-
-    def _step(self) -> None:
-        """One iteration, fixed shapes, no host sync: reads `state` (and `feats`), writes the out_* buffers."""
+    def _draft_masks(self, p: torch.Tensor, live: int, groups: int) -> dict:
+        """Additive masks (1, 1, groups * B, live) per mask key: context strictly before the anchor p and the whole
+        block (full layers); context within the window and causal inside the block (sliding layers)."""
         B = self.block_size
+        kv, q = self.kv_pos[None, :live], (p + self.offsets)[:, None]  # (1, live), (B, 1)
+        masks = {}
+        for key, window in self.windows.items():
+            if window is None:
+                seen = (kv < p + B).expand(B, -1)  # (B, live)
+            else:
+                seen = ((kv < p) & (q - kv < window)) | ((kv >= p) & (kv <= q))
+            masks[key] = additive(seen, self.drafter_dtype).repeat(groups, 1)[None, None]
+        return masks
+
+    def _draft(self, ctx: torch.Tensor, last: torch.Tensor, p_prev: torch.Tensor, p: torch.Tensor,
+               live: int) -> torch.Tensor:
+        """The B-1 greedy draft tokens (B-1,), in target ids, of the block [last, MASK...] at p.. (_draft_hidden)."""
+        hidden = self._draft_hidden(ctx, last, p_prev, p, live)  # (B-1, H): slot k predicts position p + k
+        return to_target_ids(self.drafter, F.linear(hidden.to(self.head.dtype), self.draft_head).argmax(-1))  # d2t
+
+    def _draft_hidden(self, ctx: torch.Tensor, last: torch.Tensor, p_prev: torch.Tensor, p: torch.Tensor,
+                      live: int) -> torch.Tensor:
+        """Ingest the fused context rows ctx (1, B, H) at p_prev.. and run the block [last, MASK...] at p..;
+        returns the normed hidden states of slots 1..B-1 (B-1, H). The layer forward of drafter/model.py, with the
+        context and block K/V projected together and attention over the drafter cache's live prefix."""
+        d, B = self.drafter, self.block_size
+        a0 = d.layers[0].self_attn
+        groups = a0.num_heads // a0.num_kv_heads
+        ctx_pos, blk_pos = p_prev + self.offsets, p + self.offsets
+        hidden = self.embed(torch.cat([last, self.mask_ids])[None]).to(self.drafter_dtype)  # (1, B, H)
+        cos, sin = d.rotary_emb(hidden, torch.cat([ctx_pos, blk_pos])[None])  # (1, 2B, d)
+        masks = self._draft_masks(p, live, groups)
+        for i, layer in enumerate(d.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            k, v = attn.project_kv(torch.cat([ctx, x], dim=1), cos, sin)  # (1, kvh, 2B, d): context | block
+            for rows, pos in ((slice(0, B), ctx_pos), (slice(B, 2 * B), blk_pos)):  # the block last: it wins >= p
+                self.ctx_keys[i].index_copy_(2, pos, k[:, :, rows])
+                self.ctx_values[i].index_copy_(2, pos, v[:, :, rows])
+            q = attn.q_norm(attn.q_proj(x).view(1, B, attn.num_heads, attn.head_dim)).transpose(1, 2)
+            q = apply_rope(q, cos[:, B:], sin[:, B:])  # (1, h, B, d)
+            q = q.reshape(1, attn.num_kv_heads, groups * B, attn.head_dim)  # head j reads kv head j // groups
+            out = F.scaled_dot_product_attention(q, self.ctx_keys[i][:, :, :live], self.ctx_values[i][:, :, :live],
+                                                 attn_mask=masks[layer.mask_key])  # (1, kvh, groups * B, d)
+            out = out.view(1, attn.num_heads, B, attn.head_dim).transpose(1, 2).reshape(1, B, -1)
+            hidden = hidden + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return d.norm(hidden)[0, 1:]
+
+    def _step(self, live: int, upto: str = "accept") -> None:
+        """One iteration, fixed shapes, no host sync: reads `state` and `feats`, writes `out`, `out_logits` and the
+        next `state` (greedy acceptance). `upto` stops after that stage (decode_bench times the stages)."""
+        B, stop = self.block_size, STAGES.index(upto)
         last, p_prev, p = self.state[0:1], self.state[1], self.state[2]
+        drafts = self.offsets[:0]
         if B > 1:
-            self._ingest(self.feats, p_prev + self.offsets)
-            drafts = self._draft(last, p)
-            ids = torch.cat([last, drafts])[None]  # (1, B)
-        else:
-            drafts = self.offsets[:0]
-            ids = last[None]
-        logits, feats = self._target_step(ids, p + self.offsets)
+            ctx = self.drafter.fuse_context(self.feats.to(self.drafter_dtype))  # (1, B, H)
+            if stop < 1:
+                return
+            drafts = self._draft(ctx, last, p_prev, p, live)
+        if stop < 2:
+            return
+        logits, feats = self._target_step(torch.cat([last, drafts])[None], p + self.offsets, live)
         if B > 1:
             self.feats.copy_(feats)
-        top = logits.topk(2, dim=-1)  # (B, 2)
-        self.out_tokens.copy_(torch.cat([top.indices[:, 0], top.indices[:, 1], drafts, self.offsets[:1]]))
-        self.out_margin.copy_(top.values[:, 0] - top.values[:, 1])
+        if stop < 3:
+            return
+        top = logits.topk(self.k, dim=-1)  # (B, k)
+        top1 = top.indices[:, 0]
+        a = (drafts == top1[:-1]).long().cumprod(0).sum() if B > 1 else p * 0  # leading drafts the target agrees with
+        ref = logits.gather(1, self.ref_seq[(p + 1 + self.offsets).clamp(max=self.length - 1)][:, None])  # (B, 1)
+        col = lambda x: x.float()[:, None]  # noqa: E731
+        acc = (self.offsets == 0).float()[:, None] * a.float()  # (B, 1): the accepted count in row 0
+        self.out.copy_(torch.cat([top.indices.float(), top.values, col(torch.cat([drafts, drafts[:1] * 0]))
+                                  if B > 1 else col(p[None] * 0), ref, acc], dim=1))
         self.out_logits.copy_(logits)
+        self.state.copy_(torch.stack([top1[a], p, p + a + 1]))
 
-    def _capture(self) -> None:
-        """Warm the step up on a side stream, then capture it (with state 0: its writes land at positions 0..B-1,
-        which the next prefill overwrites or no query sees before a verify rewrites them)."""
+    def _capture(self, live: int) -> None:
+        """Warm the step up on a side stream, then capture it. Its writes land at positions a prefill overwrites or
+        no query reads before a verify rewrites them, and generate() sets the state after its prefill."""
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(device=self.target_device)
         stream.wait_stream(torch.cuda.current_stream(self.target_device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step()
+                self.state.zero_()
+                self._step(live)
         torch.cuda.current_stream(self.target_device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        self.state.zero_()
         try:
             # thread_local: another thread (a training worker) may keep launching on its GPU during the capture.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._step()
+                self._step(live)
         except RuntimeError as e:  # an op that cannot be captured: stay correct, say why it is slow
             self.graphs = False
             self.graph_status = f"eager: CUDA graph capture failed ({str(e).splitlines()[0]})"
             return
         torch.cuda.synchronize(self.target_device)
-        self._graph = graph
+        self._graphs[live] = graph
         self.capture_s += time.perf_counter() - t0
-        self.graph_status = f"graphs: captured at block {self.block_size}, cache length {self.length}"
+        self.graph_status = (f"graphs: captured at block {self.block_size}, attention buckets "
+                             f"{sorted(self._graphs)}, cache length {self.length}")
 
     # ---------------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids, *, max_new_tokens: int = 128, temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> GenerationResult:
+                 generator: torch.Generator | None = None, reference: list[int] | None = None) -> GenerationResult:
         """Speculative generation for one prompt; identical results to SpeculativeDecoder.generate."""
         ids = self.checked_prompt(prompt_ids, max_new_tokens, temperature)
         n = ids.numel()
-        B, dev = self.block_size, self.target_device
+        B, K, dev = self.block_size, self.k, self.target_device
         need = n + max_new_tokens + 2 * B
         if need > self.length:
             self._allocate(max(need, 2 * self.length) if self.length else need)
-        if self.graphs and self._graph is None:  # capture outside the timed region; state 0 writes only positions
-            self.state.zero_()                    # that the prefill overwrites or that no query sees (masked)
-            self._capture()
+        if self.graphs:  # capture outside the timed region, every bucket this prompt can reach
+            for live in self.buckets[: self.buckets.index(self.bucket(need)) + 1]:
+                if live not in self._graphs and self.graphs:
+                    self._capture(live)
+        ref = list(reference or [])[:max_new_tokens]
+        if ref:
+            self.ref_seq[n:n + len(ref)] = torch.tensor(ref, dtype=torch.long, device=dev)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
         t0 = time.perf_counter()
-        logits, feats = self._target_step(ids[None].to(dev), torch.arange(n, device=dev))
+        logits, feats = self._target_step(ids[None].to(dev), torch.arange(n, device=dev), self.bucket(n))
         if B > 1:
-            self._ingest(feats, torch.arange(n, device=dev))
-        out = [self._pick(logits[-1], temperature, generator)]
-        margins, runner_up = self._top2(logits[-1:])
+            self._ingest_prompt(feats, torch.arange(n, device=dev))
+        top_ids, top_logits = self._topk(logits[-1:])
+        out = [top_ids[0][0] if temperature == 0 else self._pick(logits[-1], temperature, generator)]
+        refs = self._ref_logits(logits[-1:], ref or None, 0, 1)
         self.state.copy_(torch.tensor([out[0], n, n]))  # p_prev = p: the first ingest writes only masked positions
         sync()
         t1 = time.perf_counter()
@@ -245,32 +284,34 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         p = n
         done = out[-1] in self.eos_ids
         while len(out) < max_new_tokens and not done:
-            if self._graph is not None:
-                self._graph.replay()
+            live = self.bucket(p + B)
+            graph = self._graphs.get(live)
+            if graph is not None:
+                graph.replay()
             else:
-                self._step()
-            tokens = self.out_tokens.tolist()  # syncs: the only device->host copy of an iteration at T=0
-            top1, second, drafts = tokens[:B], tokens[B:2 * B], tokens[2 * B:3 * B - 1]
+                self._step(live)
+            rows = self.out.tolist()  # syncs: the only device->host copy of an iteration
+            ti = [[int(x) for x in r[:K]] for r in rows]
+            drafts = [int(r[2 * K]) for r in rows[: B - 1]]
             if temperature == 0:
-                a = 0
-                while a < B - 1 and drafts[a] == top1[a]:
-                    a += 1
-                nxt = top1[a]
+                a = int(rows[0][2 * K + 2])
+                nxt = ti[a][0]
             else:
                 probs = torch.softmax(self.out_logits / temperature, dim=-1).cpu()
                 a, nxt = speculative_accept(probs, drafts, generator)
+                self.state.copy_(torch.tensor([nxt, p, p + a + 1]))
             accepted.append(a)
+            refs += [rows[i][2 * K + 1] if len(out) + i < len(ref) else None for i in range(a + 1)]
             out.extend(drafts[:a])
             out.append(nxt)
-            margins += self.out_margin[: a + 1].tolist()
-            runner_up += second[: a + 1]
+            top_ids += ti[: a + 1]
+            top_logits += [r[K:2 * K] for r in rows[: a + 1]]
             done = any(t in self.eos_ids for t in out[-(a + 1):])
-            self.state.copy_(torch.tensor([nxt, p, p + a + 1]))
             p += a + 1
         sync()
         t2 = time.perf_counter()
-        return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, margins, runner_up, self.eos_ids,
-                             max_new_tokens)
+        return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, self.eos_ids, max_new_tokens,
+                             top_ids, top_logits, refs)
 
 
 def make_decoder(target, drafter: DFlashDrafter | None, *, block_size: int | None = None, eos_token_id=None,
@@ -290,7 +331,7 @@ def make_decoder(target, drafter: DFlashDrafter | None, *, block_size: int | Non
 
 @dataclass
 class SpeculativeRun:
-    """Results of speculative_generate: one GenerationResult per prompt, pooled tau and throughput."""
+    """Results of speculative_generate: one GenerationResult per prompt, pooled tau, its interval and throughput."""
 
     results: list[GenerationResult]
 
@@ -299,6 +340,10 @@ class SpeculativeRun:
         """Mean accepted + 1 over all iterations of all prompts (pooled)."""
         acc = [a for r in self.results for a in r.accepted]
         return sum(acc) / len(acc) + 1.0 if acc else 1.0
+
+    def interval(self, seed: int = 0) -> TauInterval | None:
+        """The 95% bootstrap interval of the pooled tau over the prompts (intervals.py)."""
+        return tau_interval(self.results, seed=seed)
 
     @property
     def new_tokens(self) -> int:
@@ -318,19 +363,30 @@ class SpeculativeRun:
 @torch.no_grad()
 def speculative_generate(target, drafter: DFlashDrafter | None, prompts, *, block_size: int | None = None,
                          max_new_tokens: int = 128, temperature: float = 0.0, eos_token_id=None, seed: int = 0,
-                         fast: str | bool = "auto") -> SpeculativeRun:
-    """Speculative decoding of every prompt (lists of token ids) at batch size 1; `.tau` is the pooled tau.
+                         fast: str | bool = "auto", batch: int = 1) -> SpeculativeRun:
+    """Speculative decoding of every prompt (lists of token ids); `.tau` is the pooled tau.
 
     drafter None (or block_size 1) = the target alone. The drafter is put in eval mode for the call and restored.
-    Sampling (temperature > 0) uses a CPU generator seeded with seed + prompt index."""
-    decoder = make_decoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id, fast=fast)
+    Sampling (temperature > 0) uses a CPU generator seeded with seed + prompt index. batch > 1: greedy decoding of
+    up to `batch` prompts at once (batched_decode.py: the same tokens and tau, no per-prompt timing)."""
+    prompts = [list(p) for p in prompts]
+    B = block_size or (drafter.config.block_size if drafter is not None else 1)
+    batched = (batch > 1 and len(prompts) > 1 and temperature == 0 and drafter is not None and B > 1
+               and static_path_problem(target, drafter) is None)
+    decoder = (BatchedSpeculativeDecoder(target, drafter, rows=min(batch, len(prompts)), block_size=B,
+                                         length=max(map(len, prompts)) + max_new_tokens + 2 * B,
+                                         eos_token_id=eos_token_id) if batched else
+               make_decoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id, fast=fast))
     was_training = drafter.training if drafter is not None else False
     if drafter is not None:
         drafter.eval()
     try:
-        results = [decoder.generate(list(p), max_new_tokens=max_new_tokens, temperature=temperature,
-                                    generator=torch.Generator().manual_seed(seed + i))
-                   for i, p in enumerate(prompts)]
+        if batched:
+            results = decoder.generate_many(prompts, max_new_tokens=max_new_tokens)
+        else:
+            results = [decoder.generate(p, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        generator=torch.Generator().manual_seed(seed + i))
+                       for i, p in enumerate(prompts)]
     finally:
         if drafter is not None:
             drafter.train(was_training)

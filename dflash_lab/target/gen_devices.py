@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .gen_queue import Generated, PromptItem, PromptQueue
+from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .generate import Generator
 from .sampling import GenerationSettings
 from .static_cache import batch_ladder, bucket
@@ -66,7 +66,7 @@ def generate_on_devices(generators: list[Generator], prompts: list[list[int]], s
     keys = list(range(len(prompts))) if keys is None else list(keys)
     if len(set(keys)) != len(keys) or len(keys) != len(prompts):
         raise ValueError(f"keys must be {len(prompts)} distinct integers, one per prompt. Fix: pass unique keys.")
-    queue = PromptQueue([PromptItem(k, p) for k, p in zip(keys, prompts)], progress=progress, log=log,
+    queue = PromptQueue(by_length([PromptItem(k, p) for k, p in zip(keys, prompts)]), progress=progress, log=log,
                         log_every_s=log_every_s)
     share = -(-len(prompts) // len(generators))
     run_queue(generators, queue, settings, rows=min(bucket(batch_ladder(generators[0].max_batch), share),

@@ -18,6 +18,7 @@ extractor does); `fused=False` runs the modules' own forward. Either way the pre
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -72,27 +73,52 @@ def grouped_decode_applies(decoder) -> bool:
             and all(getattr(c, "_attn_implementation", None) == "sdpa" for c in _attention_configs(decoder)))
 
 
+_active: dict[int, list] = {}  # id(decoder) -> [engines inside, what to put back]
+_active_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def engine_kernels(decoder, *, grouped_decode: bool, fused_norms: bool):
-    """Inside: grouped decode attention (if asked and it applies) and fused / plain RMSNorms; outside: as before."""
+    """Inside: grouped decode attention (if asked and it applies) and fused / plain RMSNorms; outside: as before.
+
+    Engines sharing one model (CPU threads) nest: the first one in sets the kernels, the last one out puts the
+    model back, so no engine sees the settings change under it (the first one's settings hold for all)."""
+    key = id(decoder)
+    with _active_lock:
+        if key in _active:
+            _active[key][0] += 1
+        else:
+            _active[key] = [1, _apply(decoder, grouped_decode, fused_norms)]
+    try:
+        yield
+    finally:
+        with _active_lock:
+            _active[key][0] -= 1
+            if _active[key][0] == 0:
+                _active.pop(key)[1]()
+
+
+def _apply(decoder, grouped_decode: bool, fused_norms: bool):
+    """Set the engine's kernels on `decoder`; returns the function that puts the previous ones back."""
     configs = _attention_configs(decoder) if grouped_decode and grouped_decode_applies(decoder) else []
     old_impl = [c._attn_implementation for c in configs]
     norms = _norms(decoder)
     old_fwd = [m.__dict__.get("forward") for m in norms]  # an instance forward = fused earlier by someone
-    try:
-        if configs:
-            _register()
-        for c in configs:
-            c._attn_implementation = GROUPED_DECODE
-        for m in norms:
-            m.__dict__.pop("forward", None)
-        if fused_norms:
-            fuse_rms_norms(decoder)
-        yield
-    finally:
+    if configs:
+        _register()
+    for c in configs:
+        c._attn_implementation = GROUPED_DECODE
+    for m in norms:
+        m.__dict__.pop("forward", None)
+    if fused_norms:
+        fuse_rms_norms(decoder)
+
+    def restore() -> None:
         for c, impl in zip(configs, old_impl):
             c._attn_implementation = impl
         for m, fwd in zip(norms, old_fwd):
             m.__dict__.pop("forward", None)
             if fwd is not None:
                 m.forward = fwd
+
+    return restore

@@ -3,7 +3,8 @@
 One queue feeds one Generator or several (one per GPU, one thread each): an engine takes as many prompts as it has
 free rows, and when a prompt finishes, `on_finish(key, generated)` may return the next prompt of the same
 conversation (every-turn regeneration: the answered history asks the next question), which goes back into the queue
-and is taken by whichever engine has a free row first. Progress (prompts done, new tokens/s, rows live, ETA) goes to
+and is taken by whichever engine has a free row first. on_finish runs in one finisher thread of the queue, in the
+order answers finish; `close()` ends it and raises what on_finish raised. Progress (prompts done, new tokens/s, rows live, ETA) goes to
 a `progress` callback and, every `log_every_s`, to a printed line.
 """
 
@@ -66,6 +67,13 @@ class GenProgress:
                 f"{self.tokens_per_s:,.0f} new tok/s | {sum(self.rows_live.values())} rows live | ETA {eta_s}")
 
 
+def by_length(items: list[PromptItem]) -> list[PromptItem]:
+    """Shortest prompts first (stable): rows decoding together then have similar lengths, and a decode step's
+    attention reads up to the longest live row of the batch, so one 1,500-token prompt among 200-token rows would
+    make every row pay for 1,500 positions while it lives. Results and samples do not depend on the order."""
+    return sorted(items, key=lambda it: len(it.ids))
+
+
 class PromptQueue:
     """Prompts waiting for a free row, the answers of finished ones, and the follow-ups they produce."""
 
@@ -86,6 +94,13 @@ class PromptQueue:
         self._t0 = time.perf_counter()
         self._last_log = self._t0
         self._error: BaseException | None = None
+        self._finish_error: BaseException | None = None
+        self._finishing: deque = deque()  # answers waiting for on_finish
+        self._closed = False
+        self._thread = None
+        if on_finish is not None:
+            self._thread = threading.Thread(target=self._finisher, name="dflash-gen-finish", daemon=True)
+            self._thread.start()
 
     # ---- engines ---------------------------------------------------------------------------------------------
     def take(self, n: int) -> list[PromptItem]:
@@ -98,15 +113,50 @@ class PromptQueue:
             return out
 
     def finish(self, key: int, generated: Generated) -> None:
-        """Record an answer; a follow-up prompt from on_finish enters the queue before this one stops counting."""
-        follow = self._on_finish(key, generated) if self._on_finish else None
+        """Record an answer. With on_finish, it runs in the queue's finisher thread (the engine goes back to its
+        rows at once) and the prompt counts as in flight until its follow-up, if any, is in the queue."""
         with self._cond:
             self.results[key] = generated
             self._tokens_done += len(generated.token_ids)
-            if follow is not None:
-                self._pending.append(follow)
-            self._in_flight -= 1
+            if self._on_finish is None:
+                self._in_flight -= 1
+                self._cond.notify_all()
+                return
+            self._finishing.append((key, generated))
             self._cond.notify_all()
+
+    def _finisher(self) -> None:
+        """on_finish for each answer, in order: decoding, rendering and tokenizing the next turn (host work of a
+        millisecond per answer) overlap the engines' waits for their GPUs instead of holding their loops."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._finishing or self._closed)
+                if not self._finishing:
+                    return
+                key, generated = self._finishing.popleft()
+            follow = None
+            if self._error is None:
+                try:
+                    follow = self._on_finish(key, generated)
+                except BaseException as e:  # noqa: BLE001 - the owner gets it back from close()
+                    self._finish_error = e
+                    self.abort(e)
+            with self._cond:
+                if follow is not None:
+                    self._pending.append(follow)
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the finisher thread after it has handled every answer; raise what on_finish raised, if anything."""
+        if self._thread is not None:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join()
+            self._thread = None
+        if self._finish_error is not None:
+            raise self._finish_error
 
     def wait_for_work(self) -> bool:
         """Block until a prompt waits (True) or nothing is waiting or in flight anywhere (False: all done)."""

@@ -3,7 +3,8 @@ CUDA graph per (batch, length bucket) on CUDA; the same code runs eagerly on the
 
     prompts -> PromptQueue -> free rows take prompts -> batched prefill (eager, right-padded, causal) -> first token
             -> decode chunks: `steps_per_sync` graph replays, each one token for every row at its own position
-            -> one device->host copy per chunk: stop tokens / length limits finish rows, their rows are refilled
+            -> one device->host copy per chunk, read while the NEXT chunk already runs (gen_rows.py keeps the
+               books): stop tokens / length limits finish rows, their rows are refilled
 
 Rows are refilled in waves (when a fraction `refill_fraction` of the rows is free, or none is live): a prefill is a
 few hundred kernel launches whatever its size, while an idle row in a decode step costs almost nothing, since
@@ -19,16 +20,15 @@ devices: gen_devices.py. `cuda_graphs=False` runs exactly the same step eagerly 
 
 from __future__ import annotations
 
-import heapq
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .features import decoder_of, embedding_of, lm_head_weight
 from .gen_kernels import engine_kernels, grouped_decode_applies
-from .gen_queue import Generated, PromptItem, PromptQueue
+from .gen_queue import Generated, PromptItem, PromptQueue, by_length
+from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
 from .static_cache import RowKVCache, batch_ladder, bucket, length_ladder
 
@@ -117,6 +117,7 @@ class Generator:
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # ... and its position
         self.keys = torch.zeros(rows, dtype=torch.long, device=dev)  # sampling key of the row's prompt
         self.out_steps = torch.zeros(self.steps_per_sync, rows, dtype=torch.long, device=dev)  # tokens of a chunk
+        self._host_out = torch.zeros(2, self.steps_per_sync, rows, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.step_idx = torch.zeros(1, dtype=torch.long, device=dev)
         self.seed = torch.zeros((), dtype=torch.long, device=dev)
         self.temperature = torch.ones((), dtype=torch.float32, device=dev)
@@ -207,13 +208,11 @@ class Generator:
     def _prefill(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prompts into `rows` (one right-padded causal forward); returns each one's first new token (syncs)."""
         n, T, dev = len(items), max(len(it.ids) for it in items), self.device
-        ids = torch.zeros(n, T, dtype=torch.long)
-        for i, it in enumerate(items):
-            ids[i, :len(it.ids)] = torch.tensor(it.ids, dtype=torch.long)
-        lens = torch.tensor([len(it.ids) for it in items], dtype=torch.long, device=dev)
-        keys = torch.tensor([it.seed_key for it in items], dtype=torch.long, device=dev)
-        rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
-        h = self.embed(ids.to(dev))  # (n, T, H)
+        ids = self._upload([it.ids + [0] * (T - len(it.ids)) for it in items])  # (n, T)
+        lens = self._upload([len(it.ids) for it in items])
+        keys = self._upload([it.seed_key for it in items])
+        rows_t = self._upload(rows)
+        h = self.embed(ids)  # (n, T, H)
         positions = torch.arange(T, device=dev)[None].expand(n, -1)
         rope = self.decoder.rotary_emb(h, positions)
         mask = None  # sdpa: is_causal over the prompt itself (every row starts at position 0)
@@ -229,6 +228,12 @@ class Generator:
         self.pos[rows_t] = torch.clamp(lens, max=self.length - 1)
         self.keys[rows_t] = keys
         return first.tolist()  # syncs
+
+    def _upload(self, values: list) -> torch.Tensor:
+        """A long tensor on the device without a host sync (pinned + non_blocking on CUDA): the prefill's kernels
+        are queued behind the decode chunk in flight instead of waiting for it."""
+        t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def _prefill_waves(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prefill in forwards of at most prefill_tokens (rows x padded length), similar lengths together."""
@@ -265,78 +270,74 @@ class Generator:
 
     def _run(self, queue: PromptQueue, s: GenerationSettings) -> None:
         self._set_settings(s)
-        mode, stops = s.mode, set(self.stop_ids)
-        stop_arr = np.array(self.stop_ids, dtype=np.int64)
-        free = list(range(self.rows))  # a heap: new prompts take the lowest rows, so live rows stay in front
-        live: dict[int, tuple[PromptItem, int, list[int]]] = {}  # row -> (item, token limit, tokens so far)
+        mode = s.mode
+        book = RowBook(self.rows, self.stop_ids, lambda item, gen: queue.finish(item.key, gen))
         refill_at = max(1, int(self.refill_fraction * self.rows))
-
-        def done(row: int, reason: str) -> None:
-            item, _, toks = live.pop(row)
-            heapq.heappush(free, row)
-            queue.finish(item.key, Generated(token_ids=toks, finish_reason=reason))
-
-        def accept(row: int, t: int) -> bool:
-            """Append one token to a row; finish it on a stop token or at its limit. True if it finished."""
-            _, limit, toks = live[row]
-            toks.append(t)
-            if t in stops:
-                done(row, "stop")
-            elif len(toks) >= limit:
-                done(row, "length")
-            else:
-                return False
-            return True
-
+        pending = None  # the chunk in flight: (chunk id, host buffer view, event)
+        chunk_id = 0
         while not queue.aborted:
-            if free and (not live or len(free) >= refill_at) and queue.has_waiting():
-                items = queue.take(len(free))
-                fits = []
-                for it in items:
-                    limit = self.limit_for(len(it.ids), s.max_new_tokens)
-                    if limit == 0 or not it.ids:
-                        queue.finish(it.key, Generated(token_ids=[], finish_reason="length"))
-                    else:
-                        fits.append((heapq.heappop(free), it, limit))
-                if fits:
-                    for (row, it, limit) in fits:
-                        live[row] = (it, limit, [])
-                    firsts = self._prefill_waves([r for r, _, _ in fits], [it for _, it, _ in fits], mode)
-                    for (row, _, _), t in zip(fits, firsts):
-                        accept(row, t)
-                continue
-            if not live:
+            if book.free and (not book.live or len(book.free) >= refill_at) and queue.has_waiting():
+                self._refill(book, queue, s, since=chunk_id)  # enqueued after the chunk in flight; syncs
+            launch = None
+            if book.live and not queue.has_waiting() and \
+                    bucket(self.batch_ladder, len(book.live)) < bucket(self.batch_ladder, book.width()):
+                pending = self._absorb(book, pending)  # the tail: pack live rows to the front, nothing in flight
+                self._pack(book)
+            if book.live and book.steps_left() > 0:
+                B = bucket(self.batch_ladder, book.width())
+                steps = min(self.steps_per_sync, book.steps_left())
+                span = bucket(self.len_ladder, min(book.top_position() + steps, self.length))
+                self._run_steps(steps, B, span, mode)
+                launch = (chunk_id, *self._copy_out(chunk_id, steps, B))
+                book.launched(steps, self.length - 1)
+                chunk_id += 1
+            pending = self._absorb(book, pending)  # the previous chunk, read while this one runs
+            queue.report(self.name, len(book.live), book.live_tokens())
+            pending = launch
+            if pending is None and not book.live:
                 if queue.wait_for_work():
                     continue
                 break
-            B = bucket(self.batch_ladder, max(live) + 1)
-            if not queue.has_waiting() and len(live) <= B // 2:
-                self._pack(live, free)
-                B = bucket(self.batch_ladder, max(live) + 1)
-            steps = min(self.steps_per_sync, max(limit - len(toks) for _, limit, toks in live.values()))
-            top = max(len(it.ids) + len(toks) - 1 for it, _, toks in live.values())  # highest input position
-            span = bucket(self.len_ladder, min(top + steps, self.length))
-            self._run_steps(steps, B, span, mode)
-            chunk = self.out_steps[:steps, :B].cpu().numpy()  # syncs: the one device->host copy of a chunk
-            stopped = np.isin(chunk, stop_arr)  # (steps, B)
-            for row in list(live):
-                _, limit, toks = live[row]
-                n = min(steps, limit - len(toks))
-                hit = np.flatnonzero(stopped[:n, row])
-                if hit.size:
-                    toks.extend(chunk[:hit[0] + 1, row].tolist())
-                    done(row, "stop")
-                else:
-                    toks.extend(chunk[:n, row].tolist())
-                    if len(toks) >= limit:
-                        done(row, "length")
-            queue.report(self.name, len(live), sum(len(t) for _, _, t in live.values()))
 
-    def _pack(self, live: dict, free: list[int]) -> None:
+    def _refill(self, book: RowBook, queue: PromptQueue, s: GenerationSettings, since: int) -> None:
+        """Free rows take waiting prompts: one batched prefill, first tokens (which may end an answer at once)."""
+        placed = []
+        for it in queue.take(len(book.free)):
+            limit = self.limit_for(len(it.ids), s.max_new_tokens)
+            if limit == 0 or not it.ids:
+                queue.finish(it.key, Generated(token_ids=[], finish_reason="length"))
+            else:
+                placed.append((book.place(it, limit, since), it))
+        if placed:
+            firsts = self._prefill_waves([r for r, _ in placed], [it for _, it in placed], s.mode)
+            for (row, _), t in zip(placed, firsts):
+                book.first_token(row, t)
+
+    def _copy_out(self, chunk_id: int, steps: int, B: int):
+        """Start the device->host copy of a chunk's tokens (pinned, double-buffered on CUDA); (view, event)."""
+        # whole rows of out_steps: both sides contiguous, so the copy is one DMA into pinned memory (a strided copy
+        # would go through an unpinned temporary and block the host until the chunk is done)
+        buf = self._host_out[chunk_id % 2, :steps]
+        buf.copy_(self.out_steps[:steps], non_blocking=self._host_out.is_pinned())
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        return buf[:, :B], event
+
+    @staticmethod
+    def _absorb(book: RowBook, pending):
+        """Wait for a launched chunk's tokens and hand them to the rows; returns None (nothing in flight)."""
+        if pending is not None:
+            chunk_id, buf, event = pending
+            if event is not None:
+                event.synchronize()  # syncs: waits for this chunk only, the next one keeps the GPU busy
+            book.absorb(buf.numpy(), chunk_id)
+        return None
+
+    def _pack(self, book: RowBook) -> None:
         """Move live rows to the lowest row numbers (the tail of a run then decodes at a smaller batch bucket)."""
-        n = len(live)
-        movers = sorted(r for r in live if r >= n)
-        holes = sorted(r for r in range(n) if r not in live)
+        movers, holes = book.pack()
         if not movers:
             return
         src = torch.tensor(movers, device=self.device)
@@ -344,10 +345,6 @@ class Generator:
         self.cache.move_rows(src, dst)
         for buf in (self.tokens, self.pos, self.keys):
             buf[dst] = buf[src]
-        for a, b in zip(movers, holes):
-            live[b] = live.pop(a)
-        free[:] = [r for r in range(self.rows) if r not in live]
-        heapq.heapify(free)
 
     # ---------------------------------------------------------------------------------------------------------
     def check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -371,7 +368,8 @@ class Generator:
             raise ValueError(f"keys must be {len(prompts)} distinct integers, one per prompt. Fix: pass unique keys.")
         self.allocate(bucket(batch_ladder(self.max_batch), len(prompts)),
                       max(len(p) for p in prompts) + settings.max_new_tokens)
-        queue = PromptQueue([PromptItem(k, p) for k, p in zip(keys, prompts)], progress=progress, log=self.log)
+        queue = PromptQueue(by_length([PromptItem(k, p) for k, p in zip(keys, prompts)]), progress=progress,
+                            log=self.log)
         self.run(queue, settings)
         queue.flush()
         return [queue.results[k] for k in keys]

@@ -1,0 +1,121 @@
+"""Named prompt sets: the shipped general set, the tiny sets, chitchat-heldout and self-heldout resolved to files
+(or an error naming the command that makes them), any JSONL file; every set's size and sha256 in the evaluation."""
+
+import json
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.evaluation import prompt_sets as ps
+from dflash_lab.evaluation.prompts import EvalError, read_prompt_messages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_general_set_is_varied_and_shipped_as_package_data():
+    rows = [json.loads(line) for line in ps.GENERAL.read_text().splitlines()]
+    assert len(rows) >= 64
+    cats = Counter(r["category"] for r in rows)
+    assert set(cats) == {"question", "instruction", "arithmetic", "code", "advice", "chit-chat", "summary",
+                         "multi-step"} and min(cats.values()) >= 8
+    texts = [r["prompt"] for r in rows]
+    assert len(set(texts)) == len(texts) and len({t.split()[0] for t in texts}) >= 25  # varied openings
+    assert len({r["id"] for r in rows}) == len(rows)
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "evaluation/prompt_sets/*.jsonl" in patterns["dflash_lab"]
+
+
+def test_set_info_is_the_checksum_of_exactly_the_evaluated_prompts(tmp_path):
+    info = ps.set_info("general", ps.GENERAL, 64)
+    assert (info.prompts, info.file_prompts) == (64, len(read_prompt_messages(ps.GENERAL)))
+    assert info.sha256 == ps.prompts_sha256(read_prompt_messages(ps.GENERAL, 64))
+    assert ps.set_info("general", ps.GENERAL, 63).sha256 != info.sha256
+    # the same prompts in another file format (messages vs prompt) are the same set; another prompt is not
+    f = tmp_path / "same.jsonl"
+    f.write_text("".join(json.dumps({"messages": [{"role": "user", "content": json.loads(line)["prompt"]},
+                                                  {"role": "assistant", "content": "an answer, dropped"}]}) + "\n"
+                         for line in ps.GENERAL.read_text().splitlines()[:64]))
+    assert ps.set_info("mine", f).sha256 == info.sha256
+    assert "general: 64 of" in info.text() and info.short in info.text()
+
+
+def test_names_resolve_to_files_and_unknown_ones_say_what_exists(tmp_path, monkeypatch):
+    from dflash_lab.tiny import tiny_data_path, tiny_heldout_path
+
+    got = ps.resolve_sets(["general", "tiny-heldout", "tiny-train"], "tiny")
+    assert got == {"general": ps.GENERAL, "tiny-heldout": Path(tiny_heldout_path()),
+                   "tiny-train": Path(tiny_data_path())}
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    assert ps.resolve_sets({"x": str(mine), "g": "general"}, "tiny") == {"x": mine, "g": ps.GENERAL}
+    assert ps.resolve_sets([str(mine), str(mine)], "tiny") == {"mine": mine, "mine'": mine}
+    with pytest.raises(EvalError, match=r"nosuch.jsonl does not exist.*general, chitchat-heldout, self-heldout"):
+        ps.resolve_sets([str(tmp_path / "nosuch.jsonl")], "tiny")
+    # defaults: the tiny target's held-out + train; a real target's held-out JSONL (next to its data) + general
+    assert list(ps.resolve_sets(None, "tiny")) == ["heldout", "train"]
+    data = tmp_path / "d" / "train.jsonl"
+    data.parent.mkdir()
+    data.write_text(mine.read_text())
+    assert ps.resolve_sets(None, "smollm2-135m-instruct", str(data)) == {"general": ps.GENERAL}
+    (data.parent / "heldout.jsonl").write_text(mine.read_text())
+    assert ps.resolve_sets(None, "smollm2-135m-instruct", str(data)) == {"heldout": data.parent / "heldout.jsonl",
+                                                                         "general": ps.GENERAL}
+    assert ps.default_sets("smollm2-135m-instruct", str(data), heldout_data=str(mine))["heldout"] == mine
+
+
+def test_chitchat_heldout_is_built_into_the_cache_or_names_the_command(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("DFLASH_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # the chitchat wheel is not installed
+    with pytest.raises(EvalError, match=r"not built yet .*chitchat-heldout.jsonl.*python -m "
+                                        r"dflash_lab.evaluation.prompt_sets build chitchat-heldout"):
+        ps.resolve_sets(["chitchat-heldout"], "smollm2-135m-instruct")
+    built = tmp_path / "cache" / "prompt_sets" / "chitchat-heldout.jsonl"
+    assert ps.chitchat_heldout_path() == built
+    built.parent.mkdir(parents=True)
+    built.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hey there"}]}) + "\n")
+    assert ps.resolve_sets(["chitchat-heldout"], "smollm2-135m-instruct") == {"chitchat-heldout": built}
+
+
+def test_self_heldout_is_looked_for_next_to_the_data_then_in_runs_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_LAB_RUNS", str(tmp_path / "runs"))  # where `runs/` means
+    data = tmp_path / "self" / "self.jsonl"
+    data.parent.mkdir()
+    shared = tmp_path / "runs" / "data" / "self-heldout.jsonl"
+    with pytest.raises(EvalError) as e:
+        ps.resolve_sets(["self-heldout"], "smollm2-135m-instruct", str(data))
+    msg = str(e.value)
+    assert str(data.parent / "self-heldout.jsonl") in msg and str(shared) in msg
+    assert "python -m dflash_lab.data.self_prompts --target smollm2-135m-instruct" in msg
+    shared.parent.mkdir(parents=True)
+    shared.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant",
+                                                                                  "content": "a"}]}) + "\n")
+    assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": shared}
+    (data.parent / "self-heldout.jsonl").write_text(shared.read_text())
+    assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": data.parent / "self-heldout.jsonl"}
+
+
+def test_the_evaluation_reports_each_set_with_its_size_and_checksum(capsys):
+    from dflash_lab.evaluation import evaluate as ev
+    from tests.test_speculative import tiny_trained_run
+
+    run = tiny_trained_run()
+    plan = ev.plan_eval(run, prompts=["general", "tiny-heldout"], n_prompts=3)
+    assert {k: (v.prompts, v.sha256) for k, v in plan.prompt_sets.items()} == {
+        "general": (3, ps.set_info("general", ps.GENERAL, 3).sha256),
+        "tiny-heldout": (3, ps.set_info("x", ps.named_set_path("tiny-heldout"), 3).sha256)}
+    assert ev.plan_eval(run).n_prompts == ev.DEFAULT_PROMPTS["tiny"] == 20  # the tiny target stays fast
+    report = ev.evaluate(run, prompts=["general"], n_prompts=2, max_new_tokens=6, untrained=False,
+                         log=lambda *a: None)
+    saved = report.to_dict()
+    assert saved["prompt_sets"]["general"]["sha256"] == ps.set_info("g", ps.GENERAL, 2).sha256
+    row = next(r for r in saved["summary"] if r["decoder"] == "trained")
+    assert row["prompt_set_sha256"] == saved["prompt_sets"]["general"]["sha256"]
+    assert row["tau_low"] <= row["tau"] <= row["tau_high"]
+    table = report.table()
+    assert f"prompt set general: 2 of {ps.set_info('g', ps.GENERAL).file_prompts} prompts, sha256 " \
+           f"{saved['prompt_sets']['general']['sha256'][:12]}" in table
+    assert ps.main(["list"]) == 0 and "general: " in capsys.readouterr().out
