@@ -287,6 +287,26 @@ def _cell(value, fmt: str, row) -> str:
     return format(value, fmt) if fmt != "s" else str(value)
 
 
+_ANY_STAMP = re.compile(r"\d{8}T\d{6}Z-")
+
+
+def fit_page(frame) -> "pandas.DataFrame":  # noqa: F821
+    """A table of runs as it should be shown on a page: run folder names without their UTC stamp (`<name>-<id>`; the
+    stamp is in `runs list`), stamps dropped from evaluation folder names, every missing value "-", headers with
+    spaces so they can wrap. With full folder names a table was 1,136 px wide at a 1,024 px page (compare.ipynb)."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        return _ANY_STAMP.sub("", v) if isinstance(v, str) else v
+
+    out = frame.copy()
+    out.index = [cell(i) for i in out.index]
+    for col in out.columns:
+        out[col] = [cell(v) for v in out[col]]
+    out.columns = [str(c).replace("_", " ") for c in out.columns]  # headers that can wrap ("not separated from")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
