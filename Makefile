@@ -1,18 +1,27 @@
 # dflash-lab: `make demo` trains a drafter on the embedded tiny target; `make test` runs the tests; `make lab` starts
-# JupyterLab on notebooks/. All create the environment in .venv on first use (Python 3.11 + pip only).
+# JupyterLab on working copies of notebooks/ (lab/, gitignored). All create the environment in .venv on first use
+# (Python 3.11 + pip only).
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STEPS ?= 600
+# make lab: LAB_DIR holds the working copies; LAB_PORT is the server's port; LAB_ARGS go to `jupyter lab` as they are,
+# e.g. a remote machine: make lab LAB_ARGS=--no-browser (then: ssh -L 8888:localhost:8888 <host>, open the URL it prints)
+LAB_DIR ?= lab
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+# JupyterLab refuses to start as root without --allow-root (containers and cloud GPU machines often run as root)
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: demo test test-fast lab env clean-venv
+.PHONY: demo test test-fast lab lab-copies env clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml widgets/kernel_logs.py
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(BIN)/python -m widgets.kernel_logs install
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -23,8 +32,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
 
-lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+lab-copies: $(STAMP)
+	$(BIN)/python -m widgets.workspace --into $(LAB_DIR)
+
+lab: lab-copies
+	$(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) --port=$(LAB_PORT) $(ROOT_ARGS) $(LAB_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not slow and not browser"

@@ -149,7 +149,7 @@ TABLE_COLUMNS = (("rank", "rank", "d"), ("variant", "variant", ""), ("status", "
                  ("final_real_tau", "real tau (final)", ".3f"), ("interval", "95% interval", ""),
                  ("separated", "separated", ""), ("best_real_tau", "real tau (best)", ".3f"),
                  ("best_tau_step", "best at step", "d"), ("val_sim_tau", "val sim tau", ".3f"),
-                 ("final_loss", "loss", ".4f"), ("tokens_per_s", "tokens/s", ".0f"),
+                 ("final_loss", "loss", ".4f"), ("tokens_per_s", "steady tokens/s", ".0f"),
                  ("supervised_tokens_per_s", "supervised tokens/s", ".0f"), ("wall_s", "wall s", ".1f"),
                  ("overrides", "overrides", ""))
 

@@ -1,7 +1,7 @@
 """Regenerate the README's headless screenshots: run notebooks/train.ipynb with its DEFAULT parameters under papermill
-(tiny target, CPU), render the executed notebook to HTML (nbconvert, lab template) and screenshot it in chromium at
-1,024 and 1,600 px. Prints the run's summary (steps, loss, simulated tau), which is also the check that the
-notebook's defaults learn visibly. The live-dashboard screenshots come from tests/test_browser.py
+(tiny target, CPU), render the run folder's copy of the executed notebook to HTML (nbconvert, lab template) and
+screenshot it in chromium at 1,024 and 1,600 px. Prints the run's summary (steps, loss, simulated tau), which is also
+the check that the notebook's defaults learn visibly. The live-dashboard screenshots come from tests/test_browser.py
 (tests/artifacts/browser/dashboard-{1600,1024}.png); copy them here with --copy-browser.
 
     .venv/bin/python docs/screenshots.py [--copy-browser]       # ~2-4 min on a 2-core CPU
@@ -33,6 +33,12 @@ def main() -> None:
                         "-p", "run_name", "screenshot"], check=True)
         run = next((Path(tmp) / "runs").iterdir())
         summary = json.loads((run / "summary.json").read_text())
+        shared = run / "train.ipynb"  # the run folder's copy (what is shared: relative paths, no widget state)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not json.loads(shared.read_text())["metadata"]["papermill"].get(
+                "end_time"):
+            time.sleep(0.5)  # the detached copier replaces the partial copy once papermill wrote the final one
+        out = shared
         print(f"train.ipynb defaults: {summary['steps']} steps in {time.monotonic() - t0:.0f} s, loss "
               f"{summary['loss_first']:.2f} -> {summary['loss_last']:.2f}, sim tau {summary['sim_tau_last']:.2f}")
         html = Path(tmp) / "train.html"

@@ -1,11 +1,16 @@
-"""Real browser: JupyterLab on localhost + Debian's chromium via Playwright runs notebooks/explore.ipynb (tiny, CPU).
+"""Real browser: JupyterLab on localhost + Debian's chromium via Playwright runs explore.ipynb (tiny, CPU) the way
+`make lab` serves it: a working copy made by widgets.workspace, never the tracked notebooks/.
 
 Asserts, by reading the dashboard's DOM, that step, tokens/s and loss change between two screenshots while the
 training cell is busy; that the plot fills the cell without being clipped at 1,600 and 1,024 px wide windows; that
 Pause (clicked while that cell runs) stops the step count and Step N then takes exactly N steps and stays paused;
-that Stop ends the cell, the inspector renders, the hand-step cell skips its steps (a stopped run stays stopped) and
-the finish cell writes summary.json; and that an AttachedView of that run directory says "stopped". Screenshots go
-to tests/artifacts/browser/ (gitignored; docs/ holds copies); their paths are printed. Installs what it needs if
+that Set LR, Checkpoint now and Stop leave markers on the curves (lines across the plotly panels and their key) and
+that each device's history strip fills with samples, both within the dashboard at 1,600 and 1,024 px; that a
+stopped run shows neither an ETA nor "warming up"; that Stop ends the cell, the inspector renders, the hand-step cell
+skips its steps (a stopped run stays stopped) and the finish cell writes summary.json; that an AttachedView of that
+run directory says "stopped"; and that after the session was saved the tracked notebooks are byte for byte as
+before while the working copy holds the outputs. Screenshots go to tests/artifacts/browser/ (gitignored; docs/
+holds copies: `python docs/screenshots.py --copy-browser`); their paths are printed. Installs what it needs if
 missing: chromium via apt-get (~1 min), playwright==1.65.2 via pip. Never runs `playwright install` (it cannot
 download browsers here).
 """
@@ -71,15 +76,17 @@ def _free_port() -> int:
 
 @pytest.fixture
 def lab(tmp_path):
-    """JupyterLab serving tmp_path (holding explore.ipynb with papermill-injected parameters), with a token."""
+    """JupyterLab serving the working copies `make lab` serves (explore.ipynb with papermill-injected parameters)."""
     import nbformat
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    src = ROOT / "notebooks" / "explore.ipynb"
+    from widgets.workspace import make_copies
+
     root = tmp_path / "root"
-    root.mkdir()
-    nb = load_notebook_node(str(src))  # what `papermill -p` does: an injected-parameters cell after `parameters`
+    made = make_copies(root)  # what `make lab` does before it starts JupyterLab on lab/
+    assert "explore.ipynb" in made["copied"]
+    nb = load_notebook_node(str(root / "explore.ipynb"))  # what `papermill -p` does: an injected-parameters cell
     # 2000 steps (~20 min on a CPU) never finish during the test: the Stop button ends the training cell.
     nb = parameterize_notebook(nb, {"steps": 2000, "log_every": 5, "hand_steps": 3})
     nbformat.write(nb, root / "explore.ipynb")
@@ -159,6 +166,46 @@ JS_LAYOUT = """() => {
 }"""
 
 
+JS_DENSE = """() => {
+  const dash = document.querySelector('.dflash-dashboard');
+  const right = dash.getBoundingClientRect().right;
+  const strips = Array.from(dash.querySelectorAll('.dfl-strip')).map((e) => { const r = e.getBoundingClientRect();
+    return {device: e.dataset.device, points: parseInt(e.dataset.points || '0'), tag: e.tagName.toLowerCase(),
+            left: r.left, right: r.right, width: r.width, height: r.height}; });
+  const key = dash.querySelector('.dfl-markers');
+  const kinds = Array.from(dash.querySelectorAll('.dfl-marker')).map((e) => [e.dataset.kind,
+                                                                              parseInt(e.dataset.count)]);
+  return {right: right, strips: strips, kinds: Object.fromEntries(kinds),
+          key_right: key ? key.getBoundingClientRect().right : null,
+          lines: dash.querySelectorAll('.js-plotly-plot .shapelayer path').length};
+}"""
+
+
+def _check_dense(page, width: int, want_kinds=()) -> dict:
+    """Each device's history strip has samples and lies inside the dashboard; the markers' key too, and every
+    marker is a line on each of the four panels."""
+    deadline = time.monotonic() + 20
+    while True:
+        d = page.evaluate(JS_DENSE)
+        ok = (d["strips"] and all(s["tag"] == "svg" and s["points"] >= 2 for s in d["strips"])
+              and all(k in d["kinds"] for k in want_kinds)
+              and (not want_kinds or d["lines"] >= 4 * sum(d["kinds"].values())))  # the plot follows the key
+        if ok or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert d["strips"], f"no history strip at {width} px: {d}"
+    assert d["right"] <= width, f"the dashboard is wider than a {width} px window: {d}"
+    for strip in d["strips"]:
+        assert strip["tag"] == "svg" and strip["points"] >= 2, f"strip without history at {width} px: {d}"
+        assert strip["width"] >= 60 and strip["right"] <= d["right"] + 1, f"strip clipped at {width} px: {d}"
+    for k in want_kinds:
+        assert k in d["kinds"], f"no {k!r} marker at {width} px: {d}"
+    if want_kinds:
+        assert d["key_right"] is not None and d["key_right"] <= d["right"] + 1, f"marker key clipped: {d}"
+        assert d["lines"] >= 4 * sum(d["kinds"].values()), f"markers missing from the panels: {d}"
+    return d
+
+
 def _check_layout(page, width: int) -> dict:
     """The plot fills the dashboard (>= 90% of its width) and ends inside the cell; the header is one line."""
     page.set_viewport_size({"width": width, "height": 1000})
@@ -166,16 +213,25 @@ def _check_layout(page, width: int) -> dict:
     while True:  # plotly re-lays out on the window's resize event
         lay = page.evaluate(JS_LAYOUT)
         ok = (lay["plot"] is not None and lay["plot"]["right"] <= lay["cell"]["right"] + 1
-              and lay["plot"]["width"] >= 0.9 * lay["dash"]["width"])
+              and lay["plot"]["width"] >= 0.9 * lay["dash"]["width"]
+              and lay["dash"]["right"] <= width)  # JupyterLab has laid the notebook out for the new window
         if ok or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert lay["plot"] is not None, "no plotly plot in the dashboard"
+    assert lay["dash"]["right"] <= width, f"the dashboard is wider than a {width} px window: {lay}"
     assert lay["plot"]["right"] <= lay["cell"]["right"] + 1, f"plot clipped at {width} px: {lay}"
     assert lay["plot"]["width"] >= 0.9 * lay["dash"]["width"], f"plot does not fill the cell at {width} px: {lay}"
     assert len(set(lay["header_cells"])) == 1, f"header wrapped at {width} px: {lay}"
     assert lay["header_right"] <= lay["dash"]["right"], f"header clipped at {width} px: {lay}"
     return lay
+
+
+def _tracked_notebooks() -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((ROOT / "notebooks").rglob("*.ipynb"))}
 
 
 def test_dashboard_live_in_jupyterlab(lab):
@@ -184,6 +240,8 @@ def test_dashboard_live_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tracked = _tracked_notebooks()
+    copy_size = (lab["root"] / "explore.ipynb").stat().st_size
     shots = []
     t0 = time.monotonic()
     with sync_playwright() as p:
@@ -218,12 +276,14 @@ def test_dashboard_live_in_jupyterlab(lab):
             assert second["tps"] != first["tps"], (first, second)
             assert second["loss"] != first["loss"], (first, second)
             assert first["phase"].startswith("training") and second["phase"].startswith("training")
-            for width in (1600, 1024):  # no clipped plot, no wrapped header, at both widths
+            for width in (1600, 1024):  # no clipped plot, no wrapped header, history strips, at both widths
                 _check_layout(page, width)
-                path = ARTIFACTS / f"dashboard-{width}.png"
+                _check_dense(page, width)
+                path = ARTIFACTS / f"dashboard-training-{width}.png"
                 page.locator(".dflash-dashboard").screenshot(path=str(path))
                 shots.append(path)
             page.set_viewport_size({"width": 1600, "height": 1000})
+            _wait_step(page, 24, 240)  # curves with some shape before the buttons are tried
 
             # Pause while the training cell is busy (its prompt shows [*]): the click is served by a subshell.
             busy = page.locator(".jp-InputPrompt:has-text('[*]')").count()
@@ -246,12 +306,27 @@ def test_dashboard_live_in_jupyterlab(lab):
             after = _read(page)
             assert after["step"] == paused_at + 3 and after["phase"] == "paused", (paused_at, after)
             paused_at = after["step"]
+            page.click(".dflash-dashboard .dfl-btn-checkpoint-now")  # written at once by the paused loop
+            page.fill(".dflash-dashboard .dfl-lr-input input", "0.001")
+            page.click(".dflash-dashboard .dfl-btn-set-lr")
 
             page.click(".dflash-dashboard .dfl-btn-run")  # resume
-            _wait_step(page, paused_at + 2, 60)
+            _wait_step(page, paused_at + 5, 60)
             page.click(".dflash-dashboard .dfl-btn-stop")
             _wait_phase(page, "stopped", 60)
             stopped_at = _read(page)["step"]
+            header = page.locator(".dflash-dashboard .dfl-header").text_content()
+            assert "warming up" not in header and "ETA" not in header, header  # a stopped run has neither
+            assert page.locator(".dflash-dashboard .dfl-eta").count() == 0
+            for width in (1600, 1024):  # the run's events on the curves, strips, nothing clipped
+                page.set_viewport_size({"width": width, "height": 1000})
+                _check_layout(page, width)
+                dense = _check_dense(page, width, want_kinds=("pause", "resume", "lr", "checkpoint", "stop"))
+                path = ARTIFACTS / f"dashboard-{width}.png"
+                page.locator(".dflash-dashboard").screenshot(path=str(path))
+                shots.append(path)
+            print(f"dashboard at 1,024 px: markers {dense['kinds']}, {dense['lines']} lines; strips {dense['strips']}")
+            page.set_viewport_size({"width": 1600, "height": 1000})
             # Stop ended the cell: the inspector renders, the hand-step cell skips (the run stays stopped) and
             # the finish cell writes summary.json.
             page.wait_for_selector(".dfi", timeout=60_000)  # dflash_lab.data.inspector's token-level view
@@ -281,6 +356,10 @@ def test_dashboard_live_in_jupyterlab(lab):
             path = ARTIFACTS / "attached-stopped.png"
             attached.screenshot(path=str(path))
             shots.append(path)
+            page.keyboard.press("Control+s")  # the session saves its outputs ... into the working copy only
+            deadline = time.monotonic() + 30
+            while (lab["root"] / "explore.ipynb").stat().st_size <= copy_size and time.monotonic() < deadline:
+                time.sleep(0.5)
         except BaseException:
             path = ARTIFACTS / "failure.png"  # what the page looked like when the test gave up
             page.screenshot(path=str(path), full_page=True)
@@ -292,3 +371,43 @@ def test_dashboard_live_in_jupyterlab(lab):
                 print(f"screenshot: {s}")
             print(f"browser test: {time.monotonic() - t0:.0f} s in the browser")
     assert stopped_at > paused_at
+    assert (lab["root"] / "explore.ipynb").stat().st_size > copy_size + 10_000, "the working copy holds the outputs"
+    assert _tracked_notebooks() == tracked, "a lab session changed a tracked notebook"
+
+
+JS_TABLES = """() => Array.from(document.querySelectorAll('table')).map((t) => {
+  const r = t.getBoundingClientRect();
+  const area = t.closest('.jp-OutputArea-output') || t.parentElement;
+  return {width: r.width, right: r.right, area: area.getBoundingClientRect().right, columns: t.rows[0].cells.length};
+})"""
+
+
+def test_compare_table_fits_a_1024_px_page(tmp_path):
+    """`python -m dflash_lab.runs compare`'s HTML at a 1,024 px window: the runs table is whole (it was 1,818 px wide
+    and clipped its last columns), next to the static figures."""
+    _ensure_chromium()
+    _ensure_playwright()
+    from playwright.sync_api import sync_playwright
+
+    from dflash_lab.runs import listing
+    from tests.test_compare import _fake_eval, _fake_run
+
+    root = tmp_path / "runs"
+    a = _fake_run(root, "20260101T100000Z", "baseline-long-name", losses=[5.0, 4.0, 3.0], tps=11283.4,
+                  mem_key="mem_gb/cuda:0", mem=40.9, status="finished")
+    _fake_run(root, "20260102T100000Z", "dpace-muon", losses=[6.0, 7.0], tps=2500.0, mem_key="rss_gb", mem=1.5)
+    _fake_eval(a, "20260101T120000Z-b16-t0-bf16", step=30, tau_heldout=3.61, tau_train=4.8, block_size=16)
+    html = listing.compare([], runs_dir=str(root), out=tmp_path / "out" / "compare.ipynb")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1024, "height": 900})
+            page.goto(html.as_uri())
+            tables = page.evaluate(JS_TABLES)
+            page.screenshot(path=str(ARTIFACTS / "compare-1024.png"), full_page=True)
+        finally:
+            browser.close()
+    assert tables, "no table in the compare HTML"
+    for t in tables:
+        assert t["right"] <= min(t["area"], 1024) + 1, f"table clipped at 1,024 px: {tables}"
+    assert tables[0]["columns"] >= 10  # still every figure: status ... target

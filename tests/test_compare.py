@@ -92,7 +92,7 @@ def test_latest_evaluation_of_each_run_in_table_curves_and_list(two_runs, capsys
     assert part.loc[10, "eval_tau"] == 2.0 and part.loc[30, "eval_tau"] == 4.0  # logged values are kept
     assert runs.main(["list", "--runs-dir", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "..." not in out and "eval_tau" in out and "tokens_per_s" in out and "2.9" in out and "2500" in out
+    assert "..." not in out and "eval tau" in out and "tok/s" in out and "2.90" in out and "2.5k" in out
 
 
 def test_plot_compare_is_a_png(two_runs, tmp_path):
@@ -112,9 +112,33 @@ def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if "image/png" in o.get("data", {})]
     assert len(pngs) == 2  # curves + final bars, as static images GitHub renders
-    assert nb.metadata.papermill.parameters["run_dirs"] == [str(b.resolve()), str(a.resolve())]
+    # the executed notebook names runs relative to the folder holding the runs folder, never this machine's paths
+    assert nb.metadata.papermill.parameters["run_dirs"] == [f"runs/{b.name}", f"runs/{a.name}"]
+    raw = (tmp_path / "out" / "compare.ipynb").read_text()
+    assert str(tmp_path) not in raw and str(rundir.PROJECT_ROOT) not in raw
     text = html.read_text()
     assert text.count("src=\"data:image/png;base64") == 2 and a.name in text and b.name in text
+
+
+def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):
+    """One line per run within ~110 characters: no NaN / None mix, no 1.128e+04, the held-out taus logged while
+    training (real_tau from the validator, val_sim_tau) shown."""
+    root, a, b = two_runs
+    lines = (a / rundir.METRICS_FILE).read_text().splitlines()  # the validator's held-out figures at the last step
+    lines[-1] = json.dumps({"step": 30, "loss": 2.5, "tokens_per_s": 11283.4, "steady_tokens_per_s": 11283.4,
+                            "sim_tau": 3.1, "acc": 0.4, "val_sim_tau": 2.71, "real_tau": 2.33})
+    (a / rundir.METRICS_FILE).write_text("\n".join(lines) + "\n")
+    table = runs.runs_table([a, b])
+    assert table.loc[a.name, "heldout_tau"] == 2.33 and table.loc[a.name, "val_sim_tau"] == 2.71
+    assert runs.main(["list", "--runs-dir", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row_a = next(line for line in lines if line.startswith(a.name))
+    row_b = next(line for line in lines if line.startswith(b.name))
+    assert max(len(line) for line in lines) <= 115, lines
+    for bad in ("NaN", "nan", "None", "e+0"):
+        assert bad not in "\n".join(lines), (bad, lines)
+    assert "11.3k" in row_a and "2.71" in row_a and "2.33" in row_a and "30/30" in row_a
+    assert row_b.split()[1] == "diverged" and " - " in row_b  # b logged no held-out tau: "-", like every gap
 
 
 def test_real_taus_with_intervals_are_compared_only_on_the_same_prompts(two_runs, tmp_path):

@@ -32,6 +32,7 @@ def test_demo_output_is_quiet_and_its_summary_matches_the_table(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "[IPKernelApp]" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "<IPython.core.display.Image object>" not in text, text[-3000:]  # images print as what they show
     last = [line for line in out.stdout.splitlines() if line.startswith("[demo] done")][-1]
     m = re.search(r"tau trained (\d+\.\d\d) vs untrained (\d+\.\d\d)", last)
     assert m, last

@@ -79,7 +79,8 @@ def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
         png = first / "plots" / name
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
     nb = json.loads((first / "eval.ipynb").read_text())
-    assert nb["metadata"]["papermill"]["parameters"]["run"] == str(run)
+    # relative to the folder holding the runs folder: the executed notebook names no folder of this machine
+    assert nb["metadata"]["papermill"]["parameters"]["run"] == str(run.relative_to(run.parent.parent))
     images = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) == 3  # static PNGs: the notebook renders on GitHub

@@ -43,19 +43,29 @@ def test_help_notebook_lists_every_parameter_with_help():
 
 
 def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
-    from dflash_lab.tiny import ensure_tiny_target
+    """Also: the kernel configuration `make env` installs (widgets/kernel_logs.py) keeps kernel noise out of the
+    log; the static dashboard's text form is its summary line; `-p heldout_data` reaches the config; the run dir's
+    copy of the notebook names no folder of this machine."""
+    import os
+
+    from dflash_lab.tiny import ensure_tiny_target, tiny_heldout_path
+    from widgets.kernel_logs import install
 
     ensure_tiny_target()  # built once, outside the kernel (the notebook's default target is "tiny")
     out_nb = tmp_path / "out.ipynb"
     runs_dir = tmp_path / "runs"
+    heldout = tmp_path / "my-heldout.jsonl"
+    heldout.write_text(Path(tiny_heldout_path()).read_text())
     params = dict(steps=24, seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2,
                   log_every=4, progress_every_s=1000.0, progress_every_steps=6, checkpoint_every=8,
-                  runs_dir=str(runs_dir), run_name="headless")
+                  runs_dir=str(runs_dir), run_name="headless", heldout_data=str(heldout))
     cmd = [*PAPERMILL, str(NOTEBOOK), str(out_nb), "--log-output", "--no-progress-bar", "--cwd", str(REPO)]
     for k, v in params.items():
         cmd += ["-p", k, str(v)]
+    install(tmp_path / "ipython" / "profile_default")  # what `make env` writes into .venv/etc/ipython
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     seen = []  # (seconds since start, line): papermill --log-output streams the kernel's output as it comes
     for line in proc.stdout:
         seen.append((time.monotonic() - t0, line.rstrip()))
@@ -64,12 +74,16 @@ def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
     steps = [int(line.split("step ", 1)[1].split("/", 1)[0]) for line in progress]
     assert steps == [6, 12, 18, 24], progress
     assert all("ETA" in line and "sim tau" in line and "GiB" in line for line in progress)
+    log = "\n".join(line for _, line in seen)
+    assert "[IPKernelApp]" not in log and "<IPython.core.display.Image object>" not in log, log[-3000:]
+    assert any(line.startswith("step 0/24 |") and line.endswith("| ready") for _, line in seen), log[-2000:]
 
     (run,) = list(runs_dir.iterdir())
     for name in ("config.json", "env.json", "metrics.jsonl", "events.jsonl", "summary.json", "plots/training.png",
                  "checkpoints/drafter.safetensors"):
         assert (run / name).is_file(), f"{name} missing from {sorted(p.name for p in run.iterdir())}"
     assert json.loads((run / "config.json").read_text())["steps"] == 24
+    assert json.loads((run / "config.json").read_text())["heldout_data"] == str(heldout)
     assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-0000016", "step-0000024"]
     assert [r["step"] for r in rundir.read_jsonl(run / "metrics.jsonl")] == [1, 4, 8, 12, 16, 20, 24]
     summary = json.loads((run / "summary.json").read_text())
@@ -82,5 +96,10 @@ def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
         time.sleep(0.25)
     nb = json.loads(copy.read_text())
     assert nb["metadata"]["papermill"]["end_time"] and nb["metadata"]["papermill"]["parameters"]["steps"] == 24
-    last = nb["cells"][-1]
-    assert any("image/png" in o.get("data", {}) for o in last["outputs"]), "the training plot is shown inline"
+    view = next(c for c in nb["cells"] if "TrainingView(trainer)" in "".join(c["source"]))
+    assert [o for o in view["outputs"] if "image/png" in o.get("data", {})], "the dashboard plot is shown inline"
+    pngs = sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+    assert pngs == 1, "one training figure (two disagreed: every step vs every 10th)"
+    raw = copy.read_text()
+    assert str(tmp_path) not in raw and str(REPO) not in raw  # relative: runs/<run>/..., notebooks/train.ipynb
+    assert f"runs/{run.name}/checkpoints/drafter.safetensors" in raw

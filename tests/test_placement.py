@@ -40,7 +40,7 @@ def test_device_errors_name_the_fix(two_fake_gpus, monkeypatch):
     with pytest.raises(PlacementError, match="mix CPU and GPU"):
         make_placement(("cpu",), ("cuda:0",))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(PlacementError, match="no CUDA GPU is visible.*devices=\\('cpu',\\)"):
+    with pytest.raises(PlacementError, match="no CUDA GPU is visible.*notebooks: -y 'gpus: \\[\\]'; Python: devices=\\('cpu',\\)"):
         make_placement(("cuda:0",))
 
 

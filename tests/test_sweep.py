@@ -166,6 +166,11 @@ def test_notebook_sweep_records_the_failure_and_ranks_by_the_runs_own_real_tau(e
     grid = {r["variant"]: r for r in SweepGridModel(sweep_dir).poll()}
     assert grid["lr-1e-3"]["step"] == "8/8" and grid["broken"]["status"] == "failed"
     assert grid["gamma-2"]["real tau"] == next(r for r in rows if r["variant"] == "gamma-2")["final_real_tau"]
+    # one tokens/s figure, named the same in both: the grid's "steady tokens/s" is the results table's
+    for r in rows[:2]:
+        rate, _warming = grid[r["variant"]]["steady tokens/s"]
+        assert rate == pytest.approx(r["tokens_per_s"], rel=1e-6), (grid[r["variant"]], r)
+    assert "steady tokens/s" in SweepGridModel(sweep_dir).html() and "<th>steady tokens/s</th>" in "".join(tables[0])
 
 
 def test_results_table_renders_markdown_and_html(executed):

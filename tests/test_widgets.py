@@ -116,7 +116,8 @@ def test_html_fragments_carry_the_numbers():
     s = m.state(phase="paused", phase_detail="at step 7")
     h = header_html(s)
     assert '<span class="dfl-step">7</span>' in h and '<span class="dfl-loss" data-value="2.5">2.5000</span>' in h
-    assert '<span class="dfl-phase">paused</span>' in h and "warming up" in h
+    assert '<span class="dfl-phase">paused</span>' in h and "warming up" not in h  # only a training run warms up
+    assert "warming up" in header_html(m.state(phase="training"))
     assert '<span class="dfl-phase-detail">at step 7</span>' in h.split("dfl-message-line")[1]  # its own line
     assert "flex-wrap:nowrap" in h and "ETA" not in h  # one line; no ETA while paused
     assert "no NVIDIA GPU" in gpus_html(s) and "host RAM" in gpus_html(s)

@@ -33,6 +33,7 @@ class TrainingControls:
         self._heartbeat = 0.0
         self._checkpoint_step: int | None = None
         self._saving = False  # a background "Checkpoint now" save is running
+        self._pending = None  # "pause" | "stop" | ("step_n", until): a request whose message says "requested"
 
     @property
     def trainer(self):
@@ -63,6 +64,25 @@ class TrainingControls:
                             + (f": {where}" if where else ""))
             self._checkpoint_step = None
 
+    def settle_message(self) -> None:
+        """Replace a "requested" / "stepping" message by what happened, once it has (the refresh thread calls this):
+        a message must never describe a state the run has left."""
+        t, pending = self.trainer, self._pending
+        if t is None or pending is None:
+            return
+        phase = getattr(t, "phase", "")
+        if pending == "pause" and phase == "paused":
+            self._say(f"paused at step {t.step_count}")
+        elif pending == "stop" and not self.loop_active():
+            self._say(f"stopped at step {t.step_count}")
+        elif isinstance(pending, tuple) and ((t.step_count >= pending[1] and phase == "paused")
+                                             or not self.loop_active()):
+            self._say(f"took the steps; paused at step {t.step_count}" if phase == "paused"
+                      else f"at step {t.step_count}")
+        else:
+            return
+        self._pending = None
+
     def loop_active(self) -> bool:
         """Is something driving the trainer (our thread, a busy cell's train()/step(), a paused loop)?"""
         if self.trainer is None:
@@ -89,28 +109,29 @@ class TrainingControls:
         c = self.trainer.controls
         if self.loop_active():
             if c.pause.is_set():
-                c.pause.clear()
+                c.request_resume()
+                self._pending = None
                 return self._say("resumed")
             return self._say("already training")
         target = steps if steps is not None else self.trainer.config.steps
         if self.trainer.step_count >= target:
             return self._say(f"already at step {self.trainer.step_count} >= {target}; use Step N to go further")
-        c.stop.clear()
-        c.stopped.clear()  # Run after Stop: the person wants the run to go on
-        c.pause.clear()
+        c.note_run(target)  # Run after Stop: the person wants the run to go on
         self.target_steps = target
         return self._start(lambda: self.trainer.train(target), f"training to step {target}")
 
     def pause(self) -> str:
         if (msg := self._not_ready()) is not None:
             return msg
-        self.trainer.controls.pause.set()
+        self.trainer.controls.request_pause()
+        self._pending = "pause"
         return self._say(f"pause requested at step {self.trainer.step_count}")
 
     def stop(self) -> str:
         if (msg := self._not_ready()) is not None:
             return msg
-        self.trainer.controls.stop.set()
+        self.trainer.controls.request_stop()
+        self._pending = "stop"
         return self._say(f"stop requested at step {self.trainer.step_count}")
 
     def checkpoint(self) -> str:
@@ -119,10 +140,11 @@ class TrainingControls:
         t = self.trainer
         self._checkpoint_step = t.step_count
         if self.loop_active():
-            t.controls.checkpoint.set()
+            t.controls.request_checkpoint()
             when = "now (the loop is paused)" if t.controls.pause.is_set() else "at the next step boundary"
             return self._say(f"checkpoint requested at step {t.step_count} (written {when})")
         self._saving = True  # no loop: write it from a background thread (the button must return at once)
+        t.controls.record("checkpoint")
 
         def save():
             try:
@@ -137,7 +159,7 @@ class TrainingControls:
             return msg
         if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
             return self._say(f"learning rate {lr!r} ignored: give a positive finite number, e.g. 3e-4")
-        self.trainer.controls.new_lr = float(lr)
+        self.trainer.controls.set_lr(float(lr))
         return self._say(f"learning rate set to {lr:.3g} from the next step (overrides the schedule)")
 
     def step_n(self, n: int) -> str:
@@ -150,9 +172,10 @@ class TrainingControls:
             if not c.pause.is_set():
                 return self._say("a training loop is running: pause it first, then Step N steps it")
             c.add_paused_steps(n)  # the paused loop takes them, then stays paused
+            self._pending = ("step_n", self.trainer.step_count + n)
             return self._say(f"stepping {n} while paused (from step {self.trainer.step_count})")
-        c.stop.clear()
-        c.stopped.clear()  # Step N after Stop: the person asked for these steps
+        c.note_run(self.trainer.step_count + n)  # Step N after Stop: the person asked for these steps
+        c.record("step_n", n=n, while_paused=False)
         self.target_steps = max(self.target_steps or 0, self.trainer.step_count + n)
         return self._start(lambda: self.trainer.step(n), f"stepping {n}")
 

@@ -1,8 +1,10 @@
 """Live dashboard: ipywidgets + one plotly FigureWidget, refreshed from a daemon thread at <= 2 Hz.
 
 Layout: header (phase, step, tokens/s now and steady, loss, LR, simulated acceptance, ETA), target-replica load
-bars, per-GPU memory bars (or host CPU/RAM without a GPU), supply/demand balance, four curves (loss + EMA, LR,
-tokens/s with the warm-up span shaded, simulated acceptance), and the control row.
+bars, per-GPU memory bars with a history strip each (memory and busy % over time; host CPU/RAM without a GPU),
+supply/demand balance, four curves (loss + EMA, LR, tokens/s with the warm-up span shaded, simulated acceptance)
+with the run's events drawn across them as markers (pause, stop, LR change, checkpoint, evaluation) and their key,
+and the control row.
 
 Updates only set widget traits (safe from a thread with ipywidgets 8 / ipykernel 7); nothing prints or uses
 `with output:` from the thread. All curves change inside one `fig.batch_update()` (one message), and only when new
@@ -17,6 +19,7 @@ import time
 
 import ipywidgets as W
 
+from .history import KIND_STYLE, markers_html
 from .html import balance_html, gpus_html, header_html, replicas_html
 from .model import DashboardModel, DashboardState
 
@@ -26,6 +29,8 @@ CURVES = [("loss", "raw loss", 1, 1, "legend"), ("loss_ema", "EMA (per step)", 1
           ("sim_tau", "sim. (train batch)", 2, 2, "legend2"), ("val_sim_tau", "sim. (held-out)", 2, 2, "legend2"),
           ("real_tau", "real decode", 2, 2, "legend2")]
 PLOT_HEIGHT_PX = 460
+PANEL_AXES = ("x", "x2", "x3", "x4")  # the four subplots' x axes: a marker is one line across each
+FEW_STEPS = 10  # up to this many steps the step axis ticks every step (auto ticks at 0.5 read "1 2 2 3 3")
 
 
 def route_to_frontend_subshell(widget) -> None:
@@ -76,6 +81,22 @@ def _figure_widget():
         return None
 
 
+def curve_shapes(s: DashboardState) -> list[dict]:
+    """The warm-up span on the tokens/s panel, and one vertical line per marker across each of the four panels."""
+    shapes = []
+    if s.steady_from_step is not None:  # x3/y3 = row 2, col 1
+        shapes.append(dict(type="rect", xref="x3", yref="y3 domain", x0=0, x1=s.steady_from_step, y0=0, y1=1,
+                           fillcolor="#9a6700", opacity=0.12, line_width=0, layer="below"))
+    for m in s.markers:
+        colour, dash, _ = KIND_STYLE[m.kind]
+        for ax in PANEL_AXES:
+            shapes.append(dict(type="line", xref=ax, yref=f"y{ax[1:]} domain", x0=m.step, x1=m.step, y0=0, y1=1,
+                               line=dict(color=colour, width=1, dash=dash), opacity=0.35 if m.kind == "eval" else 0.7,
+                               layer="below",
+                               name=f"marker-{m.kind}"))
+    return shapes
+
+
 class LiveDashboard:
     """Widgets + refresh thread over a source (TrainerSource / RunDirSource) and a DashboardModel."""
 
@@ -92,12 +113,15 @@ class LiveDashboard:
         self.gpus = W.HTML()
         self.balance = W.HTML()
         self.message = W.HTML()
+        self.markers = W.HTML()
         self.fig = _figure_widget()
         self.image = None
         if self.fig is None:
             self.image = W.Image(format="png")
             self.image_every_s, self._image_time = 5.0, 0.0
         self._sent_version = -1
+        self._sent_shapes: tuple | None = None  # (steady_from_step, markers_version) of the shapes on the plot
+        self._few_steps: bool | None = None
         self._shown_at: float | None = None  # when start() ran (the dashboard was just displayed)
         self._fit_after_s = [2.0, 6.0]
         self._last_html: dict[str, str] = {}
@@ -110,7 +134,7 @@ class LiveDashboard:
         self._thread: threading.Thread | None = None
         self.title = W.HTML(f"<b>{title}</b>")
         children = [self.title, self.header, self.replicas, self.gpus, self.balance,
-                    self.fig if self.fig is not None else self.image]
+                    self.fig if self.fig is not None else self.image, self.markers]
         if buttons:
             children.append(self._controls_row(buttons))
         children.append(self.message)
@@ -156,6 +180,7 @@ class LiveDashboard:
                                                                    "paused again)"), n]
         if "set_lr" in buttons:
             lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="110px"))
+            lr.add_class("dfl-lr-input")
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
         for w in row:
             route_to_frontend_subshell(w)
@@ -178,10 +203,11 @@ class LiveDashboard:
             self._set_html(self.replicas, "replicas", replicas_html(s) if s.phase.startswith("loading") else "")
             self._set_html(self.gpus, "gpus", gpus_html(s))
             self._set_html(self.balance, "balance", balance_html(s))
+            self._set_html(self.markers, "markers", markers_html(s.markers))
             controls = getattr(self.source, "controls", None)
             if controls is not None and controls.message:
                 self._set_html(self.message, "message", f"<small>{controls.message}</small>")
-            if s.series_version != self._sent_version:
+            if s.series_version != self._sent_version or (s.steady_from_step, s.markers_version) != self._sent_shapes:
                 self._send_curves(s)
             self._fit_width()
             self.last_refresh_s = time.perf_counter() - t0
@@ -218,18 +244,18 @@ class LiveDashboard:
             return
         import numpy as np
 
-        shapes = []
-        if s.steady_from_step is not None:  # warm-up span on the tokens/s panel (x3/y3 = row 2, col 1)
-            shapes.append(dict(type="rect", xref="x3", yref="y3 domain", x0=0, x1=s.steady_from_step, y0=0, y1=1,
-                               fillcolor="#9a6700", opacity=0.12, line_width=0, layer="below"))
+        shapes_key = (s.steady_from_step, s.markers_version)
+        few = s.step <= FEW_STEPS
         with self.fig.batch_update():  # one message for all curves
             for i, (key, *_rest) in enumerate(CURVES):
                 x, y = s.series.get(key, ([], []))
                 self.fig.data[i].x = np.asarray(x, dtype=np.float64)
                 self.fig.data[i].y = np.asarray(y, dtype=np.float64)
-            if s.steady_from_step is not None and len(self.fig.layout.shapes) != len(shapes):
-                self.fig.layout.shapes = shapes
-        self._sent_version = s.series_version
+            if shapes_key != self._sent_shapes:
+                self.fig.layout.shapes = curve_shapes(s)
+            if few != self._few_steps:
+                self.fig.update_xaxes(dtick=1 if few else None)
+        self._sent_version, self._sent_shapes, self._few_steps = s.series_version, shapes_key, few
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 
+from .history import strip_svg
 from .model import DashboardState, format_rate
 
 PHASE_COLOURS = {"training": "#1a7f37", "paused": "#9a6700", "stopped": "#57606a", "finished": "#0969da",
@@ -29,8 +30,10 @@ def header_html(s: DashboardState) -> str:
     for the phase detail, a warning (e.g. `tau_gap`) and an error, each free to wrap on its own."""
     colour = PHASE_COLOURS.get(s.phase, "#8250df")
     total = f" / {s.total_steps}" if s.total_steps else ""
-    warm = s.throughput_state != "steady"
-    steady = "warming up" if warm else f"steady {format_rate(s.steady_tokens_per_s)}"
+    if s.steady_tokens_per_s and s.throughput_state == "steady":
+        steady = f"steady {format_rate(s.steady_tokens_per_s)}"
+    else:
+        steady = "warming up" if s.warming_up else "steady -"
     tau = _v("sim-tau", _num(s.sim_tau, ".2f"), "simulated acceptance length from block accuracy on the training "
                                                 "batch (not a real decode)", s.sim_tau)
     if s.val_sim_tau is not None:
@@ -77,11 +80,21 @@ def _bar(frac: float, colour: str, text: str = "") -> str:
     pct = max(0.0, min(1.0, frac)) * 100
     return (f'<div style="position:relative;height:16px;background:#eaeef2;border-radius:3px;min-width:120px">'
             f'<div style="width:{pct:.1f}%;height:100%;background:{colour};border-radius:3px"></div>'
-            f'<div style="position:absolute;left:6px;top:0;line-height:16px;font-size:12px">{text}</div></div>')
+            f'<div style="position:absolute;left:6px;right:4px;top:0;line-height:16px;font-size:12px;'
+            f'white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{text}</div></div>')
 
 
-GRID = ('display:grid;grid-template-columns:minmax(120px,max-content) minmax(160px,1fr) 9ch 7ch 7ch;'
-        'column-gap:12px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
+# Fits a ~560 px cell (a 1,024 px window with JupyterLab's file browser open): the minima add up to ~500 px.
+GRID = ('display:grid;grid-template-columns:minmax(90px,max-content) minmax(130px,2fr) 7ch 6ch 6ch '
+        'minmax(80px,1fr);column-gap:10px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
+STRIP_HEAD = ('<span style="color:#57606a;font-size:11px" title="memory in use (filled) and busy % (line) over time">'
+              'history: memory (fill), busy (line)</span>')
+
+
+def _strip(s: DashboardState, label: str) -> str:
+    """The history strip of one device (its column of the grid), or an empty cell when there is none yet."""
+    h = next((d for d in s.device_history if d.label == label), None)
+    return f'<span class="dfl-strip-cell">{strip_svg(h)}</span>' if h is not None else "<span></span>"
 
 
 def gpus_html(s: DashboardState) -> str:
@@ -95,15 +108,16 @@ def gpus_html(s: DashboardState) -> str:
         frozen = " (last reading: the run has ended)" if s.ended else ""
         return (f'<div class="dfl-gpus" style="{GRID}">'
                 f'<div class="dfl-gpu-status" style="grid-column:1/-1;color:#57606a;font-size:11px">'
-                f'{html.escape(s.gpu_status + frozen)}</div>'
+                f'{html.escape(s.gpu_status + frozen)}; history strip: RAM in use (fill), CPU % (line)</div>'
                 f'<b>host RAM</b>{_bar(ram_frac, "#8250df", ram + rss)}<span></span><span></span><span></span>'
+                f'<span style="grid-row:span 2">{_strip(s, "host")}</span>'
                 f'<b>host CPU</b>{_bar((cpu or 0) / 100, "#0969da", _v("cpu", _num(cpu, ".0f") + "%", value=cpu))}'
                 '<span></span><span></span><span></span></div>')
     rows = ['<span style="color:#57606a;font-size:11px">GPU</span>'
             '<span style="color:#57606a;font-size:11px">memory used / capacity (NVML, all processes)</span>'
             '<span style="color:#57606a;font-size:11px" title="share of time some kernel ran: a liveness '
             'signal, not speed">busy</span><span style="color:#57606a;font-size:11px">power</span>'
-            '<span style="color:#57606a;font-size:11px">temp</span>']
+            f'<span style="color:#57606a;font-size:11px">temp</span>{STRIP_HEAD}']
     for g in s.gpus:
         label = f'<b class="dfl-gpu" title="{html.escape(g.name)}">{html.escape(g.label)}</b>'
         if g.error:
@@ -116,7 +130,8 @@ def gpus_html(s: DashboardState) -> str:
         rows.append(f'{label}<span class="dfl-gpu-mem" title="NVML {html.escape(g.mem_view)}">'
                     f'{_bar(g.used_frac, colour, mem)}</span>'
                     f'<span class="dfl-gpu-busy">{_num(g.kernel_busy_pct, ".0f")}%</span>'
-                    f'<span>{_num(g.power_w, ".0f")} W</span><span>{_num(g.temp_c, ".0f")} &deg;C</span>')
+                    f'<span>{_num(g.power_w, ".0f")} W</span><span>{_num(g.temp_c, ".0f")} &deg;C</span>'
+                    f'{_strip(s, g.label)}')
     return f'<div class="dfl-gpus" style="{GRID}">{"".join(rows)}</div>'
 
 
@@ -124,7 +139,7 @@ def replicas_html(s: DashboardState) -> str:
     if not s.replicas:
         return ""
     rows = "".join(f'<span>{html.escape(r["label"])}</span>{_bar(r["fraction"], "#0969da", html.escape(r["text"]))}'
-                   '<span></span><span></span><span></span>' for r in s.replicas)
+                   '<span></span><span></span><span></span><span></span>' for r in s.replicas)
     return f'<div class="dfl-replicas" style="{GRID}">{rows}</div>'
 
 

@@ -13,6 +13,8 @@ import statistics
 import threading
 from dataclasses import dataclass, field
 
+from .history import MAX_MARKERS, DeviceHistory, Marker, SystemHistory, marker_from_record, markers_from_events
+
 # A side that waits more than this share of a step is worth a GPU move.
 IDLE_THRESHOLD = 0.15
 # Phases after which nothing changes: ETA hidden, system readings (CPU, GPU) frozen at their last value.
@@ -106,10 +108,18 @@ class DashboardState:
     real_tau: float | None = None  # real speculative decoding on held-out prompts
     real_tau_ci: tuple[float, float] | None = None  # its 95% bootstrap interval over those prompts
     warning: str | None = None  # e.g. a `tau_gap` event: simulated and real tau part ways
+    device_history: list[DeviceHistory] = field(default_factory=list)  # memory / utilisation over time per device
+    markers: list[Marker] = field(default_factory=list)  # pause, stop, LR change, checkpoint, evaluation (by step)
+    markers_version: int = 0
 
     @property
     def ended(self) -> bool:
         return self.phase in ENDED_PHASES
+
+    @property
+    def warming_up(self) -> bool:
+        """Throughput still warming up, said only of a run that is training (a stopped run warms nothing up)."""
+        return self.phase == "training" and self.throughput_state != "steady"
 
     @property
     def eta_text(self) -> str:
@@ -125,7 +135,7 @@ class DashboardState:
         total = f"/{self.total_steps}" if self.total_steps else ""
         tps = self.steady_tokens_per_s if self.steady_tokens_per_s else self.tokens_per_s
         tps_txt = "-" if tps is None else f"{format_rate(tps)} tok/s"
-        tps_txt += "" if self.throughput_state == "steady" else " (warming up)"
+        tps_txt += " (warming up)" if self.warming_up else ""
         parts = [f"step {self.step}{total}", tps_txt, f"loss {_fmt(self.loss, '.4f')}",
                  f"sim tau {_fmt(self.sim_tau, '.2f')}"]
         if self.real_tau is not None:
@@ -279,6 +289,9 @@ class DashboardModel:
         self._recent: list[dict] = []  # last `balance_window` records (wait fractions, step times)
         self._balance_window = balance_window
         self.placement: tuple[int | None, int | None] = (None, None)  # (target GPUs, drafter GPUs)
+        self.system_history = SystemHistory()
+        self.markers: list[Marker] = []
+        self.markers_version = 0
         self._lock = threading.RLock()  # a refresh thread and the notebook's thread may both read and feed it
 
     # -- input --------------------------------------------------------------------------------------------------
@@ -323,6 +336,9 @@ class DashboardModel:
                     self.latest["real_tau_ci"] = (lo, hi) if lo is not None and hi is not None else None
         if r.get("tau_gap"):
             self.warning = tau_gap_text(r["tau_gap"], step)
+        mark = marker_from_record(r)
+        if mark is not None:
+            self._add_markers([mark])
         if self.steady_from_step is None and r.get("throughput_state") == "steady":
             self.steady_from_step = step
         self._recent.append(r)
@@ -331,7 +347,19 @@ class DashboardModel:
 
     def add_system(self, sample: dict | None) -> None:
         if sample:
-            self.last_system = sample
+            with self._lock:
+                self.last_system = sample
+                self.system_history.add(sample)
+
+    def add_events(self, events: list[dict]) -> None:
+        """events.jsonl lines (any order of arrival): pause / stop / LR change / checkpoint ... become markers."""
+        with self._lock:
+            self._add_markers(markers_from_events(events))
+
+    def _add_markers(self, new: list[Marker]) -> None:
+        if new:
+            self.markers = sorted(set(self.markers) | set(new), key=lambda m: (m.step, m.kind))[-MAX_MARKERS:]
+            self.markers_version += 1
 
     def pull(self, metrics_ring=None, system_ring=None) -> int:
         """Read what is new in a metrics RingBuffer (by step) and the newest monitor sample."""
@@ -380,6 +408,9 @@ class DashboardModel:
             balance=balance_from(self._recent, n_target_gpus=self.placement[0], n_drafter_gpus=self.placement[1]),
             updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
             real_tau=self.latest.get("real_tau"), real_tau_ci=self.latest.get("real_tau_ci"), warning=self.warning,
+            device_history=[DeviceHistory(d.label, list(d.t), list(d.mem_frac), list(d.util_pct))
+                            for d in self.system_history.devices.values()],
+            markers=list(self.markers), markers_version=self.markers_version,
         )
 
 

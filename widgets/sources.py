@@ -105,6 +105,7 @@ class TrainerSource:
 
     def __init__(self, trainer=None, monitor=None, controls=None, builder=None):
         self._trainer, self.monitor, self.controls, self.builder = trainer, monitor, controls, builder
+        self.events: JsonlFollower | None = None  # the run dir's events.jsonl: markers on the curves
 
     @property
     def trainer(self):
@@ -131,6 +132,7 @@ class TrainerSource:
             if added:
                 self.controls.heartbeat()  # new steps: a loop is running (for Trainers without loops_running)
             self.controls.check_checkpoint()  # "Checkpoint now" while paused or idle: say when it is written
+            self.controls.settle_message()  # "pause requested" -> "paused at step N" once it is
         info = trainer_phase(t, self.controls)
         if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
             info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"
@@ -139,6 +141,9 @@ class TrainerSource:
         run = getattr(t, "run_dir", None)
         if run is not None:
             model.warning = warning_from_events(Path(run)) or model.warning
+            if self.events is None:
+                self.events = JsonlFollower(Path(run) / "events.jsonl")
+            model.add_events(self.events.read_new())
         return info
 
 
@@ -152,6 +157,7 @@ class RunDirSource:
                                     "the run's config.json / metrics.jsonl (runs/<stamp>-<name>-<id>/).")
         self.metrics = JsonlFollower(self.run_dir / "metrics.jsonl")
         self.system = JsonlFollower(self.run_dir / "system.jsonl")
+        self.events = JsonlFollower(self.run_dir / "events.jsonl")
         self.total_steps = None
 
     def _config(self) -> None:
@@ -164,9 +170,11 @@ class RunDirSource:
         model.total_steps = self.total_steps or model.total_steps
         model.add_metrics(self.metrics.read_new())
         samples = self.system.read_new()
+        model.add_events(self.events.read_new())
         st = run_dir_state(self.run_dir, step=model.last_step, total=model.total_steps)
         if samples and (st.phase not in ENDED_PHASES or model.last_system is None):
-            model.add_system(samples[-1])  # once the run has ended, its last readings stay (no live CPU %)
+            for sample in samples[-model.system_history.max_points:]:  # every sample: the history strips
+                model.add_system(sample)  # once the run has ended, its last readings stay (no live CPU %)
         model.warning = warning_from_events(self.run_dir) or model.warning
         return {"phase": st.phase, "phase_detail": st.detail, "error": st.error}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+from .history import KIND_STYLE
 from .model import DashboardState, format_rate
 
 
@@ -20,6 +21,7 @@ LABELS = {"loss": "raw loss", "loss_ema": "EMA (per step)", "sim_tau": "sim. (tr
 def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(15, 6.2), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -35,9 +37,17 @@ def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
             if x:
                 ax.plot(x, y, lw=1.0 if k == "loss" else 1.6, alpha=0.45 if k == "loss" and "loss_ema" in keys else 1,
                         marker="o" if k in SPARSE else None, label=LABELS.get(k, k))
-        if len([k for k in keys if s.series.get(k, ([], []))[0]]) > 1:
+        seen = set()
+        for m in s.markers:  # the run's events across every panel; the loss panel's legend names each kind once
+            colour, dash, label = KIND_STYLE[m.kind]
+            first = ax is axes[0, 0] and m.kind not in seen
+            seen.add(m.kind)
+            ax.axvline(m.step, color=colour, lw=0.9, alpha=0.3 if m.kind == "eval" else 0.7, ls={"dot": ":", "dash": "--", "dashdot": "-."}.get(
+                dash, "-"), label=label if first else None)
+        if len([k for k in keys if s.series.get(k, ([], []))[0]]) > 1 or (ax is axes[0, 0] and s.markers):
             ax.legend(fontsize=7)
         ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no "1 2 2 3 3" at 3 steps
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
@@ -60,6 +70,18 @@ def render_png(s: DashboardState, *, dpi: int = 80) -> bytes:
 
 
 def _memory_panel(ax, s: DashboardState) -> None:
+    history = [d for d in s.device_history if len(d.t) >= 2]
+    if history:  # over time, like the live dashboard's strips: memory share (solid) and busy / CPU % (dotted)
+        for i, d in enumerate(history):
+            ax.plot(d.t, [100 * m for m in d.mem_frac], color=f"C{i}", lw=1.4, label=f"{d.label} memory")
+            ax.plot(d.t, [u or 0 for u in d.util_pct], color=f"C{i}", lw=1.0, ls=":", label=f"{d.label} busy")
+        ax.set_ylim(0, 105)
+        ax.set_title("memory (% of capacity) and busy % over time", fontsize=10)
+        ax.set_xlabel("seconds", fontsize=8)
+        ax.legend(fontsize=7)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        return
     if s.gpus:
         labels = [g.label for g in s.gpus]
         used = [g.used_gb or 0 for g in s.gpus]

@@ -18,11 +18,16 @@ import json
 import time
 from pathlib import Path
 
+from dflash_lab.runs.rundir import PROJECT_ROOT
+
 from .env import dashboard_mode
 from .model import format_eta, format_rate
 from .sources import JsonlFollower
 
-GRID_COLUMNS = ("variant", "status", "step", "loss", "real tau", "tokens/s", "ETA")
+# tokens/s: the steady rate (median step time after warm-up, sequence tokens incl. padding), the figure the results
+# table ranks by; while a variant still warms up, its latest instant rate, marked "~". (The grid once showed the
+# last instant rate, 12.3k, next to the table's steady 8,380, without saying which was which.)
+GRID_COLUMNS = ("variant", "status", "step", "loss", "real tau", "steady tokens/s", "ETA")
 
 
 class SweepGridModel:
@@ -32,7 +37,7 @@ class SweepGridModel:
         self.sweep_dir = Path(sweep_dir)
         self.followers: dict[str, JsonlFollower] = {}  # variant -> its current run's metrics.jsonl
         self.curves: dict[str, dict[str, list]] = {}  # variant -> {"loss": [(step, v)], "real_tau": [(step, v)]}
-        self.last: dict[str, dict] = {}  # variant -> {"step", "loss", "real_tau", "tokens_per_s"}
+        self.last: dict[str, dict] = {}  # variant -> {"step", "loss", "real_tau", "tokens_per_s", ...}
         self.state: dict = {}
 
     def poll(self) -> list[dict]:
@@ -54,8 +59,8 @@ class SweepGridModel:
                 for key in ("loss", "real_tau"):
                     if r.get(key) is not None:
                         self.curves[name][key].append((r["step"], r[key]))
-                self.last[name].update({k: r[k] for k in ("step", "loss", "real_tau", "tokens_per_s")
-                                        if r.get(k) is not None})
+                self.last[name].update({k: r[k] for k in ("step", "loss", "real_tau", "tokens_per_s",
+                                                          "steady_tokens_per_s") if r.get(k) is not None})
         return self.rows()
 
     def rows(self, now: float | None = None) -> list[dict]:
@@ -70,7 +75,8 @@ class SweepGridModel:
                 eta = (now - v["started"]) / step * (steps - step)  # includes start-up: an upper estimate
             out.append({"variant": v["name"], "status": v["status"] + (" (skipped: done)" if v.get("skipped") else ""),
                         "step": f"{step or 0}/{steps}", "loss": last.get("loss"), "real tau": last.get("real_tau"),
-                        "tokens/s": last.get("tokens_per_s"), "ETA": format_eta(eta) if eta is not None else "-",
+                        "steady tokens/s": (last["steady_tokens_per_s"], False) if last.get("steady_tokens_per_s")
+                        else (last.get("tokens_per_s"), True), "ETA": format_eta(eta) if eta is not None else "-",
                         "error": v.get("error")})
         return out
 
@@ -81,8 +87,9 @@ class SweepGridModel:
                 return "-" if x is None else f"{x:.4f}"
             if key == "real tau":
                 return "-" if x is None else f"{x:.3f}"
-            if key == "tokens/s":
-                return format_rate(x)
+            if key == "steady tokens/s":
+                rate, warming = x
+                return "-" if rate is None else ("~" if warming else "") + format_rate(rate)
             return str(x)
 
         rows = self.rows()
@@ -91,8 +98,18 @@ class SweepGridModel:
                        + (f"<tr><td></td><td colspan='{len(GRID_COLUMNS) - 1}'>"
                           f"{html.escape(r['error'][:300])}</td></tr>" if r["error"] else "") for r in rows)
         title = html.escape(self.state.get("name", self.sweep_dir.name))
-        return (f"<div><b>sweep {title}</b> ({html.escape(str(self.sweep_dir))})"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+        return (f"<div><b>sweep {title}</b> ({html.escape(_shown_path(self.sweep_dir))})"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                "<small>steady tokens/s: sequence tokens per second (padding included) after warm-up, the figure of "
+                "the results table; ~: still warming up, the latest step's rate</small></div>")
+
+
+def _shown_path(path: Path) -> str:
+    """The sweep folder relative to the project (what a shared notebook should name), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _figure_widget():

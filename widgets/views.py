@@ -12,6 +12,7 @@ image/png (no widget state), which GitHub renders.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from pathlib import Path
@@ -36,22 +37,23 @@ class StaticDisplay:
         self.updates = 0
         self.state: DashboardState | None = None
 
-    def _bundle(self):
-        from IPython.display import Image
-
+    def _bundle(self) -> dict:
+        """The PNG and, as its text form, the summary line: what `papermill --log-output` prints for this output
+        (an IPython Image printed `<IPython.core.display.Image object>`)."""
         from .static import render_png
 
         kwargs = self.source.poll(self.model)
         self.state = self.model.state(**kwargs)
         t0 = time.perf_counter()
-        img = Image(data=render_png(self.state), format="png")
+        png = base64.b64encode(render_png(self.state)).decode("ascii")  # as IPython's own PNG formatter sends it
+        bundle = {"image/png": png, "text/plain": self.state.summary_line()}
         self.render_s = time.perf_counter() - t0
-        return img
+        return bundle
 
     def show(self) -> None:
         from IPython.display import display
 
-        self.handle = display(self._bundle(), display_id=True)
+        self.handle = display(self._bundle(), raw=True, display_id=True)
         self.last_time = time.monotonic()
         self.updates += 1
 
@@ -64,7 +66,7 @@ class StaticDisplay:
         if self.handle is None:
             self.show()
             return True
-        self.handle.update(self._bundle())
+        self.handle.update(self._bundle(), raw=True)
         self.last_time = now
         self.updates += 1
         return True

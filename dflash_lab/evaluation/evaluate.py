@@ -40,6 +40,7 @@ from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
+from dflash_lab.target.load import TargetLoadError, resolve_target_path
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "eval.ipynb"
@@ -112,6 +113,10 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if target_name is None:
         raise EvalError(f"{run} does not say which target it was trained on (no run config.json). "
                         "Fix: pass --target <model name or folder> (target=... in Python).")
+    try:  # a misspelled target fails here, at once, before the prompts or the hub are looked at
+        resolve_target_path(target_name)
+    except TargetLoadError as e:
+        raise EvalError(str(e)) from None
     if temperature < 0:
         raise EvalError(f"temperature={temperature} must be >= 0 (0 = greedy, lossless check on).")
     if max_new_tokens < 1:

@@ -3,6 +3,7 @@
     from dflash_lab.runs import listing as runs
     dirs = runs.list_runs("runs")            # newest first: [Path('runs/20250101T120000Z-train-a1b2c3'), ...]
     runs.runs_table(dirs)                     # one row per run: status, steps, last loss, tokens/s, memory, eval tau
+    runs.compact_table(runs.runs_table(dirs)) # the same as short text columns: what `runs list` and compare show
     frame = runs.load_metrics(dirs)           # one row per logged step, column `run` names the run
 
 Command line:
@@ -85,7 +86,11 @@ def run_status(run_dir: Path) -> str:
             return "summary.json unreadable"
         last_resume = max((e["time"] for e in events if e.get("event") == "resumed" and _is_number(e.get("time"))),
                           default=0)
-        if summary_file.stat().st_mtime >= last_resume:
+        logged = max((r["step"] for r in rundir.read_jsonl(run_dir / rundir.METRICS_FILE)
+                      if _is_number(r.get("step"))), default=0)
+        # a summary older than a resume, or than steps trained after it, describes an earlier point of the run
+        steps = summary.get("steps")
+        if summary_file.stat().st_mtime >= last_resume and (not _is_number(steps) or steps >= logged):
             return str(summary.get("status", "finished"))
     newest = max((f.stat().st_mtime for f in (run_dir / rundir.METRICS_FILE, run_dir / rundir.EVENTS_FILE)
                   if f.is_file()), default=0)
@@ -189,13 +194,19 @@ def load_system(run_dirs) -> "pandas.DataFrame":  # noqa: F821
 
 def _eval_columns(run_dir: Path, metrics: list[dict]) -> dict:
     """eval_tau / eval_block_size / eval_speedup: the run's latest evaluation (trained drafter, its heldout row);
-    heldout_tau: the last real tau logged while training (eval_every), which eval_tau falls back to."""
+    heldout_tau: the last real tau on held-out prompts logged while training (`real_tau` of the validator, or
+    `eval_tau` of eval_every), which eval_tau falls back to; val_sim_tau: the last held-out simulated tau."""
     found = latest_eval(run_dir)
     ev = eval_summary(found) if found else {}
-    logged = next((r["eval_tau"] for r in reversed(metrics) if r.get("eval_tau") is not None), None)
+    logged = _last_logged(metrics, "real_tau", "eval_tau")
     return {"eval_tau": ev["eval_tau"] if ev.get("eval_tau") is not None else logged,
             "eval_block_size": ev.get("eval_block_size"), "eval_speedup": ev.get("eval_speedup"),
-            "heldout_tau": logged}
+            "heldout_tau": logged, "val_sim_tau": _last_logged(metrics, "val_sim_tau")}
+
+
+def _last_logged(metrics: list[dict], *keys: str):
+    """The newest value any of `keys` was logged with (None if never)."""
+    return next((r[k] for r in reversed(metrics) for k in keys if r.get(k) is not None), None)
 
 
 def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
@@ -238,6 +249,64 @@ def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
     return table
 
 
+# Short text columns: (header, runs_table column, format). Every missing value prints "-" (never NaN or None).
+COMPACT_COLUMNS = (("status", "status", "s"), ("step", "step", "step"), ("loss", "loss", ".3f"),
+                   ("sim tau", "sim_tau", ".2f"), ("val tau", "val_sim_tau", ".2f"), ("real tau", "heldout_tau", ".2f"),
+                   ("eval tau", "eval_tau", ".2f"), ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
+                   ("target", "target", "name"))
+
+
+def compact_table(table) -> "pandas.DataFrame":  # noqa: F821
+    """runs_table as short strings, ~110 characters for a run: what `runs list` prints and compare.ipynb shows.
+
+    sim tau: simulated on the last training batch; val tau: simulated on held-out conversations; real tau: real
+    speculative decoding on held-out prompts while training; eval tau: the newest evaluation (evals/), held-out set.
+    tok/s: steady sequence tokens/s; GiB: peak memory per device (CPU runs: process RSS)."""
+    import pandas as pd
+
+    rows = {}
+    for run, r in table.iterrows():
+        rows[run] = {head: _cell(r.get(col), fmt, r) for head, col, fmt in COMPACT_COLUMNS}
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=[h for h, _, _ in COMPACT_COLUMNS])
+    out.index.name = "run"
+    return out
+
+
+def _cell(value, fmt: str, row) -> str:
+    if fmt == "step":  # a cut-off config.json leaves steps unknown (NaN in the frame): the step alone
+        step, total = (int(v) if _is_number(v) and v == v else None for v in (value, row.get("steps")))
+        return f"{step or 0}/{total}" if total else f"{step or 0}"
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if fmt == "rate":
+        v = float(value)
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e3 else f"{v:.0f}"
+    if fmt == "name":  # a folder or hub id: its last part, at most 20 characters
+        name = str(value).rstrip("/").rsplit("/", 1)[-1]
+        return name if len(name) <= 20 else name[:19] + "~"
+    return format(value, fmt) if fmt != "s" else str(value)
+
+
+_ANY_STAMP = re.compile(r"\d{8}T\d{6}Z-")
+
+
+def fit_page(frame) -> "pandas.DataFrame":  # noqa: F821
+    """A table of runs as it should be shown on a page: run folder names without their UTC stamp (`<name>-<id>`; the
+    stamp is in `runs list`), stamps dropped from evaluation folder names, every missing value "-", headers with
+    spaces so they can wrap. With full folder names a table was 1,136 px wide at a 1,024 px page (compare.ipynb)."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        return _ANY_STAMP.sub("", v) if isinstance(v, str) else v
+
+    out = frame.copy()
+    out.index = [cell(i) for i in out.index]
+    for col in out.columns:
+        out[col] = [cell(v) for v in out[col]]
+    out.columns = [str(c).replace("_", " ") for c in out.columns]  # headers that can wrap ("not separated from")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
@@ -251,8 +320,9 @@ def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Pat
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
-    execute(REPO / "notebooks" / "compare.ipynb", out, cwd=REPO, log_output=False,
-            parameters={"run_dirs": selected, "runs_dir": str(rundir.resolve_runs_dir(runs_dir)), "newest": newest})
+    root = rundir.resolve_runs_dir(runs_dir)
+    execute(REPO / "notebooks" / "compare.ipynb", out, cwd=REPO, log_output=False, relative_to=[root.parent],
+            parameters={"run_dirs": selected, "runs_dir": str(root), "newest": newest})
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
     html = out.with_suffix(".html")
     html.write_text(body)
@@ -271,14 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--out", default="runs/compare.ipynb", help="executed notebook; the .html goes next to it")
     args = ap.parse_args(argv)
     if args.cmd == "list":
-        import pandas as pd
-
         table = runs_table(list_runs(args.runs_dir), log=lambda s: print(s, file=sys.stderr))
         if not len(table):
             print(f"no runs under {args.runs_dir}")
             return 0
-        with pd.option_context("display.float_format", "{:.4g}".format):
-            print(table.to_string())  # every column, never "..."
+        text = compact_table(table).reset_index()
+        width = max(len(r) for r in text["run"])
+        print(text.to_string(index=False, formatters={"run": lambda r: r.ljust(width)}))  # in full, never "..."
+        print("sim tau: training batch | val tau: held-out, simulated | real tau: held-out, real decoding while "
+              "training\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
+              " (CPU runs: RSS)")
         return 0
     html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)
     print(f"wrote {Path(args.out)} and {html}")

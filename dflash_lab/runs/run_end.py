@@ -1,4 +1,8 @@
-"""The end of a notebook run: the drafter's weights alone, the training plot, the executed notebook, summary.json."""
+"""The end of a notebook run: the drafter's weights alone, the training plot, the executed notebook, summary.json.
+
+A run folder gives one answer: when training goes on after `finish()` (Run or Step N pressed after the finish cell),
+the loop that trained further finishes again at its end (`refinish_if_stale`), so summary.json, drafter.safetensors
+and plots/training.png name the same step as the dashboard, metrics.jsonl and the newest checkpoint."""
 
 from __future__ import annotations
 
@@ -46,3 +50,13 @@ def finish_run(trainer) -> dict:
         summary["notebook"] = str(nb) if nb else None
         rundir.write_json(trainer.run_dir / "summary.json", summary)
     return summary
+
+
+def refinish_if_stale(trainer) -> dict | None:
+    """finish() again if the trainer has been finished before and has taken steps since; returns the new summary."""
+    done = getattr(trainer, "finished_at", None)
+    if done is None or done == trainer.step_count or trainer.diverged_at is not None or trainer.run_dir is None:
+        return None
+    trainer.log(f"the run went on after finish() at step {done}: finishing again at step {trainer.step_count} "
+                "(summary.json, drafter, plots)")
+    return trainer.finish()

@@ -281,9 +281,52 @@ def find_papermill_output() -> Path | None:
     return papermill_output_from_argv([a.decode(errors="replace") for a in argv if a], cwd)
 
 
+def share_bases(notebook: Path, extra=()) -> dict[Path, str]:
+    """Folders whose absolute paths an executed notebook should not carry, and what they become: the folder that
+    holds the runs folder of the run the notebook lies in (so `runs/<run>/...` remains), the project root, the home
+    directory (`~`), and `extra` (each -> "")."""
+    bases = {Path(b).resolve(): "" for b in extra}
+    for d in Path(notebook).resolve().parents:
+        if (d / CONFIG_FILE).is_file():  # the run folder
+            bases.setdefault(d.parent.parent, "")
+            break
+    bases.setdefault(PROJECT_ROOT, "")
+    home = Path.home()
+    if home != Path("/"):
+        bases.setdefault(home, "~")
+    return bases
+
+
+def relative_paths(node, bases: dict[Path, str]):
+    """Every string of a notebook (cells, outputs, metadata) with absolute paths under `bases` made relative, so an
+    executed notebook names `runs/<run>/checkpoints/...` instead of one machine's folders. Image data is left as is.
+    Longest base first: a run folder inside the project is relative to the runs folder's parent, not to the root."""
+    order = sorted(((str(b).rstrip("/"), r) for b, r in bases.items() if str(b) not in ("", "/")),
+                   key=lambda br: -len(br[0]))
+
+    def fix(text: str) -> str:
+        for base, repl in order:
+            if base in text:
+                text = text.replace(base + "/", repl + "/" if repl else "")
+                text = re.sub(re.escape(base) + r"(?![\w.-])", repl or ".", text)
+        return text
+
+    def walk(x):
+        if isinstance(x, str):
+            return fix(x)
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, dict):
+            return {k: v if k.startswith("image/") else walk(v) for k, v in x.items()}
+        return x
+
+    return walk(node)
+
+
 def shareable_copy(src: Path, dst: Path) -> None:
-    """Copy a notebook, dropping widget state and widget views (GitHub refuses to render some of them)."""
-    nb = json.loads(src.read_text())
+    """Copy a notebook, dropping widget state and widget views (GitHub refuses to render some of them), with paths
+    relative (relative_paths)."""
+    nb = relative_paths(json.loads(src.read_text()), share_bases(dst))
     nb.get("metadata", {}).pop("widgets", None)
     for cell in nb.get("cells", []):
         outs = []

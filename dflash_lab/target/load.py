@@ -19,7 +19,10 @@ Running a loaded target (only the layers the drafter needs) is features.py.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import json
+import re
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +36,9 @@ from . import models
 
 BENCH_PREFIX = "bench:"
 BENCH_CONFIG_DIR = Path(__file__).resolve().parents[1] / "bench_configs"
+# A hub id is `org/name` (letters, digits, '-', '_', '.'); a bare name like "smollm2" is a typo far more often than
+# one of the hub's few org-less legacy ids, which still work once they are in the local cache.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 class TargetLoadError(RuntimeError):
@@ -64,7 +70,8 @@ def resolve_target_path(target: str) -> str:
     """"tiny" -> the embedded model dir; "bench:<name>" -> itself (checked); a known real model name
     (`dflash_lab.target.models.KNOWN_MODELS`, e.g. "smollm2-135m-instruct") -> its converted cache folder (error naming
     `python -m dflash_lab.target.models get NAME` if not converted); an existing dir -> itself; a path-like string that does
-    not exist -> error; anything else is treated as a Hugging Face hub id."""
+    not exist -> error; anything else must be a Hugging Face hub id that is cached or reachable (check_hub_id), else
+    an error at once naming the known names."""
     if models.is_known(target):
         try:
             return str(models.resolve(target))
@@ -88,14 +95,71 @@ def resolve_target_path(target: str) -> str:
         raise TargetLoadError(
             f"target directory {p} does not exist. Expected a Hugging Face model directory (config.json, "
             "model*.safetensors, tokenizer files) or a hub id like 'Qwen/Qwen3-8B'.")
+    check_hub_id(target)
     return target
+
+
+def known_target_names() -> list[str]:
+    return ["tiny", *sorted(models.KNOWN_MODELS)]
+
+
+def unknown_target_message(target: str, why: str = "") -> str:
+    """One line naming every kind of target there is, and the closest known name when one is close."""
+    import difflib
+
+    names = known_target_names()
+    close = difflib.get_close_matches(target, names, n=1, cutoff=0.5) or [n for n in names if n.startswith(target)]
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown target {target!r}{hint}{': ' + why if why else ''}. Known names: {', '.join(names)}; or a "
+            "local Hugging Face folder (config.json, *.safetensors, tokenizer files); or a hub id like "
+            "'Qwen/Qwen3-8B' when online (or already in the Hugging Face cache).")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a malformed id is simply not cached
+        return False
+
+
+@functools.lru_cache(maxsize=4)
+def _hub_reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
+    """One TCP connect to the hub's host (milliseconds, or at most `timeout_s`), instead of the ~55 s that
+    transformers spends retrying a hub it cannot reach before it says so."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_hub_id(target: str) -> None:
+    """A name that is neither known nor a folder must be a hub id we can get: in the local Hugging Face cache, or of
+    the form org/name with the hub reachable. Anything else fails at once, naming what a target can be."""
+    if _in_hub_cache(target):
+        return
+    if not _HUB_ID.fullmatch(target):
+        raise TargetLoadError(unknown_target_message(target))
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise TargetLoadError(unknown_target_message(target, "not in the Hugging Face cache and HF_HUB_OFFLINE is set"))
+    if not _hub_reachable(constants.ENDPOINT):
+        raise TargetLoadError(unknown_target_message(
+            target, f"not in the Hugging Face cache, and {constants.ENDPOINT} cannot be reached from this machine"))
 
 
 def load_tokenizer(target: str):
     """The target's tokenizer; bench:* targets (random weights) use the tiny tokenizer and chat template."""
+    path = resolve_target_path("tiny" if is_bench_target(target) else target)  # a bad name fails before the import
     from transformers import AutoTokenizer
 
-    path = resolve_target_path("tiny" if is_bench_target(target) else target)
     try:
         return AutoTokenizer.from_pretrained(path)
     except OSError as e:
@@ -105,9 +169,9 @@ def load_tokenizer(target: str):
 
 def load_target_config(target: str):
     """The target's Hugging Face config, without loading any weight (placement checks run on it)."""
+    path = resolve_target_path(target)
     from transformers import AutoConfig
 
-    path = resolve_target_path(target)
     if is_bench_target(target):
         fields = {k: v for k, v in json.loads(bench_config_path(target).read_text()).items()
                   if not k.startswith("_")}

@@ -1,4 +1,5 @@
-"""`torchrun ... -m dflash_lab.train --run-dir DIR`: one rank of a distributed run."""
+"""`python -m dflash_lab.train` (alone, or one rank under torchrun): `--config <run dir>/config.json`, or
+`--data FILE` for a new run dir."""
 
 from .cli import run
 

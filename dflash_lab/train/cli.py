@@ -2,6 +2,7 @@
 
     torchrun --nnodes 1 --nproc-per-node 8 -m dflash_lab.train --config runs/<run>/config.json
     python -m dflash_lab.train --config runs/<run>/config.json            # one process, no process group
+    python -m dflash_lab.train --data chats.jsonl --target T --steps 2000  # a NEW run dir from a data file, then train
 
 The run directory is the folder holding config.json (a TrainConfig); its `distributed.json` (DistConfig) says how
 ranks are laid out, and the flags below override both. The loop itself is rank_trainer.RankTrainer. A rank that
@@ -21,12 +22,35 @@ from pathlib import Path
 
 from dflash_lab.runs import rundir
 from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.target.load import TargetLoadError, resolve_target_path
 from .distributed import DistConfig, DistContext
+from .launch import prepare_run
 from .rank_trainer import STATUS_FILE, RankTrainer
 
+EPILOG = """The notebook way (dashboard, progress lines, summary.json and the executed notebook in the run dir):
+notebooks/train.ipynb, headless `papermill notebooks/train.ipynb out.ipynb --log-output -p target T -p data FILE
+-y 'gpus: [0]'` (`papermill --help-notebook notebooks/train.ipynb` lists every parameter). This command is the
+torchrun entry point: --config runs an existing run dir's config.json; --data writes a new run dir (config.json with
+the flags below and any TrainConfig field given with --set, e.g. --set seq_len=3072 --set lr=6e-4) and trains it in
+this process."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.train", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="<run dir>/config.json (a TrainConfig); outputs go to its folder")
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.train", description=__doc__.split("\n")[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--config", help="<run dir>/config.json (a TrainConfig); outputs go to its folder")
+    how.add_argument("--data", help="chat data file (JSONL/Parquet, OpenAI or ShareGPT) for a NEW run dir")
+    p.add_argument("--target", default="tiny", help="with --data: the target (a known name, a local Hugging Face "
+                   "folder or a hub id; default tiny)")
+    p.add_argument("--devices", default="cpu", help="with --data: the one device of this process, e.g. cuda:0 "
+                   "(several GPUs: torchrun, or notebooks/train.ipynb)")
+    p.add_argument("--heldout-data", default=None, help="with --data: held-out conversations (JSONL) for validation "
+                   "and real tau (default: the data's own held-out split)")
+    p.add_argument("--run-name", default="train", help="with --data: name part of runs/<stamp>-<name>-<id>/")
+    p.add_argument("--runs-dir", default="runs", help="with --data: where the new run dir goes (default runs/)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --data: any TrainConfig "
+                   "field (VALUE read as JSON when it parses: 3072, 6e-4, true, [1, 9]; else a string); repeatable")
     p.add_argument("--resume", default=None, help="run directory or checkpoint folder to continue from "
                    "(overrides config.resume_from)")
     p.add_argument("--steps", type=int, default=None, help="override config.steps")
@@ -58,8 +82,38 @@ def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Pat
     return cfg, (dcfg.replace(**over) if over else dcfg), run_dir, set(changes)
 
 
+def new_run(args: argparse.Namespace) -> Path:
+    """--data: a TrainConfig from the flags (checked, the target too, before anything is written) in a new run dir."""
+    fields = {}
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set seq_len=3072.")
+        try:
+            fields[name.strip()] = json.loads(value)
+        except ValueError:
+            fields[name.strip()] = value
+    cfg = TrainConfig.from_dict({**fields, "target": args.target, "data": args.data,
+                                 "devices": list(args.devices.split(",")), "heldout_data": args.heldout_data,
+                                 "run_name": args.run_name, "runs_dir": args.runs_dir,
+                                 **({"steps": args.steps} if args.steps else {})})
+    resolve_target_path(cfg.target)  # a misspelled target: one line now, not a traceback after the data loaded
+    if not Path(cfg.data).expanduser().exists():
+        raise ConfigError(f"--data {cfg.data} does not exist. Fix: pass a JSONL/JSON/Parquet chat file "
+                          "(check it first: python -m dflash_lab.data FILE --target T).")
+    run_dir = prepare_run(cfg)
+    print(f"new run dir {run_dir} (config.json); training {cfg.steps} steps of {cfg.target} on {cfg.data}", flush=True)
+    return run_dir
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.data is not None:
+        try:
+            args.config = str(new_run(args) / rundir.CONFIG_FILE)
+        except (ConfigError, TargetLoadError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     rank = int(os.environ.get("RANK", 0))
     ctx = trainer = None
     run_dir = Path(args.config).resolve().parent

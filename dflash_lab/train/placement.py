@@ -124,13 +124,15 @@ def make_placement(devices, target_devices=None) -> Placement:
                              "and the drafter on GPUs (or both on 'cpu' for tests).")
     if "cuda" in kinds:
         if not torch.cuda.is_available():
-            raise PlacementError(f"devices {drafters + targets} ask for GPUs but no CUDA GPU is visible. Fix: use "
-                                 "devices=('cpu',) or run on a GPU machine (check CUDA_VISIBLE_DEVICES).")
+            raise PlacementError(f"devices {drafters + targets} ask for GPUs but no CUDA GPU is visible. Fix: train "
+                                 "on the CPU (notebooks: -y 'gpus: []'; Python: devices=('cpu',)) or run on a GPU "
+                                 "machine with a CUDA build of torch (check CUDA_VISIBLE_DEVICES).")
         n = torch.cuda.device_count()
         for d in dict.fromkeys(drafters + targets):
             if int(d.split(":")[1]) >= n:
                 raise PlacementError(f"{d} does not exist: {n} GPU(s) are visible (cuda:0..cuda:{n - 1}; "
-                                     "CUDA_VISIBLE_DEVICES applies). Fix: pick GPUs from that range.")
+                                     "CUDA_VISIBLE_DEVICES applies). Fix: pick GPUs from that range (notebooks: "
+                                     f"-y 'gpus: [{', '.join(str(i) for i in range(min(n, 2)))}]').")
         for name, devs in (("devices", drafters), ("target_devices", targets)):
             dup = sorted({d for d in devs if devs.count(d) > 1})
             if dup:
@@ -209,7 +211,8 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
             what = " + ".join(f"{k} ~{v / 1e9:.0f} GB" for k, v in parts.items())
             hints = []
             if placement.colocated:
-                hints.append("split the target and the drafter onto different GPUs (target_devices=...)")
+                hints.append("split the target and the drafter onto different GPUs (notebooks: -y 'target_gpus: "
+                             "[1]'; Python: target_devices=...)")
             if "target" in parts and T > 1:
                 hints.append("use fewer target replicas")
             if "drafter" in parts:

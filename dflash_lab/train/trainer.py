@@ -20,18 +20,16 @@ import math
 import time
 from pathlib import Path
 
-import torch
-
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir
 from . import resume as resume_state
 from dflash_lab.config import TrainConfig
-from .controls import STOP_FILE, Controls, counted_loop
+from .controls import CONTROL_EVENT, LR_OVERRIDE_EVENT, STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .prepare import prepare_run
-from .progress import process_rss_gb, progress_line
-from dflash_lab.runs.run_end import finish_run, save_drafter
+from .progress import device_memory, progress_line
+from dflash_lab.runs.run_end import finish_run, refinish_if_stale, save_drafter
 from dflash_lab.runs.sinks import with_sinks
 from dflash_lab.target.load import load_targets
 from .validation import Validator, tau_gap_event, validation_line
@@ -94,7 +92,10 @@ class Trainer:
         for row in previous_rows:
             self.metrics.ring.append(row)
         self.throughput = Throughput()
-        self.controls = Controls()
+        self.controls = Controls(record=lambda action, **f: self._event(CONTROL_EVENT, action=action,
+                                                                         step=self.step_count, **f))
+        self._lr_override_logged: float | None = None  # the override value last written as an lr_override event
+        self.finished_at: int | None = None  # the step of the last finish(): a later loop finishes again (run_end)
         self.loops_running = 0  # step()/train() calls in progress (see controls.counted_loop)
         self.step_count = 0
         self.last_batch = None
@@ -129,7 +130,6 @@ class Trainer:
         return self.metrics.ring.snapshot()
 
     def current_lr(self) -> float:
-        cfg = self.config
         if self.controls.new_lr is not None:
             return self.controls.new_lr
         return self.schedule.lr(self.step_count)
@@ -145,7 +145,8 @@ class Trainer:
             raise ValueError(f"step(n={n}): n must be >= 1.")
         if self.diverged_at is not None:
             raise TrainingDiverged(self._diverged_message())
-        if self.controls.stopped.is_set() and self.loops_running == 1:  # a cell after Stop: the run stays stopped
+        outermost = self.loops_running == 1  # not a step of train()'s loop
+        if self.controls.stopped.is_set() and outermost:  # a cell after Stop: the run stays stopped
             self.log(f"step({n}) skipped: this run was stopped at step {self.step_count}; press Run or Step N "
                      "(or call trainer.controls.stopped.clear()) to train further")
             return self.last_metrics
@@ -153,6 +154,9 @@ class Trainer:
         for _ in range(n):
             self._inflight = self._driver.submit(self._one_step)
             self._wait(self._inflight)
+        if outermost:  # hand steps are over: nothing trains now (no ETA, no "training" on a dashboard)
+            self.phase = "finished" if self.step_count >= self.config.steps else "idle"
+            refinish_if_stale(self)
         return self.last_metrics
 
     def _settle(self) -> None:
@@ -185,6 +189,9 @@ class Trainer:
         batch = pre[1] if pre is not None and pre[0] == self.step_count else self.sampler.batch(self.step_count)
         self.last_batch = batch
         lr = self.current_lr()
+        if self.controls.new_lr is not None and self.controls.new_lr != self._lr_override_logged:
+            self._lr_override_logged = self.controls.new_lr  # the first step that uses it: lr_history rebuilds on it
+            self._event(LR_OVERRIDE_EVENT, step=self.step_count + 1, lr=lr)
         # Split placements: the target side computes the next batch's features while the drafters train on this one.
         nxt = self.sampler.batch(self.step_count + 1) if self.engine.prefetches else None
         t0 = time.perf_counter()
@@ -204,7 +211,7 @@ class Trainer:
             "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
             **self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps),
-            **self._memory(),
+            **device_memory(w.device for w in self.workers),
         }
         finite = math.isfinite(loss) and math.isfinite(record["grad_norm"])
         if finite and cfg.eval_every and self.step_count % cfg.eval_every == 0:
@@ -267,16 +274,6 @@ class Trainer:
         if p.done or last is None or p.seconds - last >= 5.0:
             self._load_logged[p.replica] = p.seconds
             self.log(p.line())
-
-    def _memory(self) -> dict:
-        mem = {}
-        for w in self.workers:
-            if w.device.type == "cuda":
-                mem[f"mem_gb/{w.device}"] = round(torch.cuda.memory_allocated(w.device) / 2**30, 3)
-        rss = process_rss_gb()
-        if rss is not None:
-            mem["rss_gb"] = rss
-        return mem
 
     @counted_loop
     def train(self, steps: int | None = None, *, progress_every_s: float = 10.0, progress_every_steps: int = 0,
@@ -343,6 +340,8 @@ class Trainer:
             saved = self._checkpoint_or_warn("stop") if self.run_dir else None
             self.log(f"stopped at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
                      + (f"; resume with resume_from={str(self.run_dir)!r}" if self.run_dir else ""))
+        if self.loops_running == 1:
+            refinish_if_stale(self)  # e.g. Run pressed after the finish cell: summary, drafter and plots follow
         return self.last_metrics
 
     def _stop_requested(self) -> bool:
@@ -410,7 +409,7 @@ class Trainer:
 
     def progress_line(self, target: int | None = None) -> str:
         return progress_line(self.last_metrics or {}, step=self.step_count, target=target or self.config.steps,
-                             steady_step_time=self.throughput.steady_step_time)
+                             steady_step_time=self.throughput.steady_step_time, phase=self.phase)
 
     def save_drafter(self, path: str | Path | None = None) -> Path:
         """Drafter weights only (safetensors, export names, no embedding/head)."""
@@ -423,6 +422,7 @@ class Trainer:
         A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite).
         """
         summary = finish_run(self)
+        self.finished_at = self.step_count
         self._event("finish", status=summary["status"], step=self.step_count)
         return summary
 

@@ -253,8 +253,9 @@ class Validator:
             return
         if self.data is None:
             trainer.log(f"note: validation and real tau are off: no held-out conversations for data={cfg.data!r} "
-                        "(looked for heldout.jsonl next to it or a heldout/test/validation split). Fix: pass "
-                        "heldout_data=<JSONL of held-out conversations>.")
+                        "(looked for heldout.jsonl next to it or a heldout/test/validation split). Fix: "
+                        "-p heldout_data FILE.jsonl (train.ipynb, explore.ipynb; Python: TrainConfig(heldout_data=...)),"
+                        " or put a heldout.jsonl next to the data file.")
             self.val_every = self.real_every = 0
             return
         if not self.data.prompts:

@@ -1,0 +1,96 @@
+"""The dashboard's memory/utilisation history strip per device and its event markers, on CPU without a browser (the
+browser test checks both in JupyterLab at 1,600 and 1,024 px)."""
+
+import re
+
+import pytest
+
+from widgets.history import DeviceHistory, markers_from_events, strip_svg
+from widgets.model import DashboardModel
+
+
+def gpu_sample(t, used):
+    return {"time": t, "host": {"cpu_pct": 50.0, "ram_used_gb": 8, "ram_total_gb": 64},
+            "gpus": [{"label": f"cuda:{i} (gpu {i})", "mem_used_gb": used * (i + 1), "mem_total_gb": 140.0,
+                      "mem_view": "v2", "kernel_busy_pct": 90 - i} for i in range(2)]}
+
+
+def test_history_per_gpu_is_kept_over_time_and_bounded():
+    m = DashboardModel()
+    m.system_history.max_points = 60
+    for k in range(200):
+        m.add_system(gpu_sample(1000.0 + 0.5 * k, used=10 + k * 0.1))
+        m.add_system(gpu_sample(1000.0 + 0.5 * k, used=10 + k * 0.1))  # the same sample polled twice counts once
+    s = m.state()
+    a, b = s.device_history
+    assert (a.label, b.label) == ("cuda:0 (gpu 0)", "cuda:1 (gpu 1)")
+    assert len(a.t) <= 60 and a.t[0] == 0.0 and a.t[-1] == pytest.approx(99.5)  # whole run, thinned
+    assert a.mem_frac[-1] == pytest.approx((10 + 19.9) / 140) and b.mem_frac[-1] == pytest.approx(2 * 29.9 / 140)
+    assert a.util_pct[-1] == 90 and b.util_pct[-1] == 89
+    from widgets.html import gpus_html
+
+    h = gpus_html(s)
+    strips = re.findall(r'<svg class="dfl-strip" data-device="([^"]+)" data-points="(\d+)"', h)
+    assert strips == [("cuda:0 (gpu 0)", str(len(a.t))), ("cuda:1 (gpu 1)", str(len(b.t)))]
+    assert "history: memory (fill), busy (line)" in h
+
+
+def test_a_cpu_machine_has_one_host_strip():
+    m = DashboardModel()
+    for k in range(5):
+        m.add_system({"time": float(k), "host": {"cpu_pct": 20.0 * k, "ram_used_gb": 2 + k, "ram_total_gb": 24},
+                      "gpus": [], "no_gpu": True})
+    s = m.state()
+    (host,) = s.device_history
+    assert host.label == "host" and host.util_pct == [0, 20, 40, 60, 80]
+    assert host.mem_frac[-1] == pytest.approx(6 / 24)
+    from widgets.html import gpus_html
+
+    assert 'data-device="host" data-points="5"' in gpus_html(s)
+    assert "collecting history" in strip_svg(DeviceHistory("cuda:0", [0.0], [0.1], [5.0]))
+
+
+EVENTS = [{"event": "control", "action": "run", "step": 0}, {"event": "control", "action": "pause", "step": 30},
+          {"event": "control", "action": "set_lr", "step": 30, "lr": 1e-4}, {"event": "lr_override", "step": 31,
+                                                                               "lr": 1e-4},
+          {"event": "control", "action": "resume", "step": 33}, {"event": "checkpoint", "step": 40, "reason": "periodic"},
+          {"event": "stop_requested", "step": 52, "source": "controls.stop"}, {"event": "finish", "step": 52}]
+
+
+def test_events_and_evaluations_become_markers_on_every_panel():
+    from widgets.dashboard import PANEL_AXES, curve_shapes
+    from widgets.history import markers_html
+
+    marks = markers_from_events(EVENTS)
+    assert [(m.kind, m.step) for m in marks] == [("pause", 30), ("lr", 31), ("resume", 33), ("checkpoint", 40),
+                                                ("stop", 52)]  # run / set_lr clicks / finish draw nothing extra
+    assert marks[1].text == "LR change at step 31 (lr 0.0001)"
+    m = DashboardModel()
+    m.add_metrics([{"step": k, "loss": 3.0, "sim_tau": 1.5} for k in range(1, 50)]
+                  + [{"step": 50, "loss": 2.0, "sim_tau": 2.0, "val_sim_tau": 1.8, "real_tau": 1.6}])
+    v0 = m.markers_version
+    m.add_events(EVENTS)
+    m.add_events(EVENTS[:3])  # read again (a second view of the same file): no duplicates
+    s = m.state(phase="stopped")
+    assert [(x.kind, x.step) for x in s.markers] == [("pause", 30), ("lr", 31), ("resume", 33), ("checkpoint", 40),
+                                                     ("eval", 50), ("stop", 52)]
+    assert s.markers_version > v0
+    lines = [sh for sh in curve_shapes(s) if sh["type"] == "line"]
+    assert len(lines) == 6 * len(PANEL_AXES) and {sh["xref"] for sh in lines} == set(PANEL_AXES)
+    assert {sh["x0"] for sh in lines} == {30, 31, 33, 40, 50, 52}
+    key = markers_html(s.markers)
+    for kind, count in (("pause", 1), ("lr", 1), ("checkpoint", 1), ("eval", 1), ("stop", 1)):
+        assert f'data-kind="{kind}" data-count="{count}"' in key
+
+
+def test_static_render_draws_the_markers_and_the_history():
+    from widgets.static import render_png
+
+    m = DashboardModel()
+    m.add_metrics([{"step": k, "loss": 3.0 - k / 100, "sim_tau": 1.5, "lr": 1e-3} for k in range(1, 60)])
+    for k in range(6):
+        m.add_system(gpu_sample(float(k), used=20 + k))
+    plain = render_png(m.state(phase="stopped"))
+    m.add_events(EVENTS)
+    marked = render_png(m.state(phase="stopped"))
+    assert plain[:8] == marked[:8] == b"\x89PNG\r\n\x1a\n" and plain != marked
