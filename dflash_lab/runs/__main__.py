@@ -1,4 +1,4 @@
-"""`python -m dflash_lab.runs list|compare ...`: list and compare run directories."""
+"""`python -m dflash_lab.runs list` or `python -m dflash_lab.runs compare`: list and compare run directories."""
 
 from .listing import main
 
