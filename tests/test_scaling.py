@@ -62,3 +62,18 @@ def test_scaling_runs_every_point_and_reports_tau(tmp_path):
     assert png.stat().st_size > 5_000
     point = json.loads((Path(saved["points"][0]["run_dir"]) / "scaling_point.json").read_text())
     assert Path(point["evals"]["b4-t0"]["eval_dir"], "eval.json").is_file()
+
+
+def test_the_scaling_notebook_renders_a_study(tmp_path):
+    """notebooks/scaling.ipynb reads only scaling.json: executed headless it shows the table and the curves."""
+    from dflash_lab.runs.notebook_exec import execute
+
+    run_scaling(_cfg(tmp_path, sizes=(40,)), poll_s=0.2)
+    results = tmp_path / "scaling" / "scaling.json"
+    out = tmp_path / "scaling-executed.ipynb"
+    execute(Path(__file__).resolve().parents[1] / "notebooks" / "scaling.ipynb", out,
+            parameters={"results": str(results), "eval_keys": ["b4-t0"], "curves_png": str(tmp_path / "c.png")},
+            cwd=tmp_path)
+    text = out.read_text()
+    assert "steps-n40-d1" in text and "tau tiny-heldout" in text and "image/png" in text
+    assert (tmp_path / "c.png").stat().st_size > 5_000
