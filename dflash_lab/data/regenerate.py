@@ -40,7 +40,7 @@ import torch
 from dflash_lab.target.load import TargetLoadError
 
 from .chat_formats import ChatData, DataError, read_chat_data
-from .regen_engine import regenerate_with_engine
+from .regen_engine import ConversationTurns, regenerate_with_engine
 from .regen_local import HFGenerator, PromptFit, generation_dtype, greedy_match_check, load_generators
 from .regen_output import (Writer, check_meta, check_output_path, check_records, meta_path, output_lock,
                            prompt_sha256, read_output, target_sha256)
@@ -139,35 +139,14 @@ def load_finished(out: Path, log=print) -> set[str]:
 # The driver
 # ---------------------------------------------------------------------------------------------------------------
 
-class _Job:
-    """One conversation being regenerated turn by turn."""
-
-    def __init__(self, conv):
-        self.conv = conv
-        self.history: list[dict] = []
-        self.rest = list(conv.messages)
-        self.finish, self.tokens = [], []
-
-    def next_prompt(self) -> list[dict] | None:
-        """Advance through kept turns; the history to answer next, or None when the conversation is done."""
-        while self.rest:
-            m = self.rest.pop(0)
-            if m["role"] == "assistant":
-                return self.history
-            self.history.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
-        if self.history and self.history[-1]["role"] != "assistant":
-            return self.history  # a trailing user turn gets an answer too
-        return None
-
-    def answer(self, text: str, finish: str, n: int) -> None:
-        self.history.append({"role": "assistant", "content": text})
-        self.finish.append(finish)
-        self.tokens.append(n)
+class _Job(ConversationTurns):
+    """One conversation regenerated turn by turn (the engine's ConversationTurns); its record also carries the
+    prompt's hash, which a resume checks."""
 
     def record(self, generation: dict) -> dict:
-        return {"id": self.conv.id, "source": self.conv.source, "messages": self.history,
-                "generation": {**generation, "prompt_sha256": prompt_sha256(self.conv.messages),
-                               "finish_reasons": self.finish, "new_tokens": self.tokens}}
+        rec = super().record(generation)
+        rec["generation"]["prompt_sha256"] = prompt_sha256(self.conv.messages)
+        return rec
 
 
 def _hf_worker(gen: HFGenerator, batches: "queue.Queue", writer: Writer, generation: dict, stop: threading.Event,
