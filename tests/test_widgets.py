@@ -426,3 +426,20 @@ def test_model_side_imports_without_jupyter_packages():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_attached_view_skips_and_counts_garbage_metric_lines(tmp_path):
+    """A metrics file with a bare number, null, a string, a step "abc" and a step past the configured steps: the
+    dashboard draws the good rows only and says how many lines it skipped."""
+    from widgets.model import DashboardModel
+    from widgets.sources import RunDirSource
+
+    (tmp_path / "config.json").write_text(json.dumps({"steps": 4}))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n123\nnull\n"text"\n'
+                                            '{"step": "abc", "loss": 1.0}\n{"step": 2, "loss": 1.5}\n'
+                                            '{"step": 402, "loss": 1.0}\n')
+    follower = JsonlFollower(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in follower.read_new()] == [1, "abc", 2, 402] and follower.bad_lines == 3
+    model = DashboardModel()
+    RunDirSource(tmp_path).poll(model)
+    assert model.last_step == 2 and "5 line(s) of metrics.jsonl skipped" in model.warning

@@ -51,8 +51,13 @@ class JsonlFollower:
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                row = None
+            # a metrics row is a JSON object; `123`, `null` or a string is a torn or foreign line, counted
+            if isinstance(row, dict):
+                out.append(row)
+            else:
                 self.bad_lines += 1
         return out
 
@@ -168,7 +173,7 @@ class RunDirSource:
     def poll(self, model: DashboardModel) -> dict:
         self._config()
         model.total_steps = self.total_steps or model.total_steps
-        model.add_metrics(self.metrics.read_new())
+        model.add_metrics(self._metric_rows(self.metrics.read_new()))
         samples = self.system.read_new()
         model.add_events(self.events.read_new())
         st = run_dir_state(self.run_dir, step=model.last_step, total=model.total_steps)
@@ -176,7 +181,25 @@ class RunDirSource:
             for sample in samples[-model.system_history.max_points:]:  # every sample: the history strips
                 model.add_system(sample)  # once the run has ended, its last readings stay (no live CPU %)
         model.warning = warning_from_events(self.run_dir) or model.warning
+        if self.metrics.bad_lines:
+            model.warning = (f"{self.metrics.bad_lines} line(s) of {self.metrics.path.name} skipped (torn, not a "
+                             f"JSON object, or no integer step <= {self.total_steps})") + \
+                (f"; {model.warning}" if model.warning else "")
         return {"phase": st.phase, "phase_detail": st.detail, "error": st.error}
+
+    def _metric_rows(self, rows: list[dict]) -> list[dict]:
+        """Rows the curves can place: an integer step in 1..steps (a garbage or stray row is counted, not drawn)."""
+        keep = []
+        for r in rows:
+            step = r.get("step")
+            ok = isinstance(step, int) and not isinstance(step, bool) and step >= 1
+            if ok and self.total_steps and step > self.total_steps:
+                ok = False
+            if ok:
+                keep.append(r)
+            else:
+                self.metrics.bad_lines += 1
+        return keep
 
     def request_stop(self) -> Path:
         """Cooperative stop of the remote run: the trainer checks for <run_dir>/STOP at step boundaries."""
