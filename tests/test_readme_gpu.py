@@ -31,7 +31,7 @@ def test_the_readme_gpu_walkthrough_runs_on_the_tiny_target(tmp_path):
     names = re.findall(r"(?:^|\s)([A-Z_]+)=", settings)
     tiny = {"TARGET": "tiny", "PROMPTS": str(tmp_path / "prompts.jsonl"), "GPUS": "'[]'", "DEVICE": "cpu",
             "NAME": "readme", "RUNS": str(tmp_path / "runs"), "DATA": str(tmp_path / "data"), "HELDOUT": "2",
-            "STEPS": "8", "SEQ_LEN": "64", "BLOCK": "8",
+            "STEPS": "8", "SEQ_LEN": "64", "BLOCK": "8", "ANSWER": "160",
             "SHAPE": '"-p seq_len 64 -p block_size 8 -p num_anchors 4 -p num_draft_layers 1 -p batch_size 2"'}
     assert sorted(names) == sorted(tiny), f"the README's settings changed: {names}"
     assert len(commands) == 2 and "regenerate" in commands[0] and "resume_from" in commands[1]
