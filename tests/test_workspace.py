@@ -49,7 +49,8 @@ def test_copies_are_made_updated_when_unused_and_kept_when_used(tmp_path):
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_lab_serves_the_copies_as_root_on_a_chosen_port(tmp_path):
     venv = tmp_path / "venv"
-    out = subprocess.run(["make", "-n", "-o", f"{venv}/.installed", "lab", f"VENV={venv}", f"LAB_DIR={tmp_path}/lab",
+    # --no-print-directory: under `make test` this make is a sub-make, which would print "make[1]: Entering ..."
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-o", f"{venv}/.installed", "lab", f"VENV={venv}", f"LAB_DIR={tmp_path}/lab",
                           "LAB_PORT=8890", "LAB_ARGS=--no-browser --ip=127.0.0.1"], cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
