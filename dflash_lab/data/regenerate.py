@@ -5,9 +5,13 @@ chat template and thinking mode that will be served. For every conversation the 
 assistant turn is replaced by the target's answer given the history so far (earlier turns already regenerated); a
 conversation ending in a user turn gets one new answer, so a prompts-only file works too.
 
-Two back ends:
-- Hugging Face: the target is loaded on each chosen device (one replica per device, one thread each); conversations
-  are grouped into left-padded batches of similar prompt length and generated turn by turn.
+Back ends:
+- Engine (the default on GPUs, `--backend engine`): target/generate.py on each chosen device, static KV caches, rows
+  refilled as they finish, CUDA graphs; every turn of every conversation goes through one queue (regen_engine.py).
+  On one H200, SmolLM2-135M answered at ~100k new tokens/s against ~5k for Hugging Face `generate`.
+- Hugging Face (`--backend hf`, the default on the CPU): the target is loaded on each chosen device (one replica per
+  device, one thread each); conversations are grouped into left-padded batches of similar prompt length and
+  generated turn by turn.
 - Server: POST {url}/v1/chat/completions (vLLM, SGLang or any OpenAI-compatible server running the target), with
   `concurrency` requests in flight and `chat_template_kwargs.enable_thinking` when a thinking mode is chosen.
 
