@@ -20,12 +20,7 @@ from dflash_lab.data.draft_vocab import (DraftVocab, build_draft_vocab, check_sa
 from dflash_lab.drafter.step import DraftInputs, block_stats, drafter_loss
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 # ---------------------------------------------------------------------------------------------------------------

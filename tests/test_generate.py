@@ -22,13 +22,7 @@ GREEDY = GenerationSettings(max_new_tokens=NEW)
 SAMPLED = GenerationSettings(max_new_tokens=NEW, temperature=1.0, top_p=0.9, top_k=40, seed=7)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small-batch decoding of tiny models is per-op overhead: one intra-op thread is faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 @functools.lru_cache(maxsize=1)

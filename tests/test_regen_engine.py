@@ -20,12 +20,7 @@ GREEDY = SamplingConfig(max_new_tokens=64, enable_thinking=False)  # tiny answer
 SAMPLED = SamplingConfig(max_new_tokens=64, enable_thinking=False, temperature=1.0, top_p=0.95, seed=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 @functools.lru_cache(maxsize=1)

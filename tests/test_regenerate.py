@@ -16,14 +16,7 @@ N = 10
 MAX_NEW = 160  # tiny answers are 40-150 tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Generation on a 1M-parameter model is per-step overhead, not matmuls: one intra-op thread is faster, and far
-    faster on a loaded machine (measured 20x: 2 threads spin against other processes)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 @pytest.fixture(scope="module")

@@ -24,14 +24,7 @@ TINY_TRAIN = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_
                   num_draft_layers=2, lr=3e-3, seed=0, log_every=5, run_name="spec-test")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Batch-1 decoding of tiny models is latency-bound: extra intra-op threads only wait for each other (these
-    tests took 11 min with 2 threads vs 36 s with 1 on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,12 +20,7 @@ TINY = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=19
 QUIET = dict(log=lambda *a: None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # batch-1 decoding of a tiny model is latency-bound
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 def test_all_anchors_are_every_training_anchor_position_in_order():

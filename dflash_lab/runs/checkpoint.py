@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from .run_files import RunFileError, read_json
+
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "state.json"
 DRAFTER_FILE = "drafter.safetensors"
@@ -278,14 +280,10 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 # ---------------------------------------------------------------------------------------------------------------
 def read_state(path: str | Path) -> dict:
     """state.json of a checkpoint; a cut-off or garbled file raises CheckpointError naming it."""
-    f = Path(path) / STATE_FILE
     try:
-        state = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f} cannot be read ({type(e).__name__}: {e}).") from e
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{f} holds a {type(state).__name__}, not a JSON object.")
-    return state
+        return read_json(Path(path) / STATE_FILE)
+    except RunFileError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def read_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
