@@ -10,7 +10,9 @@ from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.evaluation import decode_bench as db
 from dflash_lab.evaluation.static_decode import STAGES, StaticSpeculativeDecoder
-from tests.test_speculative import _tiny_llama, one_thread  # noqa: F401 (autouse fixture)
+from tests.test_speculative import _tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 def test_parts_of_an_iteration_add_up_and_each_launches_kernels():

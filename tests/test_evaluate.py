@@ -8,7 +8,9 @@ import pytest
 
 from dflash_lab.evaluation import evaluate as ev
 from dflash_lab.evaluation.speculative import PromptTooLongError
-from tests.test_speculative import one_thread, tiny_models, tiny_trained_run  # noqa: F401 (autouse fixture)
+from tests.test_speculative import tiny_models, tiny_trained_run  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 def test_prompt_files_formats_and_errors(tmp_path):

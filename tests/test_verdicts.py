@@ -10,7 +10,9 @@ from dflash_lab.evaluation.measure import run_decoders
 from dflash_lab.evaluation.report import BASELINE, EvalReport
 from dflash_lab.evaluation.speculative import SpeculativeDecoder
 from dflash_lab.evaluation.verdicts import divergence_record, lossless_verdict
-from tests.test_speculative import heldout_prompt_ids, one_thread, tiny_models  # noqa: F401 (autouse fixture)
+from tests.test_speculative import heldout_prompt_ids, tiny_models  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
 
 
 def _result(out, topk, ref=None):
