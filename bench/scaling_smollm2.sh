@@ -9,20 +9,24 @@
 #       (.recipe/call1s = the GGUF's first half + the gguf wheel: the recipe's papermill wheels do not fit beside
 #        today's working tree in one 64 MiB call, and nothing here runs a notebook on the device)
 #   call 2 (carry [".recipe/call2"]):            bash bench/scaling_smollm2.sh data
-#       converts the model, runs the GPU tests and the generation benchmark, then writes the data with the target:
+#       converts the model, then writes the data with the target:
 #       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
 #       (dflash_lab.data.self_prompts: prompts sampled at T=1, answered greedily), the held-out sets, the pool.
 #       N_SELF is fitted to the time left from the measured generation rate unless set.
-#   call 3 (no carry):                           bash bench/scaling_smollm2.sh train
-#       dflash_lab.scaling on the pool: matched steps / matched epochs / depth points, each evaluated on
-#       chitchat-heldout, self-heldout and general (block 16 and 8, T=0, bf16) and the best at T=1; scaling.json.
-#   call 4 (no carry), optional:                 bash bench/scaling_smollm2.sh extra
-#       the fp32 lossless check and the per-part iteration timing of the best drafter.
-# Env: N_SELF, T_DATA (seconds for call 2, default 560), T_TRAIN (call 3, default 550), STEPS (matched steps,
-# default 1500), SIZES (default "3000 10000 30000 100000"), BATCH (default 32), SLOTS (default 1: three points side by
-# side ran at 94 ms a step each against 46 ms alone on the H200), BLOCKS (default "16 8").
+#   call 3 (no carry):                           SLOTS=3 bash bench/scaling_smollm2.sh train
+#       dflash_lab.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
+#       learning-rate points, SLOTS side by side, each evaluated on chitchat-heldout, self-heldout and general
+#       (block 16 and 8, T=0, bf16, 64 prompts at once: batched_eval.py); scaling.json.
+#   call 4 (no carry):                           bash bench/scaling_smollm2.sh final
+#       the same study resumed: the long run alone, then the best point at batch 1 on the quiet GPU (speedup over
+#       the target alone, lossless verdicts, T=1, fp32 lossless check on LOSSLESS prompts per set), then, in the
+#       time left, the engine's every-turn rate and fp32 serving match (dflash_lab.gen_bench).
+# Env: N_SELF, T_DATA (seconds for call 2, default 580), T_TRAIN (calls 3 and 4, default 520), STEPS (matched steps,
+# default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; three
+# points side by side ran at 94 ms a step each against 46 ms alone on the H200: 1.5x the work per second),
+# BLOCKS (default "16 8"), ANSWER (answer tokens, default 192).
 set -u
-MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|extra}
+MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|final}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[scaling_smollm2 $MODE +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/scaling.log"; }
@@ -51,7 +55,7 @@ stage)
 data)
   GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
   GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-  T_DATA=${T_DATA:-560}
+  T_DATA=${T_DATA:-580}
   mkdir -p $DATA
   if [ "$MODEL" != tiny ]; then
   [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run bench/recipe_smollm2.sh stage1 first (call 1)"; exit 2; }
@@ -63,39 +67,36 @@ data)
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     $PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers',
             transformers.__version__, 'triton', triton.__version__)"
-    git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
+    echo "tree commit ${COMMIT:-unknown} (the device copy's .git is stale)"; } > "$OUT/env.txt" 2>&1
   $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
   log "model converted"
-  # the engine's rate (first turns, every turn, T=1) and its match with the evaluator's greedy, bf16 and fp32
-  timeout 150 $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 --first 4096 --eager-first 256 \
-    --batch-sizes 512 1024 --all 500 --match 32 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" \
-    > "$OUT/gen_bench.log" 2>&1
-  log "generation bench rc=$?"
   fi
   # chitchat: prompts written by people, answered by the target (greedy, bf16: the evaluator's setting)
   $PY -m dflash_lab.data.real_data chitchat --out $DATA/chitchat >> "$OUT/prep.log" 2>&1 || { log "chitchat failed"; exit 5; }
   LIMIT=${CHITCHAT_LIMIT:+--limit $CHITCHAT_LIMIT}
   $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/train-first.jsonl --out $DATA/chitchat-regen.jsonl \
-    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens 256 --batch-size 512 $LIMIT \
+    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens ${ANSWER:-192} --batch-size 512 $LIMIT \
     >> "$OUT/prep.log" 2>&1 || { log "chitchat regeneration failed"; tail -5 "$OUT/prep.log"; exit 5; }
   $PY -m dflash_lab.data.regenerate --data $DATA/chitchat/heldout-first.jsonl --out $DATA/chitchat-heldout-regen.jsonl \
-    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens 256 --batch-size 512 $LIMIT \
+    --target $MODEL --devices $DEVICE --dtype $DTYPE --backend engine --max-new-tokens ${ANSWER:-192} --batch-size 512 $LIMIT \
     >> "$OUT/prep.log" 2>&1 || { log "held-out regeneration failed"; exit 5; }
   log "chitchat answered"
+  # ~108k sampled user turns -> ~95k after the filters, + ~7k chitchat: a pool of >= 100k conversations (~5 min)
+  [ "$MODEL" != tiny ] && N_SELF=${N_SELF:-108000}
   if [ -z "${N_SELF:-}" ]; then  # fit the number of target-written conversations to the time left
     N_SELF=$($PY - "$OUT/gen_bench.jsonl" $(left $T_DATA) <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if __import__("os").path.exists(sys.argv[1]) else []
 rate = max([r.get("new_tokens_per_s", 0) for r in rows if r.get("dtype") == "bfloat16"] or [20000])
 budget = int(sys.argv[2]) - 60                      # the pool, the reports and the copies
-per_conv = 45 + 170                                 # measured-ish: prompt + answer tokens per conversation
-print(max(5000, min(120000, int(rate * 0.8 * budget / per_conv))))
+per_conv = 2 * 45 + 150                            # user turn sampled (~45 tokens, ~2x slower) + answer
+print(max(5000, min(115000, int(rate * 0.8 * budget / per_conv))))
 EOF
 )
   fi
   log "writing $N_SELF target-written conversations"
   timeout $(( $(left $T_DATA) - 30 )) $PY -m dflash_lab.data.self_prompts --target $MODEL --n $N_SELF \
-    --out $DATA/self/self.jsonl --devices $DEVICE --dtype $DTYPE --batch-size 512 --max-answer-tokens 256 \
+    --out $DATA/self/self.jsonl --devices $DEVICE --dtype $DTYPE --batch-size 1024 --max-answer-tokens ${ANSWER:-192} \
     --heldout 256 >> "$OUT/prep.log" 2>&1
   log "self prompts rc=$?"
   cp $DATA/self/self.report.json "$OUT/self_report.json" 2>/dev/null
@@ -107,52 +108,28 @@ print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA
   tar czf "$OUT/data_meta.tgz" -C $DATA --exclude '*.jsonl' . 2>/dev/null
   ls -la $DATA $DATA/self | tee -a "$OUT/scaling.log"
   ;;
-train)
-  T_TRAIN=${T_TRAIN:-550}
+train|final)
+  # train: every point but the long run, SLOTS side by side; final (the next call, same machine): the long run
+  # alone, then the best point at batch 1 on the quiet GPU (speedup, verdicts, T=1, fp32 lossless)
+  T_TRAIN=${T_TRAIN:-520}
   [ -f $DATA/pool.jsonl ] || { echo "no $DATA/pool.jsonl: run 'data' first on this same machine (call 2)"; exit 2; }
-  rm -rf $WORK; mkdir -p $WORK
+  [ "$MODE" = train ] && { rm -rf $WORK; mkdir -p $WORK; }
   # a hard limit inside the call's, so what finished is always copied back (the points write as they finish)
-  timeout $(( T_TRAIN - 20 )) $PY - "$DATA" "$WORK" $(( T_TRAIN - 120 )) "$MODEL" "$DEVICE" "$DTYPE" > "$OUT/train.log" 2>&1 <<'EOF'
-import os, sys
-from dflash_lab.scaling import ScalingConfig, run_scaling
-data, work, budget, model, device, dtype = sys.argv[1], sys.argv[2], float(sys.argv[3]), *sys.argv[4:7]
-cpu = os.environ.get("SCALING_CPU") == "1"
-sizes = tuple(int(s) for s in os.environ.get("SIZES", "3000 10000 30000 100000").split())
-n_pool = sum(1 for line in open(f"{data}/pool.jsonl") if line.strip())
-sizes = tuple(s for s in sizes if s <= n_pool) or (n_pool,)
-cfg = ScalingConfig(
-    target=model, pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
-    prompt_sets={"chitchat-heldout": f"{data}/chitchat-heldout-regen.jsonl", "self-heldout": f"{data}/self/self-heldout.jsonl",
-                 "general": "general"},
-    sizes=sizes, matched_steps=int(os.environ.get("STEPS", 1500)), matched_epochs=1.0,
-    base={"seq_len": 512, "batch_size": int(os.environ.get("BATCH", 32)), "num_anchors": 64, "block_size": 16,
-          "num_draft_layers": 3, "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "log_every": 50}
-    if not cpu else {"seq_len": 128, "batch_size": 4, "num_anchors": 8, "block_size": 4, "num_draft_layers": 1,
-                     "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1},
-    block_sizes=tuple(int(b) for b in os.environ.get("BLOCKS", "16 8").split()) if not cpu else (4,), eval_dtype=dtype, extra_depths=(5,) if not cpu else (2,),
-    eval_prompts=int(os.environ.get("EVAL_PROMPTS", 64)), eval_new_tokens=int(os.environ.get("EVAL_TOKENS", 128)),
-    devices=(device,) * int(os.environ.get("SLOTS", 1)), out=work)
-print(run_scaling(cfg, deadline_s=budget)["wall_s"])
-EOF
-  log "scaling rc=$?"
+  timeout $(( T_TRAIN - 25 )) $PY bench/scaling_smollm2_study.py $MODE "$DATA" "$WORK" "$MODEL" "$DEVICE" "$DTYPE" \
+    $(( T_TRAIN - 200 )) > "$OUT/$MODE.log" 2>&1
+  log "scaling $MODE rc=$?"
+  if [ "$MODE" = final ] && [ "$MODEL" != tiny ] && [ "$(left $T_TRAIN)" -gt 60 ]; then
+    # with the time left: the engine's every-turn rate and its fp32 match with the evaluator's greedy (first turns
+    # were measured at 99.5k new tokens/s in bf16)
+    timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 \
+      --first 512 --eager-first 0 --batch-sizes 512 --modes graph --no-sampled --all 1000 --match 32 \
+      --match-new-tokens 128 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" > "$OUT/gen_bench.log" 2>&1
+    log "generation bench rc=$?"
+  fi
   cp $WORK/scaling.json "$OUT/scaling.json"
-  for f in $WORK/*/scaling_point.json; do cp "$f" "$WORK/$(basename $(dirname "$f")).point.json"; done 2>/dev/null
-  tar czf "$OUT/points.tgz" -C $WORK --exclude '*.safetensors' --exclude 'checkpoints' . 2>/dev/null
-  tail -30 "$OUT/train.log" | cut -c1-300
-  ;;
-extra)
-  # GPU tests: graph == eager for the generation engine and the decoders, bf16 and fp32
-  timeout 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_generate.py tests/test_decode_bench.py \
-    tests/test_speculative.py tests/test_validation.py tests/test_evaluate.py > "$OUT/gpu_tests.log" 2>&1
-  log "gpu tests rc=$? ($(tail -1 "$OUT/gpu_tests.log"))"
-  BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); b=[p for p in s['points'] if p['name']==s.get('best')]; print(b[0]['run_dir'] if b else '')")
-  [ -n "$BEST" ] || { echo "no best point in $WORK/scaling.json"; exit 2; }
-  timeout 200 $PY -m dflash_lab.evaluation.evaluate "$BEST" --prompts general $DATA/chitchat-heldout-regen.jsonl --dtype float32 \
-    --n-prompts 16 --max-new-tokens 128 --no-untrained --no-notebook > "$OUT/lossless_fp32.log" 2>&1
-  log "fp32 lossless rc=$?"
-  timeout 150 $PY -m dflash_lab.evaluation.decode_bench --target $MODEL --drafter "$BEST" --prompts general \
-    --block-size 16 --skip-dynamic > "$OUT/decode_bench.log" 2>&1
-  log "decode bench rc=$?"
+  tar czf "$OUT/points-$MODE.tgz" -C $WORK --exclude '*.safetensors' --exclude 'checkpoints' --exclude 'data' \
+    --exclude '*.pt' . 2>/dev/null
+  grep -E "scaling:|batched tau|error|Error" "$OUT/$MODE.log" | tail -40 | cut -c1-250
   ;;
 *) echo "unknown mode $MODE: use prepare, stage, data, train or extra"; exit 2 ;;
 esac

@@ -5,8 +5,12 @@ tau on held-out prompts stalls, docs/tau-gap.md). This workflow measures the cur
 target-written conversations (the first N of one seeded shuffle, so every larger set contains the smaller ones),
 each trained twice, at MATCHED STEPS (the same optimizer steps for every size: does more data help at a fixed
 compute budget?) and at MATCHED EPOCHS (the same passes over the data: what does a size give when fully used?), plus
-extra draft depths at the largest size. Every point is evaluated by real speculative decoding on the same named
-prompt sets (held-out chitchat, held-out target-written, the project's general set), at each block size, T=0.
+extra draft depths and other variants (a learning rate, more steps) at the largest size. Every point is evaluated
+by real speculative decoding on the same named prompt sets (held-out chitchat, held-out target-written, the
+project's general set), at each block size, T=0, many prompts at once (evaluation/batched_eval.py: the tau of
+batch-1 decoding, with its bootstrap interval). Speedup needs a quiet device and batch 1, so it is measured once,
+for the best point, by `final_eval` (`python -m dflash_lab.scaling --final <out>`): batch-1 decoding beside the
+target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless check.
 
     cfg = ScalingConfig(target="smollm2-135m-instruct", pool="data/pool.jsonl", heldout_data="data/heldout.jsonl",
                         prompt_sets={"chitchat-heldout": "...", "self-heldout": "...", "general": "..."},
@@ -61,6 +65,9 @@ class ScalingConfig:
     """The matched-epochs series never trains fewer steps than this (warm-up needs some)."""
     extra_depths: tuple = (5,)
     """Draft depths trained at the LARGEST size (matched steps) besides the base's num_draft_layers."""
+    variants: dict = dataclasses.field(default_factory=dict)
+    """name -> TrainConfig overrides (plus optional "steps"), each trained at the LARGEST size: the levers besides
+    data, e.g. {"lr1.5e-3": {"lr": 1.5e-3}, "long": {"steps": 4500}}."""
     base: dict = dataclasses.field(default_factory=dict)
     """TrainConfig fields shared by every point (seq_len, batch_size, lr, ...)."""
     block_sizes: tuple = (16, 8)
@@ -68,8 +75,8 @@ class ScalingConfig:
     eval_prompts: int | None = 64
     """Prompts per set (None = every prompt of the file)."""
     eval_dtype: str = "bfloat16"
-    sampled_eval: bool = True
-    """Also evaluate the point with the highest held-out real tau at T=1 (block size block_sizes[0])."""
+    eval_batch: int = 64
+    """Prompts decoded at once by each point's evaluation (greedy; tau as at batch 1)."""
     devices: tuple = ("cpu",)
     """Slots: one point per entry at a time; a device may be listed several times."""
     out: str = "runs/scaling"
@@ -96,18 +103,26 @@ class ScalingConfig:
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
         object.__setattr__(self, "extra_depths", tuple(self.extra_depths))
+        if not isinstance(self.variants, dict) or any(not isinstance(v, dict) for v in self.variants.values()):
+            raise ConfigError(f"{c}.variants={self.variants!r} is invalid: a dict name -> TrainConfig overrides. "
+                              "Fix: e.g. {'lr1.5e-3': {'lr': 1.5e-3}}.")
+        if not isinstance(self.eval_batch, int) or self.eval_batch < 1:
+            raise ConfigError(f"{c}.eval_batch={self.eval_batch!r} must be an integer >= 1.")
         for f in ("pool", "heldout_data"):
             if not Path(getattr(self, f)).expanduser().is_file():
                 raise ConfigError(f"{c}.{f}={getattr(self, f)!r} is not a file. Fix: write it first (the target's "
                                   "answers to its own prompts: python -m dflash_lab.data.self_prompts ...).")
         self.train_config(size=self.sizes[0], steps=self.min_steps, data=self.pool)  # fails now, not in a child
+        for name, over in self.variants.items():
+            self.train_config(size=self.sizes[-1], steps=self.min_steps, data=self.pool, overrides=over, name=name)
 
-    def train_config(self, *, size: int, steps: int, data: str, depth: int | None = None, name: str = "p"
-                     ) -> TrainConfig:
+    def train_config(self, *, size: int, steps: int, data: str, depth: int | None = None, name: str = "p",
+                     overrides: dict | None = None) -> TrainConfig:
         fields = {**self.base, "target": self.target, "data": data, "heldout_data": self.heldout_data,
                   "steps": steps, "seed": self.seed, "run_name": f"scaling-{name}", "runs_dir": str(self.out)}
         if depth is not None:
             fields["num_draft_layers"] = depth
+        fields.update({k: v for k, v in (overrides or {}).items() if k != "steps"})
         return TrainConfig(**fields)
 
 
@@ -139,11 +154,13 @@ def plan_points(cfg: ScalingConfig, subsets: dict[int, Path]) -> list[dict]:
     base_depth = cfg.train_config(size=1, steps=1, data=cfg.pool).num_draft_layers
     points = []
 
-    def add(series, n, steps, depth):
-        name = f"{series}-n{n}-d{depth}"
-        tc = cfg.train_config(size=n, steps=steps, data=str(subsets[n]), depth=depth, name=name)
-        points.append({"name": name, "series": series, "conversations": n, "steps": steps, "depth": depth,
-                       "epochs": round(steps * batch / n, 3), "config": tc})
+    def add(series, n, steps, depth, name=None, overrides=None):
+        name = name or f"{series}-n{n}-d{depth}"
+        tc = cfg.train_config(size=n, steps=steps, data=str(subsets[n]), depth=depth, name=name,
+                              overrides=overrides)
+        points.append({"name": name, "series": series, "conversations": n, "steps": steps,
+                       "depth": tc.num_draft_layers, "epochs": round(steps * batch / n, 3),
+                       "overrides": dict(overrides or {}), "config": tc})
 
     for n in cfg.sizes:
         if cfg.matched_steps is not None:
@@ -152,10 +169,20 @@ def plan_points(cfg: ScalingConfig, subsets: dict[int, Path]) -> list[dict]:
             steps = max(cfg.min_steps, math.ceil(cfg.matched_epochs * n / batch))
             if cfg.matched_steps is None or steps != cfg.matched_steps:
                 add("epochs", n, steps, base_depth)
+    largest_steps = cfg.matched_steps or points[-1]["steps"]
     for depth in cfg.extra_depths:
         if depth != base_depth:
-            add("depth", cfg.sizes[-1], cfg.matched_steps or points[-1]["steps"], depth)
+            add("depth", cfg.sizes[-1], largest_steps, depth)
+    for name, over in cfg.variants.items():
+        add("variant", cfg.sizes[-1], int(over.get("steps", largest_steps)), None, name=f"variant-{name}",
+            overrides=over)
     return points
+
+
+def schedule_order(points: list[dict]) -> list[int]:
+    """Longest points first (steps x depth): with several slots the longest run sets the study's wall time, so it
+    starts at once instead of last."""
+    return sorted(range(len(points)), key=lambda i: -points[i]["steps"] * points[i]["depth"])
 
 
 def _child_env(device: str) -> dict:
@@ -167,19 +194,41 @@ def _child_env(device: str) -> dict:
     return env
 
 
-def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_s: float | None = None) -> dict:
-    """Train and evaluate every point, `len(cfg.devices)` at a time; returns (and writes) the results."""
+def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_s: float | None = None,
+                only: tuple | None = None, resume: bool = False) -> dict:
+    """Train and evaluate every point, `len(cfg.devices)` at a time; returns (and writes) the results.
+
+    only: names of the points to run now (the others are recorded as "not run"); resume: keep the finished points
+    of the study already in cfg.out (same configuration) and run the rest: a study split over several sessions."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    results_path = out / RESULTS_FILE
     subsets = write_subsets(cfg.pool, cfg.sizes, out / "data", cfg.seed)
     points = plan_points(cfg, subsets)
-    state = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()},
-             "points": [{k: v for k, v in p.items() if k != "config"} | {"status": "pending"} for p in points],
-             "started": time.time()}
-    results_path = out / RESULTS_FILE
+    config = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
+                                    for k, v in dataclasses.asdict(cfg).items()}))
+    names = [p["name"] for p in points]
+    if only is not None and set(only) - set(names):
+        raise ConfigError(f"only={sorted(set(only) - set(names))} names no planned point. Fix: use names from "
+                          f"{names}.")
+    kept = {}
+    if resume and results_path.is_file():
+        before = json.loads(results_path.read_text())
+        what = lambda c: {k: v for k, v in (c or {}).items() if k != "devices"}  # noqa: E731 (slots are how, not what)
+        if what(before.get("config")) != what(config):
+            raise ConfigError(f"{results_path} was written by another configuration, so its points do not belong "
+                              "to this study. Fix: the same ScalingConfig, or a new out folder.")
+        kept = {p["name"]: p for p in before["points"] if p.get("status") == "finished"}
+    state = {"config": config, "points": [kept.get(p["name"]) or
+                                          ({k: v for k, v in p.items() if k != "config"} | {"status": "pending"})
+                                          for p in points], "started": time.time()}
     write_json(results_path, state)
-    log(f"scaling: {len(points)} points on {len(cfg.devices)} slots -> {results_path}")
-    pending, running, t0 = list(range(len(points))), {}, time.time()
+    todo = [i for i in schedule_order(points) if names[i] not in kept and (only is None or names[i] in only)]
+    for i in set(range(len(points))) - set(todo) - {names.index(n) for n in kept}:
+        state["points"][i]["status"] = "not run (only)"
+    log(f"scaling: {len(todo)} of {len(points)} points on {len(cfg.devices)} slots ({len(kept)} kept) -> "
+        f"{results_path}")
+    pending, running, t0 = todo, {}, time.time()
     free = list(cfg.devices)
     while pending or running:
         while pending and free and (deadline_s is None or time.time() - t0 < deadline_s):
@@ -200,8 +249,7 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
                 f"({state['points'][i].get('wall_s', 0):.0f} s)")
             write_json(results_path, state)
         time.sleep(poll_s)
-    if cfg.sampled_eval:
-        _sampled_eval(cfg, state, log)
+    state["best"] = best_point(state, cfg.block_sizes[0], next(iter(cfg.prompt_sets)))
     state["wall_s"] = round(time.time() - t0, 1)
     write_json(results_path, state)
     return state
@@ -214,7 +262,7 @@ def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subp
     write_json(run_dir / POINT_FILE, {**{k: v for k, v in point.items() if k != "config"},
                                       "prompt_sets": cfg.prompt_sets, "block_sizes": list(cfg.block_sizes),
                                       "eval_new_tokens": cfg.eval_new_tokens, "eval_prompts": cfg.eval_prompts,
-                                      "eval_dtype": cfg.eval_dtype})
+                                      "eval_dtype": cfg.eval_dtype, "eval_batch": cfg.eval_batch})
     row.update(status="running", run_dir=str(run_dir), device=device, started=time.time())
     log(f"scaling: {point['name']} ({point['conversations']} conversations, {point['steps']} steps, "
         f"{point['epochs']} epochs, depth {point['depth']}) on {device} -> {run_dir}")
@@ -239,37 +287,23 @@ def _collect(row: dict, rc: int) -> None:
         row["error"] = found.get("error") or f"exit code {rc}: " + " | ".join(tail)
 
 
-def _sampled_eval(cfg: ScalingConfig, state: dict, log) -> None:
-    """T=1 evaluation of the point with the highest real tau on the first prompt set, first block size."""
-    first, B = next(iter(cfg.prompt_sets)), cfg.block_sizes[0]
-    done = [p for p in state["points"] if p["status"] == "finished"]
-    scored = [(p["evals"][f"b{B}-t0"][first]["tau"], p) for p in done if f"b{B}-t0" in p.get("evals", {})]
-    if not scored:
-        return
-    best = max(scored, key=lambda s: s[0])[1]
-    log(f"scaling: T=1 evaluation of the best point {best['name']}")
-    best.setdefault("evals", {})[f"b{B}-t1"] = evaluate_point(Path(best["run_dir"]), cfg.prompt_sets, B, 1.0,
-                                                              cfg.eval_new_tokens, cfg.eval_prompts, cfg.eval_dtype)
-    state["best"] = best["name"]
+def best_point(state: dict, block_size: int, first_set: str) -> str | None:
+    """The finished point with the highest tau on the first prompt set at the first block size (T=0)."""
+    key = f"b{block_size}-t0"
+    scored = [(p["evals"][key][first_set]["tau"], p["name"]) for p in state["points"]
+              if p.get("status") == "finished" and first_set in p.get("evals", {}).get(key, {})]
+    return max(scored)[1] if scored else None
 
 
-def evaluate_point(run_dir: Path, prompt_sets: dict, block_size: int, temperature: float, new_tokens: int,
-                   n_prompts: int | None, dtype: str, log=print) -> dict:
-    """Real speculative decoding of a run's drafter on every prompt set: {set: {tau, its 95% bootstrap interval
-    over prompts (tau_low, tau_high), prompts, speedup at batch 1, lossless counts}}."""
-    from dflash_lab.evaluation.evaluate import evaluate
+def evaluate_point(run_dir: Path, prompt_sets: dict, block_sizes, new_tokens: int, n_prompts: int | None,
+                   dtype: str, batch: int = 64, log=print) -> dict:
+    """Greedy real tau of a run's drafter on every prompt set and block size, `batch` prompts at once:
+    {f"b{B}-t0": {set: {tau, its 95% bootstrap interval over prompts (tau_low, tau_high), prompts, checksum}}}."""
+    from dflash_lab.evaluation.batched_eval import batched_taus
 
-    report = evaluate(run_dir, prompts=dict(prompt_sets), block_size=block_size, temperature=temperature,
-                      max_new_tokens=new_tokens, n_prompts=n_prompts, untrained=False, dtype=dtype, log=log)
-    report.save()
-    out = {}
-    keep = ("tau", "tau_low", "tau_high", "prompts", "prompt_set_sha256", "speedup", "tokens_per_s",
-            "identical_to_target", "near_ties", "real_mismatches", "new_tokens")
-    for row in report.rows():
-        if row["decoder"] == "trained":
-            out[row["prompt_set"]] = {k: row[k] for k in keep if k in row}
-    out["eval_dir"] = str(report.out_dir)
-    return out
+    taus = batched_taus(run_dir, prompts=dict(prompt_sets), block_sizes=tuple(block_sizes),
+                        max_new_tokens=new_tokens, n_prompts=n_prompts, dtype=dtype, batch=batch, log=log)
+    return {f"{k}-t0": v for k, v in taus.items() if k != "drafter"}
 
 
 def run_point(run_dir: Path) -> int:
@@ -286,18 +320,21 @@ def run_point(run_dir: Path) -> int:
         hist = [r for r in trainer.history if "loss" in r]
         point["train"] = {"status": summary.get("status"), "wall_s": round(time.time() - t0, 1),
                           "final_loss": hist[-1]["loss"] if hist else None,
+                          "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
                           "supervised_tokens": sum(r.get("supervised_tokens", 0) for r in hist),
-                          "real_tau_curve": [{"step": r["step"], "real_tau": r["real_tau"]} for r in trainer.history
-                                             if r.get("real_tau") is not None]}
+                          "curve": [{k: r[k] for k in ("step", "loss", "acc", "val_acc", "val_sim_tau", "real_tau",
+                                                       "real_tau_low", "real_tau_high") if r.get(k) is not None}
+                                    for r in trainer.history if r.get("real_tau") is not None
+                                    or r.get("val_acc") is not None]}
         trainer.close()
         trainer = None
         write_json(run_dir / POINT_FILE, point)
-        point["evals"] = {}
-        for B in point["block_sizes"]:
-            point["evals"][f"b{B}-t0"] = evaluate_point(run_dir, point["prompt_sets"], B, 0.0,
-                                                        point["eval_new_tokens"], point["eval_prompts"],
-                                                        point["eval_dtype"])
-            write_json(run_dir / POINT_FILE, point)
+        t1 = time.time()
+        point["evals"] = evaluate_point(run_dir, point["prompt_sets"], point["block_sizes"],
+                                        point["eval_new_tokens"], point["eval_prompts"], point["eval_dtype"],
+                                        point.get("eval_batch", 64))
+        point["eval_wall_s"] = round(time.time() - t1, 1)
+        write_json(run_dir / POINT_FILE, point)
         return 0
     except BaseException as e:
         point["error"] = f"{type(e).__name__}: {e}"
@@ -308,12 +345,67 @@ def run_point(run_dir: Path) -> int:
             trainer.close()
 
 
+def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: int | None = None,
+               n_prompts: int | None = 64, new_tokens: int = 128, dtype: str = "bfloat16",
+               sampled_sets: tuple = (), lossless_prompts: int = 0, name: str | None = None, log=print) -> dict:
+    """The best point (or `name`) at batch 1 on a quiet device: speedup over the target alone and the lossless
+    verdicts at T=0 on every set, T=1 on `sampled_sets`, and an fp32 lossless check on `lossless_prompts` prompts
+    of each set (0 = skip). Recorded under "final" in <out>/scaling.json and returned."""
+    from dflash_lab.evaluation.evaluate import evaluate
+
+    path = Path(out) / RESULTS_FILE
+    state = json.loads(path.read_text())
+    cfg = state["config"]
+    sets = dict(prompt_sets or cfg["prompt_sets"])
+    B = block_size or cfg["block_sizes"][0]
+    pick = name or state.get("best")
+    rows = [p for p in state["points"] if p["name"] == pick and p.get("status") == "finished"]
+    if not rows:
+        raise ConfigError(f"{path}: no finished point named {pick!r}. Fix: pass name= one of "
+                          f"{[p['name'] for p in state['points'] if p.get('status') == 'finished']}.")
+    run_dir = Path(rows[0]["run_dir"])
+    final = {"point": pick, "run_dir": str(run_dir), "block_size": B, "evals": {}}
+    jobs = [("t0", sets, 0.0, dtype, n_prompts)]
+    jobs += [("t1", {s: sets[s] for s in sampled_sets}, 1.0, dtype, n_prompts)] if sampled_sets else []
+    jobs += [("fp32-lossless", sets, 0.0, "float32", lossless_prompts)] if lossless_prompts else []
+    for key, chosen, temperature, dt, n in jobs:
+        t0 = time.time()
+        report = evaluate(run_dir, prompts=chosen, block_size=B, temperature=temperature, max_new_tokens=new_tokens,
+                          n_prompts=n, untrained=False, dtype=dt, log=log)
+        report.save()
+        final["evals"][key] = {row["prompt_set"]: row for row in report.rows() if row["decoder"] == "trained"}
+        final["evals"][key]["eval_dir"] = str(report.out_dir)
+        final["evals"][key]["seconds"] = round(time.time() - t0, 1)
+        state["final"] = final
+        write_json(path, state)  # what finished is kept if a later job is cut off
+        log(report.table())
+    return final
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_lab.scaling",
-                                description="run one point of a data-scaling study (run_scaling starts these)")
-    p.add_argument("--point", required=True, help="the point's run directory (config.json + scaling_point.json)")
+                                description="one point of a data-scaling study (run_scaling starts these), or the "
+                                            "batch-1 evaluation of its best point")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--point", help="the point's run directory (config.json + scaling_point.json)")
+    g.add_argument("--final", help="a study's folder (scaling.json): evaluate its best point at batch 1")
+    p.add_argument("--name", help="with --final: this point instead of the best")
+    p.add_argument("--sampled", nargs="*", default=[], help="with --final: prompt sets also evaluated at T=1")
+    p.add_argument("--lossless-prompts", type=int, default=0, help="with --final: fp32 lossless check on N "
+                   "prompts of each set (0 = skip)")
+    p.add_argument("--n-prompts", type=int, default=64, help="with --final: prompts per set")
     args = p.parse_args(argv)
-    return run_point(Path(args.point))
+    if args.point:
+        return run_point(Path(args.point))
+    if args.lossless_prompts < 0 or args.n_prompts < 1:
+        p.error("--lossless-prompts must be >= 0 and --n-prompts >= 1")
+    try:
+        final_eval(args.final, name=args.name, sampled_sets=tuple(args.sampled), n_prompts=args.n_prompts,
+                   lossless_prompts=args.lossless_prompts)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .scaling import RESULTS_FILE
 
-SERIES_STYLE = {"steps": ("matched steps", "o-"), "epochs": ("matched epochs", "s--"), "depth": ("depth", "^")}
+SERIES_STYLE = {"steps": ("matched steps", "o-"), "epochs": ("matched epochs", "s--"), "depth": ("depth", "^"),
+                "variant": ("variant", "D")}
 
 
 def load_results(path: str | Path) -> dict:
@@ -47,11 +48,11 @@ def _fmt(v, nd=2) -> str:
 
 
 def markdown_table(results: dict, eval_key: str = "b16-t0") -> str:
-    """Points as rows, prompt sets as columns: `tau [lo, hi]` at one evaluation setting, plus speedup."""
+    """Points as rows, prompt sets as columns: `tau [lo, hi]` at one evaluation setting, plus the final training loss."""
     rs = [r for r in rows(results) if r["eval"] == eval_key]
     sets = sorted({r["prompt_set"] for r in rs})
     head = "| point | conversations | steps | epochs | depth | " + " | ".join(f"tau {s}" for s in sets) + \
-           " | speedup (first set) |"
+           " | final loss |"
     lines = [head, "|" + "---|" * (6 + len(sets))]
     for p in results["points"]:
         mine = {r["prompt_set"]: r for r in rs if r["point"] == p["name"]}
@@ -63,11 +64,60 @@ def markdown_table(results: dict, eval_key: str = "b16-t0") -> str:
         for s in sets:
             r = mine.get(s)
             cells.append("-" if r is None else f"{_fmt(r['tau'])} [{_fmt(r['tau_lo'])}, {_fmt(r['tau_hi'])}]")
-        first = mine.get(sets[0]) if sets else None
-        sp = f"{first['speedup']:.2f}x" if first and first.get("speedup") else "-"
+        loss = (p.get("train") or {}).get("final_loss")
         lines.append(f"| {p['name']} | {p['conversations']} | {p['steps']} | {p['epochs']} | {p['depth']} | " +
-                     " | ".join(cells) + f" | {sp} |")
+                     " | ".join(cells) + f" | {_fmt(loss, 3)} |")
     return "\n".join(lines)
+
+
+def final_rows(results: dict) -> list[dict]:
+    """The batch-1 evaluation of the best point (scaling.final_eval): one row per (setting, prompt set) with tau,
+    its interval, speedup over the target alone, tokens/s and the lossless verdict counts."""
+    final = results.get("final") or {}
+    out = []
+    for key, sets in (final.get("evals") or {}).items():
+        for name, r in sets.items():
+            if isinstance(r, dict):
+                out.append({"setting": key, "prompt_set": name, **{k: r.get(k) for k in (
+                    "prompts", "tau", "tau_low", "tau_high", "speedup", "tokens_per_s", "identical_to_target",
+                    "near_ties", "real_mismatches")}})
+    return out
+
+
+def final_markdown(results: dict) -> str:
+    """final_rows as a markdown table (empty string when the study has no final evaluation)."""
+    rs = final_rows(results)
+    if not rs:
+        return ""
+    final = results["final"]
+    lines = [f"best point `{final['point']}`, block size {final['block_size']}, batch 1", "",
+             "| setting | prompt set | prompts | tau [95%] | speedup | tokens/s | identical | near-ties | real mismatches |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        sp = f"{r['speedup']:.2f}x" if r.get("speedup") else "-"
+        lines.append(f"| {r['setting']} | {r['prompt_set']} | {r['prompts']} | {_fmt(r['tau'])} "
+                     f"[{_fmt(r['tau_low'])}, {_fmt(r['tau_high'])}] | {sp} | {_fmt(r['tokens_per_s'], 0)} | "
+                     f"{_fmt(r['identical_to_target'])} | {_fmt(r['near_ties'])} | {_fmt(r['real_mismatches'])} |")
+    return "\n".join(lines)
+
+
+def training_figure(results: dict):
+    """Held-out real tau against optimizer steps for every point that measured it while training (does more
+    training still pay at the end of a point, or has it flattened?)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    ax = fig.subplots()
+    for p in results["points"]:
+        curve = [r for r in (p.get("train") or {}).get("curve", []) if r.get("real_tau") is not None]
+        if len(curve) >= 2:
+            ax.plot([r["step"] for r in curve], [r["real_tau"] for r in curve], marker=".", label=p["name"])
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out real tau (training-time check)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return fig
 
 
 def html_table(results: dict, eval_key: str = "b16-t0") -> str:
@@ -97,7 +147,8 @@ def curves_figure(results: dict, eval_key: str = "b16-t0"):
             y = [r["tau"] for r in pts]
             err = [[r["tau"] - (r["tau_lo"] if r["tau_lo"] is not None else r["tau"]) for r in pts],
                    [(r["tau_hi"] if r["tau_hi"] is not None else r["tau"]) - r["tau"] for r in pts]]
-            tag = label if series != "depth" else ", ".join(f"depth {r['depth']}" for r in pts)
+            tag = {"depth": ", ".join(f"depth {r['depth']}" for r in pts),
+                   "variant": ", ".join(r["point"].removeprefix("variant-") for r in pts)}.get(series, label)
             ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=tag)
         ax.set_xscale("log")
         ax.set_xlabel("training conversations")
@@ -112,4 +163,11 @@ def save_curves(results: dict, path: str | Path, eval_key: str = "b16-t0") -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     curves_figure(results, eval_key).savefig(path, dpi=110)
+    return path
+
+
+def save_training(results: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    training_figure(results).savefig(path, dpi=110)
     return path

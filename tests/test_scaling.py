@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dflash_lab.config import ConfigError
-from dflash_lab.scaling import ScalingConfig, plan_points, run_scaling, write_subsets
+from dflash_lab.scaling import ScalingConfig, final_eval, plan_points, run_scaling, schedule_order, write_subsets
 from dflash_lab.scaling_report import load_results, markdown_table, rows, save_curves
 from dflash_lab.tiny import tiny_data_path, tiny_heldout_path
 
@@ -19,7 +19,7 @@ def _cfg(tmp_path, **kw):
     fields = dict(target="tiny", pool=str(tiny_data_path()), heldout_data=str(tiny_heldout_path()),
                   prompt_sets={"tiny-heldout": str(tiny_heldout_path())}, sizes=(40, 400), matched_steps=3,
                   matched_epochs=None, extra_depths=(), base=BASE, block_sizes=(4,), eval_new_tokens=8,
-                  eval_prompts=2, eval_dtype="float32", sampled_eval=False, out=str(tmp_path / "scaling"))
+                  eval_prompts=2, eval_dtype="float32", out=str(tmp_path / "scaling"))
     return ScalingConfig(**{**fields, **kw})
 
 
@@ -35,6 +35,13 @@ def test_subsets_are_nested_and_points_planned(tmp_path):
     assert got == [("steps", 40, 50, 1), ("epochs", 40, 20, 1), ("steps", 400, 50, 1), ("epochs", 400, 100, 1),
                    ("depth", 400, 50, 2)]
     assert [p["epochs"] for p in points] == [5.0, 2.0, 0.5, 1.0, 0.5]
+    # variants train at the largest size: their own steps or the matched ones, their overrides in the config
+    cfg = _cfg(tmp_path, sizes=(40, 400), matched_steps=50, variants={"lr": {"lr": 1e-2}, "long": {"steps": 120}})
+    points = plan_points(cfg, {40: subsets[10], 400: subsets[100]})
+    got = [(p["name"], p["conversations"], p["steps"], p["config"].lr) for p in points]
+    assert got == [("steps-n40-d1", 40, 50, 3e-3), ("steps-n400-d1", 400, 50, 3e-3),
+                   ("variant-lr", 400, 50, 1e-2), ("variant-long", 400, 120, 3e-3)]
+    assert schedule_order(points) == [3, 0, 1, 2]  # the longest starts first; ties keep their order
 
 
 def test_bad_settings_fail_before_anything_runs(tmp_path):
@@ -44,13 +51,25 @@ def test_bad_settings_fail_before_anything_runs(tmp_path):
         _cfg(tmp_path, pool=str(tmp_path / "missing.jsonl"))
     with pytest.raises(ConfigError, match="lr"):  # a bad TrainConfig field of the base fails in the parent
         _cfg(tmp_path, base={**BASE, "lr": -1.0})
+    with pytest.raises(ConfigError, match="variants="):
+        _cfg(tmp_path, variants={"lr": 0.1})
+    with pytest.raises(ConfigError, match="lr"):  # a variant's bad override fails in the parent too
+        _cfg(tmp_path, variants={"lr": {"lr": 0.0}})
     with pytest.raises(ConfigError, match="fewer than the largest size"):
         write_subsets(tiny_data_path(), (10, 10_000), tmp_path, seed=0)
 
 
 def test_scaling_runs_every_point_and_reports_tau(tmp_path):
-    results = run_scaling(_cfg(tmp_path), poll_s=0.2)
+    # a study split over two sessions: one point now, the rest on resume (the finished one kept as it was)
+    first = run_scaling(_cfg(tmp_path), poll_s=0.2, only=("steps-n40-d1",))
+    assert [p["status"] for p in first["points"]] == ["finished", "not run (only)"], first["points"]
+    with pytest.raises(ConfigError, match="names no planned point"):
+        run_scaling(_cfg(tmp_path), only=("steps-n41-d1",))
+    with pytest.raises(ConfigError, match="another configuration"):
+        run_scaling(_cfg(tmp_path, eval_new_tokens=9), resume=True)
+    results = run_scaling(_cfg(tmp_path, devices=("cpu", "cpu")), poll_s=0.2, resume=True)  # other slots: same study
     assert [p["status"] for p in results["points"]] == ["finished", "finished"], results["points"]
+    assert results["points"][0]["run_dir"] == first["points"][0]["run_dir"]
     saved = load_results(tmp_path / "scaling")
     assert saved["points"][1]["conversations"] == 400 and saved["points"][1]["train"]["status"] == "finished"
     rs = rows(saved)
@@ -61,7 +80,20 @@ def test_scaling_runs_every_point_and_reports_tau(tmp_path):
     png = save_curves(saved, tmp_path / "curves.png", "b4-t0")
     assert png.stat().st_size > 5_000
     point = json.loads((Path(saved["points"][0]["run_dir"]) / "scaling_point.json").read_text())
-    assert Path(point["evals"]["b4-t0"]["eval_dir"], "eval.json").is_file()
+    fig = point["evals"]["b4-t0"]["tiny-heldout"]
+    assert fig["batch"] == 2 and fig["tau_low"] <= fig["tau"] <= fig["tau_high"] and len(fig["prompt_set_sha256"]) == 64
+    assert saved["best"] in ("steps-n40-d1", "steps-n400-d1")
+    # the batch-1 evaluation of the best point: the same tau as its batched one (fp32, same prompts), a speedup,
+    # the lossless verdicts, and T=1; kept in scaling.json
+    final = final_eval(tmp_path / "scaling", n_prompts=2, new_tokens=8, dtype="float32", sampled_sets=("tiny-heldout",))
+    best = next(p for p in saved["points"] if p["name"] == saved["best"])
+    t0 = final["evals"]["t0"]["tiny-heldout"]
+    assert t0["tau"] == pytest.approx(best["evals"]["b4-t0"]["tiny-heldout"]["tau"], abs=1e-3)
+    assert t0["identical_to_target"] == 2 and t0["speedup"] > 0
+    assert 1.0 <= final["evals"]["t1"]["tiny-heldout"]["tau"] <= 4.0
+    assert load_results(tmp_path / "scaling")["final"]["point"] == saved["best"]
+    with pytest.raises(ConfigError, match="no finished point named 'nope'"):
+        final_eval(tmp_path / "scaling", name="nope")
 
 
 def test_the_scaling_notebook_renders_a_study(tmp_path):

@@ -1,0 +1,68 @@
+"""The SmolLM2 data-scaling study's configuration, shared by the device calls of bench/scaling_smollm2.sh.
+
+    python bench/scaling_smollm2_study.py train DATA WORK MODEL DEVICE DTYPE BUDGET_S   every point but "long"
+    python bench/scaling_smollm2_study.py final DATA WORK MODEL DEVICE DTYPE BUDGET_S   "long" (resumed study), then
+                                                                                        the best point at batch 1
+
+Sizes 3k / 10k / 30k / the pool (up to 100k) at matched steps (STEPS, default 1,500); matched epochs at the
+largest size's epochs, so the largest point is shared by both series and compute grows with data; a 5-layer
+drafter, a doubled learning rate and a long run (LONG_STEPS, default 4,000) at the largest size. SCALING_CPU=1 runs
+the same plan on the tiny target with tiny sizes (a dry run of the scripts).
+"""
+
+import os
+import sys
+
+from dflash_lab.scaling import ScalingConfig, count_lines, final_eval, run_scaling
+
+
+def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingConfig:
+    cpu = os.environ.get("SCALING_CPU") == "1"
+    n_pool = count_lines(f"{data}/pool.jsonl")
+    sizes = [int(s) for s in os.environ.get("SIZES", "3000 10000 30000 100000").split()]
+    sizes = sorted({min(s, n_pool) for s in sizes})  # a pool short of the largest size trains on all of it
+    steps, batch = int(os.environ.get("STEPS", 1500)), int(os.environ.get("BATCH", 32))
+    base = ({"seq_len": 320, "batch_size": batch, "num_anchors": 64, "block_size": 16, "num_draft_layers": 3,
+             "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "val_every": 500, "log_every": 50}
+            if not cpu else {"seq_len": 128, "batch_size": batch, "num_anchors": 8, "block_size": 4,
+                             "num_draft_layers": 1, "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1})
+    lr = base["lr"]
+    return ScalingConfig(
+        target=model, pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
+        prompt_sets={"chitchat-heldout": f"{data}/chitchat-heldout-regen.jsonl",
+                     "self-heldout": f"{data}/self/self-heldout.jsonl", "general": "general"},
+        sizes=tuple(sizes), matched_steps=steps, matched_epochs=steps * batch / sizes[-1], min_steps=100 if not cpu
+        else 2, base=base, extra_depths=(5,) if not cpu else (2,),
+        variants={f"lr{2 * lr:g}": {"lr": 2 * lr}, "long": {"steps": int(os.environ.get("LONG_STEPS", 4000 if not cpu else 8))}},
+        block_sizes=tuple(int(b) for b in os.environ.get("BLOCKS", "16 8").split()) if not cpu else (4,),
+        eval_dtype=dtype, eval_prompts=int(os.environ.get("EVAL_PROMPTS", 64)),
+        eval_new_tokens=int(os.environ.get("EVAL_TOKENS", 128)),
+        devices=(device,) * int(os.environ.get("SLOTS", 1)), out=work)
+
+
+def main() -> int:
+    mode, data, work, model, device, dtype, budget = sys.argv[1:8]
+    cfg = study(data, work, model, device, dtype)
+    if mode == "train":
+        from pathlib import Path
+
+        from dflash_lab.scaling import plan_points
+
+        names = [p["name"] for p in plan_points(cfg, {n: Path(work, f"train-{n}.jsonl") for n in cfg.sizes})]
+        state = run_scaling(cfg, deadline_s=float(budget), only=tuple(n for n in names if n != "variant-long"))
+    elif mode == "final":
+        state = run_scaling(cfg, deadline_s=float(budget), resume=True)
+        cpu = os.environ.get("SCALING_CPU") == "1"
+        final_eval(work, n_prompts=int(os.environ.get("EVAL_PROMPTS", 64)),
+                   new_tokens=int(os.environ.get("EVAL_TOKENS", 128)), dtype=dtype,
+                   sampled_sets=("chitchat-heldout",), lossless_prompts=int(os.environ.get("LOSSLESS", 16)) if not cpu
+                   else 2)
+    else:
+        print(f"unknown mode {mode!r}: train or final", file=sys.stderr)
+        return 2
+    print({p["name"]: p["status"] for p in state["points"]}, state.get("best"), state.get("wall_s"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
