@@ -1,12 +1,11 @@
-"""The real-target recipe as library calls: get the model, build data, write and answer prompts, mix, train, evaluate,
-export.
+"""The real-target recipe as library calls: model, own prompts, human data, answers, mix, train, evaluate, export.
 
 notebooks/recipes/smollm2.ipynb drives it (a `parameters` cell, then one call per phase); bench/recipe_smollm2.sh
 runs that notebook headless on one H200. Each phase records its wall time and figures in `<work_dir>/results.json`,
 rewritten after every phase, so a run cut short still reports what it measured.
 
     rec = Recipe(RecipeConfig(device="cuda:0"))
-    rec.get_model(); rec.build_data(); rec.self_prompts(); rec.regenerate(); rec.mix_data()
+    rec.get_model(); rec.self_prompts(); rec.build_data(); rec.regenerate(); rec.mix_data()
     rec.train(); rec.evaluate(); rec.export()
 
 The training data are two sources: human chitchat first turns answered by the target (build_data + regenerate),
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .data import real_data
-from .recipe_config import OWN_SETS, TINY, RecipeConfig
+from .recipe_config import TINY, RecipeConfig
 from .target import models
 from dflash_lab.target.load import load_tokenizer
 
@@ -96,8 +95,8 @@ class Recipe:
         if c.n_self == 0:
             return self._record("self_prompts", t0, skipped="n_self=0: the chitchat-only recipe")
         paths = output_paths(self.dir / f"self-{c.n_self}.jsonl")
-        # a user turn may take the whole prompt room of a training window (seq_len - 2 blocks), and no more than
-        # SelfPromptConfig's 256: longer ones are filtered as truncated instead of training on no answer
+        # a user turn longer than a window's prompt room (seq_len - 2 blocks; the template not counted) would leave
+        # almost no answer to train on: such turns are filtered as truncated, and 256 (SelfPromptConfig's) caps it
         cfg = SelfPromptConfig(n=c.n_self, seed=c.seed, heldout=c.self_heldout,
                                heldout_fraction=c.self_heldout_fraction, max_answer_tokens=c.regen_max_new_tokens,
                                max_prompt_tokens=min(SelfPromptConfig.max_prompt_tokens, c.max_prompt_tokens),
@@ -143,6 +142,7 @@ class Recipe:
 
         t0 = time.perf_counter()
         c = self.config
+        self._need("prompts", "build_data")
         self.data = self.train_data = self.dir / f"regen-{c.variant}-{c.n_train}.jsonl"
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
         common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
@@ -166,6 +166,7 @@ class Recipe:
 
         t0 = time.perf_counter()
         c = self.config
+        self._need("data", "regenerate")
         if self.self_data is None:
             self.train_data = self.data
             return self._record("mix_data", t0, out=str(self.data), skipped="n_self=0: chitchat answers only",
@@ -185,6 +186,7 @@ class Recipe:
         from dflash_lab.train.trainer import Trainer
 
         t0 = time.perf_counter()
+        self._need("data", "regenerate")
         cfg = self.config.train_config(getattr(self, "train_data", None) or self.data,
                                        getattr(self, "heldout_data", None))
         trainer = Trainer(cfg, log=self.log)
@@ -243,6 +245,8 @@ class Recipe:
 
         t0 = time.perf_counter()
         c = self.config
+        self._need("run_dir", "train")
+        self._need("heldout", "build_data")
         sets, left_out = self.evaluation_sets()
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
@@ -272,6 +276,7 @@ class Recipe:
         from dflash_lab.evaluation.export import export_drafter
 
         t0 = time.perf_counter()
+        self._need("run_dir", "train")
         out = export_drafter(self.run_dir, self.dir / "export", log=self.log)
         # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
         model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
@@ -285,6 +290,12 @@ class Recipe:
                                                         "dflash_config")})
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
+    def _need(self, attr: str, phase: str) -> None:
+        """Phases run in order, in one object: say which earlier phase is missing instead of an AttributeError."""
+        if getattr(self, attr, None) is None:
+            raise RuntimeError(f"this phase needs what Recipe.{phase}() makes ({attr}). Fix: run {phase}() first "
+                               "(the notebook runs every phase in order).")
+
     def _record(self, phase: str, t0: float, **figures) -> dict:
         figures = PhaseFigures(figures, seconds=round(time.perf_counter() - t0, 1))
         self.results["phases"][phase] = figures

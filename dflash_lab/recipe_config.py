@@ -19,7 +19,6 @@ from dflash_lab.evaluation.prompt_sets import NAMES as PROMPT_SET_NAMES
 from dflash_lab.target import models
 
 TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on it in seconds
-OWN_SETS = ("chitchat-heldout", "self-heldout")  # sets the recipe writes itself (its held-out split of each source)
 
 
 @dataclass(frozen=True, kw_only=True)
