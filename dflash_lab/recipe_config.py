@@ -1,0 +1,158 @@
+"""Every knob of the real-target recipe (recipe.py) as one frozen, validated dataclass; the notebook's parameters.
+
+The defaults are the data-at-scale recipe: 4,000 human chitchat first turns plus 60,000 conversations the target
+writes itself (user turn and answer), answers of up to 192 tokens, 4,000 steps of 32 windows of 320 tokens, a
+3-layer drafter, and an evaluation on three named prompt sets (held-out chitchat, held-out target-written, general).
+The chitchat-only recipe measured on an H200 reached real tau 1.83 on held-out chitchat and 1.19 on general prompts:
+its 4,000 mostly-greeting first turns were too few and too narrow, which is what the target-written part fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.config.field_types import check_field_types
+from dflash_lab.evaluation.prompt_sets import NAMES as PROMPT_SET_NAMES
+from dflash_lab.target import models
+
+TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on it in seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeConfig:
+    """Every knob of the recipe; the notebook's parameters map 1:1 onto these fields."""
+
+    model: str = "smollm2-135m-instruct"
+    """A name from dflash_lab.target.models.KNOWN_MODELS, or "tiny" (the embedded target, for tests)."""
+    work_dir: str = "runs/recipe-smollm2"
+    """Data, regenerated answers, the training run, the export and results.json go here."""
+    device: str = "cpu"
+    """"cpu" or "cuda:0": one device runs every phase."""
+    heldout: int = 200
+    """Chitchat conversations held out of training (fixed split by sha256 of the id)."""
+    variant: str = "first"
+    """"first" (first user turn only) or "all" (every turn, regenerated with its history)."""
+    n_train: int = 4000
+    """Chitchat training conversations regenerated (the first n of the fixed train split)."""
+    n_self: int = 60000
+    """First user turns the target writes itself (fewer are kept: duplicates and bad turns go), each answered by the
+    target; 0 = the chitchat-only recipe (no self_prompts / mix phase)."""
+    self_heldout: int = 256
+    """Target-written conversations held out of training: the "self-heldout" evaluation set."""
+    self_heldout_fraction: float = 0.01
+    """Part of the text-hash range that may be held out (data/self_prompts.py): 0.01 of 60,000 leaves ~600 to
+    choose the 256 from; a tiny n_self needs a larger part to hold anything out."""
+    regen_batch_size: int = 512
+    """Rows the generation engine (or HF generate on the CPU) runs at once, for answers and target-written turns."""
+    regen_max_new_tokens: int = 192
+    """Longest answer, chitchat and target-written alike."""
+    regen_dtype: str = "auto"
+    """"auto" = bfloat16 on CUDA (the precision the drafter is served against; the engine writes ~100k new tokens/s
+    on an H200), float32 on the CPU; or "float32" / "bfloat16"."""
+    match_check: int = 0
+    """Prompts on which batched greedy is compared with single-sequence greedy before regenerating (0 = skip). Off
+    by default: it answers each prompt once more ALONE through HF generate (~2-3 s per 192-token answer on a GPU,
+    minutes on a CPU), and in bf16 batched greedy is known to flip near-tied argmaxes, so the check would restate
+    that at a cost; set e.g. 8 to measure it (float32 matched 8/8)."""
+    steps: int = 4000
+    seq_len: int = 320
+    """Tokens per training window: a prompt (at most seq_len - 2 * block_size tokens) plus its answer (<= 192)."""
+    batch_size: int = 32
+    num_anchors: int = 64
+    block_size: int = 16
+    num_draft_layers: int = 3
+    lr: float = 6e-4
+    real_tau_every: int = 500
+    """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
+    (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out chitchat conversations."""
+    real_tau_prompts: int = 32
+    """Held-out prompts of each real-tau measurement while training."""
+    eval_prompts: int = 64
+    """Prompts per evaluation set (the first N of each)."""
+    eval_max_new_tokens: int = 128
+    eval_sets: tuple[str, ...] = ("chitchat-heldout", "self-heldout", "general")
+    """Prompt sets of the final evaluation: "chitchat-heldout" and "self-heldout" are the recipe's own held-out
+    files, any other name of evaluation/prompt_sets.py (e.g. "general") or a JSONL file is used as it is."""
+    eval_block_sizes: tuple[int, ...] = (16, 8)
+    """Block sizes evaluated at temperature 0, in this order."""
+    eval_temperatures: tuple[float, ...] = (0.0, 1.0)
+    eval_sampled_block_size: int = 16
+    """Temperatures above 0 are evaluated at this block size only (0 = at every size of eval_block_sizes): sampled
+    tau is the second question, and each pair costs a full pass over every set."""
+    eval_budget_s: float = 180.0
+    """No new (block size, temperature) evaluation starts after this many seconds of evaluation."""
+    threads: int | None = None
+    """torch CPU threads (None = leave torch's setting)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(name, why, fix):
+            raise ConfigError(f"RecipeConfig.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
+
+        check_field_types(self, lambda c, name, v, why, fix: bad(name, why, fix))
+        if self.model != TINY and not models.is_known(self.model):
+            bad("model", "unknown model name", f"use one of {sorted(models.KNOWN_MODELS)} (or \"tiny\")")
+        if self.variant not in ("first", "all"):
+            bad("variant", "unknown data variant", 'use "first" or "all"')
+        if self.regen_dtype not in ("auto", "float32", "bfloat16"):
+            bad("regen_dtype", "unknown dtype", 'use "auto" (bf16 on CUDA, fp32 on the CPU), "float32" or "bfloat16"')
+        for name in ("heldout", "n_train", "regen_batch_size", "regen_max_new_tokens", "steps", "seq_len",
+                     "batch_size", "num_anchors", "block_size", "num_draft_layers", "eval_prompts",
+                     "eval_max_new_tokens", "real_tau_prompts"):
+            if getattr(self, name) < 1:
+                bad(name, "must be an integer >= 1", f"set {name} >= 1")
+        for name, fix in (("n_self", "use 0 for the chitchat-only recipe, or e.g. 60000"),
+                          ("self_heldout", "use e.g. 256, or 0 for no self-heldout set"),
+                          ("match_check", "use 0 (off) or e.g. 8"), ("real_tau_every", "use 0 (off) or e.g. 500"),
+                          ("eval_sampled_block_size", "use 0 (every block size) or e.g. 16")):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0", fix)
+        if not 0 < self.self_heldout_fraction < 1:
+            bad("self_heldout_fraction", "must be in (0, 1)", "use e.g. 0.01 (0.3 for a tiny n_self)")
+        if not self.lr > 0:
+            bad("lr", "must be > 0", "use e.g. 6e-4")
+        if self.seq_len <= 2 * self.block_size:
+            bad("seq_len", f"leaves no prompt room beside 2 blocks of {self.block_size} answer tokens",
+                f"use seq_len > {2 * self.block_size}, e.g. 320")
+        if not self.eval_sets:
+            bad("eval_sets", "names no prompt set", 'use e.g. ("chitchat-heldout", "self-heldout", "general")')
+        for s in self.eval_sets:
+            if s not in PROMPT_SET_NAMES and not s.endswith(".jsonl"):
+                bad("eval_sets", f"{s!r} is neither a prompt set name nor a .jsonl file",
+                    f"use names of {', '.join(PROMPT_SET_NAMES)} or JSONL files")
+        if len(set(self.eval_sets)) < len(self.eval_sets):
+            bad("eval_sets", "names a set twice", "name each set once")
+        if not self.eval_block_sizes or any(b < 1 for b in self.eval_block_sizes):
+            bad("eval_block_sizes", "needs block sizes >= 1", "use e.g. (16, 8)")
+        if not self.eval_temperatures or any(t < 0 for t in self.eval_temperatures):
+            bad("eval_temperatures", "needs temperatures >= 0", "use e.g. (0.0, 1.0)")
+        object.__setattr__(self, "eval_temperatures", tuple(float(t) for t in self.eval_temperatures))
+        if not self.eval_budget_s > 0:
+            bad("eval_budget_s", "must be > 0", "use e.g. 180")
+
+    @property
+    def eval_pairs(self) -> list[tuple[int, float]]:
+        """(block size, temperature) pairs in evaluation order: every block size at T=0, the sampled block size at
+        every T > 0."""
+        sampled = (self.eval_sampled_block_size,) if self.eval_sampled_block_size else self.eval_block_sizes
+        return [(B, t) for t in self.eval_temperatures for B in (self.eval_block_sizes if t == 0 else sampled)]
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt that trains: it must leave room for at least 2 blocks of answer inside the window."""
+        return self.seq_len - 2 * self.block_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def train_config(self, data: Path, heldout: Path | None = None) -> TrainConfig:
+        return TrainConfig(target=self.model, data=str(data), run_name="recipe", runs_dir=str(Path(self.work_dir) /
+                           "runs"), steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
+                           block_size=self.block_size, num_anchors=self.num_anchors,
+                           num_draft_layers=self.num_draft_layers, lr=self.lr, seed=self.seed,
+                           devices=(self.device,), heldout_data=str(heldout) if heldout else "",
+                           real_tau_every=self.real_tau_every, val_every=self.real_tau_every,
+                           real_tau_prompts=self.real_tau_prompts, log_every=max(1, min(50, self.steps // 20)))

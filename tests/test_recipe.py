@@ -1,0 +1,147 @@
+"""The recipe (dflash_lab/recipe.py) end to end on the tiny target with tiny sizes: target-written prompts, the
+chitchat answers, the mix of both (counts asserted against the files), training, and real tau on the three named
+evaluation sets with intervals; the chitchat-only path (n_self=0); the defaults and bad values of RecipeConfig; the
+notebook's parameters mapping 1:1 onto its fields."""
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.config import ConfigError
+from dflash_lab.config.notebook_params import parameter_defaults
+from dflash_lab.recipe import Recipe, RecipeConfig
+
+pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
+
+TINY_SIZES = dict(model="tiny", n_train=8, heldout=4, regen_batch_size=16, regen_max_new_tokens=16, steps=4,
+                  seq_len=96, batch_size=2, num_anchors=2, block_size=8, num_draft_layers=1, real_tau_every=0,
+                  eval_prompts=2, eval_max_new_tokens=8, threads=1)
+PHASES = ["get_model", "self_prompts", "build_data", "regenerate", "mix_data", "train", "evaluate", "export"]
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+
+
+def _run(config: RecipeConfig) -> Recipe:
+    rec = Recipe(config, log=lambda *a: None)
+    for phase in PHASES:
+        getattr(rec, phase)()
+    return rec
+
+
+def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_three_sets(tmp_path):
+    cfg = RecipeConfig(**TINY_SIZES, work_dir=str(tmp_path / "r"), n_self=24, self_heldout=3,
+                       self_heldout_fraction=0.3, eval_block_sizes=(8, 4), eval_sampled_block_size=8)
+    rec = _run(cfg)
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert list(res["phases"]) == PHASES and res["config"]["n_self"] == 24
+    ph = res["phases"]
+
+    sp = ph["self_prompts"]
+    assert sp["sampled"] == 24
+    removed = sum(sp["filtered"].values()) + sp["exact_duplicates"] + sp["near_duplicates"]
+    assert sp["kept"] == 24 - removed and sp["train"] + sp["heldout"] <= sp["kept"]
+    assert sp["train"] == len(_lines(sp["out"])) >= 10
+    assert 1 <= sp["heldout"] == len(_lines(sp["heldout_out"])) <= 3  # capped at self_heldout
+    assert (sp["max_answer_tokens"], sp["max_prompt_tokens"], sp["temperature"], sp["top_p"]) == (16, 80, 1.0, 0.95)
+    assert sp["dtype"] == "float32"  # regen_dtype "auto" on the CPU
+    assert ph["regenerate"]["conversations"] == 8 and ph["regenerate"]["heldout_conversations"] == 4
+    assert ph["regenerate"]["backend"].startswith("hf") and ph["regenerate"]["dtype"] == "float32"
+
+    mx = ph["mix_data"]
+    assert mx["counts"] == {"chitchat": 8, "self": sp["train"]}
+    assert mx["n"] == 8 + sp["train"] == len(_lines(mx["out"]))
+    assert mx["proportions"]["chitchat"] == pytest.approx(8 / mx["n"], abs=1e-6)
+    assert sum(mx["proportions"].values()) == pytest.approx(1.0)
+    by_source = Counter(r["mix_source"] for r in _lines(mx["out"]))
+    assert sorted(by_source.values()) == sorted([8, sp["train"]])  # every record of both, none twice
+    assert len({r["id"] for r in _lines(mx["out"])}) == mx["n"]
+    assert ph["train"]["data"]["records"] == mx["n"]  # the mix is what trained
+
+    rows = ph["evaluate"]["rows"]
+    assert {r["prompt_set"] for r in rows} == {"chitchat-heldout", "self-heldout", "general"}
+    assert ph["evaluate"]["sets"]["self-heldout"] == sp["heldout_out"] and ph["evaluate"]["sets_left_out"] == {}
+    # T=0 at every block size, T=1 at the sampled block size only
+    assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
+    trained = [r for r in rows if r["decoder"] == "trained"]
+    assert len(trained) == 3 * 3 and all(r["prompts"] == 2 for r in trained)
+    assert all(r["tau_low"] <= r["tau"] <= r["tau_high"] for r in trained)
+    assert all(len(r["prompt_set_sha256"]) == 64 for r in trained)
+    page = rec._repr_html_()
+    assert "tau [95% interval]" in page and "self-heldout" in page
+    r0 = trained[0]
+    assert f"{r0['tau']:.2f} [{r0['tau_low']:.2f}, {r0['tau_high']:.2f}]" in page
+
+
+def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
+    cfg = RecipeConfig(**TINY_SIZES, work_dir=str(tmp_path / "r"), n_self=0, eval_block_sizes=(8,),
+                       eval_temperatures=(0.0,))
+    rec = _run(cfg)
+    ph = rec.results["phases"]
+    assert list(ph) == PHASES and "n_self=0" in ph["self_prompts"]["skipped"]
+    assert ph["mix_data"]["counts"] == {"chitchat": 8} and ph["mix_data"]["out"] == ph["regenerate"]["out"]
+    assert ph["train"]["data"]["records"] == 8
+    assert "n_self=0" in ph["evaluate"]["sets_left_out"]["self-heldout"]
+    assert {r["prompt_set"] for r in ph["evaluate"]["rows"]} == {"chitchat-heldout", "general"}
+    assert not list((tmp_path / "r").glob("mix-*.jsonl")) and not (tmp_path / "r" / "self-heldout.jsonl").exists()
+
+
+def test_defaults_are_the_data_at_scale_recipe():
+    c = RecipeConfig()
+    assert (c.n_self, c.self_heldout, c.regen_max_new_tokens, c.regen_dtype, c.regen_batch_size) == \
+        (60000, 256, 192, "auto", 512)
+    assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (4000, 320, 32, 64, 3, 6e-4)
+    assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
+        (500, 32, 64, 128, 180.0)
+    assert c.eval_sets == ("chitchat-heldout", "self-heldout", "general")
+    assert c.eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0)]
+    assert c.max_prompt_tokens == 288
+    t = c.train_config(Path("d.jsonl"), Path("h.jsonl"))
+    assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts) == (4000, 320, 500, 32)
+    assert dataclasses.replace(c, eval_sampled_block_size=0).eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0),
+                                                                            (8, 1.0)]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("n_self", -1, "RecipeConfig.n_self=-1 is invalid: must be >= 0"),
+    ("eval_sets", ("chitchat-heldout", "my-set"), "RecipeConfig.eval_sets=('chitchat-heldout', 'my-set') is invalid"),
+    ("eval_sets", (), "RecipeConfig.eval_sets=() is invalid: names no prompt set"),
+    ("steps", "4000", "RecipeConfig.steps='4000' is invalid: must be int"),
+    ("regen_dtype", "fp8", "RecipeConfig.regen_dtype='fp8' is invalid"),
+    ("self_heldout_fraction", 1.0, "RecipeConfig.self_heldout_fraction=1.0 is invalid"),
+    ("seq_len", 32, "RecipeConfig.seq_len=32 is invalid"),
+    ("model", "smollm3", "RecipeConfig.model='smollm3' is invalid"),
+])
+def test_bad_values_name_the_field_the_value_and_the_fix(field, value, says):
+    with pytest.raises(ConfigError) as e:
+        RecipeConfig(**{field: value})
+    assert says in str(e.value) and "Fix:" in str(e.value)
+
+
+def test_unknown_eval_set_error_lists_the_known_names():
+    with pytest.raises(ConfigError) as e:
+        RecipeConfig(eval_sets=("chitchat", "general"))
+    assert "'chitchat' is neither a prompt set name nor a .jsonl file" in str(e.value)
+    assert "self-heldout" in str(e.value)
+
+
+def test_the_notebook_parameters_map_one_to_one_onto_the_config_with_its_defaults():
+    params = parameter_defaults("recipes/smollm2.ipynb")
+    fields = {f.name: f.default for f in dataclasses.fields(RecipeConfig)}
+    assert set(params) == set(fields)
+    for name, default in fields.items():
+        want = list(default) if isinstance(default, tuple) else (0 if default is None else default)
+        assert params[name] == want, name
+
+
+def test_a_phase_run_before_the_one_it_needs_names_that_phase(tmp_path):
+    rec = Recipe(RecipeConfig(model="tiny", work_dir=str(tmp_path / "r")), log=lambda *a: None)
+    with pytest.raises(RuntimeError, match=r"Recipe\.regenerate\(\) makes \(data\). Fix: run regenerate\(\) first"):
+        rec.mix_data()
+    with pytest.raises(RuntimeError, match=r"Fix: run train\(\) first"):
+        rec.evaluate()
+    assert list(json.loads((tmp_path / "r" / "results.json").read_text())["phases"]) == []
