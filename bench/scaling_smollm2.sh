@@ -17,6 +17,8 @@
 #       dflash_lab.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
 #       learning-rate points, SLOTS side by side, each evaluated on chitchat-heldout, self-heldout and general
 #       (block 16 and 8, T=0, bf16, 64 prompts at once: batched_eval.py); scaling.json.
+#   or, when the budget allows one call only:    EXTRA=0 SIZES=N bash bench/scaling_smollm2.sh one
+#       one matched-steps point per size, trained and then evaluated at batch 1 like `final`.
 #   call 4 (no carry):                           bash bench/scaling_smollm2.sh final
 #       the same study resumed: the long run alone, then the best point at batch 1 on the quiet GPU (speedup over
 #       the target alone, lossless verdicts, T=1, fp32 lossless check on LOSSLESS prompts per set), then, in the
@@ -26,7 +28,7 @@
 # points side by side ran at 94 ms a step each against 46 ms alone on the H200: 1.5x the work per second),
 # BLOCKS (default "16 8"), ANSWER (answer tokens, default 192).
 set -u
-MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|final}
+MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|final|one}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[scaling_smollm2 $MODE +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/scaling.log"; }
@@ -108,12 +110,12 @@ print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA
   tar czf "$OUT/data_meta.tgz" -C $DATA --exclude '*.jsonl' . 2>/dev/null
   ls -la $DATA $DATA/self | tee -a "$OUT/scaling.log"
   ;;
-train|final)
+train|final|one)
   # train: every point but the long run, SLOTS side by side; final (the next call, same machine): the long run
   # alone, then the best point at batch 1 on the quiet GPU (speedup, verdicts, T=1, fp32 lossless)
   T_TRAIN=${T_TRAIN:-520}
   [ -f $DATA/pool.jsonl ] || { echo "no $DATA/pool.jsonl: run 'data' first on this same machine (call 2)"; exit 2; }
-  [ "$MODE" = train ] && { rm -rf $WORK; mkdir -p $WORK; }
+  [ "$MODE" != final ] && { rm -rf $WORK; mkdir -p $WORK; }
   # a hard limit inside the call's, so what finished is always copied back (the points write as they finish)
   timeout $(( T_TRAIN - 25 )) $PY bench/scaling_smollm2_study.py $MODE "$DATA" "$WORK" "$MODEL" "$DEVICE" "$DTYPE" \
     $(( T_TRAIN - 200 )) > "$OUT/$MODE.log" 2>&1
@@ -130,6 +132,10 @@ train|final)
   tar czf "$OUT/points-$MODE.tgz" -C $WORK --exclude '*.safetensors' --exclude 'checkpoints' --exclude 'data' \
     --exclude '*.pt' . 2>/dev/null
   grep -E "scaling:|batched tau|error|Error" "$OUT/$MODE.log" | tail -40 | cut -c1-250
+  # the best drafter's weights come back too (the drafters of earlier calls were lost with their machine)
+  BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); print(s.get('final', {}).get('run_dir', ''))")
+  [ -n "$BEST" ] && cp "$BEST"/checkpoints/drafter.safetensors "$BEST/config.json" "$OUT/" 2>/dev/null
+  ls -la "$OUT"
   ;;
 *) echo "unknown mode $MODE: use prepare, stage, data, train or extra"; exit 2 ;;
 esac

@@ -27,13 +27,15 @@ def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingC
             if not cpu else {"seq_len": 128, "batch_size": batch, "num_anchors": 8, "block_size": 4,
                              "num_draft_layers": 1, "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1})
     lr = base["lr"]
+    extra = os.environ.get("EXTRA", "1") == "1"  # EXTRA=0: the matched-steps series only
     return ScalingConfig(
         target=model, pool=f"{data}/pool.jsonl", heldout_data=f"{data}/chitchat-heldout-regen.jsonl",
         prompt_sets={"chitchat-heldout": f"{data}/chitchat-heldout-regen.jsonl",
                      "self-heldout": f"{data}/self/self-heldout.jsonl", "general": "general"},
-        sizes=tuple(sizes), matched_steps=steps, matched_epochs=steps * batch / sizes[-1], min_steps=100 if not cpu
-        else 2, base=base, extra_depths=(5,) if not cpu else (2,),
-        variants={f"lr{2 * lr:g}": {"lr": 2 * lr}, "long": {"steps": int(os.environ.get("LONG_STEPS", 4000 if not cpu else 8))}},
+        sizes=tuple(sizes), matched_steps=steps, matched_epochs=steps * batch / sizes[-1] if extra else None,
+        min_steps=100 if not cpu else 2, base=base, extra_depths=((5,) if not cpu else (2,)) if extra else (),
+        variants={f"lr{2 * lr:g}": {"lr": 2 * lr},
+                  "long": {"steps": int(os.environ.get("LONG_STEPS", 4000 if not cpu else 8))}} if extra else {},
         block_sizes=tuple(int(b) for b in os.environ.get("BLOCKS", "16 8").split()) if not cpu else (4,),
         eval_dtype=dtype, eval_prompts=int(os.environ.get("EVAL_PROMPTS", 64)),
         eval_new_tokens=int(os.environ.get("EVAL_TOKENS", 128)),
@@ -50,13 +52,15 @@ def main() -> int:
 
         names = [p["name"] for p in plan_points(cfg, {n: Path(work, f"train-{n}.jsonl") for n in cfg.sizes})]
         state = run_scaling(cfg, deadline_s=float(budget), only=tuple(n for n in names if n != "variant-long"))
-    elif mode == "final":
-        state = run_scaling(cfg, deadline_s=float(budget), resume=True)
+    elif mode in ("final", "one"):  # one: a fresh study trained and evaluated in the same call
+        state = run_scaling(cfg, deadline_s=float(budget), resume=mode == "final")
         cpu = os.environ.get("SCALING_CPU") == "1"
-        final_eval(work, n_prompts=int(os.environ.get("EVAL_PROMPTS", 64)),
+        sets = os.environ.get("FINAL_SETS", "").split()
+        final_eval(work, prompt_sets={k: v for k, v in cfg.prompt_sets.items() if k in sets} if sets else None,
+                   n_prompts=int(os.environ.get("EVAL_PROMPTS", 64)),
                    new_tokens=int(os.environ.get("EVAL_TOKENS", 128)), dtype=dtype,
-                   sampled_sets=("chitchat-heldout",), lossless_prompts=int(os.environ.get("LOSSLESS", 16)) if not cpu
-                   else 2)
+                   sampled_sets=("chitchat-heldout",), sampled_prompts=int(os.environ.get("SAMPLED_PROMPTS", 64)),
+                   lossless_prompts=int(os.environ.get("LOSSLESS", 16)) if not cpu else 2)
     else:
         print(f"unknown mode {mode!r}: train or final", file=sys.stderr)
         return 2

@@ -347,9 +347,10 @@ def run_point(run_dir: Path) -> int:
 
 def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: int | None = None,
                n_prompts: int | None = 64, new_tokens: int = 128, dtype: str = "bfloat16",
-               sampled_sets: tuple = (), lossless_prompts: int = 0, name: str | None = None, log=print) -> dict:
+               sampled_sets: tuple = (), sampled_prompts: int | None = None, lossless_prompts: int = 0,
+               name: str | None = None, log=print) -> dict:
     """The best point (or `name`) at batch 1 on a quiet device: speedup over the target alone and the lossless
-    verdicts at T=0 on every set, T=1 on `sampled_sets`, and an fp32 lossless check on `lossless_prompts` prompts
+    verdicts at T=0 on every set, T=1 on `sampled_sets` (`sampled_prompts` each, None = n_prompts), and an fp32 lossless check on `lossless_prompts` prompts
     of each set (0 = skip). Recorded under "final" in <out>/scaling.json and returned."""
     from dflash_lab.evaluation.evaluate import evaluate
 
@@ -366,7 +367,7 @@ def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: 
     run_dir = Path(rows[0]["run_dir"])
     final = {"point": pick, "run_dir": str(run_dir), "block_size": B, "evals": {}}
     jobs = [("t0", sets, 0.0, dtype, n_prompts)]
-    jobs += [("t1", {s: sets[s] for s in sampled_sets}, 1.0, dtype, n_prompts)] if sampled_sets else []
+    jobs += [("t1", {s: sets[s] for s in sampled_sets}, 1.0, dtype, sampled_prompts or n_prompts)] if sampled_sets else []
     jobs += [("fp32-lossless", sets, 0.0, "float32", lossless_prompts)] if lossless_prompts else []
     for key, chosen, temperature, dt, n in jobs:
         t0 = time.time()
