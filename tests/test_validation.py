@@ -244,3 +244,19 @@ def test_validation_on_gpu_leaves_the_captured_training_step_alone(tmp_path):
     finally:
         on.close()
         off.close()
+
+
+def test_validation_set_skips_heldout_conversations_too_short_to_score(tmp_path):
+    """Held-out first turns are often greetings with a few words of answer: the validation set is the first
+    val_sequences conversations that hold two blocks of answer, not the first val_sequences as they come."""
+    from dflash_lab.target.load import load_tokenizer
+    from dflash_lab.train.validation import load_validation_set
+
+    rows = [json.loads(line) for line in tiny_heldout_path().read_text().splitlines() if line.strip()]
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 20
+    held = tmp_path / "heldout.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in short + rows[:30]))
+    cfg = TrainConfig(**{**TINY, "heldout_data": str(held), "val_sequences": 6})
+    vs = load_validation_set(load_tokenizer("tiny"), cfg, block_size=cfg.block_size)
+    assert vs.input_ids.shape == (6, cfg.seq_len)
+    assert int(vs.loss_mask.sum(1).min()) >= 2 * cfg.block_size  # every kept sequence can be scored

@@ -188,6 +188,9 @@ def tau_gap(sim_tau: float, real_tau: float) -> bool:
 # The validator the Trainer calls
 # ------------------------------------------------------------------------------------------------------------------
 
+VAL_CANDIDATES = 512  # held-out conversations tokenized to find the validation sequences (well under a second)
+
+
 @dataclass
 class ValidationSet:
     """Fixed held-out sequences (right-padded) and real-tau prompts, tokenized once."""
@@ -206,7 +209,9 @@ def load_validation_set(tokenizer, cfg, *, block_size: int, max_positions: int =
         return None
     path, split = src
     chat = read_conversations(path, data_format=cfg.data_format, on_error="skip", split=split)
-    convs = [c.messages for c in chat.conversations[:cfg.val_sequences]]
+    # the first val_sequences USABLE conversations: held-out first turns are often greetings too short to hold two
+    # blocks of answer, and taking the first few as they come once left a run with none (validation off)
+    convs = [c.messages for c in chat.conversations[:max(VAL_CANDIDATES, 4 * cfg.val_sequences)]]
     data = tokenize_dataset(tokenizer, convs, seq_len=cfg.seq_len, block_size=block_size,
                             enable_thinking=cfg.enable_thinking, on_error="skip")
     prompts, messages = [], []
@@ -217,7 +222,8 @@ def load_validation_set(tokenizer, cfg, *, block_size: int, max_positions: int =
             if ids and len(ids) + cfg.real_tau_new_tokens + block_size <= max_positions:
                 prompts.append(ids)
                 messages.append(m)
-    return ValidationSet(data.input_ids.long(), data.loss_mask.bool(), prompts,
+    n = cfg.val_sequences
+    return ValidationSet(data.input_ids[:n].long(), data.loss_mask[:n].bool(), prompts,
                          f"{path}" + (f" (split {split})" if split else ""), prompts_sha256(messages))
 
 
