@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The SmolLM2 recipe (notebooks/recipes/smollm2.ipynb) on one H200, in two device calls (issue 12).
 #
-# The recipe now writes its own prompts: the target samples 60,000 first user turns from its chat template (T=1,
-# top-p 0.95), the cleaned ones (256 held out) are answered by it, and all of them are mixed with the 4,000 chitchat
-# first turns it answers too; answers up to 192 tokens, bf16 through the generation engine. Then 4,000 steps (seq
+# The recipe now writes its own prompts: the target samples 26,000 first user turns from its chat template (T=1,
+# top-p 0.95), the cleaned ones (256 held out) are answered by it, and all of them are mixed with every chitchat
+# first turn it answers too; answers up to 192 tokens, bf16 through the generation engine. Then 1,500 steps (seq
 # 320, batch 32, 64 anchors, 3 layers, lr 6e-4) and real tau on held-out chitchat, held-out target-written and
-# general prompts (64 each x 128 tokens; B 16 and 8 at T=0, B 16 at T=1; evaluation budget 180 s).
+# general prompts (64 each x 128 tokens; B 16 at T=0 and T=1; evaluation budget 180 s).
 #
 # Only 64 MiB travels per call (working tree included, ~7 MB) and the GGUF file is 98 MB, so it travels in two parts
 # (split -b 52000000) kept in the ignored folder .recipe/, with the wheels the device image lacks. Three steps:
@@ -86,9 +86,10 @@ stage2)
     | tee -a "$OUT/convert.log"
   log "recipe notebook"
   WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK
-  # Not measured yet at these defaults. Estimate: ~3 min writing and answering 60,000 prompts (SmolLM2 wrote 45,000
-  # first turns in 61 s; answers at ~100k new tokens/s), 4,000 steps (2,000 at seq 512 took 131 s), evaluation
-  # within its 180 s budget: about the whole 10-minute call, so a first run may want -p n_self 30000 or fewer steps.
+  # These defaults are the scaling study's point steps-n30000-d3 (bench/results/2026-12-01-h200-scaling2-smollm2/),
+  # whose phases took on the H200: conversion 50 s, chitchat answered 61 s, 26,000 target-written conversations
+  # 106 s, training 114 s (+54 s loading and batched evaluation), batch-1 evaluation 78 s for 2 sets x 64 prompts;
+  # about 8-9 minutes for the whole notebook (not yet run end to end through papermill on the device).
   # results.json is rewritten after every phase, so a run cut by T_RECIPE still reports the phases it finished.
   RECIPE_ARGS=${RECIPE_ARGS:-}
   timeout ${T_RECIPE:-555} $PY -m papermill notebooks/recipes/smollm2.ipynb "$OUT/smollm2.ipynb" --log-output \

@@ -1,10 +1,13 @@
 """Every knob of the real-target recipe (recipe.py) as one frozen, validated dataclass; the notebook's parameters.
 
-The defaults are the data-at-scale recipe: 4,000 human chitchat first turns plus 60,000 conversations the target
-writes itself (user turn and answer), answers of up to 192 tokens, 4,000 steps of 32 windows of 320 tokens, a
-3-layer drafter, and an evaluation on three named prompt sets (held-out chitchat, held-out target-written, general).
-The chitchat-only recipe measured on an H200 reached real tau 1.83 on held-out chitchat and 1.19 on general prompts:
-its 4,000 mostly-greeting first turns were too few and too narrow, which is what the target-written part fixes.
+The defaults are the best configuration measured on one H200 that fits a 10-minute call (the data-scaling study,
+bench/results/2026-12-01-h200-scaling2-smollm2/): every human chitchat first turn (~6,960) plus 26,000 first turns
+the target writes itself (~23,000 kept), all answered by the target (<= 192 tokens), 1,500 steps of 32 windows of
+320 tokens, a 3-layer drafter. That point reached real tau 2.71 [2.42, 2.99] on 64 held-out chitchat prompts and
+1.66 [1.59, 1.73] on the general set (block 16, T=0, bf16), 1.58x / 1.33x over the target alone at batch 1. The
+chitchat-only recipe before it reached 1.83 and 1.19: its 4,000 mostly-greeting first turns were too few and too
+narrow. The study's training loss was still falling at step 1,500 at every size >= 10k: more steps are the next
+lever (not measured yet).
 """
 
 from __future__ import annotations
@@ -35,16 +38,16 @@ class RecipeConfig:
     """Chitchat conversations held out of training (fixed split by sha256 of the id)."""
     variant: str = "first"
     """"first" (first user turn only) or "all" (every turn, regenerated with its history)."""
-    n_train: int = 4000
-    """Chitchat training conversations regenerated (the first n of the fixed train split)."""
-    n_self: int = 60000
+    n_train: int = 7000
+    """Chitchat training conversations regenerated (the first n of the fixed train split; 7,000 = all ~6,960)."""
+    n_self: int = 26000
     """First user turns the target writes itself (fewer are kept: duplicates and bad turns go), each answered by the
     target; 0 = the chitchat-only recipe (no self_prompts / mix phase)."""
     self_heldout: int = 256
     """Target-written conversations held out of training: the "self-heldout" evaluation set."""
-    self_heldout_fraction: float = 0.01
-    """Part of the text-hash range that may be held out (data/self_prompts.py): 0.01 of 60,000 leaves ~600 to
-    choose the 256 from; a tiny n_self needs a larger part to hold anything out."""
+    self_heldout_fraction: float = 0.02
+    """Part of the text-hash range that may be held out (data/self_prompts.py): 0.01 of 26,000 left 216 kept
+    prompts on the H200, fewer than 256; 0.02 leaves ~430 to choose from; a tiny n_self needs a larger part to hold anything out."""
     regen_batch_size: int = 512
     """Rows the generation engine (or HF generate on the CPU) runs at once, for answers and target-written turns."""
     regen_max_new_tokens: int = 192
@@ -57,7 +60,7 @@ class RecipeConfig:
     by default: it answers each prompt once more ALONE through HF generate (~2-3 s per 192-token answer on a GPU,
     minutes on a CPU), and in bf16 batched greedy is known to flip near-tied argmaxes, so the check would restate
     that at a cost; set e.g. 8 to measure it (float32 matched 8/8)."""
-    steps: int = 4000
+    steps: int = 1500
     seq_len: int = 320
     """Tokens per training window: a prompt (at most seq_len - 2 * block_size tokens) plus its answer (<= 192)."""
     batch_size: int = 32
@@ -76,7 +79,7 @@ class RecipeConfig:
     eval_sets: tuple[str, ...] = ("chitchat-heldout", "self-heldout", "general")
     """Prompt sets of the final evaluation: "chitchat-heldout" and "self-heldout" are the recipe's own held-out
     files, any other name of evaluation/prompt_sets.py (e.g. "general") or a JSONL file is used as it is."""
-    eval_block_sizes: tuple[int, ...] = (16, 8)
+    eval_block_sizes: tuple[int, ...] = (16,)
     """Block sizes evaluated at temperature 0, in this order."""
     eval_temperatures: tuple[float, ...] = (0.0, 1.0)
     eval_sampled_block_size: int = 16
@@ -104,7 +107,7 @@ class RecipeConfig:
                      "eval_max_new_tokens", "real_tau_prompts"):
             if getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1", f"set {name} >= 1")
-        for name, fix in (("n_self", "use 0 for the chitchat-only recipe, or e.g. 60000"),
+        for name, fix in (("n_self", "use 0 for the chitchat-only recipe, or e.g. 26000"),
                           ("self_heldout", "use e.g. 256, or 0 for no self-heldout set"),
                           ("match_check", "use 0 (off) or e.g. 8"), ("real_tau_every", "use 0 (off) or e.g. 500"),
                           ("eval_sampled_block_size", "use 0 (every block size) or e.g. 16")):

@@ -322,6 +322,7 @@ def run_point(run_dir: Path) -> int:
                           "final_loss": hist[-1]["loss"] if hist else None,
                           "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
                           "supervised_tokens": sum(r.get("supervised_tokens", 0) for r in hist),
+                          "loss_curve": [{"step": r["step"], "loss": r["loss"], "acc": r.get("acc")} for r in hist],
                           "curve": [{k: r[k] for k in ("step", "loss", "acc", "val_acc", "val_sim_tau", "real_tau",
                                                        "real_tau_low", "real_tau_high") if r.get(k) is not None}
                                     for r in trainer.history if r.get("real_tau") is not None

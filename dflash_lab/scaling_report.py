@@ -102,21 +102,32 @@ def final_markdown(results: dict) -> str:
 
 
 def training_figure(results: dict):
-    """Held-out real tau against optimizer steps for every point that measured it while training (does more
-    training still pay at the end of a point, or has it flattened?)."""
+    """Per point against optimizer steps: the training loss (is it still falling at the last step? then steps
+    limit the point) and the held-out real tau of the training-time check where it ran."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
-    ax = fig.subplots()
+    fig = Figure(figsize=(10.5, 3.4), layout="constrained")
+    loss_ax, tau_ax = fig.subplots(1, 2)
     for p in results["points"]:
-        curve = [r for r in (p.get("train") or {}).get("curve", []) if r.get("real_tau") is not None]
+        train = p.get("train") or {}
+        label = p["name"] + (f" ({p['pool']} pool)" if p.get("pool") else "")
+        losses = train.get("loss_curve") or []
+        if len(losses) >= 2:
+            loss_ax.plot([r["step"] for r in losses], [r["loss"] for r in losses], lw=1, label=label)
+        curve = [r for r in train.get("curve", []) if r.get("real_tau") is not None]
         if len(curve) >= 2:
-            ax.plot([r["step"] for r in curve], [r["real_tau"] for r in curve], marker=".", label=p["name"])
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out real tau (training-time check)")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
+            tau_ax.plot([r["step"] for r in curve], [r["real_tau"] for r in curve], marker=".", label=label)
+    loss_ax.set_ylabel("training loss (one batch)")
+    tau_ax.set_ylabel("held-out real tau (training-time check)")
+    for ax in (loss_ax, tau_ax):
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    if not tau_ax.lines:
+        tau_ax.text(0.5, 0.5, "not measured in this study", ha="center", va="center", transform=tau_ax.transAxes)
+    if loss_ax.lines:
+        loss_ax.set_ylim(0.0, min(8.0, loss_ax.get_ylim()[1]))  # the first steps' loss (~50) would flatten the rest
     return fig
 
 

@@ -93,16 +93,17 @@ def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
 def test_defaults_are_the_data_at_scale_recipe():
     c = RecipeConfig()
     assert (c.n_self, c.self_heldout, c.regen_max_new_tokens, c.regen_dtype, c.regen_batch_size) == \
-        (60000, 256, 192, "auto", 512)
-    assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (4000, 320, 32, 64, 3, 6e-4)
+        (26000, 256, 192, "auto", 512)
+    assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (1500, 320, 32, 64, 3, 6e-4)
     assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
         (500, 32, 64, 128, 180.0)
     assert c.eval_sets == ("chitchat-heldout", "self-heldout", "general")
-    assert c.eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0)]
+    assert c.eval_pairs == [(16, 0.0), (16, 1.0)]
+    assert (c.n_train, c.self_heldout_fraction) == (7000, 0.02)
     assert c.max_prompt_tokens == 288
     t = c.train_config(Path("d.jsonl"), Path("h.jsonl"))
-    assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts) == (4000, 320, 500, 32)
-    assert dataclasses.replace(c, eval_sampled_block_size=0).eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0),
+    assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts) == (1500, 320, 500, 32)
+    assert dataclasses.replace(c, eval_block_sizes=(16, 8), eval_sampled_block_size=0).eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0),
                                                                             (8, 1.0)]
 
 
