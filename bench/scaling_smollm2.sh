@@ -25,7 +25,8 @@
 #       time left, the engine's every-turn rate and fp32 serving match (dflash_lab.gen_bench).
 # Env: N_SELF, T_DATA (seconds for call 2, default 580), T_TRAIN (calls 3 and 4, default 520), STEPS (matched steps,
 # default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; three
-# points side by side ran at 94 ms a step each against 46 ms alone on the H200: 1.5x the work per second),
+# points side by side at seq 320 ran at 142 ms a step each against 76 ms alone on the H200: 1.6x the work per
+# second),
 # BLOCKS (default "16 8"), ANSWER (answer tokens, default 192).
 set -u
 MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|final|one}
