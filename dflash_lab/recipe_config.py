@@ -47,7 +47,8 @@ class RecipeConfig:
     """Target-written conversations held out of training: the "self-heldout" evaluation set."""
     self_heldout_fraction: float = 0.02
     """Part of the text-hash range that may be held out (data/self_prompts.py): 0.01 of 26,000 left 216 kept
-    prompts on the H200, fewer than 256; 0.02 leaves ~430 to choose from; a tiny n_self needs a larger part to hold anything out."""
+    prompts on the H200, fewer than 256; 0.02 leaves ~430 to choose from; a tiny n_self needs a larger part to
+    hold anything out."""
     regen_batch_size: int = 512
     """Rows the generation engine (or HF generate on the CPU) runs at once, for answers and target-written turns."""
     regen_max_new_tokens: int = 192

@@ -351,8 +351,9 @@ def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: 
                sampled_sets: tuple = (), sampled_prompts: int | None = None, lossless_prompts: int = 0,
                name: str | None = None, log=print) -> dict:
     """The best point (or `name`) at batch 1 on a quiet device: speedup over the target alone and the lossless
-    verdicts at T=0 on every set, T=1 on `sampled_sets` (`sampled_prompts` each, None = n_prompts), and an fp32 lossless check on `lossless_prompts` prompts
-    of each set (0 = skip). Recorded under "final" in <out>/scaling.json and returned."""
+    verdicts at T=0 on every set, T=1 on `sampled_sets` (`sampled_prompts` each, None = n_prompts), and an fp32
+    lossless check on `lossless_prompts` prompts of each set (0 = skip). Recorded under "final" in
+    <out>/scaling.json and returned."""
     from dflash_lab.evaluation.evaluate import evaluate
 
     path = Path(out) / RESULTS_FILE
@@ -365,11 +366,16 @@ def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: 
     if not rows:
         raise ConfigError(f"{path}: no finished point named {pick!r}. Fix: pass name= one of "
                           f"{[p['name'] for p in state['points'] if p.get('status') == 'finished']}.")
+    if set(sampled_sets) - set(sets):
+        raise ConfigError(f"sampled_sets={sorted(set(sampled_sets) - set(sets))} are not prompt sets of this "
+                          f"evaluation. Fix: use names from {sorted(sets)}.")
     run_dir = Path(rows[0]["run_dir"])
     final = {"point": pick, "run_dir": str(run_dir), "block_size": B, "evals": {}}
     jobs = [("t0", sets, 0.0, dtype, n_prompts)]
-    jobs += [("t1", {s: sets[s] for s in sampled_sets}, 1.0, dtype, sampled_prompts or n_prompts)] if sampled_sets else []
-    jobs += [("fp32-lossless", sets, 0.0, "float32", lossless_prompts)] if lossless_prompts else []
+    if sampled_sets:
+        jobs.append(("t1", {s: sets[s] for s in sampled_sets}, 1.0, dtype, sampled_prompts or n_prompts))
+    if lossless_prompts:
+        jobs.append(("fp32-lossless", sets, 0.0, "float32", lossless_prompts))
     for key, chosen, temperature, dt, n in jobs:
         t0 = time.time()
         report = evaluate(run_dir, prompts=chosen, block_size=B, temperature=temperature, max_new_tokens=new_tokens,

@@ -48,7 +48,8 @@ def _fmt(v, nd=2) -> str:
 
 
 def markdown_table(results: dict, eval_key: str = "b16-t0") -> str:
-    """Points as rows, prompt sets as columns: `tau [lo, hi]` at one evaluation setting, plus the final training loss."""
+    """Points as rows, prompt sets as columns: `tau [lo, hi]` at one evaluation setting, plus the final training
+    loss."""
     rs = [r for r in rows(results) if r["eval"] == eval_key]
     sets = sorted({r["prompt_set"] for r in rs})
     head = "| point | conversations | steps | epochs | depth | " + " | ".join(f"tau {s}" for s in sets) + \
@@ -91,7 +92,8 @@ def final_markdown(results: dict) -> str:
         return ""
     final = results["final"]
     lines = [f"best point `{final['point']}`, block size {final['block_size']}, batch 1", "",
-             "| setting | prompt set | prompts | tau [95%] | speedup | tokens/s | identical | near-ties | real mismatches |",
+             "| setting | prompt set | prompts | tau [95%] | speedup | tokens/s | identical | near-ties | "
+             "real mismatches |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rs:
         sp = f"{r['speedup']:.2f}x" if r.get("speedup") else "-"

@@ -103,8 +103,8 @@ def test_defaults_are_the_data_at_scale_recipe():
     assert c.max_prompt_tokens == 288
     t = c.train_config(Path("d.jsonl"), Path("h.jsonl"))
     assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts) == (1500, 320, 500, 32)
-    assert dataclasses.replace(c, eval_block_sizes=(16, 8), eval_sampled_block_size=0).eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0),
-                                                                            (8, 1.0)]
+    both = dataclasses.replace(c, eval_block_sizes=(16, 8), eval_sampled_block_size=0)
+    assert both.eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0), (8, 1.0)]
 
 
 @pytest.mark.parametrize("field, value, says", [

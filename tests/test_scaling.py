@@ -92,6 +92,8 @@ def test_scaling_runs_every_point_and_reports_tau(tmp_path):
     assert t0["identical_to_target"] == 2 and t0["speedup"] > 0
     assert 1.0 <= final["evals"]["t1"]["tiny-heldout"]["tau"] <= 4.0
     assert load_results(tmp_path / "scaling")["final"]["point"] == saved["best"]
+    with pytest.raises(ConfigError, match="sampled_sets=.'general'. are not prompt sets"):
+        final_eval(tmp_path / "scaling", sampled_sets=("general",))
     with pytest.raises(ConfigError, match="no finished point named 'nope'"):
         final_eval(tmp_path / "scaling", name="nope")
 
