@@ -38,6 +38,7 @@ from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_b
 from dflash_lab import bench_perf
 from dflash_lab.config import TrainConfig
 from dflash_lab.config.target_defaults import default_gamma
+from dflash_lab.runs.metrics import JsonlSink
 from dflash_lab.train.prepare import prepare_run
 from dflash_lab.target.load import load_targets
 
@@ -326,14 +327,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     shape = SHAPES[args.shape]
     env = environment(args)
-    out = open(args.out, "a") if args.out else None
+    sink = JsonlSink(args.out) if args.out else None  # one write per row: a run cut off keeps what it measured
 
     def emit(row):
-        line = json.dumps(row, default=str)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        print(json.dumps(row, default=str), flush=True)
+        if sink:
+            sink.log(row)
 
     if args.ttfs:
         emit(time_to_first_step(args, shape, env))
@@ -372,8 +371,8 @@ def main(argv=None) -> int:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    if out:
-        out.close()
+    if sink:
+        sink.close()
     return 0
 
 

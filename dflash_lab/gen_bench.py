@@ -35,6 +35,7 @@ from dflash_lab.data.regen_engine import regenerate_with_engine
 from dflash_lab.data.regen_local import HFGenerator
 from dflash_lab.data.regenerate import SamplingConfig
 from dflash_lab.evaluation.serving_match import serving_match
+from dflash_lab.runs.metrics import JsonlSink
 from dflash_lab.target.gen_devices import generate_on_devices
 from dflash_lab.target.generate import Generator
 from dflash_lab.target.load import load_target, load_tokenizer
@@ -155,14 +156,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     devices = [a.device] if a.device else a.devices or (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
-    out = open(a.out, "a") if a.out else None
+    sink = JsonlSink(a.out) if a.out else None  # one write per row: a run cut off keeps what it measured
 
     def emit(row: dict) -> None:
-        line = json.dumps(row, default=str)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        print(json.dumps(row, default=str), flush=True)
+        if sink:
+            sink.log(row)
 
     if a.prompts:
         first_file, all_file = Path(a.prompts), Path(a.prompts)
@@ -209,8 +208,8 @@ def main(argv=None) -> int:
                                 dtype=dtype, common=common))
         del models, hf_gens
         free_memory()
-    if out:
-        out.close()
+    if sink:
+        sink.close()
     return 0
 
 

@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.config import TrainConfig
+from dflash_lab.config.errors import fail
 from dflash_lab.config.field_types import check_field_types
 from dflash_lab.evaluation.prompt_sets import NAMES as PROMPT_SET_NAMES
 from dflash_lab.target import models
@@ -93,10 +94,10 @@ class RecipeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        def bad(name, why, fix):
-            raise ConfigError(f"RecipeConfig.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
+        def bad(name, why, fix):  # TrainConfig's message: the field, its value, why, the fix
+            fail("RecipeConfig", name, getattr(self, name), why, fix)
 
-        check_field_types(self, lambda c, name, v, why, fix: bad(name, why, fix))
+        check_field_types(self, fail)
         if self.model != TINY and not models.is_known(self.model):
             bad("model", "unknown model name", f"use one of {sorted(models.KNOWN_MODELS)} (or \"tiny\")")
         if self.variant not in ("first", "all"):

@@ -304,7 +304,7 @@ def test_buckets():
     assert bucket([8, 16, 32], 9) == 16 and bucket([8, 16, 32], 40) == 32
 
 
-def test_gen_bench_prints_one_json_line_per_configuration(capsys):
+def test_gen_bench_prints_one_json_line_per_configuration(capsys, tmp_path):
     import json
 
     from dflash_lab.gen_bench import main
@@ -312,8 +312,9 @@ def test_gen_bench_prints_one_json_line_per_configuration(capsys):
 
     main(["--target", "tiny", "--device", "cpu", "--dtype", "float32", "--prompts", str(tiny_heldout_path()),
           "--first", "6", "--eager-first", "6", "--all", "3", "--batch-sizes", "4", "--modes", "eager", "--match", "2",
-          "--match-new-tokens", "8", "--max-new-tokens", "16", "--max-len", "256"])
+          "--match-new-tokens", "8", "--max-new-tokens", "16", "--max-len", "256", "--out", str(tmp_path / "g.jsonl")])
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [json.loads(ln) for ln in (tmp_path / "g.jsonl").read_text().splitlines()] == rows  # the file = stdout
     assert [(r["kind"], r.get("variant", r.get("mode")), r.get("temperature")) for r in rows] == [
         ("serving_match", "engine", None), ("serving_match", "plain", None), ("first_turns", "eager", None),
         ("first_turns", "eager", 1.0), ("every_turn", "eager", None)]

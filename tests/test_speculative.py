@@ -66,20 +66,25 @@ def heldout_prompt_ids(tokenizer, n: int) -> list[list[int]]:
 # Drafting with a context KV cache is the training forward
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layer_types,window", [((), None), (("sliding_attention", "full_attention"), 5)])
-def test_cached_drafting_equals_the_training_forward(layer_types, window):
-    """Context K/V cached over 3 calls (features arriving 9 + 4 + 6 at a time) gives the same block output as one
-    DFlashDrafter.forward with the training mask for an anchor at p: the inference path sees exactly what
-    training saw (context < p, the whole block; sliding: window + causal)."""
+def _drafter_and_features(B, layer_types, window):
+    """A tiny Qwen3 target, a random 2-layer drafter of block size B, 30 token ids and their target features."""
     target = make_tiny_qwen3()
-    B = 6
     dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=B, mask_token_id=255,
                                    layer_types=layer_types, sliding_window=window)
     drafter = DFlashDrafter(dc)
     drafter.init_weights(torch.Generator().manual_seed(3), std=0.1)
     drafter.eval()
     ids = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(4))
-    feats = FeatureExtractor(target, dc.target_layer_ids)(ids)  # (1, 30, n*H)
+    return target, dc, drafter, ids, FeatureExtractor(target, dc.target_layer_ids)(ids)  # feats (1, 30, n*H)
+
+
+@pytest.mark.parametrize("layer_types,window", [((), None), (("sliding_attention", "full_attention"), 5)])
+def test_cached_drafting_equals_the_training_forward(layer_types, window):
+    """Context K/V cached over 3 calls (features arriving 9 + 4 + 6 at a time) gives the same block output as one
+    DFlashDrafter.forward with the training mask for an anchor at p: the inference path sees exactly what
+    training saw (context < p, the whole block; sliding: window + causal)."""
+    B = 6
+    target, dc, drafter, ids, feats = _drafter_and_features(B, layer_types, window)
     dec = SpeculativeDecoder(target, drafter)
     cache = DraftCache()
     with torch.no_grad():
@@ -104,15 +109,8 @@ def test_fused_static_drafting_equals_the_training_forward(layer_types, window):
     the training forward's block output, after full and partial acceptances (p - p_prev = 4, then 6 = B)."""
     from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
 
-    target = make_tiny_qwen3()
     B = 6
-    dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=B, mask_token_id=255,
-                                   layer_types=layer_types, sliding_window=window)
-    drafter = DFlashDrafter(dc)
-    drafter.init_weights(torch.Generator().manual_seed(3), std=0.1)
-    drafter.eval()
-    ids = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(4))
-    feats = FeatureExtractor(target, dc.target_layer_ids)(ids)  # (1, 30, n*H)
+    target, dc, drafter, ids, feats = _drafter_and_features(B, layer_types, window)
     dec = StaticSpeculativeDecoder(target, drafter, block_size=B, graphs=False, max_length=40, min_bucket=8)
     assert dec.length == 64 and dec.buckets == [8, 16, 32, 64]  # rounded up to a multiple of 64
     with torch.no_grad():
