@@ -13,6 +13,9 @@
 #       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
 #       (dflash_lab.data.self_prompts: prompts sampled at T=1, answered greedily), the held-out sets, the pool.
 #       N_SELF is fitted to the time left from the measured generation rate unless set.
+#       The pool and the held-out sets also come back as data.tgz.NN (<= 15 MiB each): to train on them on another
+#       machine, put them in .recipe/data and send `stage`, then `model` (carry .recipe/call2: the conversion
+#       alone), then `restore` (carry .recipe/data) instead of `data`.
 #   call 3 (no carry):                           SLOTS=3 bash bench/scaling_smollm2.sh train
 #       dflash_lab.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
 #       learning-rate points, SLOTS side by side, each evaluated on chitchat-heldout, self-heldout and general
@@ -27,9 +30,10 @@
 # default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; three
 # points side by side at seq 320 ran at 142 ms a step each against 76 ms alone on the H200: 1.6x the work per
 # second),
-# BLOCKS (default "16 8"), ANSWER (answer tokens, default 192).
+# BLOCKS (default "16 8"), ANSWER (answer tokens, default 192), ONLY (names of the points to run in this call, either
+# mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000).
 set -u
-MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|data|train|final|one}
+MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|model|data|restore|train|final|one}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[scaling_smollm2 $MODE +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/scaling.log"; }
@@ -55,7 +59,7 @@ prepare)
 stage)
   mkdir -p $STAGE && cp .recipe/call1s/* $STAGE/ && ls -la $STAGE
   ;;
-data)
+model|data)
   GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
   GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
   T_DATA=${T_DATA:-580}
@@ -74,6 +78,7 @@ data)
   $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
   log "model converted"
   fi
+  [ "$MODE" = model ] && exit 0
   # chitchat: prompts written by people, answered by the target (greedy, bf16: the evaluator's setting)
   $PY -m dflash_lab.data.real_data chitchat --out $DATA/chitchat >> "$OUT/prep.log" 2>&1 || { log "chitchat failed"; exit 5; }
   LIMIT=${CHITCHAT_LIMIT:+--limit $CHITCHAT_LIMIT}
@@ -102,14 +107,21 @@ EOF
     --out $DATA/self/self.jsonl --devices $DEVICE --dtype $DTYPE --batch-size 1024 --max-answer-tokens ${ANSWER:-192} \
     --heldout 256 >> "$OUT/prep.log" 2>&1
   log "self prompts rc=$?"
-  cp $DATA/self/self.report.json "$OUT/self_report.json" 2>/dev/null
   # the pool: every target-written conversation and every chitchat one, in the proportions of their counts
   MIX=$($PY -c "import sys; a, b = (sum(1 for l in open(f) if l.strip()) for f in sys.argv[1:]); n = a + b; \
 print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA/self/self.jsonl $DATA/chitchat-regen.jsonl)
   $PY -m dflash_lab.data.mix --mix ${MIX% *} --n ${MIX#* } --out $DATA/pool.jsonl >> "$OUT/prep.log" 2>&1
   log "pool: $(grep -c . $DATA/pool.jsonl) conversations"
   tar czf "$OUT/data_meta.tgz" -C $DATA --exclude '*.jsonl' . 2>/dev/null
+  # the data itself comes back too, in parts of at most 15 MiB (a machine given back loses /tmp, and writing the pool
+  # again costs ~500 s of device time): here `cat OUT/data.tgz.* > ...` or carry them for `restore`
+  tar cf - -C $DATA pool.jsonl chitchat-heldout-regen.jsonl self/self-heldout.jsonl | gzip -6 \
+    | split -b 15m -d - "$OUT/data.tgz." && log "data parts: $(ls "$OUT"/data.tgz.* | wc -l)"
   ls -la $DATA $DATA/self | tee -a "$OUT/scaling.log"
+  ;;
+restore)
+  # the pool and held-out sets of an earlier data call (its data.tgz.* parts carried in .recipe/data), after `model`
+  mkdir -p $DATA && cat .recipe/data/data.tgz.* | tar xzf - -C $DATA && log "restored: $(grep -c . $DATA/pool.jsonl) conversations"
   ;;
 train|final|one)
   # train: every point but the long run, SLOTS side by side; final (the next call, same machine): the long run
@@ -125,7 +137,7 @@ train|final|one)
     # with the time left: the engine's every-turn rate and its fp32 match with the evaluator's greedy (first turns
     # were measured at 99.5k new tokens/s in bf16)
     timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 \
-      --first 512 --eager-first 0 --batch-sizes 512 --modes graph --no-sampled --all 1000 --match 32 \
+      --first 512 --eager-first 0 --batch-sizes 512 --modes graph --no-sampled --all ${ALL:-1000} --match 32 \
       --match-new-tokens 128 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" > "$OUT/gen_bench.log" 2>&1
     log "generation bench rc=$?"
   fi
@@ -138,5 +150,5 @@ train|final|one)
   [ -n "$BEST" ] && cp "$BEST"/checkpoints/drafter.safetensors "$BEST/config.json" "$OUT/" 2>/dev/null
   ls -la "$OUT"
   ;;
-*) echo "unknown mode $MODE: use prepare, stage, data, train or extra"; exit 2 ;;
+*) echo "unknown mode $MODE: use prepare, stage, model, data, restore, train, final or one"; exit 2 ;;
 esac

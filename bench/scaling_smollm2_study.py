@@ -3,6 +3,7 @@
     python bench/scaling_smollm2_study.py train DATA WORK MODEL DEVICE DTYPE BUDGET_S   every point but "long"
     python bench/scaling_smollm2_study.py final DATA WORK MODEL DEVICE DTYPE BUDGET_S   "long" (resumed study), then
                                                                                         the best point at batch 1
+    ONLY="variant-long steps-n100000-d3" python bench/scaling_smollm2_study.py train ...  these points alone (either mode)
 
 Sizes 3k / 10k / 30k / the pool (up to 100k) at matched steps (STEPS, default 1,500); matched epochs at the
 largest size's epochs, so the largest point is shared by both series and compute grows with data; a 5-layer
@@ -45,15 +46,16 @@ def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingC
 def main() -> int:
     mode, data, work, model, device, dtype, budget = sys.argv[1:8]
     cfg = study(data, work, model, device, dtype)
+    only = tuple(os.environ.get("ONLY", "").split()) or None  # names of points (dflash_lab.scaling.plan_points)
     if mode == "train":
         from pathlib import Path
 
         from dflash_lab.scaling import plan_points
 
         names = [p["name"] for p in plan_points(cfg, {n: Path(work, f"train-{n}.jsonl") for n in cfg.sizes})]
-        state = run_scaling(cfg, deadline_s=float(budget), only=tuple(n for n in names if n != "variant-long"))
+        state = run_scaling(cfg, deadline_s=float(budget), only=only or tuple(n for n in names if n != "variant-long"))
     elif mode in ("final", "one"):  # one: a fresh study trained and evaluated in the same call
-        state = run_scaling(cfg, deadline_s=float(budget), resume=mode == "final")
+        state = run_scaling(cfg, deadline_s=float(budget), resume=mode == "final", only=only)
         cpu = os.environ.get("SCALING_CPU") == "1"
         sets = os.environ.get("FINAL_SETS", "").split()
         final_eval(work, prompt_sets={k: v for k, v in cfg.prompt_sets.items() if k in sets} if sets else None,
