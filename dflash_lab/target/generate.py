@@ -58,7 +58,7 @@ class Generator:
     hold only while the engine runs: the model is left as it was given. decode_attention: "auto" (the per-row
     Triton kernel on CUDA when triton imports, else "sdpa"), "sdpa" (every row over the longest row's length
     bucket), "triton" (each row reads only its own keys: decode_attention.py), "reference" (the same in plain
-    torch, for checks); `self.decode_attention` and graph_status say which runs."""
+    torch, for checks); `self.decode_attention` says which runs, graph_status names a per-row kernel."""
 
     def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int = 2048, cuda_graphs: bool | None = None,
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
@@ -102,8 +102,8 @@ class Generator:
         self._pool = None
         self.capture_s = 0.0
         self._status("graphs: none captured yet" if self.graphs else "eager: graphs off")
-        if log:
-            log(f"generate on {self.name}: decode attention {self.decode_attention}")
+        if log and self.per_row:
+            log(f"generate on {self.name}: decode attention {self.decode_attention} (per-row lengths)")
 
     # ---------------------------------------------------------------------------------------------------------
     def allocate(self, rows: int, length: int) -> None:
@@ -132,7 +132,8 @@ class Generator:
         self.len_ladder, self.batch_ladder = length_ladder(length), batch_ladder(rows)
 
     def _status(self, how: str) -> None:
-        self.graph_status = f"{how}; decode attention {self.decode_attention}"
+        """graph_status; it also names a per-row decode kernel (no suffix: the masked sdpa path, as before)."""
+        self.graph_status = f"{how}; decode attention {self.decode_attention}" if self.per_row else how
 
     def _set_settings(self, s: GenerationSettings) -> None:
         self.seed.fill_(s.seed)
