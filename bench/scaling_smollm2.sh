@@ -27,9 +27,9 @@
 #       the target alone, lossless verdicts, T=1, fp32 lossless check on LOSSLESS prompts per set), then, in the
 #       time left, the engine's every-turn rate and fp32 serving match (dflash_lab.gen_bench).
 # Env: N_SELF, T_DATA (seconds for call 2, default 580), T_TRAIN (calls 3 and 4, default 520), STEPS (matched steps,
-# default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; three
-# points side by side at seq 320 ran at 142 ms a step each against 76 ms alone on the H200: 1.6x the work per
-# second),
+# default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; one point
+# alone at seq 320 runs at 42 ms a step on the H200 (target 10.5 + drafter 30.5 ms), three side by side at 142 ms a
+# step each: 47 ms per point-step, no more work per second; side by side only overlaps loading and evaluation),
 # BLOCKS (default "16 8"), ANSWER (answer tokens, default 192), ONLY (names of the points to run in this call, either
 # mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000).
 set -u

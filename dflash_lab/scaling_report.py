@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 from .scaling import RESULTS_FILE
@@ -47,6 +48,12 @@ def _fmt(v, nd=2) -> str:
     return str(v)
 
 
+def _label(results: dict, point: dict) -> str:
+    """A point's name, with its pool where a merged study's points came from more than one pool."""
+    pools = {p.get("pool") for p in results["points"]}
+    return f"{point['name']} ({point['pool']} pool)" if len(pools) > 1 and point.get("pool") else point["name"]
+
+
 def markdown_table(results: dict, eval_key: str = "b16-t0") -> str:
     """Points as rows, prompt sets as columns: `tau [lo, hi]` at one evaluation setting, plus the final training
     loss."""
@@ -58,15 +65,15 @@ def markdown_table(results: dict, eval_key: str = "b16-t0") -> str:
     for p in results["points"]:
         mine = {r["prompt_set"]: r for r in rs if r["point"] == p["name"]}
         if not mine:
-            lines.append(f"| {p['name']} | {p['conversations']} | {p['steps']} | {p['epochs']} | {p['depth']} | " +
-                         " | ".join("-" for _ in sets) + f" | {p.get('status')} |")
+            lines.append(f"| {_label(results, p)} | {p['conversations']} | {p['steps']} | {p['epochs']} | "
+                         f"{p['depth']} | " + " | ".join("-" for _ in sets) + f" | {p.get('status')} |")
             continue
         cells = []
         for s in sets:
             r = mine.get(s)
             cells.append("-" if r is None else f"{_fmt(r['tau'])} [{_fmt(r['tau_lo'])}, {_fmt(r['tau_hi'])}]")
         loss = (p.get("train") or {}).get("final_loss")
-        lines.append(f"| {p['name']} | {p['conversations']} | {p['steps']} | {p['epochs']} | {p['depth']} | " +
+        lines.append(f"| {_label(results, p)} | {p['conversations']} | {p['steps']} | {p['epochs']} | {p['depth']} | " +
                      " | ".join(cells) + f" | {_fmt(loss, 3)} |")
     return "\n".join(lines)
 
@@ -154,15 +161,18 @@ def curves_figure(results: dict, eval_key: str = "b16-t0"):
         for series, (label, style) in SERIES_STYLE.items():
             pts = sorted((r for r in rs if r["prompt_set"] == s and r["series"] == series),
                          key=lambda r: r["conversations"])
+            if series == "epochs":
+                pts += _shared_largest(rs, s, pts)
             if not pts:
                 continue
-            x = [r["conversations"] for r in pts]
-            y = [r["tau"] for r in pts]
-            err = [[r["tau"] - (r["tau_lo"] if r["tau_lo"] is not None else r["tau"]) for r in pts],
-                   [(r["tau_hi"] if r["tau_hi"] is not None else r["tau"]) - r["tau"] for r in pts]]
-            tag = {"depth": ", ".join(f"depth {r['depth']}" for r in pts),
-                   "variant": ", ".join(r["point"].removeprefix("variant-") for r in pts)}.get(series, label)
-            ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=tag)
+            if series in ("depth", "variant"):  # single points at the largest size: one marker each, side by side
+                for k, r in enumerate(pts):
+                    tag = (f"depth {r['depth']}" if series == "depth" else r["point"].removeprefix("variant-")) \
+                        + f" ({r['steps']:,} steps)"
+                    _errorbar(ax, [r], "DvspX*"[k % 6] if series == "variant" else style, tag,
+                              shift=1.06 ** (k + (1 if series == "variant" else 0)))
+                continue
+            _errorbar(ax, pts, style, label)
         ax.set_xscale("log")
         ax.set_xlabel("training conversations")
         ax.set_ylabel(f"real tau ({eval_key})")
@@ -170,6 +180,27 @@ def curves_figure(results: dict, eval_key: str = "b16-t0"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig
+
+
+def _shared_largest(rs: list[dict], prompt_set: str, epochs_pts: list[dict]) -> list[dict]:
+    """The matched-steps point at the largest size, when the matched-epochs series shares it (plan_points trains a
+    point once when both series give it the same steps), so the epochs line ends where its epochs come from."""
+    if not epochs_pts:
+        return []
+    steps = [r for r in rs if r["prompt_set"] == prompt_set and r["series"] == "steps"]
+    largest = max((r["conversations"] for r in steps), default=None)
+    if largest is None or any(r["conversations"] == largest for r in epochs_pts):
+        return []
+    return [r for r in steps if r["conversations"] == largest and
+            math.isclose(r["epochs"], epochs_pts[-1]["epochs"], rel_tol=0.05)]
+
+
+def _errorbar(ax, pts: list[dict], style: str, label: str, shift: float = 1.0) -> None:
+    """Tau with its 95% interval against conversations (x scaled by `shift`, so points at one size stay apart)."""
+    err = [[r["tau"] - (r["tau_lo"] if r["tau_lo"] is not None else r["tau"]) for r in pts],
+           [(r["tau_hi"] if r["tau_hi"] is not None else r["tau"]) - r["tau"] for r in pts]]
+    ax.errorbar([r["conversations"] * shift for r in pts], [r["tau"] for r in pts], yerr=err, fmt=style, capsize=3,
+                label=label)
 
 
 def save_curves(results: dict, path: str | Path, eval_key: str = "b16-t0") -> Path:

@@ -19,11 +19,14 @@ def test_prompt_files_formats_and_errors(tmp_path):
     f.write_text(json.dumps({"messages": [{"role": "user", "content": "Count from 3 to 9."},
                                           {"role": "assistant", "content": "3, 4, 5, 6, 7, 8, 9."}]}) + "\n\n"
                  + json.dumps({"prompt": "Count from 3 to 9."}) + "\n")
-    a, b = ev.load_prompts(f, tok)
-    assert a == b  # the trailing assistant turn is dropped; a bare prompt becomes one user turn
+    # the trailing assistant turn is dropped and a bare prompt becomes one user turn: the same prompt, counted once
+    (a,) = ev.load_prompts(f, tok)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"prompt": "Count from 3 to 9."}) + "\n" + json.dumps({"prompt": "Say hi."}) + "\n")
+    assert ev.load_prompts(bare, tok)[0] == a
     text = tok.decode(a)
     assert text.endswith("<|im_start|>assistant\n") and "Count from 3 to 9." in text
-    assert len(ev.load_prompts(f, tok, n_prompts=1)) == 1
+    assert len(ev.load_prompts(bare, tok, n_prompts=1)) == 1
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

@@ -34,11 +34,29 @@ def test_set_info_is_the_checksum_of_exactly_the_evaluated_prompts(tmp_path):
     assert ps.set_info("general", ps.GENERAL, 63).sha256 != info.sha256
     # the same prompts in another file format (messages vs prompt) are the same set; another prompt is not
     f = tmp_path / "same.jsonl"
-    f.write_text("".join(json.dumps({"messages": [{"role": "user", "content": json.loads(line)["prompt"]},
-                                                  {"role": "assistant", "content": "an answer, dropped"}]}) + "\n"
-                         for line in ps.GENERAL.read_text().splitlines()[:64]))
+    f.write_text("".join(json.dumps({"messages": m + [{"role": "assistant", "content": "an answer, dropped"}]}) + "\n"
+                         for m in read_prompt_messages(ps.GENERAL, 64)))
     assert ps.set_info("mine", f).sha256 == info.sha256
     assert "general: 64 of" in info.text() and info.short in info.text()
+
+
+def test_a_set_is_its_distinct_prompts_spread_over_the_file_not_the_first_lines(tmp_path):
+    """A regenerated held-out file lists the shortest answers first and repeats greetings; a hand-written one is
+    grouped by kind. n prompts of a set are its distinct prompts taken evenly over the file."""
+    f = tmp_path / "ordered.jsonl"
+    lines = ["hello?"] * 6 + [f"short {i}" for i in range(4)] + [f"long question number {i}" for i in range(10)]
+    f.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in lines))
+    every = [m[0]["content"] for m in read_prompt_messages(f)]
+    assert every == ["hello?"] + [f"short {i}" for i in range(4)] + [f"long question number {i}" for i in range(10)]
+    picked = [m[0]["content"] for m in read_prompt_messages(f, 5)]
+    assert picked == ["hello?", "short 2", "long question number 1", "long question number 4",
+                      "long question number 7"]  # indices 0, 3, 6, 9, 12 of the 15 distinct prompts
+    info = ps.set_info("ordered", f, 5)
+    assert (info.prompts, info.file_prompts) == (5, 15)
+    assert info.sha256 == ps.prompts_sha256(read_prompt_messages(f, 5))
+    general = read_prompt_messages(ps.GENERAL, 64)  # the last kinds of the shipped set are in its 64 too
+    kinds = {json.loads(line)["prompt"]: json.loads(line)["category"] for line in ps.GENERAL.read_text().splitlines()}
+    assert Counter(kinds[m[0]["content"]] for m in general)["multi-step"] >= 7
 
 
 def test_names_resolve_to_files_and_unknown_ones_say_what_exists(tmp_path, monkeypatch):

@@ -167,3 +167,36 @@ def test_a_stop_request_ends_the_run_without_writing_half_conversations():
                                    max_batch=4, max_len=512)
     assert recs == [] and stats["written"] == 0
     json.dumps(stats)  # the counts are JSON-able (they go to the run's meta file)
+
+
+def test_follow_ups_go_ahead_of_waiting_first_turns_and_long_chains_start_first():
+    """A conversation's turns are a chain: its next turn is taken before fresh first turns, and the conversations
+    with the most turns start first, so the run does not end with long chains answering alone at a few rows."""
+    from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, longest_chain_first
+
+    turns = {0: 1, 1: 3, 2: 1, 3: 2}  # conversation -> answers to write
+    items = [PromptItem(c * 10, [1] * (5 - c)) for c in turns]  # key = conversation * 10 + turn
+    order = longest_chain_first(items, {it.key: turns[it.key // 10] for it in items})
+    assert [it.key // 10 for it in order] == [1, 3, 2, 0]  # most turns first, then shortest prompt
+
+    def follow(key, _gen):
+        c, t = divmod(key, 10)
+        return PromptItem(key + 1, [1] * 9) if t + 1 < turns[c] else None
+
+    taken = []
+    for first in (True, False):
+        queue = PromptQueue(order, on_finish=follow, follow_ups_first=first)
+        seq = []
+        try:
+            while True:  # one row: take one prompt, answer it, let the finisher queue its follow-up
+                got = queue.take(1)
+                if not got:
+                    break
+                seq.append(got[0].key)
+                queue.finish(got[0].key, Generated(token_ids=[7], finish_reason="stop"))
+                queue.settle()
+        finally:
+            queue.close()
+        taken.append(seq)
+    assert taken[0] == [10, 11, 12, 30, 31, 20, 0]  # each chain runs to its end before the next starts
+    assert taken[1] == [10, 30, 20, 0, 11, 31, 12]  # behind the waiting prompts: the longest chain ends last

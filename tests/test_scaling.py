@@ -111,3 +111,20 @@ def test_the_scaling_notebook_renders_a_study(tmp_path):
     text = out.read_text()
     assert "steps-n40-d1" in text and "tau tiny-heldout" in text and "image/png" in text
     assert (tmp_path / "c.png").stat().st_size > 5_000
+
+
+def test_the_matched_epochs_line_ends_at_the_point_it_shares_with_matched_steps():
+    """plan_points trains the largest size once when both series give it the same steps: the epochs curve must
+    still end there, and only at the same epochs (a matched-steps point at other epochs is not on that line)."""
+    from dflash_lab.scaling_report import _shared_largest
+
+    def r(series, n, epochs, s="general"):
+        return {"series": series, "conversations": n, "epochs": epochs, "prompt_set": s, "tau": 2.0}
+
+    steps = [r("steps", 3000, 16.0), r("steps", 100000, 0.48), r("steps", 100000, 0.48, s="other")]
+    epochs = [r("epochs", 3000, 1.067), r("epochs", 30000, 0.48)]
+    assert _shared_largest(steps + epochs, "general", epochs) == [steps[1]]
+    assert _shared_largest(steps + epochs, "general", [r("epochs", 30000, 1.92)]) == []  # other epochs
+    assert _shared_largest(steps + epochs, "general", []) == []
+    assert _shared_largest(steps + epochs + [r("epochs", 100000, 0.48)], "general",
+                           epochs + [r("epochs", 100000, 0.48)]) == []  # the series has its own largest point

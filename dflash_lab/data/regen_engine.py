@@ -23,7 +23,7 @@ import threading
 import time
 
 from dflash_lab.target.gen_devices import run_queue
-from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, by_length
+from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, longest_chain_first
 from dflash_lab.target.generate import Generator
 from dflash_lab.target.sampling import GenerationSettings
 
@@ -241,8 +241,9 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         log(f"regenerate: {stats['too_long']} conversations not written: their first prompt + max_new_tokens "
             f"({settings.max_new_tokens}) exceeds the engine's max_len ({max_len}). Fix: raise max_len, or filter "
             "long prompts out.")
-    total = sum(answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items)
-    queue = PromptQueue(by_length(items), total=total, on_finish=on_finish, log=log, log_every_s=log_every_s)
+    chain = {it.key: answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items}
+    queue = PromptQueue(longest_chain_first(items, chain), total=sum(chain.values()), on_finish=on_finish, log=log,
+                        log_every_s=log_every_s)
     try:
         try:
             run_queue([g.engine for g in gens], queue, settings)

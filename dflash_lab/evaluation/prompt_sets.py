@@ -13,8 +13,9 @@
 - anything else: a JSONL file, `{"messages": [...]}` or `{"prompt": "..."}` per line.
 
 Two tau figures are comparable only on the same prompts, so a report names each set with its size (prompts
-evaluated, and in the file) and the sha256 of exactly the evaluated prompts (their chat messages as canonical JSON,
-trailing assistant turns dropped; independent of the tokenizer, so one checksum identifies a set across targets).
+evaluated, and distinct ones in the file; prompts.py says which are evaluated) and the sha256 of exactly the
+evaluated prompts (their chat messages as canonical JSON, trailing assistant turns dropped; independent of the
+tokenizer, so one checksum identifies a set across targets).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .prompts import EvalError, read_prompt_messages
+from .prompts import EvalError, read_prompt_messages, spread
 
 PACKAGED = Path(__file__).resolve().parent / "prompt_sets"
 GENERAL = PACKAGED / "general.jsonl"
@@ -70,9 +71,10 @@ def prompts_sha256(messages: list[list[dict]]) -> str:
 
 
 def set_info(name: str, path: str | Path, n_prompts: int | None = None) -> PromptSetInfo:
-    """Size and checksum of the first n_prompts prompts of a file (all when None)."""
+    """Size and checksum of the n_prompts prompts a file's set evaluates (all when None; read_prompt_messages picks
+    them); file_prompts counts the file's distinct prompts."""
     allm = read_prompt_messages(path)
-    used = allm if n_prompts is None else allm[:n_prompts]
+    used = spread(allm, n_prompts)
     return PromptSetInfo(name, str(path), len(used), len(allm), prompts_sha256(used))
 
 

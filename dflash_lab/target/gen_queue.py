@@ -3,9 +3,12 @@
 One queue feeds one Generator or several (one per GPU, one thread each): an engine takes as many prompts as it has
 free rows, and when a prompt finishes, `on_finish(key, generated)` may return the next prompt of the same
 conversation (every-turn regeneration: the answered history asks the next question), which goes back into the queue
-and is taken by whichever engine has a free row first. on_finish runs in one finisher thread of the queue, in the
-order answers finish; `close()` ends it and raises what on_finish raised. Progress (prompts done, new tokens/s, rows live, ETA) goes to
-a `progress` callback and, every `log_every_s`, to a printed line.
+AHEAD of the prompts still waiting and is taken by whichever engine has a free row first: a conversation's turns
+are a chain (each waits for the answer before it), so a follow-up behind hundreds of fresh first turns would leave
+the longest chains to finish alone, at a few live rows, after everything else. on_finish runs in one finisher
+thread of the queue, in the order answers finish; `close()` ends it and raises what on_finish raised. Progress
+(prompts done, new tokens/s, rows live, ETA) goes to a `progress` callback and, every `log_every_s`, to a printed
+line.
 """
 
 from __future__ import annotations
@@ -74,14 +77,23 @@ def by_length(items: list[PromptItem]) -> list[PromptItem]:
     return sorted(items, key=lambda it: len(it.ids))
 
 
+def longest_chain_first(items: list[PromptItem], chain: dict[int, int]) -> list[PromptItem]:
+    """Items whose conversation has the most turns to answer first (chain[key]: answers the conversation needs),
+    then shortest prompts first: with follow-ups taken first, the run then ends with short chains (scheduling the
+    longest jobs first keeps the tail short). Per-row decode attention makes mixed lengths cheap; on the masked sdpa
+    path a long row still makes the rows decoding beside it pay for its length."""
+    return sorted(items, key=lambda it: (-chain.get(it.key, 1), len(it.ids)))
+
+
 class PromptQueue:
     """Prompts waiting for a free row, the answers of finished ones, and the follow-ups they produce."""
 
     def __init__(self, items: list[PromptItem], *, total: int | None = None,
                  on_finish: Callable[[int, Generated], PromptItem | None] | None = None,
                  progress: Callable[[GenProgress], None] | None = None, log: Callable[[str], None] | None = None,
-                 log_every_s: float = 10.0):
+                 log_every_s: float = 10.0, follow_ups_first: bool = True):
         self._pending = deque(items)
+        self._follow_ups_first = follow_ups_first  # False: behind the waiting prompts (the order before, to compare)
         self._total = total if total is not None else (None if on_finish else len(items))
         self._on_finish = on_finish
         self._progress, self._log, self._log_every_s = progress, log, log_every_s
@@ -96,6 +108,7 @@ class PromptQueue:
         self._error: BaseException | None = None
         self._finish_error: BaseException | None = None
         self._finishing: deque = deque()  # answers waiting for on_finish
+        self._handling = False  # the finisher is inside on_finish
         self._closed = False
         self._thread = None
         if on_finish is not None:
@@ -134,6 +147,7 @@ class PromptQueue:
                 if not self._finishing:
                     return
                 key, generated = self._finishing.popleft()
+                self._handling = True
             follow = None
             if self._error is None:
                 try:
@@ -143,9 +157,18 @@ class PromptQueue:
                     self.abort(e)
             with self._cond:
                 if follow is not None:
-                    self._pending.append(follow)
+                    if self._follow_ups_first:  # the chain goes on first (module docstring)
+                        self._pending.appendleft(follow)
+                    else:
+                        self._pending.append(follow)
                 self._in_flight -= 1
+                self._handling = False
                 self._cond.notify_all()
+
+    def settle(self) -> None:
+        """Block until every answer handed in so far has been through on_finish (its follow-up, if any, queued)."""
+        with self._cond:
+            self._cond.wait_for(lambda: (not self._finishing and not self._handling) or self._error is not None)
 
     def close(self) -> None:
         """Stop the finisher thread after it has handled every answer; raise what on_finish raised, if anything."""

@@ -34,7 +34,7 @@ from dflash_lab.evaluation.batched_decode import BatchedSpeculativeDecoder
 from dflash_lab.evaluation.evaluate import heldout_run
 from dflash_lab.evaluation.export import BEST, BEST_FILE, best_marker
 from dflash_lab.evaluation.prompt_sets import prompts_sha256
-from dflash_lab.evaluation.prompts import read_prompt_messages, render
+from dflash_lab.evaluation.prompts import read_prompt_messages, render, spread
 from dflash_lab.drafter.step import DraftInputs, block_stats, build_masks, drafter_loss
 from dflash_lab.runs.rundir import write_json
 from dflash_lab.runs.run_end import save_drafter
@@ -211,7 +211,8 @@ def load_validation_set(tokenizer, cfg, *, block_size: int, max_positions: int =
     chat = read_conversations(path, data_format=cfg.data_format, on_error="skip", split=split)
     # the first val_sequences USABLE conversations: held-out first turns are often greetings too short to hold two
     # blocks of answer, and taking the first few as they come once left a run with none (validation off)
-    convs = [c.messages for c in chat.conversations[:max(VAL_CANDIDATES, 4 * cfg.val_sequences)]]
+    # (spread over the file, not its first ones: a regenerated file lists the shortest answers first)
+    convs = [c.messages for c in spread(chat.conversations, max(VAL_CANDIDATES, 4 * cfg.val_sequences))]
     data = tokenize_dataset(tokenizer, convs, seq_len=cfg.seq_len, block_size=block_size,
                             enable_thinking=cfg.enable_thinking, on_error="skip")
     prompts, messages = [], []

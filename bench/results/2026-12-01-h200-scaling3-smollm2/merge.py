@@ -4,7 +4,7 @@ previous one (../2026-12-01-h200-scaling2-smollm2/scaling.json) that this one di
 Both sessions wrote their 102,393-conversation pool with the same seeded commands and got the same pool: the same
 filter counts (10,993 filtered, 260 exact and 365 near duplicates, 96,382 kept), the same held-out prompt sets
 (sha256 fa23e0c29452... chitchat, 877b37148e26... target-written), and the 5-layer point trained in both sessions
-evaluated to the same figures to the last digit (chitchat tau 2.7513 [2.4645, 3.0240], self 2.0803, general 1.7316).
+evaluated to the same figures to the last digit (chitchat tau 2.7513 [2.4645, 3.0240], self 2.0803, general 1.7327).
 So their points are one study on one pool ("102k"); the previous session's 30k point came from a second, smaller
 pool ("30k": --n 26000, 23% chitchat instead of 6.8%) and keeps that label.
 """
