@@ -147,7 +147,10 @@ train|final|one)
   grep -E "scaling:|batched tau|error|Error" "$OUT/$MODE.log" | tail -40 | cut -c1-250
   # the best drafter's weights come back too (the drafters of earlier calls were lost with their machine)
   BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); print(s.get('final', {}).get('run_dir', ''))")
-  [ -n "$BEST" ] && cp "$BEST"/checkpoints/drafter.safetensors "$BEST/config.json" "$OUT/" 2>/dev/null
+  # (in parts: a 3-layer SmolLM2 drafter is 24 MB and one returned file may hold 16 MiB; here
+  # `cat drafter.tgz.* | tar xzf -` gives config.json + drafter.safetensors back)
+  [ -n "$BEST" ] && tar czf - -C "$BEST" config.json checkpoints/drafter.safetensors \
+    | split -b 15m -d - "$OUT/drafter.tgz."
   ls -la "$OUT"
   ;;
 *) echo "unknown mode $MODE: use prepare, stage, model, data, restore, train, final or one"; exit 2 ;;
