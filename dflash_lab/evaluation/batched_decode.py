@@ -19,8 +19,9 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import apply_rope
 from dflash_lab.target.features import decoder_of
+from dflash_lab.target.static_cache import additive
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
-from .static_cache import additive, buckets_for, static_path_problem
+from .static_cache import buckets_for, static_path_problem
 
 CACHE_BYTES = 2 << 30  # the rows' caches stay under ~2 GiB: they sit beside a training run on its GPU
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from dflash_lab.drafter.model import DFlashDrafter
-from dflash_lab.target.features import decoder_of
-from .speculative import target_text_config
+from dflash_lab.target.static_cache import static_cache_problem
 
 MIN_BUCKET = 256  # shortest attention length: below it a kernel's cost no longer depends on the length
 
@@ -42,21 +41,11 @@ def buckets_for(length: int, shortest: int = MIN_BUCKET) -> list[int]:
     return out + [length]
 
 
-def additive(visible: torch.Tensor, dtype) -> torch.Tensor:
-    """Bool visibility -> an additive mask (0 where visible, the dtype's minimum elsewhere)."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
-
-
 def static_path_problem(target, drafter: DFlashDrafter | None) -> str | None:
     """Why the static/graph path cannot run this target (None if it can)."""
-    tc = target_text_config(target)
-    if "sliding_attention" in (getattr(tc, "layer_types", None) or ()) and getattr(tc, "use_sliding_window", True):
-        return "the target has sliding-window layers (the static path implements full attention only)"
-    impl = getattr(target.config, "_attn_implementation", "sdpa")
-    if impl not in ("sdpa", "eager"):
-        return f"the target's attention implementation is {impl!r} (static path: sdpa or eager)"
-    if not hasattr(decoder_of(target), "rotary_emb"):
-        return "the target's decoder has no rotary_emb"
+    problem = static_cache_problem(target)
+    if problem:
+        return problem
     if drafter is not None and next(drafter.parameters()).device != next(target.parameters()).device:
         return "the drafter and the target are on different devices (one graph spans one device)"
     return None

@@ -41,11 +41,12 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
+from dflash_lab.target.static_cache import additive
 from .batched_decode import BatchedSpeculativeDecoder
 from .intervals import TauInterval, tau_interval
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, speculative_accept, \
     target_text_config
-from .static_cache import MIN_BUCKET, PositionedKVCache, additive, buckets_for, static_path_problem
+from .static_cache import MIN_BUCKET, PositionedKVCache, buckets_for, static_path_problem
 
 STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
 

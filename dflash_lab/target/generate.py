@@ -30,20 +30,7 @@ from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
-from .static_cache import RowKVCache, batch_ladder, bucket, length_ladder
-
-
-def engine_problem(model) -> str | None:
-    """Why the engine cannot run this target (None if it can)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) and getattr(cfg, "use_sliding_window", True):
-        return "the target has sliding-window layers (the engine implements full attention only)"
-    impl = getattr(model.config, "_attn_implementation", "sdpa")
-    if impl not in ("sdpa", "eager"):
-        return f"the target's attention implementation is {impl!r} (the engine runs sdpa or eager)"
-    if not hasattr(decoder_of(model), "rotary_emb"):
-        return "the target's decoder has no rotary_emb"
-    return None
+from .static_cache import RowKVCache, additive, batch_ladder, bucket, length_ladder, static_cache_problem
 
 
 class Generator:
@@ -64,7 +51,7 @@ class Generator:
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
                  prefill_tokens: int = 32768, fused_norms: bool | None = None, grouped_decode: bool = True,
                  decode_attention: str = "auto", name: str | None = None):
-        problem = engine_problem(model)
+        problem = static_cache_problem(model)
         if problem:
             raise ValueError(f"the generation engine cannot run this target: {problem}. Fix: regenerate with the "
                              "Hugging Face back end (data/regen_local.py) for it.")
@@ -159,7 +146,7 @@ class Generator:
         rope = self.decoder.rotary_emb(h, pos2)
         mask = (self.kv_pos[:span][None, :] <= pos2)[:, None, None, :]  # (B, 1, 1, span): keys at positions <= p
         if self.additive_mask:
-            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
+            mask = additive(mask, h.dtype)
         self.cache.decode(self.row_ids[:B], pos, span)
         # per-row kernels: row r reads its min(p + 1, span) keys (what the mask keeps), not the whole span; the
         # mask stays for a model whose attention another engine set (engine_kernels: the first one in decides)
@@ -233,7 +220,7 @@ class Generator:
         mask = None  # sdpa: is_causal over the prompt itself (every row starts at position 0)
         if self.additive_mask:
             causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-            mask = torch.zeros(1, 1, T, T, dtype=h.dtype, device=dev).masked_fill(~causal, torch.finfo(h.dtype).min)
+            mask = additive(causal[None, None], h.dtype)
         self.cache.prefill(rows_t)
         h = self._layers(h, mask, positions, rope)
         logits = self._logits(h[torch.arange(n, device=dev), lens - 1])  # (n, V) at each prompt's last token

@@ -14,11 +14,36 @@ call `update(k, v, layer_idx)` as on any Hugging Face Cache):
 
 Batch and length buckets keep the number of distinct shapes (and CUDA graphs) small; `move_rows` packs live rows
 to the front so the tail of a run decodes at a smaller batch bucket.
+
+`static_cache_problem` says whether a target's own decoder layers can be driven over a static cache at all (the
+evaluator's fast decoders ask it too, evaluation/static_cache.py), and `additive` turns a visibility mask into the
+additive one eager attention takes.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .features import decoder_of
+
+
+def static_cache_problem(model) -> str | None:
+    """Why the target's own decoder layers cannot be driven over a static KV cache (None if they can): the
+    generation engine here and the evaluator's fast decoders both do it, with full attention by position."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) and getattr(cfg, "use_sliding_window", True):
+        return "the target has sliding-window layers (static caches here implement full attention only)"
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl not in ("sdpa", "eager"):
+        return f"the target's attention implementation is {impl!r} (static caches here run sdpa or eager)"
+    if not hasattr(decoder_of(model), "rotary_emb"):
+        return "the target's decoder has no rotary_emb"
+    return None
+
+
+def additive(visible: torch.Tensor, dtype) -> torch.Tensor:
+    """Bool visibility -> an additive mask (0 where visible, the dtype's minimum elsewhere), for eager attention."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 def length_ladder(cap: int, floor: int = 64) -> list[int]:
