@@ -203,6 +203,11 @@ def test_config_and_paths_refuse_bad_values():
         SelfPromptConfig(n=10, temperature=0)
     with pytest.raises(DataError, match="needs answers"):
         SelfPromptConfig(n=10, turns=2, answers=False)
+    # the answers' sampling is checked like the user turns' (the checks the engine's settings run), by field name
+    with pytest.raises(DataError, match=r"SelfPromptConfig\.answer_top_k=-1 must be an integer >= 0"):
+        SelfPromptConfig(n=10, answer_top_k=-1)
+    with pytest.raises(DataError, match=r"SelfPromptConfig\.seed=-1 must be an integer in \[0, 2\*\*63\)"):
+        SelfPromptConfig(n=10, seed=-1)
     with pytest.raises(DataError, match="held-out file's own name"):
         output_paths("x/self-heldout.jsonl")
     p = output_paths("runs/d/self.jsonl")

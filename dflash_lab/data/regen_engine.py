@@ -119,7 +119,8 @@ def engine_generators(hf_generators, *, log=None, **engine_kw) -> list[EngineGen
 
 
 def answers_to_write(messages: list[dict]) -> int:
-    """Assistant turns regeneration writes for a conversation: each assistant turn, plus one for a trailing user turn."""
+    """Assistant turns regeneration writes for a conversation: each assistant turn, plus one for a trailing user
+    turn."""
     n = sum(m["role"] == "assistant" for m in messages)
     return n + (1 if messages and messages[-1]["role"] != "assistant" else 0)
 

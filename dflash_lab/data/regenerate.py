@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from dflash_lab.target.load import TargetLoadError
+from dflash_lab.target.sampling import sampling_problems
 
 from .chat_formats import ChatData, DataError, read_chat_data
 from .regen_engine import ConversationTurns, regenerate_with_engine
@@ -74,12 +75,8 @@ class SamplingConfig:
         def bad(name, why, fix):
             raise DataError(f"SamplingConfig.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
 
-        if not self.temperature >= 0:
-            bad("temperature", "must be >= 0", "use 0 for greedy or e.g. 0.6")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            bad("top_k", "must be an integer >= 0", "use 0 (off) or e.g. 20")
+        for name, why, fix in sampling_problems(self.temperature, self.top_p, self.top_k, self.seed)[:1]:
+            bad(name, why, fix)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             bad("max_new_tokens", "must be an integer >= 1", "use e.g. 2048")
 

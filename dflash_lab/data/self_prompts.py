@@ -31,6 +31,7 @@ import torch
 
 from dflash_lab.target import models
 from dflash_lab.target.load import TargetLoadError, load_targets, load_tokenizer, resolve_target_path
+from dflash_lab.target.sampling import sampling_problems
 
 from .chat_formats import DataError
 from .prompt_filters import FilterConfig, dedup, filter_reason, is_heldout
@@ -40,6 +41,9 @@ from .user_turns import UserTurnFormat
 
 HELDOUT_NAME = "self-heldout.jsonl"
 CHECKSUM_MAX_BYTES = 2 << 30  # hash weights up to 2 GiB (SmolLM2: 0.5 GB, ~1 s); larger ones are not hashed
+
+
+SAMPLING = ("temperature", "top_p", "top_k")  # the fields of one sampling setting (answers: answer_ prefixed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,13 +89,11 @@ class SelfPromptConfig:
         for name in ("n", "turns", "max_prompt_tokens", "max_answer_tokens", "batch_size", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1", "pass a positive count")
+        for prefix in ("", "answer_"):  # the user turns' sampling, then the answers'
+            for name, why, fix in sampling_problems(*(getattr(self, prefix + f) for f in SAMPLING), self.seed)[:1]:
+                bad(name if name == "seed" else prefix + name, why, fix)
         if not self.temperature > 0:
             bad("temperature", "must be > 0: greedy would write the same prompt N times", "use 1.0")
-        for name in ("top_p", "answer_top_p"):
-            if not 0 < getattr(self, name) <= 1:
-                bad(name, "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95")
-        if self.answer_temperature < 0:
-            bad("answer_temperature", "must be >= 0", "use 0 for greedy answers")
         if not 0 <= self.heldout_fraction < 1:
             bad("heldout_fraction", "must be in [0, 1)", "use e.g. 0.01")
         if self.heldout < 0:

@@ -20,6 +20,25 @@ import torch
 _M32 = 0xFFFFFFFF
 
 
+def sampling_problems(temperature, top_p, top_k, seed) -> list[tuple[str, str, str]]:
+    """(field, why, fix) for each sampling setting that is out of range, [] when all fit: the one copy of the checks
+    behind GenerationSettings and the data configs that record sampling settings (regenerate.SamplingConfig,
+    self_prompts.SelfPromptConfig), each of which raises its own error naming its own field."""
+    def integer(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    out = []
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0:
+        out.append(("temperature", "must be a number >= 0", "use 0 for greedy or e.g. 1.0"))
+    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        out.append(("top_p", "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95"))
+    if not integer(top_k) or top_k < 0:
+        out.append(("top_k", "must be an integer >= 0", "use 0 (off) or e.g. 50"))
+    if not integer(seed) or not 0 <= seed < 2 ** 63:
+        out.append(("seed", "must be an integer in [0, 2**63)", "use e.g. 0"))
+    return out
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """One generation call's settings (the engine's counterpart of a data set's recorded sampling settings)."""
@@ -41,14 +60,8 @@ class GenerationSettings:
 
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
             bad("max_new_tokens", "must be an integer >= 1", "use e.g. 256")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            bad("temperature", "must be a number >= 0", "use 0 for greedy or e.g. 1.0")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            bad("top_k", "must be an integer >= 0", "use 0 (off) or e.g. 50")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 63:
-            bad("seed", "must be an integer in [0, 2**63)", "use e.g. 0")
+        for name, why, fix in sampling_problems(self.temperature, self.top_p, self.top_k, self.seed)[:1]:
+            bad(name, why, fix)
 
     @property
     def greedy(self) -> bool:
