@@ -31,7 +31,8 @@
 # alone at seq 320 runs at 42 ms a step on the H200 (target 10.5 + drafter 30.5 ms), three side by side at 142 ms a
 # step each: 47 ms per point-step, no more work per second; side by side only overlaps loading and evaluation),
 # BLOCKS (default "16 8"), ANSWER (answer tokens, default 192), ONLY (names of the points to run in this call, either
-# mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000).
+# mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000),
+# CHITCHAT_SHARE (restore: the restored pool remixed to this chitchat share, e.g. 0.2, chitchat repeated as needed).
 set -u
 MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|model|data|restore|train|final|one}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
@@ -122,6 +123,30 @@ print(f'{sys.argv[1]}:{a / n:.6f},{sys.argv[2]}:{1 - a / n:.6f} {n - 2}')" $DATA
 restore)
   # the pool and held-out sets of an earlier data call (its data.tgz.* parts carried in .recipe/data), after `model`
   mkdir -p $DATA && cat .recipe/data/data.tgz.* | tar xzf - -C $DATA && log "restored: $(grep -c . $DATA/pool.jsonl) conversations"
+  if [ -n "${CHITCHAT_SHARE:-}" ]; then
+    # the same number of conversations with chitchat at CHITCHAT_SHARE (repeated as needed: the pool holds ~7k),
+    # the target-written rest drawn from the pool's own: the chitchat-share lever without a data call
+    mv $DATA/pool.jsonl $DATA/pool-restored.jsonl
+    $PY - $DATA/pool-restored.jsonl $DATA/parts <<'EOF'
+import json, os, sys
+os.makedirs(sys.argv[2], exist_ok=True)
+outs = {}
+for line in open(sys.argv[1]):
+    if line.strip():
+        src = json.loads(line).get("mix_source", "other")
+        if src not in outs:
+            outs[src] = open(os.path.join(sys.argv[2], f"{src}.jsonl"), "w")
+        outs[src].write(line)
+for f in outs.values():
+    f.close()
+print({k: f.name for k, f in outs.items()})
+EOF
+    N=$(grep -c . $DATA/pool-restored.jsonl)
+    REST=$($PY -c "print(round(1 - float('$CHITCHAT_SHARE'), 6))")
+    $PY -m dflash_lab.data.mix --mix "$DATA/parts/self.jsonl:$REST,$DATA/parts/chitchat-regen.jsonl:$CHITCHAT_SHARE" \
+      --n $N --replacement --out $DATA/pool.jsonl >> "$OUT/prep.log" 2>&1 || { log "remix failed"; tail -3 "$OUT/prep.log"; exit 5; }
+    log "pool remixed: $(grep -c . $DATA/pool.jsonl) conversations, chitchat share $CHITCHAT_SHARE"
+  fi
   ;;
 train|final|one)
   # train: every point but the long run, SLOTS side by side; final (the next call, same machine): the long run
