@@ -315,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=None, help="block size (default: the drafter's)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check on)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--n-prompts", type=_n_prompts, default="auto", help="prompts per set, the first N of each "
-                    f"(default auto: {DEFAULT_PROMPTS['real']} on a real target, {DEFAULT_PROMPTS['tiny']} on the "
-                    "tiny one; all = every prompt)")
+    ap.add_argument("--n-prompts", type=_n_prompts, default="auto",
+                    help="prompts per set: N of each set's distinct prompts, spread evenly over its file (default "
+                    f"auto: {DEFAULT_PROMPTS['real']} on a real target, {DEFAULT_PROMPTS['tiny']} on the tiny one; "
+                    "all = every prompt)")
     ap.add_argument("--untrained", action=argparse.BooleanOptionalAction, default=True,
                     help="also measure an untrained drafter of the same shape and seed (default on)")
     ap.add_argument("--target", default=None, help="target model (default: the run's config.json)")
