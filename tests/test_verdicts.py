@@ -103,7 +103,8 @@ def test_logits_off_by_half_a_logit_give_near_ties_only():
     noise's range (2 eps), and so is the noisy computation's own: every verdict is a near-tie at tolerance 2 eps."""
     target, tok, drafter = tiny_models()
     noisy = NoisyVerify(target, drafter, block_size=8, eos_token_id=tok.eos_token_id, eps=0.5)
-    verdicts = _verdicts(noisy, tol=1.0 + 1e-4, n=8, tokens=24)  # + the 1e-5 rounding of recorded logits
+    # 16 prompts spread over the held-out set (3 of them change under this noise) + the 1e-5 rounding of logits
+    verdicts = _verdicts(noisy, tol=1.0 + 1e-4, n=16, tokens=24)
     differing = [v for v in verdicts if v != "identical"]
     assert differing, "the noise changed no output: raise eps or the prompts"
     assert all(v.startswith("numerical near-tie") for v in differing), verdicts
