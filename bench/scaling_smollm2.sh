@@ -173,8 +173,8 @@ train|final|one)
   # the best drafter's weights come back too (the drafters of earlier calls were lost with their machine)
   BEST=$($PY -c "import json; s=json.load(open('$WORK/scaling.json')); print(s.get('final', {}).get('run_dir', ''))")
   # (in parts: a 3-layer SmolLM2 drafter is 24 MB and one returned file may hold 16 MiB; here
-  # `cat drafter.tgz.* | tar xzf -` gives config.json + drafter.safetensors back)
-  [ -n "$BEST" ] && tar czf - -C "$BEST" config.json checkpoints/drafter.safetensors \
+  # `cat drafter.tgz.* | tar xzf -` gives config.json, drafter_config.json and the weights back)
+  [ -n "$BEST" ] && tar czf - -C "$BEST" config.json drafter_config.json checkpoints/drafter.safetensors \
     | split -b 15m -d - "$OUT/drafter.tgz."
   ls -la "$OUT"
   ;;
