@@ -19,12 +19,18 @@ import argparse
 import json
 import random
 
+import inspect
+
+from dflash_lab.data.regen_engine import TURN_KEYS
 from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, by_length, longest_chain_first
+from dflash_lab.target.generate import Generator
 
-TURN_KEYS = 1024
+# the engine's own refill rule (its default), not a copy of the number; a chunk is its 8 steps per sync on CUDA
+REFILL_FRACTION = inspect.signature(Generator.__init__).parameters["refill_fraction"].default
 
 
-def simulate(chains: list[list[int]], rows: int, *, now: bool, chunk: int = 8, refill_fraction: float = 0.125) -> dict:
+def simulate(chains: list[list[int]], rows: int, *, now: bool, chunk: int = 8,
+             refill_fraction: float = REFILL_FRACTION) -> dict:
     """chains[c] = answer lengths of conversation c's turns, in order. Returns steps, occupancy, waves."""
     def item(c: int, turn: int) -> PromptItem:
         return PromptItem(c * TURN_KEYS + turn, [0] * (1 + turn))  # prompt length grows with the turn
