@@ -32,7 +32,9 @@
 # step each: 47 ms per point-step, no more work per second; side by side only overlaps loading and evaluation),
 # BLOCKS (default "16 8"), ANSWER (answer tokens, default 192), ONLY (names of the points to run in this call, either
 # mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000),
-# CHITCHAT_SHARE (restore: the restored pool remixed to this chitchat share, e.g. 0.2, chitchat repeated as needed).
+# CHITCHAT_SHARE (restore: the restored pool remixed to this chitchat share, e.g. 0.2, chitchat repeated as needed),
+# REAL_TAU_EVERY / VAL_EVERY (training-time real tau and validation, default every 500 steps), GEN_ARGS (`final`'s
+# gen_bench dtypes and first-turn / match sizes, e.g. GEN_ARGS="--dtype bfloat16 --first 0 --match 0").
 set -u
 MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|model|data|restore|train|final|one}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
@@ -161,9 +163,10 @@ train|final|one)
   if [ "$MODE" = final ] && [ "$MODEL" != tiny ] && [ "$(left $T_TRAIN)" -gt 60 ]; then
     # with the time left: the engine's every-turn rate and its fp32 match with the evaluator's greedy (first turns
     # were measured at 99.5k new tokens/s in bf16)
-    timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.gen_bench --target $MODEL --dtype bfloat16 float32 \
-      --first 512 --eager-first 0 --batch-sizes 512 --modes graph --no-sampled --all ${ALL:-1000} --match 32 \
-      --match-new-tokens 128 --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" > "$OUT/gen_bench.log" 2>&1
+    GEN_ARGS=${GEN_ARGS:---dtype bfloat16 float32 --first 512 --eager-first 0 --match 32 --match-new-tokens 128}
+    timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.gen_bench --target $MODEL $GEN_ARGS --batch-sizes 512 \
+      --modes graph --no-sampled --all ${ALL:-1000} --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" \
+      > "$OUT/gen_bench.log" 2>&1
     log "generation bench rc=$?"
   fi
   cp $WORK/scaling.json "$OUT/scaling.json"

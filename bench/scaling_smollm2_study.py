@@ -24,7 +24,8 @@ def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingC
     sizes = sorted({min(s, n_pool) for s in sizes})  # a pool short of the largest size trains on all of it
     steps, batch = int(os.environ.get("STEPS", 1500)), int(os.environ.get("BATCH", 32))
     base = ({"seq_len": 320, "batch_size": batch, "num_anchors": 64, "block_size": 16, "num_draft_layers": 3,
-             "lr": 6e-4, "real_tau_every": 500, "real_tau_prompts": 32, "val_every": 500, "log_every": 50}
+             "lr": 6e-4, "real_tau_every": int(os.environ.get("REAL_TAU_EVERY", 500)), "real_tau_prompts": 32,
+             "val_every": int(os.environ.get("VAL_EVERY", 500)), "log_every": 50}
             if not cpu else {"seq_len": 128, "batch_size": batch, "num_anchors": 8, "block_size": 4,
                              "num_draft_layers": 1, "lr": 3e-3, "real_tau_every": 0, "val_every": 0, "log_every": 1})
     lr = base["lr"]
