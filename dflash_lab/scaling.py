@@ -211,7 +211,7 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
     if only is not None and set(only) - set(names):
         raise ConfigError(f"only={sorted(set(only) - set(names))} names no planned point. Fix: use names from "
                           f"{names}.")
-    kept = {}
+    kept, trained = {}, {}
     if resume and results_path.is_file():
         before = json.loads(results_path.read_text())
         what = lambda c: {k: v for k, v in (c or {}).items() if k != "devices"}  # noqa: E731 (slots are how, not what)
@@ -219,8 +219,12 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
             raise ConfigError(f"{results_path} was written by another configuration, so its points do not belong "
                               "to this study. Fix: the same ScalingConfig, or a new out folder.")
         kept = {p["name"]: p for p in before["points"] if p.get("status") == "finished"}
+        # a point trained but not evaluated (a call's time limit cut it) is evaluated in its run dir, not retrained
+        trained = {p["name"]: {"run_dir": p["run_dir"]} for p in before["points"]
+                   if p["name"] not in kept and _trained(p.get("run_dir"))}
     state = {"config": config, "points": [kept.get(p["name"]) or
-                                          ({k: v for k, v in p.items() if k != "config"} | {"status": "pending"})
+                                          ({k: v for k, v in p.items() if k != "config"} | {"status": "pending"}
+                                           | trained.get(p["name"], {}))
                                           for p in points], "started": time.time()}
     write_json(results_path, state)
     todo = [i for i in schedule_order(points) if names[i] not in kept and (only is None or names[i] in only)]
@@ -234,6 +238,7 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
         while pending and free and (deadline_s is None or time.time() - t0 < deadline_s):
             i, device = pending.pop(0), free.pop(0)
             running[i] = (_start(points[i], state["points"][i], cfg, device, log), device)
+            write_json(results_path, state)  # a study killed now still names the point's run dir
         if deadline_s is not None and time.time() - t0 >= deadline_s and pending:
             for i in pending:
                 state["points"][i]["status"] = "not started (deadline)"
@@ -257,21 +262,31 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
 
 def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subprocess.Popen:
     tc = dataclasses.replace(point["config"], devices=(device if not device.startswith("cuda") else "cuda:0",))
-    run_dir = new_run_dir(tc.runs_dir, tc.run_name)
-    tc.to_json(run_dir / "config.json")
-    write_json(run_dir / POINT_FILE, {**{k: v for k, v in point.items() if k != "config"},
-                                      "prompt_sets": cfg.prompt_sets, "block_sizes": list(cfg.block_sizes),
-                                      "eval_new_tokens": cfg.eval_new_tokens, "eval_prompts": cfg.eval_prompts,
-                                      "eval_dtype": cfg.eval_dtype, "eval_batch": cfg.eval_batch})
+    if _trained(row.get("run_dir")):
+        run_dir = Path(row["run_dir"])  # trained in an earlier call: run_point evaluates it only
+    else:
+        run_dir = new_run_dir(tc.runs_dir, tc.run_name)
+        tc.to_json(run_dir / "config.json")
+        write_json(run_dir / POINT_FILE, {**{k: v for k, v in point.items() if k != "config"},
+                                          "prompt_sets": cfg.prompt_sets, "block_sizes": list(cfg.block_sizes),
+                                          "eval_new_tokens": cfg.eval_new_tokens, "eval_prompts": cfg.eval_prompts,
+                                          "eval_dtype": cfg.eval_dtype, "eval_batch": cfg.eval_batch})
     row.update(status="running", run_dir=str(run_dir), device=device, started=time.time())
     log(f"scaling: {point['name']} ({point['conversations']} conversations, {point['steps']} steps, "
         f"{point['epochs']} epochs, depth {point['depth']}) on {device} -> {run_dir}")
-    logf = open(run_dir / LOG_FILE, "wb")
+    logf = open(run_dir / LOG_FILE, "ab")
     try:
         return subprocess.Popen([sys.executable, "-m", "dflash_lab.scaling", "--point", str(run_dir)], stdout=logf,
                                 stderr=subprocess.STDOUT, env=_child_env(device))
     finally:
         logf.close()
+
+
+def _trained(run_dir: str | None) -> bool:
+    """Whether a point's run dir holds a finished training (its drafter written, scaling_point.json's "train")."""
+    point = Path(run_dir or "/nonexistent") / POINT_FILE
+    return point.is_file() and json.loads(point.read_text()).get("train", {}).get("status") == "finished" and (
+        point.parent / "checkpoints" / "drafter.safetensors").is_file()
 
 
 def _collect(row: dict, rc: int) -> None:
@@ -313,6 +328,8 @@ def run_point(run_dir: Path) -> int:
     point = json.loads((run_dir / POINT_FILE).read_text())
     trainer = None
     try:
+        if point.get("train", {}).get("status") == "finished":  # trained in an earlier call: evaluate only
+            return _evaluate_point_file(run_dir, point)
         t0 = time.time()
         trainer = Trainer(TrainConfig.from_json(run_dir / "config.json"), run_dir=run_dir)
         trainer.train(progress_every_s=15.0)
@@ -330,13 +347,7 @@ def run_point(run_dir: Path) -> int:
         trainer.close()
         trainer = None
         write_json(run_dir / POINT_FILE, point)
-        t1 = time.time()
-        point["evals"] = evaluate_point(run_dir, point["prompt_sets"], point["block_sizes"],
-                                        point["eval_new_tokens"], point["eval_prompts"], point["eval_dtype"],
-                                        point.get("eval_batch", 64))
-        point["eval_wall_s"] = round(time.time() - t1, 1)
-        write_json(run_dir / POINT_FILE, point)
-        return 0
+        return _evaluate_point_file(run_dir, point)
     except BaseException as e:
         point["error"] = f"{type(e).__name__}: {e}"
         write_json(run_dir / POINT_FILE, point)
@@ -344,6 +355,15 @@ def run_point(run_dir: Path) -> int:
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def _evaluate_point_file(run_dir: Path, point: dict) -> int:
+    t1 = time.time()
+    point["evals"] = evaluate_point(run_dir, point["prompt_sets"], point["block_sizes"], point["eval_new_tokens"],
+                                    point["eval_prompts"], point["eval_dtype"], point.get("eval_batch", 64))
+    point["eval_wall_s"] = round(time.time() - t1, 1)
+    write_json(run_dir / POINT_FILE, point)
+    return 0
 
 
 def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: int | None = None,

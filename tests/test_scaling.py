@@ -96,6 +96,23 @@ def test_scaling_runs_every_point_and_reports_tau(tmp_path):
         final_eval(tmp_path / "scaling", sampled_sets=("general",))
     with pytest.raises(ConfigError, match="no finished point named 'nope'"):
         final_eval(tmp_path / "scaling", name="nope")
+    # a call's time limit killed the study after a point's training and during its evaluation: resumed, it is
+    # evaluated in the same run dir with the same drafter, not trained again
+    study, run_dir = tmp_path / "scaling" / "scaling.json", Path(saved["points"][1]["run_dir"])
+    cut = json.loads(study.read_text())
+    cut["points"][1]["status"] = "running"
+    study.write_text(json.dumps(cut))
+    point = json.loads((run_dir / "scaling_point.json").read_text())
+    evals = point.pop("evals")
+    (run_dir / "scaling_point.json").write_text(json.dumps(point))
+    drafter = run_dir / "checkpoints" / "drafter.safetensors"
+    written = drafter.stat().st_mtime_ns
+    again = run_scaling(_cfg(tmp_path), poll_s=0.2, resume=True)
+    assert [p["status"] for p in again["points"]] == ["finished", "finished"]
+    assert again["points"][1]["run_dir"] == str(run_dir) and drafter.stat().st_mtime_ns == written
+    keys = ("tau", "tau_low", "tau_high", "prompt_set_sha256")
+    same = lambda e: {k: e["b4-t0"]["tiny-heldout"][k] for k in keys}  # noqa: E731
+    assert same(again["points"][1]["evals"]) == same(evals)  # the same drafter on the same prompts
 
 
 def test_the_scaling_notebook_renders_a_study(tmp_path):
