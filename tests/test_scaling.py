@@ -145,3 +145,25 @@ def test_the_matched_epochs_line_ends_at_the_point_it_shares_with_matched_steps(
     assert _shared_largest(steps + epochs, "general", []) == []
     assert _shared_largest(steps + epochs + [r("epochs", 100000, 0.48)], "general",
                            epochs + [r("epochs", 100000, 0.48)]) == []  # the series has its own largest point
+
+
+def test_the_steps_lever_keeps_only_points_that_change_the_steps(tmp_path):
+    """steps_rows: the largest size at the base depth, the matched-steps point and the "more steps" variants; a
+    learning-rate variant, a deeper drafter and a smaller size are other levers and stay out."""
+    from dflash_lab.scaling_report import save_steps, steps_rows
+
+    def point(name, series, n, steps, depth=3, overrides=None, tau=2.0, prompt_set="general"):
+        fig = {"tau": tau, "tau_low": tau - 0.1, "tau_high": tau + 0.1, "prompts": 64}
+        return {"name": name, "series": series, "conversations": n, "steps": steps, "epochs": 1.0, "depth": depth,
+                "overrides": overrides or {}, "evals": {"b16-t0": {prompt_set: fig}}}
+
+    study = {"points": [point("steps-n10-d3", "steps", 10, 1500), point("steps-n100-d3", "steps", 100, 1500, tau=2.0),
+                        point("depth-n100-d5", "depth", 100, 1500, depth=5),
+                        point("variant-lr", "variant", 100, 1500, overrides={"lr": 1e-3}),
+                        point("variant-long", "variant", 100, 6000, overrides={"steps": 6000}, tau=2.5),
+                        point("variant-long-first", "variant", 100, 3000, overrides={"steps": 3000},
+                              prompt_set="general (first 64)")]}
+    got = [(r["point"], r["steps"], r["prompt_set"], r["tau"]) for r in steps_rows(study)]
+    assert got == [("steps-n100-d3", 1500, "general", 2.0), ("variant-long-first", 3000, "general (first 64)", 2.0),
+                   ("variant-long", 6000, "general", 2.5)]
+    assert save_steps(study, tmp_path / "steps.png").stat().st_size > 5_000  # one panel, two lines
