@@ -90,10 +90,9 @@ stage2)
     | tee -a "$OUT/convert.log"
   log "recipe notebook"
   WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK
-  # These defaults are the scaling study's point steps-n30000-d3 (bench/results/2026-12-01-h200-scaling2-smollm2/),
-  # whose phases took on the H200: conversion 50 s, chitchat answered 61 s, 26,000 target-written conversations
-  # 106 s, training 114 s (+54 s loading and batched evaluation), batch-1 evaluation 78 s for 2 sets x 64 prompts;
-  # about 8-9 minutes for the whole notebook (not yet run end to end through papermill on the device).
+  # At these defaults the whole call took 549 s on the H200 (bench/results/2026-12-01-h200-recipe2-smollm2/):
+  # conversion 25 s, then the notebook in 500 s (target-written data 103 s, chitchat answered 18 s, training 122 s,
+  # evaluation 241 s, its 180 s budget spent before T=1); T_RECIPE's default leaves ~30 s of a 10-minute call.
   # results.json is rewritten after every phase, so a run cut by T_RECIPE still reports the phases it finished.
   RECIPE_ARGS=${RECIPE_ARGS:-}
   timeout ${T_RECIPE:-555} $PY -m papermill notebooks/recipes/smollm2.ipynb "$OUT/smollm2.ipynb" --log-output \
