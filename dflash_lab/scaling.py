@@ -284,9 +284,9 @@ def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subp
 
 def _trained(run_dir: str | None) -> bool:
     """Whether a point's run dir holds a finished training (its drafter written, scaling_point.json's "train")."""
-    point = Path(run_dir or "/nonexistent") / POINT_FILE
-    return point.is_file() and json.loads(point.read_text()).get("train", {}).get("status") == "finished" and (
-        point.parent / "checkpoints" / "drafter.safetensors").is_file()
+    point = Path(run_dir or "") / POINT_FILE
+    return bool(run_dir) and point.is_file() and json.loads(point.read_text()).get("train", {}).get(
+        "status") == "finished" and (point.parent / "checkpoints" / "drafter.safetensors").is_file()
 
 
 def _collect(row: dict, rc: int) -> None:

@@ -222,7 +222,7 @@ def steps_figure(results: dict, eval_key: str = "b16-t0"):
             err = [[r["tau"] - (r["tau_lo"] or r["tau"]) for r in pts], [(r["tau_hi"] or r["tau"]) - r["tau"]
                                                                           for r in pts]]
             ax.errorbar([r["steps"] for r in pts], [r["tau"] for r in pts], yerr=err, fmt="o-", capsize=3,
-                        label=s.removeprefix(panel).strip(" ()") or "spread selection")
+                        label=s)
         ax.set_xscale("log")
         ticks = sorted({r["steps"] for r in rs})
         ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
