@@ -258,7 +258,7 @@ class Recipe:
             t1 = time.perf_counter()
             rep = evaluate(self.run_dir, prompts=sets, block_size=B, temperature=temperature,
                            max_new_tokens=c.eval_max_new_tokens, n_prompts=c.eval_prompts, device=c.device,
-                           threads=c.threads, log=self.log)
+                           threads=c.threads, untrained=c.eval_untrained, log=self.log)
             for r in rep.rows():
                 rows.append({**{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
                                                       "tau_low", "tau_high", "tokens_per_s", "speedup",

@@ -76,7 +76,7 @@ class RecipeConfig:
     real_tau_prompts: int = 32
     """Held-out prompts of each real-tau measurement while training."""
     eval_prompts: int = 64
-    """Prompts per evaluation set (the first N of each)."""
+    """Prompts per evaluation set (N of its distinct prompts, spread evenly over its file)."""
     eval_max_new_tokens: int = 128
     eval_sets: tuple[str, ...] = ("chitchat-heldout", "self-heldout", "general")
     """Prompt sets of the final evaluation: "chitchat-heldout" and "self-heldout" are the recipe's own held-out
@@ -89,6 +89,9 @@ class RecipeConfig:
     tau is the second question, and each pair costs a full pass over every set."""
     eval_budget_s: float = 180.0
     """No new (block size, temperature) evaluation starts after this many seconds of evaluation."""
+    eval_untrained: bool = True
+    """Also decode with an untrained drafter (the floor a trained one must beat). It is the slowest decoder of the
+    evaluation (tau ~1: every token its own target pass), ~40% of the evaluation's time on the H200."""
     threads: int | None = None
     """torch CPU threads (None = leave torch's setting)."""
     seed: int = 0

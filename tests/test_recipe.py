@@ -69,6 +69,7 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
     trained = [r for r in rows if r["decoder"] == "trained"]
     assert len(trained) == 3 * 3 and all(r["prompts"] == 2 for r in trained)
+    assert sum(r["decoder"] == "untrained" for r in rows) == 3 * 3  # the floor, on by default
     assert all(r["tau_low"] <= r["tau"] <= r["tau_high"] for r in trained)
     assert all(len(r["prompt_set_sha256"]) == 64 for r in trained)
     page = rec._repr_html_()
@@ -79,7 +80,7 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
 
 def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
     cfg = RecipeConfig(**TINY_SIZES, work_dir=str(tmp_path / "r"), n_self=0, eval_block_sizes=(8,),
-                       eval_temperatures=(0.0,))
+                       eval_temperatures=(0.0,), eval_untrained=False)
     rec = _run(cfg)
     ph = rec.results["phases"]
     assert list(ph) == PHASES and "n_self=0" in ph["self_prompts"]["skipped"]
@@ -87,6 +88,7 @@ def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
     assert ph["train"]["data"]["records"] == 8
     assert "n_self=0" in ph["evaluate"]["sets_left_out"]["self-heldout"]
     assert {r["prompt_set"] for r in ph["evaluate"]["rows"]} == {"chitchat-heldout", "general"}
+    assert sorted({r["decoder"] for r in ph["evaluate"]["rows"]}) == ["target only", "trained"]  # no untrained floor
     assert not list((tmp_path / "r").glob("mix-*.jsonl")) and not (tmp_path / "r" / "self-heldout.jsonl").exists()
 
 
