@@ -106,12 +106,20 @@ def run_first_turns(models, hf, prompts, settings, *, mode: str, max_batch: int,
            "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
            "mean_new_tokens": round(new / len(prompts), 1),
            "finish": dict(Counter(o.finish_reason for o in out)),
-           "capture_s": round(capture, 2), "graphs": gens[0].graph_status,
+           "capture_s": round(capture, 2), "graphs": gens[0].graph_status, "work": [_work(g.work) for g in gens],
            "decode_attention": gens[0].decode_attention,
            "kv_cache_gb": round(sum(g.cache.nbytes for g in gens) / 1e9, 2), **common}
     del gens
     free_memory()
     return row
+
+
+def _work(w: dict) -> dict:
+    """An engine's Generator.work, rounded, with the padding share of its prefill tokens."""
+    out = {k: round(v, 3) if isinstance(v, float) else v for k, v in w.items()}
+    if w.get("prefill_padded_tokens"):
+        out["prefill_padding"] = round(1 - w["prefill_prompt_tokens"] / w["prefill_padded_tokens"], 4)
+    return out
 
 
 def run_every_turn(models, hf_gens, path: Path, n: int, *, mode: str, max_batch: int, max_len: int, dtype: str,
@@ -129,7 +137,8 @@ def run_every_turn(models, hf_gens, path: Path, n: int, *, mode: str, max_batch:
            "conversations_per_s": round(stats["written"] / seconds, 2),
            "cut_at_max_len": stats["cut_at_max_len"], "too_long": stats["too_long"],
            "round_trip": {k: v for k, v in rt.items() if k != "examples"}, "round_trip_examples": rt["examples"][:2],
-           "graphs": stats["engine"][0], "decode_attention": decode_attention, **common}
+           "graphs": stats["engine"][0], "work": [_work(w) for w in stats.get("engine_work", [])],
+           "decode_attention": decode_attention, **common}
     free_memory()
     return row
 

@@ -117,6 +117,22 @@ def test_refill_and_chunking_give_the_same_answers_as_one_prompt_at_a_time():
         assert batched == alone, kw
 
 
+def test_the_engine_counts_its_prefill_and_decode_work():
+    """Generator.work: every prompt token prefilled once (padding counted apart), every answer token past the first
+    (which the prefill gives) decoded by a step, and no step without a live row."""
+    model, prompts, stop = tiny_llama(), random_prompts(12, seed=3), list(range(40, 52))
+    gen = Generator(model, stop_ids=stop, max_batch=4, max_len=96, steps_per_sync=2)
+    out = gen.generate(prompts, GREEDY)
+    w = gen.work
+    assert w["prefill_prompt_tokens"] == sum(map(len, prompts)) <= w["prefill_padded_tokens"]
+    assert 3 <= w["prefill_forwards"] <= 12 and w["prefill_s"] > 0  # 12 prompts into 4 rows: at least 3 waves
+    decoded = sum(len(o.token_ids) - 1 for o in out)
+    assert w["decode_steps"] <= w["decode_row_steps"] <= 4 * w["decode_steps"] and w["decode_row_steps"] >= decoded
+    assert w["decode_chunks"] * 2 >= w["decode_steps"] >= max(len(o.token_ids) for o in out) - 1
+    gen.generate(prompts[:1], GREEDY)  # counts are per run
+    assert gen.work["prefill_prompt_tokens"] == len(prompts[0]) and gen.work["prefill_forwards"] == 1
+
+
 def test_sampling_is_deterministic_under_a_seed_and_independent_of_batching():
     model, stop, prompts = tiny()
     a = Generator(model, stop_ids=stop, max_batch=2, max_len=256).generate(prompts, SAMPLED)

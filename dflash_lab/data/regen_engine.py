@@ -254,5 +254,5 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         pass
     queue.flush()
     stats.update(round_trip=helper.round_trip.to_dict(), seconds=round(time.perf_counter() - t0, 2),
-                 engine=[g.engine.graph_status for g in gens])
+                 engine=[g.engine.graph_status for g in gens], engine_work=[dict(g.engine.work) for g in gens])
     return stats

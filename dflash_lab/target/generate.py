@@ -32,6 +32,34 @@ from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
 from .static_cache import RowKVCache, additive, batch_ladder, bucket, length_ladder, static_cache_problem
 
+# Generator.work, per run: where a run's device time goes. Prefill forwards and tokens (the prompts' own and the
+# right-padded total), their device time (CUDA events; wall time on the CPU), and decode chunks, steps and row-steps
+# (steps x padded batch): with the run's wall time they split prefill from decode.
+WORK_KEYS = ("prefill_forwards", "prefill_prompt_tokens", "prefill_padded_tokens", "prefill_s", "decode_chunks",
+             "decode_steps", "decode_row_steps")
+
+
+class _Timer:
+    """Device time of the work queued between start and stop: CUDA events on a GPU (no host sync of its own; read
+    after the caller's sync), wall time on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = self.t1 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
+
 
 class Generator:
     """Batched generation on one device with one target replica; `generate(prompts, settings)` -> list[Generated].
@@ -45,7 +73,8 @@ class Generator:
     hold only while the engine runs: the model is left as it was given. decode_attention: "auto" (the per-row
     Triton kernel on CUDA when triton imports, else "sdpa"), "sdpa" (every row over the longest row's length
     bucket), "triton" (each row reads only its own keys: decode_attention.py), "reference" (the same in plain
-    torch, for checks); `self.decode_attention` says which runs, graph_status names a per-row kernel."""
+    torch, for checks); `self.decode_attention` says which runs, graph_status names a per-row kernel. `self.work`:
+    the last run's prefill and decode work (WORK_KEYS)."""
 
     def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int = 2048, cuda_graphs: bool | None = None,
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
@@ -88,6 +117,7 @@ class Generator:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self.capture_s = 0.0
+        self.work = dict.fromkeys(WORK_KEYS, 0)
         self._status("graphs: none captured yet" if self.graphs else "eager: graphs off")
         if log and self.per_row:
             log(f"generate on {self.name}: decode attention {self.decode_attention} (per-row lengths)")
@@ -210,6 +240,7 @@ class Generator:
     def _prefill(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prompts into `rows` (one right-padded causal forward); returns each one's first new token (syncs)."""
         n, T, dev = len(items), max(len(it.ids) for it in items), self.device
+        timer = _Timer(dev)
         ids = self._upload([it.ids + [0] * (T - len(it.ids)) for it in items])  # (n, T)
         lens = self._upload([len(it.ids) for it in items])
         keys = self._upload([it.seed_key for it in items])
@@ -229,7 +260,14 @@ class Generator:
         self.tokens[rows_t] = first
         self.pos[rows_t] = torch.clamp(lens, max=self.length - 1)
         self.keys[rows_t] = keys
-        return first.tolist()  # syncs
+        timer.stop()
+        out = first.tolist()  # syncs
+        w = self.work
+        w["prefill_forwards"] += 1
+        w["prefill_prompt_tokens"] += sum(len(it.ids) for it in items)
+        w["prefill_padded_tokens"] += n * T
+        w["prefill_s"] += timer.seconds()
+        return out
 
     def _upload(self, values: list) -> torch.Tensor:
         """A long tensor on the device without a host sync (pinned + non_blocking on CUDA): the prefill's kernels
@@ -272,6 +310,7 @@ class Generator:
             raise
 
     def _run(self, queue: PromptQueue, s: GenerationSettings) -> None:
+        self.work = dict.fromkeys(WORK_KEYS, 0)
         self._set_settings(s)
         mode = s.mode
         book = RowBook(self.rows, self.stop_ids, lambda item, gen: queue.finish(item.key, gen))
@@ -291,6 +330,9 @@ class Generator:
                 steps = min(self.steps_per_sync, book.steps_left())
                 span = bucket(self.len_ladder, min(book.top_position() + steps, self.length))
                 self._run_steps(steps, B, span, mode)
+                self.work["decode_chunks"] += 1
+                self.work["decode_steps"] += steps
+                self.work["decode_row_steps"] += steps * B  # the padded batch: what the step computed
                 launch = (chunk_id, *self._copy_out(chunk_id, steps, B))
                 book.launched(steps, self.length - 1)
                 chunk_id += 1
