@@ -33,7 +33,10 @@
 # mode: e.g. ONLY="variant-long steps-n100000-d3"), ALL (conversations of the every-turn rate in `final`, 1000),
 # CHITCHAT_SHARE (restore: the restored pool remixed to this chitchat share, e.g. 0.2, chitchat repeated as needed),
 # REAL_TAU_EVERY / VAL_EVERY (training-time real tau and validation, default every 500 steps), GEN_ARGS (`final`'s
-# gen_bench dtypes and first-turn / match sizes, e.g. GEN_ARGS="--dtype bfloat16 --first 0 --match 0").
+# gen_bench dtypes and first-turn / match sizes, e.g. GEN_ARGS="--dtype bfloat16 --first 0 --match 0"), STOP_AFTER
+# (seconds into a train/final call when the points still training stop with a checkpoint: a point longer than one
+# call, e.g. LONG_STEPS=20000 STOP_AFTER=540 ONLY=variant-long ... train, then the same with `final`, which resumes
+# it from its checkpoint in its own run dir and evaluates it once its steps are done).
 set -u
 MODE=${1:?usage: bash bench/scaling_smollm2.sh prepare|stage|model|data|restore|train|final|one}
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"

@@ -3,6 +3,7 @@
     python bench/scaling_smollm2_study.py train DATA WORK MODEL DEVICE DTYPE BUDGET_S   every point but "long"
     python bench/scaling_smollm2_study.py final DATA WORK MODEL DEVICE DTYPE BUDGET_S   "long" (resumed study), then
                                                                                         the best point at batch 1
+    STOP_AFTER=540 ...   the points still training 540 s in stop with a checkpoint; the next `final` resumes them
     ONLY="variant-long steps-n100000-d3" python bench/scaling_smollm2_study.py train ...  these points alone (either mode)
 
 Sizes 3k / 10k / 30k / the pool (up to 100k) at matched steps (STEPS, default 1,500); matched epochs at the
@@ -48,15 +49,21 @@ def main() -> int:
     mode, data, work, model, device, dtype, budget = sys.argv[1:8]
     cfg = study(data, work, model, device, dtype)
     only = tuple(os.environ.get("ONLY", "").split()) or None  # names of points (dflash_lab.scaling.plan_points)
+    # STOP_AFTER: seconds into the call when running points stop with a checkpoint; `final` resumes them
+    stop = float(os.environ["STOP_AFTER"]) if os.environ.get("STOP_AFTER") else None
     if mode == "train":
         from pathlib import Path
 
         from dflash_lab.scaling import plan_points
 
         names = [p["name"] for p in plan_points(cfg, {n: Path(work, f"train-{n}.jsonl") for n in cfg.sizes})]
-        state = run_scaling(cfg, deadline_s=float(budget), only=only or tuple(n for n in names if n != "variant-long"))
+        state = run_scaling(cfg, deadline_s=float(budget), only=only or tuple(n for n in names if n != "variant-long"),
+                            stop_after_s=stop)
     elif mode in ("final", "one"):  # one: a fresh study trained and evaluated in the same call
-        state = run_scaling(cfg, deadline_s=float(budget), resume=mode == "final", only=only)
+        state = run_scaling(cfg, deadline_s=float(budget), resume=mode == "final", only=only, stop_after_s=stop)
+        if not state.get("best"):  # every point still training (stopped again): the next `final` goes on
+            print({p["name"]: p["status"] for p in state["points"]}, "no finished point: no batch-1 evaluation")
+            return 0
         cpu = os.environ.get("SCALING_CPU") == "1"
         sets = os.environ.get("FINAL_SETS", "").split()
         final_eval(work, prompt_sets={k: v for k, v in cfg.prompt_sets.items() if k in sets} if sets else None,

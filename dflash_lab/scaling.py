@@ -28,18 +28,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.runs.checkpoint import latest_checkpoint
 from dflash_lab.runs.rundir import new_run_dir, write_json
+from dflash_lab.train.controls import STOP_FILE
+
+from .scaling_plan import count_lines, plan_points, schedule_order, write_subsets  # noqa: F401 (the study's names)
 
 RESULTS_FILE = "scaling.json"
+STOPPED_RC = 3  # a point's process: stopped with a checkpoint before its steps (run_scaling's stop_after_s)
 POINT_FILE = "scaling_point.json"  # in each run dir: what the point is, then its evaluation figures
 LOG_FILE = "scaling.log"
 
@@ -126,65 +129,6 @@ class ScalingConfig:
         return TrainConfig(**fields)
 
 
-def count_lines(path: str | Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
-def write_subsets(pool: str | Path, sizes: tuple, out_dir: Path, seed: int) -> dict[int, Path]:
-    """Nested subsets of the pool: one seeded shuffle, then its first N lines for each size (so a larger set holds
-    every conversation of a smaller one and the curves differ by data, not by which data)."""
-    lines = [line for line in Path(pool).read_text().splitlines() if line.strip()]
-    if len(lines) < max(sizes):
-        raise ConfigError(f"the pool {pool} holds {len(lines)} conversations, fewer than the largest size "
-                          f"{max(sizes)}. Fix: generate more (--n) or drop that size.")
-    random.Random(seed).shuffle(lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for n in sizes:
-        p = out_dir / f"train-{n}.jsonl"
-        p.write_text("\n".join(lines[:n]) + "\n")
-        paths[n] = p
-    return paths
-
-
-def plan_points(cfg: ScalingConfig, subsets: dict[int, Path]) -> list[dict]:
-    """Every point of the study: its series, size, steps, epochs and depth (validated TrainConfigs)."""
-    batch = cfg.train_config(size=1, steps=1, data=cfg.pool).batch_size
-    base_depth = cfg.train_config(size=1, steps=1, data=cfg.pool).num_draft_layers
-    points = []
-
-    def add(series, n, steps, depth, name=None, overrides=None):
-        name = name or f"{series}-n{n}-d{depth}"
-        tc = cfg.train_config(size=n, steps=steps, data=str(subsets[n]), depth=depth, name=name,
-                              overrides=overrides)
-        points.append({"name": name, "series": series, "conversations": n, "steps": steps,
-                       "depth": tc.num_draft_layers, "epochs": round(steps * batch / n, 3),
-                       "overrides": dict(overrides or {}), "config": tc})
-
-    for n in cfg.sizes:
-        if cfg.matched_steps is not None:
-            add("steps", n, cfg.matched_steps, base_depth)
-        if cfg.matched_epochs is not None:
-            steps = max(cfg.min_steps, math.ceil(cfg.matched_epochs * n / batch))
-            if cfg.matched_steps is None or steps != cfg.matched_steps:
-                add("epochs", n, steps, base_depth)
-    largest_steps = cfg.matched_steps or points[-1]["steps"]
-    for depth in cfg.extra_depths:
-        if depth != base_depth:
-            add("depth", cfg.sizes[-1], largest_steps, depth)
-    for name, over in cfg.variants.items():
-        add("variant", cfg.sizes[-1], int(over.get("steps", largest_steps)), None, name=f"variant-{name}",
-            overrides=over)
-    return points
-
-
-def schedule_order(points: list[dict]) -> list[int]:
-    """Longest points first (steps x depth): with several slots the longest run sets the study's wall time, so it
-    starts at once instead of last."""
-    return sorted(range(len(points)), key=lambda i: -points[i]["steps"] * points[i]["depth"])
-
-
 def _child_env(device: str) -> dict:
     env = dict(os.environ)
     if device.startswith("cuda"):
@@ -195,11 +139,14 @@ def _child_env(device: str) -> dict:
 
 
 def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_s: float | None = None,
-                only: tuple | None = None, resume: bool = False) -> dict:
+                only: tuple | None = None, resume: bool = False, stop_after_s: float | None = None) -> dict:
     """Train and evaluate every point, `len(cfg.devices)` at a time; returns (and writes) the results.
 
-    only: names of the points to run now (the others are recorded as "not run"); resume: keep the finished points
-    of the study already in cfg.out (same configuration) and run the rest: a study split over several sessions."""
+    deadline_s: no point starts after this many seconds; stop_after_s: the points still training then stop at their
+    next step with a checkpoint (the trainer's STOP file), recorded as "stopped (resumable)". only: names of the
+    points to run now (the others are recorded as "not run"); resume: keep the finished points of the study already
+    in cfg.out (same configuration) and run the rest, a stopped point continuing from its checkpoint and a trained
+    but unevaluated one only evaluated: a study split over several sessions or time-limited calls."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
@@ -219,9 +166,9 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
             raise ConfigError(f"{results_path} was written by another configuration, so its points do not belong "
                               "to this study. Fix: the same ScalingConfig, or a new out folder.")
         kept = {p["name"]: p for p in before["points"] if p.get("status") == "finished"}
-        # a point trained but not evaluated (a call's time limit cut it) is evaluated in its run dir, not retrained
+        # a point trained but not evaluated, or stopped with a checkpoint, goes on in its own run dir
         trained = {p["name"]: {"run_dir": p["run_dir"]} for p in before["points"]
-                   if p["name"] not in kept and _trained(p.get("run_dir"))}
+                   if p["name"] not in kept and _reusable(p.get("run_dir"))}
     state = {"config": config, "points": [kept.get(p["name"]) or
                                           ({k: v for k, v in p.items() if k != "config"} | {"status": "pending"}
                                            | trained.get(p["name"], {}))
@@ -232,9 +179,14 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
         state["points"][i]["status"] = "not run (only)"
     log(f"scaling: {len(todo)} of {len(points)} points on {len(cfg.devices)} slots ({len(kept)} kept) -> "
         f"{results_path}")
-    pending, running, t0 = todo, {}, time.time()
+    pending, running, t0, stopping = todo, {}, time.time(), False
     free = list(cfg.devices)
     while pending or running:
+        if stop_after_s is not None and not stopping and time.time() - t0 >= stop_after_s:
+            stopping, deadline_s = True, 0.0  # nothing starts now
+            for i in running:  # the trainer checkpoints and ends at its next step boundary
+                Path(state["points"][i]["run_dir"], STOP_FILE).touch()
+            log(f"scaling: {stop_after_s:.0f} s: stopping {len(running)} running point(s) after a checkpoint")
         while pending and free and (deadline_s is None or time.time() - t0 < deadline_s):
             i, device = pending.pop(0), free.pop(0)
             running[i] = (_start(points[i], state["points"][i], cfg, device, log), device)
@@ -262,8 +214,8 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
 
 def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subprocess.Popen:
     tc = dataclasses.replace(point["config"], devices=(device if not device.startswith("cuda") else "cuda:0",))
-    if _trained(row.get("run_dir")):
-        run_dir = Path(row["run_dir"])  # trained in an earlier call: run_point evaluates it only
+    if _reusable(row.get("run_dir")):
+        run_dir = Path(row["run_dir"])  # from an earlier call: run_point resumes or only evaluates it
     else:
         run_dir = new_run_dir(tc.runs_dir, tc.run_name)
         tc.to_json(run_dir / "config.json")
@@ -282,11 +234,15 @@ def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subp
         logf.close()
 
 
-def _trained(run_dir: str | None) -> bool:
-    """Whether a point's run dir holds a finished training (its drafter written, scaling_point.json's "train")."""
+def _reusable(run_dir: str | None) -> bool:
+    """Whether a point's run dir holds a finished training (its drafter and scaling_point.json's "train") or a
+    checkpoint to resume from."""
     point = Path(run_dir or "") / POINT_FILE
-    return bool(run_dir) and point.is_file() and json.loads(point.read_text()).get("train", {}).get(
-        "status") == "finished" and (point.parent / "checkpoints" / "drafter.safetensors").is_file()
+    if not run_dir or not point.is_file():
+        return False
+    trained = json.loads(point.read_text()).get("train", {}).get("status") == "finished"
+    return (point.parent / "checkpoints" / "drafter.safetensors").is_file() if trained else \
+        latest_checkpoint(point.parent) is not None
 
 
 def _collect(row: dict, rc: int) -> None:
@@ -296,6 +252,8 @@ def _collect(row: dict, rc: int) -> None:
     row.update({k: found[k] for k in ("train", "evals") if k in found})
     if rc == 0 and "evals" in found:
         row["status"] = "finished"
+    elif rc == STOPPED_RC:
+        row["status"] = "stopped (resumable)"
     else:
         tail = (run_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()[-3:]
         row["status"] = "failed"
@@ -328,26 +286,34 @@ def run_point(run_dir: Path) -> int:
     point = json.loads((run_dir / POINT_FILE).read_text())
     trainer = None
     try:
-        if point.get("train", {}).get("status") == "finished":  # trained in an earlier call: evaluate only
+        before = point.get("train") or {}
+        if before.get("status") == "finished":  # trained in an earlier call: evaluate only
             return _evaluate_point_file(run_dir, point)
         t0 = time.time()
-        trainer = Trainer(TrainConfig.from_json(run_dir / "config.json"), run_dir=run_dir)
+        cfg = TrainConfig.from_json(run_dir / "config.json")
+        resumed = latest_checkpoint(run_dir) is not None  # stopped in an earlier call: go on from its checkpoint
+        trainer = Trainer(cfg.replace(resume_from=str(run_dir)) if resumed else cfg, run_dir=run_dir, explicit=())
         trainer.train(progress_every_s=15.0)
         summary = trainer.finish()
-        hist = [r for r in trainer.history if "loss" in r]
-        point["train"] = {"status": summary.get("status"), "wall_s": round(time.time() - t0, 1),
-                          "final_loss": hist[-1]["loss"] if hist else None,
+        hist = [r for r in trainer.history if "loss" in r and r["step"] > before.get("steps_done", 0)]
+        curve = [{k: r[k] for k in ("step", "loss", "acc", "val_acc", "val_sim_tau", "real_tau", "real_tau_low",
+                                    "real_tau_high") if r.get(k) is not None}
+                 for r in trainer.history if (r.get("real_tau") is not None or r.get("val_acc") is not None)
+                 and r["step"] > before.get("steps_done", 0)]
+        done = trainer.step_count
+        point["train"] = {"status": summary.get("status") if done >= cfg.steps else "stopped", "steps_done": done,
+                          "wall_s": round(before.get("wall_s", 0) + time.time() - t0, 1),
+                          "final_loss": hist[-1]["loss"] if hist else before.get("final_loss"),
                           "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
-                          "supervised_tokens": sum(r.get("supervised_tokens", 0) for r in hist),
-                          "loss_curve": [{"step": r["step"], "loss": r["loss"], "acc": r.get("acc")} for r in hist],
-                          "curve": [{k: r[k] for k in ("step", "loss", "acc", "val_acc", "val_sim_tau", "real_tau",
-                                                       "real_tau_low", "real_tau_high") if r.get(k) is not None}
-                                    for r in trainer.history if r.get("real_tau") is not None
-                                    or r.get("val_acc") is not None]}
+                          "supervised_tokens": before.get("supervised_tokens", 0) + sum(
+                              r.get("supervised_tokens", 0) for r in hist),
+                          "loss_curve": before.get("loss_curve", []) + [
+                              {"step": r["step"], "loss": r["loss"], "acc": r.get("acc")} for r in hist],
+                          "curve": before.get("curve", []) + curve}
         trainer.close()
         trainer = None
         write_json(run_dir / POINT_FILE, point)
-        return _evaluate_point_file(run_dir, point)
+        return _evaluate_point_file(run_dir, point) if done >= cfg.steps else STOPPED_RC
     except BaseException as e:
         point["error"] = f"{type(e).__name__}: {e}"
         write_json(run_dir / POINT_FILE, point)

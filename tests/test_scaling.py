@@ -167,3 +167,24 @@ def test_the_steps_lever_keeps_only_points_that_change_the_steps(tmp_path):
     assert got == [("steps-n100-d3", 1500, "general", 2.0), ("variant-long-first", 3000, "general (first 64)", 2.0),
                    ("variant-long", 6000, "general", 2.5)]
     assert save_steps(study, tmp_path / "steps.png").stat().st_size > 5_000  # one panel, two lines
+
+
+def test_a_point_stopped_by_the_time_limit_resumes_from_its_checkpoint(tmp_path):
+    """stop_after_s: the running point stops at a step boundary with a checkpoint ("stopped (resumable)", no
+    evaluation); resumed, it continues from that step in the same run dir to its steps, joins its curves, and is
+    evaluated."""
+    cfg = _cfg(tmp_path, sizes=(40,), matched_steps=60)
+    first = run_scaling(cfg, poll_s=0.2, stop_after_s=0.1)  # STOP is there before its first step (loading takes s)
+    row = first["points"][0]
+    assert row["status"] == "stopped (resumable)", row
+    assert row["train"]["steps_done"] == 0 and row["train"]["status"] == "stopped" and "evals" not in row
+    assert list(Path(row["run_dir"], "checkpoints").glob("step-*"))
+    again = run_scaling(cfg, poll_s=0.2, resume=True)
+    row2 = again["points"][0]
+    assert row2["status"] == "finished" and row2["run_dir"] == row["run_dir"]
+    assert row2["train"]["steps_done"] == 60 and row2["train"]["status"] == "finished"
+    steps = [r["step"] for r in row2["train"]["loss_curve"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 60
+    log = Path(row["run_dir"], "scaling.log").read_text()
+    assert "resuming from" in log and "training from step 0 to 60" in log  # one log, both calls
+    assert 1.0 <= row2["evals"]["b4-t0"]["tiny-heldout"]["tau"] <= 4.0
