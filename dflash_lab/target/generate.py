@@ -25,6 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .device_time import elapsed_ms, mark
 from .features import decoder_of, embedding_of, lm_head_weight
 from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode_applies
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
@@ -37,28 +38,6 @@ from .static_cache import RowKVCache, additive, batch_ladder, bucket, length_lad
 # (steps x padded batch): with the run's wall time they split prefill from decode.
 WORK_KEYS = ("prefill_forwards", "prefill_prompt_tokens", "prefill_padded_tokens", "prefill_s", "decode_chunks",
              "decode_steps", "decode_row_steps")
-
-
-class _Timer:
-    """Device time of the work queued between start and stop: CUDA events on a GPU (no host sync of its own; read
-    after the caller's sync), wall time on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = self.t1 = time.perf_counter()
-
-    def stop(self) -> None:
-        if self.cuda:
-            self.end.record()
-        else:
-            self.t1 = time.perf_counter()
-
-    def seconds(self) -> float:
-        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
 class Generator:
@@ -240,7 +219,7 @@ class Generator:
     def _prefill(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prompts into `rows` (one right-padded causal forward); returns each one's first new token (syncs)."""
         n, T, dev = len(items), max(len(it.ids) for it in items), self.device
-        timer = _Timer(dev)
+        t0 = mark(dev)
         ids = self._upload([it.ids + [0] * (T - len(it.ids)) for it in items])  # (n, T)
         lens = self._upload([len(it.ids) for it in items])
         keys = self._upload([it.seed_key for it in items])
@@ -260,13 +239,13 @@ class Generator:
         self.tokens[rows_t] = first
         self.pos[rows_t] = torch.clamp(lens, max=self.length - 1)
         self.keys[rows_t] = keys
-        timer.stop()
-        out = first.tolist()  # syncs
+        t1 = mark(dev)
+        out = first.tolist()  # syncs: both marks have completed
         w = self.work
         w["prefill_forwards"] += 1
         w["prefill_prompt_tokens"] += sum(len(it.ids) for it in items)
         w["prefill_padded_tokens"] += n * T
-        w["prefill_s"] += timer.seconds()
+        w["prefill_s"] += elapsed_ms(t0, t1) / 1e3
         return out
 
     def _upload(self, values: list) -> torch.Tensor:

@@ -33,7 +33,8 @@ import torch
 from dflash_lab.drafter.blocks import BlockBatch
 from .engine_metrics import dynamo_counts, engine_metrics
 from dflash_lab.drafter.step import block_stats
-from .streams import DeviceThread, mark
+from dflash_lab.target.device_time import mark
+from .streams import DeviceThread
 from .workers import TargetReplica, Worker
 
 

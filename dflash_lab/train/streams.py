@@ -7,9 +7,10 @@ import collections
 import concurrent.futures as cf
 import statistics
 import threading
-import time
 
 import torch
+
+from dflash_lab.target.device_time import elapsed_ms, ready
 
 # ---------------------------------------------------------------------------------------------------------------
 # Threads, timing marks and per-stream timelines
@@ -35,23 +36,6 @@ class DeviceThread:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def mark(device: torch.device, stream=None):
-    """A point on a device's timeline: a timing CUDA event on the (current) stream, or a host timestamp on CPU."""
-    if device.type != "cuda":
-        return time.perf_counter()
-    e = torch.cuda.Event(enable_timing=True)
-    e.record(stream)
-    return e
-
-
-def ready(m) -> bool:
-    return m.query() if isinstance(m, torch.cuda.Event) else True
-
-
-def elapsed_ms(a, b) -> float:
-    return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
 
 
 class Timeline:

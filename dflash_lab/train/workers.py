@@ -11,7 +11,8 @@ from dflash_lab.config.windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting
 from dflash_lab.drafter.step import DraftInputs, forward_backward
-from .streams import DeviceThread, StaticBuffers, Timeline, mark
+from dflash_lab.target.device_time import mark
+from .streams import DeviceThread, StaticBuffers, Timeline
 
 def _why_eager(cuda_graphs: bool, device: torch.device) -> str:
     return "no CUDA graphs on CPU" if device.type != "cuda" else "cuda_graphs=False"
