@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml widgets/kernel_logs.py
 env: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m dflash_lab.demo --steps $(DEMO_STEPS)
+	$(BIN)/python -m dflash_lab.workflows.demo --steps $(DEMO_STEPS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The generation engine's benchmark (python -m dflash_lab.gen_bench) on SmolLM2-135M-Instruct, one H200.
+# The generation engine's benchmark (python -m dflash_lab.benchmarks.generation) on SmolLM2-135M-Instruct, one H200.
 #
 # The model and data travel as for the recipe (bench/recipe_smollm2.sh: GGUF in two parts, the wheels the device
 # image lacks), so the first two steps are the recipe's own:
@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 log "converting"
 $PY -m dflash_lab.target.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" | tail -3
 log "gen_bench"
-timeout ${T_BENCH:-480} $PY -m dflash_lab.gen_bench --target smollm2-135m-instruct --data-dir /tmp/chitchat \
+timeout ${T_BENCH:-480} $PY -m dflash_lab.benchmarks.generation --target smollm2-135m-instruct --data-dir /tmp/chitchat \
   --out "$OUT/gen_bench.jsonl" ${GEN_ARGS:---dtype bfloat16 float32} 2>> "$OUT/gen_bench.log"
 log "gen_bench rc=$?"
 tail -5 "$OUT/gen_bench.log" | cut -c1-300

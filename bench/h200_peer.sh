@@ -17,12 +17,12 @@ PYTHONPATH=/tmp/site timeout ${T_PEER:-330} python3 .whl/peer_speculators.py --s
   --only spec_paper_A_with_target --budget-s 320 --out "$OUT/peer.json" > "$OUT/peer.log" 2>&1
 step "peer rc=$?"
 step "ours, same GPU: bf16 graph, FP8 graph, FP8 + compiled drafter, + compiled target, FP8 incl. weight grads"
-PYTHONPATH=$PWD timeout ${T_OURS:-120} python3 -m dflash_lab.bench --shape paper --gpus 0 \
+PYTHONPATH=$PWD timeout ${T_OURS:-120} python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 \
   --variants ${OUR_VARIANTS:-graph,compile,compile-fp8} --steps 20 --warmup 5 --out "$OUT/bench.jsonl" \
   > /dev/null 2> "$OUT/bench_ours.log"
 step "ours rc=$?"
 step "ours, 32B-class shape (S=4096, colocated; the harness has no peer scenario for it): bf16 graph, FP8 compiled"
-PYTHONPATH=$PWD timeout ${T_BIG:-130} python3 -m dflash_lab.bench --shape big --gpus 0 \
+PYTHONPATH=$PWD timeout ${T_BIG:-130} python3 -m dflash_lab.benchmarks.step --shape big --gpus 0 \
   --variants ${BIG_VARIANTS:-graph,compile-fp8} --steps 10 --warmup 4 --out "$OUT/bench.jsonl" \
   > /dev/null 2> "$OUT/bench_big.log"
 step "big rc=$?"

@@ -16,7 +16,7 @@
 #       machine, put them in .recipe/data and send `stage`, then `model` (carry .recipe/call2: the conversion
 #       alone), then `restore` (carry .recipe/data) instead of `data`.
 #   call 3 (no carry):                           SLOTS=3 bash bench/scaling_smollm2.sh train
-#       dflash_lab.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
+#       dflash_lab.workflows.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
 #       learning-rate points, SLOTS side by side, each evaluated on chitchat-heldout, self-heldout and general
 #       (block 16 and 8, T=0, bf16, 64 prompts at once: batched_eval.py); scaling.json.
 #   or, when the budget allows one call only:    EXTRA=0 SIZES=N bash bench/scaling_smollm2.sh one
@@ -24,7 +24,7 @@
 #   call 4 (no carry):                           bash bench/scaling_smollm2.sh final
 #       the same study resumed: the long run alone, then the best point at batch 1 on the quiet GPU (speedup over
 #       the target alone, lossless verdicts, T=1, fp32 lossless check on LOSSLESS prompts per set), then, in the
-#       time left, the engine's every-turn rate and fp32 serving match (dflash_lab.gen_bench).
+#       time left, the engine's every-turn rate and fp32 serving match (dflash_lab.benchmarks.generation).
 # Env: N_SELF, T_DATA (seconds for call 2, default 580), T_TRAIN (calls 3 and 4, default 520), STEPS (matched steps,
 # default 1500), LONG_STEPS (4000), SIZES (default "3000 10000 30000 100000"), BATCH (32), SLOTS (default 1; one point
 # alone at seq 320 runs at 42 ms a step on the H200 (target 10.5 + drafter 30.5 ms), three side by side at 142 ms a
@@ -165,7 +165,7 @@ train|final|one)
     # with the time left: the engine's every-turn rate and its fp32 match with the evaluator's greedy (first turns
     # were measured at 99.5k new tokens/s in bf16)
     GEN_ARGS=${GEN_ARGS:---dtype bfloat16 float32 --first 512 --eager-first 0 --match 32 --match-new-tokens 128}
-    timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.gen_bench --target $MODEL $GEN_ARGS --batch-sizes 512 \
+    timeout $(( $(left $T_TRAIN) - 15 )) $PY -m dflash_lab.benchmarks.generation --target $MODEL $GEN_ARGS --batch-sizes 512 \
       --modes graph --no-sampled --all ${ALL:-1000} --data-dir $DATA/chitchat --out "$OUT/gen_bench.jsonl" \
       > "$OUT/gen_bench.log" 2>&1
     log "generation bench rc=$?"

@@ -15,7 +15,7 @@ the same plan on the tiny target with tiny sizes (a dry run of the scripts).
 import os
 import sys
 
-from dflash_lab.scaling import ScalingConfig, count_lines, final_eval, run_scaling
+from dflash_lab.workflows.scaling import ScalingConfig, count_lines, final_eval, run_scaling
 
 
 def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingConfig:
@@ -48,13 +48,13 @@ def study(data: str, work: str, model: str, device: str, dtype: str) -> ScalingC
 def main() -> int:
     mode, data, work, model, device, dtype, budget = sys.argv[1:8]
     cfg = study(data, work, model, device, dtype)
-    only = tuple(os.environ.get("ONLY", "").split()) or None  # names of points (dflash_lab.scaling.plan_points)
+    only = tuple(os.environ.get("ONLY", "").split()) or None  # names of points (dflash_lab.workflows.scaling.plan_points)
     # STOP_AFTER: seconds into the call when running points stop with a checkpoint; `final` resumes them
     stop = float(os.environ["STOP_AFTER"]) if os.environ.get("STOP_AFTER") else None
     if mode == "train":
         from pathlib import Path
 
-        from dflash_lab.scaling import plan_points
+        from dflash_lab.workflows.scaling import plan_points
 
         names = [p["name"] for p in plan_points(cfg, {n: Path(work, f"train-{n}.jsonl") for n in cfg.sizes})]
         state = run_scaling(cfg, deadline_s=float(budget), only=only or tuple(n for n in names if n != "variant-long"),

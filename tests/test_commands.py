@@ -30,7 +30,7 @@ def documented_commands() -> dict[str, str]:
 
 def test_the_documentation_names_the_main_commands():
     found = documented_commands()
-    for module in ("dflash_lab.train", "dflash_lab.runs", "dflash_lab.bench", "dflash_lab.target.models",
+    for module in ("dflash_lab.train", "dflash_lab.runs", "dflash_lab.benchmarks.step", "dflash_lab.target.models",
                    "dflash_lab.evaluation.evaluate", "dflash_lab.data.regenerate"):
         assert module in found, f"{module} is no longer documented anywhere"
 

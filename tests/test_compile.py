@@ -6,7 +6,7 @@ validated, refused at export, and CUDAGraph Trees modes are refused at config ti
 import pytest
 import torch
 
-from dflash_lab.bench import synthetic_batch
+from dflash_lab.benchmarks.step import synthetic_batch
 from dflash_lab.drafter.blocks import dense_mask, flex_block_mask
 from dflash_lab.config import ConfigError, DrafterConfig, TrainConfig
 from dflash_lab.config.windows import window_masks

@@ -197,7 +197,7 @@ def test_the_decode_attention_knob_is_validated_naming_value_and_fix():
 def test_gen_bench_runs_every_turn_once_per_decode_attention(capsys):
     """`--decode-attention sdpa reference --first 0 --match 0`: only every-turn rows, one per choice, the same
     conversations regenerated to the same answers (greedy, fp32) whichever kernel ran."""
-    from dflash_lab.gen_bench import main
+    from dflash_lab.benchmarks.generation import main
     from dflash_lab.tiny import tiny_heldout_path
 
     main(["--target", "tiny", "--device", "cpu", "--dtype", "float32", "--prompts", str(tiny_heldout_path()),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_lab.demo import headline
+from dflash_lab.workflows.demo import headline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def test_headline_quotes_the_heldout_rows():
 @pytest.mark.slow
 def test_demo_output_is_quiet_and_its_summary_matches_the_table(tmp_path):
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "dflash_lab.demo", "--steps", "10", "--runs-dir", str(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "dflash_lab.workflows.demo", "--steps", "10", "--runs-dir", str(tmp_path),
                           "--eval-prompts", "2", "--eval-tokens", "12"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)
     text = out.stdout + out.stderr

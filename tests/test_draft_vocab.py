@@ -151,7 +151,7 @@ def test_identity_draft_vocab_equals_the_full_head():
 
 
 def test_head_bench_times_every_vocabulary_on_the_same_rows():
-    from dflash_lab.draft_vocab_bench import bench_head
+    from dflash_lab.benchmarks.vocab_head import bench_head
 
     rows = bench_head(vocab_size=512, hidden=16, rows=64, sizes=(128, 256), chunk_size=32, repeats=1)
     assert [r["vocab"] for r in rows] == [512, 128, 256] and all(r["rows"] == 64 and r["ms"] > 0 for r in rows)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from dflash_lab.bench import synthetic_batch
+from dflash_lab.benchmarks.step import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine import EngineBrokenError, WorkerError
 from dflash_lab.train.engine_build import build_engine

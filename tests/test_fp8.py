@@ -1,13 +1,13 @@
 """FP8 row-wise linears (issue 16): numerics on CPU (torch._scaled_mm runs there at reference speed), the frozen
 target's FP8 features against full precision per extracted layer, the trainable drafter linear's gradients, and the
 engine with target_fp8 + drafter_fp8 (same parameters, a loss close to bf16's). GPU speed and the bf16 comparison
-at a real shape are in tests/test_gpu.py and bench/h200_run5.sh."""
+at a real shape are in tests/test_gpu.py and bench/results/2026-12-01-h200-run5/h200_run5.sh."""
 
 import pytest
 import torch
 
 from dflash_lab.target import fp8
-from dflash_lab.bench import synthetic_batch
+from dflash_lab.benchmarks.step import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement

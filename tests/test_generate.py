@@ -323,7 +323,7 @@ def test_buckets():
 def test_gen_bench_prints_one_json_line_per_configuration(capsys, tmp_path):
     import json
 
-    from dflash_lab.gen_bench import main
+    from dflash_lab.benchmarks.generation import main
     from dflash_lab.tiny import tiny_heldout_path
 
     main(["--target", "tiny", "--device", "cpu", "--dtype", "float32", "--prompts", str(tiny_heldout_path()),

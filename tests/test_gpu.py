@@ -5,7 +5,7 @@ CE epilogue == eager, compile_drafter under our own capture."""
 import pytest
 import torch
 
-from dflash_lab.bench import synthetic_batch
+from dflash_lab.benchmarks.step import synthetic_batch
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement

@@ -16,10 +16,10 @@ MAX_LINES = 440  # "about 400"
 # Import order, lowest first: a module may import its own subpackage and any subpackage of a LOWER rank. `tiny` (the
 # embedded default) and `config` are floors; `runs` (run folders) stands on config; the pipeline follows. Data sits
 # above target because tokenizing and regenerating use the target's tokenizer and weights; evaluation sits below
-# train because the trainer measures real tau with the evaluator. Top-level modules are the workflows (recipe, sweep,
-# preflight, bench, demo): they may import every subpackage, and no subpackage imports them or the package facade.
+# train because the trainer measures real tau with the evaluator. The workflows (demo, recipe, sweeps, scaling,
+# preflight) and the benchmarks stand on top: they may import every stage, and no stage imports them or the facade.
 RANKS = {"export_template": -2, "tiny": -1, "config": 0, "runs": 1, "target": 2, "data": 3, "drafter": 4,
-         "evaluation": 5, "train": 6}
+         "evaluation": 5, "train": 6, "workflows": 7, "benchmarks": 7}
 WORKFLOWS = 7
 FACADE = 8  # dflash_lab/__init__.py: the public names for notebooks and widgets
 
@@ -100,7 +100,7 @@ def direction_violations(pkg: Path = PKG) -> list[str]:
             there, d_rank = _stage(d)
             if m == "__init__" or (here and here == there):
                 continue  # the facade may import anything; a subpackage its own modules
-            if d_rank >= rank and not (rank == WORKFLOWS and d_rank == WORKFLOWS):
+            if d_rank >= rank:
                 bad.append(f"{m} -> {d} ({here or 'workflow'} may not import {there or 'the package facade'})")
     return bad
 
@@ -111,6 +111,12 @@ def test_every_subpackage_has_a_known_rank_and_says_its_job():
     for name in subpackages:
         doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text()))
         assert doc and len(doc) > 80, f"dflash_lab/{name}/__init__.py needs a docstring saying the subpackage's job"
+
+
+def test_the_package_top_is_its_stages():
+    """Only the facade stands loose at the top of the package: every other module lives in the stage it belongs to."""
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"move these into a subpackage (workflows/, benchmarks/ or a stage): {loose}"
 
 
 def test_imports_run_down_the_pipeline():

@@ -233,7 +233,7 @@ def test_config_defaults_keep_decay():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA graphs, compiled epilogue)")
 def test_gpu_dpace_graph_replay_equals_eager_and_compiled_epilogue():
     from dflash_lab.drafter import step
-    from dflash_lab.bench import synthetic_batch
+    from dflash_lab.benchmarks.step import synthetic_batch
     from dflash_lab.train.engine_build import build_engine
     from dflash_lab.train.placement import make_placement
     from dflash_lab.target.load import load_target_config, load_targets

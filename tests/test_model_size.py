@@ -10,7 +10,7 @@ from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.runs.metrics import flops_per_sequence
 from dflash_lab.config.model_size import drafter_matmul_parameters, drafter_parameters, target_parameters
 from dflash_lab.train.placement import Placement, check_placement, drafter_num_parameters, target_num_parameters
-from dflash_lab.preflight import estimate
+from dflash_lab.workflows.preflight import estimate
 from tests.conftest import make_tiny_qwen3
 
 

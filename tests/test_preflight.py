@@ -6,7 +6,7 @@ import torch
 
 from dflash_lab.config import TrainConfig
 from dflash_lab.data.tokenize import TokenizedData
-from dflash_lab.preflight import GIB, config_param_count, estimate, preflight, safetensors_param_count
+from dflash_lab.workflows.preflight import GIB, config_param_count, estimate, preflight, safetensors_param_count
 
 
 def qwen3_8b_config():

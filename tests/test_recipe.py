@@ -1,4 +1,4 @@
-"""The recipe (dflash_lab/recipe.py) end to end on the tiny target with tiny sizes: target-written prompts, the
+"""The recipe (dflash_lab/workflows/recipe.py) end to end on the tiny target with tiny sizes: target-written prompts, the
 chitchat answers, the mix of both (counts asserted against the files), training, and real tau on the three named
 evaluation sets with intervals; the chitchat-only path (n_self=0); the defaults and bad values of RecipeConfig; the
 notebook's parameters mapping 1:1 onto its fields."""
@@ -12,7 +12,7 @@ import pytest
 
 from dflash_lab.config import ConfigError
 from dflash_lab.config.notebook_params import parameter_defaults
-from dflash_lab.recipe import Recipe, RecipeConfig
+from dflash_lab.workflows.recipe import Recipe, RecipeConfig
 
 pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
 

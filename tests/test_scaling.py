@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from dflash_lab.config import ConfigError
-from dflash_lab.scaling import ScalingConfig, final_eval, plan_points, run_scaling, schedule_order, write_subsets
-from dflash_lab.scaling_report import load_results, markdown_table, rows, save_curves
+from dflash_lab.workflows.scaling import ScalingConfig, final_eval, plan_points, run_scaling, schedule_order, write_subsets
+from dflash_lab.workflows.scaling_report import load_results, markdown_table, rows, save_curves
 from dflash_lab.tiny import tiny_data_path, tiny_heldout_path
 
 BASE = {"block_size": 4, "num_anchors": 8, "seq_len": 96, "batch_size": 4, "num_draft_layers": 1, "lr": 3e-3,
@@ -133,7 +133,7 @@ def test_the_scaling_notebook_renders_a_study(tmp_path):
 def test_the_matched_epochs_line_ends_at_the_point_it_shares_with_matched_steps():
     """plan_points trains the largest size once when both series give it the same steps: the epochs curve must
     still end there, and only at the same epochs (a matched-steps point at other epochs is not on that line)."""
-    from dflash_lab.scaling_report import _shared_largest
+    from dflash_lab.workflows.scaling_report import _shared_largest
 
     def r(series, n, epochs, s="general"):
         return {"series": series, "conversations": n, "epochs": epochs, "prompt_set": s, "tau": 2.0}
@@ -150,7 +150,7 @@ def test_the_matched_epochs_line_ends_at_the_point_it_shares_with_matched_steps(
 def test_the_steps_lever_keeps_only_points_that_change_the_steps(tmp_path):
     """steps_rows: the largest size at the base depth, the matched-steps point and the "more steps" variants; a
     learning-rate variant, a deeper drafter and a smaller size are other levers and stay out."""
-    from dflash_lab.scaling_report import save_steps, steps_rows
+    from dflash_lab.workflows.scaling_report import save_steps, steps_rows
 
     def point(name, series, n, steps, depth=3, overrides=None, tau=2.0, prompt_set="general"):
         fig = {"tau": tau, "tau_low": tau - 0.1, "tau_high": tau + 0.1, "prompts": 64}

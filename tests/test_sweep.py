@@ -11,8 +11,8 @@ import pytest
 
 from dflash_lab.config import ConfigError
 from dflash_lab.runs.rundir import read_jsonl
-from dflash_lab.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
-from dflash_lab.sweep_results import rank_rows, read_sweep, results_table
+from dflash_lab.workflows.sweep import Sweep, SweepConfig, child_env, load_variants, run_sweep
+from dflash_lab.workflows.sweep_results import rank_rows, read_sweep, results_table
 from widgets.sweep_grid import SweepGrid, SweepGridModel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def test_ranking_puts_the_best_final_real_tau_first_and_unmeasured_last():
 
 def test_ranking_marks_variants_whose_intervals_overlap_as_not_separated():
     """c's interval overlaps d's, d's overlaps a's, a's and c's do not: rank 1 is separated from rank 3 only."""
-    from dflash_lab.sweep_results import ResultsTable
+    from dflash_lab.workflows.sweep_results import ResultsTable
 
     iv = lambda t, lo, hi: {"final_real_tau": t, "final_real_tau_low": lo, "final_real_tau_high": hi,  # noqa: E731
                             "real_tau_prompts": 32, "best_real_tau": t, "final_loss": 1.0}
@@ -217,7 +217,7 @@ def test_rerun_skips_finished_variants_and_retries_the_failed_one(executed):
 
 
 def test_supervised_rate_leaves_out_the_first_fifth_and_padding():
-    from dflash_lab.sweep_results import supervised_rate
+    from dflash_lab.workflows.sweep_results import supervised_rate
 
     rows = [{"step": s, "supervised_tokens": 100, "step_time_s": 1.0} for s in range(1, 9)]
     rows[0]["step_time_s"] = 50.0  # the first step (capture, compile) must not drag the rate down
@@ -255,7 +255,7 @@ def test_a_sweep_never_takes_over_the_folder_of_a_sweep_whose_name_ends_like_it(
 def test_a_rerun_with_fewer_variants_keeps_the_others_and_retrains_one_whose_run_folder_is_gone(tmp_path):
     import shutil
 
-    from dflash_lab.sweep_results import results
+    from dflash_lab.workflows.sweep_results import results
 
     two = _cfg(tmp_path, variants=VARIANTS[1:])
     first = Sweep(two, log=lambda *a: None)
@@ -301,7 +301,7 @@ def test_every_variant_is_scored_on_the_bases_heldout_set(tmp_path):
 
 
 def test_a_dead_run_is_flagged_not_reported_as_a_plain_finish(tmp_path):
-    from dflash_lab.sweep_results import variant_row
+    from dflash_lab.workflows.sweep_results import variant_row
 
     sweep = Sweep(_cfg(tmp_path, variants=[{"name": "hot", "lr": 1e3}]), log=lambda *a: None)
     _finish(sweep, "hot", [(2, None), (4, None), (6, None), (8, 1.0)], dead_from=4)
@@ -337,7 +337,7 @@ def test_a_live_stale_variant_is_refused_and_a_killed_sweep_takes_its_child_with
     from tests.test_rundir import _hold_in_subprocess
 
     cfg = _cfg(tmp_path, variants=[{"name": "slow"}], steps=5000)
-    script = ("import sys; from dflash_lab.sweep import SweepConfig, run_sweep; "
+    script = ("import sys; from dflash_lab.workflows.sweep import SweepConfig, run_sweep; "
               f"run_sweep(SweepConfig(**{cfg.spec()!r}), log=lambda *a: None)")
     sweeper = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
     child = None

@@ -8,7 +8,7 @@ The variants run in their own processes, so everything is read from files: sweep
 run's metrics.jsonl, followed incrementally (sources.JsonlFollower). `SweepGridModel` holds no widgets and is what
 the tests drive; the live view adds an ipywidgets HTML table and a plotly FigureWidget (one trace per variant and
 panel). The static mode shows one HTML output rewritten in place (display_id), which GitHub renders; the notebook's
-PNG figure comes from dflash_lab.sweep_results.plot_sweep.
+PNG figure comes from dflash_lab.workflows.sweep_results.plot_sweep.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Draft-vocabulary pruning: the drafter predicts only the d most frequent supervised target tokens.
 
-    python -m dflash_lab.draft_vocab_bench        # CPU time of the head + CE: full vocabulary vs pruned
+    python -m dflash_lab.benchmarks.vocab_head        # CPU time of the head + CE: full vocabulary vs pruned
 
 The drafter has no LM head of its own: its logits are the frozen target head applied to its hidden states, which
 costs 2 x (rows x V x H) FLOPs per step (forward + input gradient, step.ChunkedHeadCE). With a draft vocabulary of

@@ -6,7 +6,7 @@ first second naming the variant and the field. Every run measures real speculati
 on the SAME held-out prompts: the sweep turns real tau on (it is off by default on the CPU tiny target) and refuses
 variants that change what is measured (held-out data, prompt count, tokens per prompt).
 
-Each variant runs in its own process (`python -m dflash_lab.sweep --run <run dir>`: a plain Trainer, train(),
+Each variant runs in its own process (`python -m dflash_lab.workflows.sweep --run <run dir>`: a plain Trainer, train(),
 finish(); the same code the train notebook runs), so a variant that crashes or runs out of memory is recorded as
 failed with its error and the sweep goes on. With several devices the variants form a queue, one per device at a
 time; a CUDA device is handed to its process as CUDA_VISIBLE_DEVICES so the run itself sees "cuda:0".
@@ -311,7 +311,7 @@ class Sweep:
         self.log(f"sweep {self.cfg.name}: {v['name']} on {device} -> {run_dir}")
         logf = open(run_dir / LOG_FILE, "wb")
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.sweep", "--run", str(run_dir)],
+            proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.sweep", "--run", str(run_dir)],
                                     stdout=logf, stderr=subprocess.STDOUT,
                                     env={**child_env(device), PARENT_ENV: str(os.getpid())})
         finally:
@@ -412,7 +412,7 @@ def run_variant(run_dir: Path) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.sweep", description="run one sweep variant")
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.workflows.sweep", description="run one sweep variant")
     p.add_argument("--run", required=True, help="the variant's run directory (holding config.json)")
     args = p.parse_args(argv)
     return run_variant(Path(args.run))

@@ -2,7 +2,7 @@
 evaluate it with real speculative decoding. Prints the run directory, the loss at start and end, the evaluation table
 and a final line quoting its held-out rows (tau trained vs untrained, speedup) and the time.
 
-    python -m dflash_lab.demo [--steps 600] [--runs-dir runs] [--eval-prompts 20] [--eval-tokens 128]
+    python -m dflash_lab.workflows.demo [--steps 600] [--runs-dir runs] [--eval-prompts 20] [--eval-tokens 128]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tokens", type=int, default=128, help="new tokens per prompt in the evaluation")
     args = ap.parse_args(argv)
 
-    from .runs import rundir
+    from ..runs import rundir
     from dflash_lab.runs.notebook_exec import execute
     from dflash_lab.tiny import ensure_tiny_target
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
           f"simulated tau {summary['sim_tau_last']:.2f}", flush=True)
     quoted = ""
     if not args.no_eval:
-        from .evaluation import evaluate
+        from ..evaluation import evaluate
 
         if evaluate.main([str(run_dir), "--n-prompts", str(args.eval_prompts), "--max-new-tokens",
                           str(args.eval_tokens)]) != 0:

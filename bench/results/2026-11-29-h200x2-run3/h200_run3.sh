@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # H200 run 3 (2 GPUs, kind nvidia-h200-x2), after replacing the compiled create_block_mask (~200 s inductor compile per
 # GPU in runs 1-2) by engine.block_mask_from_dense: paper shape on 2 GPUs colocated (cold caches: time to first step),
-# then the dense 32B-class shape colocated on both GPUs.   Usage: bash bench/h200_run3.sh   (results in $OUT)
+# then the dense 32B-class shape colocated on both GPUs.   Usage: bash bench/results/2026-11-29-h200x2-run3/h200_run3.sh   (results in $OUT)
 set -u
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-B="python3 -m dflash_lab.bench --out $OUT/bench.jsonl"
+B="python3 -m dflash_lab.benchmarks.step --out $OUT/bench.jsonl"
 echo "[run3] paper, 2 GPUs colocated"
 timeout ${T_PAPER:-100} $B --shape paper --gpus 0,1 --variants graph --steps 16 --warmup 4 > /dev/null 2> "$OUT/bench_paper_2gpu.log"
 echo "[run3] rc=$?; big, 2 GPUs colocated"

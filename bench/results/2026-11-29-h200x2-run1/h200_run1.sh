@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 run 1 (2 GPUs, kind nvidia-h200-x2): paper shape on 1 GPU (CUDA graph, eager + profile, compile), the peer
 # `speculators` step on the same machine, our step again on the peer's GPU, the 1-GPU GPU tests.
-# Usage on the device machine, from the repo root (wheels carried in .whl/):  bash bench/h200_run1.sh
+# Usage on the device machine, from the repo root (wheels carried in .whl/):  bash bench/results/2026-11-29-h200x2-run1/h200_run1.sh
 # Everything lands in $OUT: bench.jsonl (one JSON line per configuration), peer.json, *.log, env.txt.
 set -u
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -25,13 +25,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 BG=$!
 
 step "paper shape, 1 GPU (GPU0): graph, eager (profiled), compile"
-CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m dflash_lab.bench --shape paper --gpus 0 --variants graph,eager,compile \
+CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 --variants graph,eager,compile \
   --profile eager --steps 20 --warmup 5 --out "$OUT/bench.jsonl" > /dev/null 2> "$OUT/bench_paper_1gpu.log"
 step "paper 1 GPU rc=$?"
 
 if [ -d dflash_lab/tiny/assets ] && [ "$(left)" -gt 200 ]; then
   step "time to first step through Trainer (Qwen3-8B shape, GPU0)"
-  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m dflash_lab.bench --shape paper --gpus 0 --ttfs --steps 5 \
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 --ttfs --steps 5 \
     --out "$OUT/bench.jsonl" > /dev/null 2> "$OUT/ttfs.log"
   step "ttfs rc=$?"
 fi
@@ -41,7 +41,7 @@ wait $BG
 
 if [ "$(left)" -gt 50 ]; then
   step "paper shape, 1 GPU on the peer's GPU (GPU1)"
-  CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 5 )) python3 -m dflash_lab.bench --shape paper --gpus 0 --variants graph \
+  CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 5 )) python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 --variants graph \
     --steps 20 --warmup 4 --out "$OUT/bench.jsonl" > /dev/null 2>> "$OUT/bench_paper_1gpu.log"
   step "paper GPU1 rc=$?"
 fi

@@ -1,9 +1,9 @@
-"""`python -m dflash_lab.gen_bench --target T --dtype D ...`: the generation engine's benchmark, one JSON line per
+"""`python -m dflash_lab.benchmarks.generation --target T --dtype D ...`: the generation engine's benchmark, one JSON line per
 configuration (stdout; progress on stderr).
 
-    python -m dflash_lab.gen_bench --target smollm2-135m-instruct --dtype bfloat16 float32      # the H200 run
-    python -m dflash_lab.gen_bench --target tiny --device cpu --first 32 --all 8 --batch-sizes 8 --modes eager
-    python -m dflash_lab.gen_bench --dtype bfloat16 --decode-attention sdpa triton --first 0 --match 0   # every turn
+    python -m dflash_lab.benchmarks.generation --target smollm2-135m-instruct --dtype bfloat16 float32      # the H200 run
+    python -m dflash_lab.benchmarks.generation --target tiny --device cpu --first 32 --all 8 --batch-sizes 8 --modes eager
+    python -m dflash_lab.benchmarks.generation --dtype bfloat16 --decode-attention sdpa triton --first 0 --match 0   # every turn
 
 Per dtype, rows of four kinds:
 - "first_turns": new tokens/s answering chitchat first turns (or --prompts FILE), greedy per mode (graph, eager) and
@@ -169,7 +169,7 @@ def run_engine_rows(a, models, hf_gens, prompts, all_file: Path, *, dtype: str, 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.gen_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.benchmarks.generation", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="smollm2-135m-instruct", help='a known model name, a HF folder, or "tiny"')
     p.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(DTYPES))
     p.add_argument("--devices", nargs="+", default=None, help="default: cuda:0 if CUDA is available, else cpu")

@@ -9,7 +9,7 @@ extra draft depths and other variants (a learning rate, more steps) at the large
 by real speculative decoding on the same named prompt sets (held-out chitchat, held-out target-written, the
 project's general set), at each block size, T=0, many prompts at once (evaluation/batched_eval.py: the tau of
 batch-1 decoding, with its bootstrap interval). Speedup needs a quiet device and batch 1, so it is measured once,
-for the best point, by `final_eval` (`python -m dflash_lab.scaling --final <out>`): batch-1 decoding beside the
+for the best point, by `final_eval` (`python -m dflash_lab.workflows.scaling --final <out>`): batch-1 decoding beside the
 target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless check.
 
     cfg = ScalingConfig(target="smollm2-135m-instruct", pool="data/pool.jsonl", heldout_data="data/heldout.jsonl",
@@ -17,7 +17,7 @@ target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless 
                         devices=("cuda:0",) * 4)
     results = run_scaling(cfg)           # <out>/scaling.json, rewritten as points finish
 
-Each point is its own process (`python -m dflash_lab.scaling --point <run dir>`): a plain Trainer on the run's
+Each point is its own process (`python -m dflash_lab.workflows.scaling --point <run dir>`): a plain Trainer on the run's
 config.json, trained and finished, then evaluated; a point that fails is recorded with its error and the others go
 on. Several slots on one device run points side by side (a 135M target leaves most of an H200 idle; compare tau,
 not the tokens/s of points that shared a device).
@@ -228,7 +228,7 @@ def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subp
         f"{point['epochs']} epochs, depth {point['depth']}) on {device} -> {run_dir}")
     logf = open(run_dir / LOG_FILE, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "dflash_lab.scaling", "--point", str(run_dir)], stdout=logf,
+        return subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.scaling", "--point", str(run_dir)], stdout=logf,
                                 stderr=subprocess.STDOUT, env=_child_env(device))
     finally:
         logf.close()
@@ -377,7 +377,7 @@ def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.scaling",
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.workflows.scaling",
                                 description="one point of a data-scaling study (run_scaling starts these), or the "
                                             "batch-1 evaluation of its best point")
     g = p.add_mutually_exclusive_group(required=True)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from .data import real_data
+from ..data import real_data
 from .recipe_config import TINY, RecipeConfig
-from .target import models
+from ..target import models
 from dflash_lab.target.load import load_tokenizer
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]

@@ -11,7 +11,7 @@
 #      time left.
 # Expected: ~1.5 + ~3.5 + ~2.5 minutes; each part is capped so the whole stays under BUDGET_S (530 s).
 # No wheels needed (FP8 uses torch._scaled_mm). The peer comparison is bench/h200_peer.sh (separate call).
-# Usage on the device machine, from the repo root:  bash bench/h200_run5.sh     (results in $OUT)
+# Usage on the device machine, from the repo root:  bash bench/results/2026-12-01-h200-run5/h200_run5.sh     (results in $OUT)
 set -u
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
@@ -27,12 +27,12 @@ STEPS=${STEPS:-20}; WARMUP=${WARMUP:-5}
 cat "$OUT/env.txt"
 
 step "1/3 issue 18: mixed sliding/full layers (windows 1024, 2048), paper shape, graph vs compile"
-timeout $(cap 200) python3 -m dflash_lab.bench --shape paper --gpus 0 --drafter-layers mixed --variants graph,compile \
+timeout $(cap 200) python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 --drafter-layers mixed --variants graph,compile \
   --steps "$STEPS" --warmup "$WARMUP" --out "$OUT/bench.jsonl" > /dev/null 2> "$OUT/bench_mixed.log"
 step "mixed rc=$?"
 
 step "2/3 issue 16: bf16 vs FP8, paper shape, all-full drafter, + feature error"
-timeout $(cap 230) python3 -m dflash_lab.bench --shape paper --gpus 0 --fp8-error \
+timeout $(cap 230) python3 -m dflash_lab.benchmarks.step --shape paper --gpus 0 --fp8-error \
   --variants ${FP8_VARIANTS:-graph,graph-fp8,graph-fp8w,compile-fp8,graph-fp8t,graph-fp8d} \
   --steps "$STEPS" --warmup "$WARMUP" --out "$OUT/bench.jsonl" > /dev/null 2> "$OUT/bench_fp8.log"
 step "fp8 rc=$?"

@@ -3,7 +3,7 @@
 # topology with the dense 32B-class shape (split: target GPU0 -> drafter GPU1, graph and compile; then colocated on
 # both GPUs), the 2-GPU GPU tests, and (time permitting) paper shape on 1 GPU again with a warm compile cache.
 # Processes compile concurrently; `--measure-lock` makes them time their steps one at a time.
-# Usage on the device machine, from the repo root:  bash bench/h200_run2.sh      (results in $OUT)
+# Usage on the device machine, from the repo root:  bash bench/results/2026-11-29-h200x2-run2/h200_run2.sh      (results in $OUT)
 set -u
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -11,7 +11,7 @@ T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET_S:-560}))
 LOCK=/tmp/dflash-measure.lock
 left() { echo $((DEADLINE - $(date +%s))); }
 step() { echo "[run2 $(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
-B="python3 -m dflash_lab.bench --measure-lock $LOCK --out $OUT/bench.jsonl"
+B="python3 -m dflash_lab.benchmarks.step --measure-lock $LOCK --out $OUT/bench.jsonl"
 
 { nvidia-smi; python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"; } > "$OUT/env.txt" 2>&1
 

@@ -1,7 +1,7 @@
 """Head-time bench of draft-vocabulary pruning: step.chunked_head_ce (forward + input gradient) with the
 full target vocabulary vs pruned draft vocabularies, same rows. Results: docs/ablations.md (## draft vocabulary).
 
-    python -m dflash_lab.draft_vocab_bench [--vocab 49152 --hidden 576 --rows 4096]
+    python -m dflash_lab.benchmarks.vocab_head [--vocab 49152 --hidden 576 --rows 4096]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def bench_head(*, vocab_size: int = 49152, hidden: int = 576, rows: int = 4096, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_lab.draft_vocab_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.benchmarks.vocab_head", description=__doc__.splitlines()[0])
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--rows", type=int, default=4096)

@@ -1,14 +1,14 @@
-"""`python -m dflash_lab.bench --shape paper|micro|long|big|tiny ...`: the training-step benchmark, one JSON line per
+"""`python -m dflash_lab.benchmarks.step --shape paper|micro|long|big|tiny ...`: the training-step benchmark, one JSON line per
 configuration (stdout; progress on stderr).
 
-    python -m dflash_lab.bench --shape paper --gpus 0                         # 1 GPU, colocated, CUDA graphs
-    python -m dflash_lab.bench --shape paper --gpus 0,1                       # 2 GPUs, colocated
-    python -m dflash_lab.bench --shape big --gpus 1 --target-gpus 0           # split: target GPU0 -> drafter GPU1
-    python -m dflash_lab.bench --shape paper --gpus 0 --variants graph,eager,compile,compile-eager
-    python -m dflash_lab.bench --shape paper --gpus 0 --ttfs                  # Trainer construction -> first step
-    python -m dflash_lab.bench --shape tiny --device cpu --steps 3            # the same path on a CPU
-    python -m dflash_lab.bench --shape paper --drafter-layers mixed --variants graph,compile   # the compile trap shape
-    python -m dflash_lab.bench --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # FP8 target/drafter
+    python -m dflash_lab.benchmarks.step --shape paper --gpus 0                         # 1 GPU, colocated, CUDA graphs
+    python -m dflash_lab.benchmarks.step --shape paper --gpus 0,1                       # 2 GPUs, colocated
+    python -m dflash_lab.benchmarks.step --shape big --gpus 1 --target-gpus 0           # split: target GPU0 -> drafter GPU1
+    python -m dflash_lab.benchmarks.step --shape paper --gpus 0 --variants graph,eager,compile,compile-eager
+    python -m dflash_lab.benchmarks.step --shape paper --gpus 0 --ttfs                  # Trainer construction -> first step
+    python -m dflash_lab.benchmarks.step --shape tiny --device cpu --steps 3            # the same path on a CPU
+    python -m dflash_lab.benchmarks.step --shape paper --drafter-layers mixed --variants graph,compile   # the compile trap shape
+    python -m dflash_lab.benchmarks.step --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # FP8 target/drafter
 
 Targets are random-initialised real architectures (bench_configs/*.json) built on the GPU, so nothing is
 downloaded. Batches are synthetic and fixed-shape: random tokens, the first 1/8 of each sequence is "prompt" (no
@@ -35,7 +35,7 @@ import torch
 
 from dflash_lab.drafter.blocks import sample_anchors
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
-from dflash_lab import bench_perf
+from dflash_lab.benchmarks import step_variants
 from dflash_lab.config import TrainConfig
 from dflash_lab.config.target_defaults import default_gamma
 from dflash_lab.runs.metrics import JsonlSink
@@ -51,7 +51,7 @@ SHAPES = {
 }
 VARIANTS = {  # name -> (cuda_graphs, compile_drafter)
     "graph": (True, False), "eager": (False, False), "compile": (True, True), "compile-eager": (False, True),
-    **bench_perf.VARIANTS,  # FP8 variants
+    **step_variants.VARIANTS,  # FP8 variants
 }
 MASK_TOKEN_ID = {"bench:tiny": 1023}  # Qwen3 shapes use the family's reserved id (151669)
 
@@ -84,7 +84,7 @@ def environment(args) -> dict:
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
            "python": platform.python_version(), "host": platform.node(),
            "commit": args.commit or os.environ.get("DFLASH_COMMIT") or _git_commit(),
-           "command": "python -m dflash_lab.bench " + " ".join(sys.argv[1:])}
+           "command": "python -m dflash_lab.benchmarks.step " + " ".join(sys.argv[1:])}
     try:
         import transformers
 
@@ -111,7 +111,7 @@ def _git_commit() -> str | None:
 
 def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
                  variant: str = "graph") -> TrainConfig:
-    return TrainConfig(**bench_perf.train_fields(args, variant),
+    return TrainConfig(**step_variants.train_fields(args, variant),
                        target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                        block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
                        target_devices=None if args.colocated else tuple(args.targets), cuda_graphs=cuda_graphs,
@@ -198,7 +198,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
         "graphs": {x.graphed.name: x.graphed.status() for x in [*engine.targets, *engine.workers]},
         "compile_times_s": _compile_times(),
         "loss_first": losses[0], "loss_last": losses[-1], "load": load_report, "memory_estimate": estimate,
-        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **bench_perf.row_fields(args, variant, m, losses),
+        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **step_variants.row_fields(args, variant, m, losses),
         **env,
     }
     if prof_rows is not None:
@@ -290,7 +290,7 @@ def parse_args(argv=None):
     p.add_argument("--measure-lock", default=None, help="file lock held from the 2nd step to the last: several "
                    "bench processes compile concurrently but time their steps one at a time")
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse, or $DFLASH_COMMIT)")
-    bench_perf.add_args(p)
+    step_variants.add_args(p)
     args = p.parse_args(argv)
     from dflash_lab.train.placement import gpus
 
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
                                          "tensors": v.tensors_total, "memory_gb": v.memory_gb}
                                 for k, v in last.items()}}
     if args.fp8_error:
-        emit({**bench_perf.fp8_feature_report(models[0], drafter_cfg.target_layer_ids, batch_size=1,
+        emit({**step_variants.fp8_feature_report(models[0], drafter_cfg.target_layer_ids, batch_size=1,
                                               seq_len=shape["seq_len"], vocab_size=drafter_cfg.vocab_size),
               "shape": args.shape, **env})
     for variant in args.variants:

@@ -1,4 +1,4 @@
-"""Benchmark additions for FP8 and compile variants, used by `python -m dflash_lab.bench`:
+"""Benchmark additions for FP8 and compile variants, used by `python -m dflash_lab.benchmarks.step`:
 
 - `--drafter-layers NAME`: the drafter's layer pattern from `bench_configs/drafters/NAME.json` ("mixed": sliding
   windows 1024 and 2048 plus full layers, the shape that made the seed's compiled drafter recompile);
