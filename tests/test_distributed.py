@@ -288,3 +288,22 @@ def test_cluster_commands(tmp_path):
     assert "--node-rank 0" in static and "--node-rank 1" in static and static.count("torchrun") == 2
     with pytest.raises(ValueError, match="rendezvous endpoint"):
         torchrun_args(run_dir, nproc_per_node=2, nnodes=2)
+
+
+def test_notebook_trainer_matches_command_line(reference):
+    """One step, one speed: the notebook's Trainer on one device and `python -m dflash_lab.train` (one process) run
+    the same engine step, so the same seed gives the same loss curve; the command line's rows carry the engine's
+    own fields (phase times, graph mode)."""
+    from dflash_lab.train.trainer import Trainer
+
+    cfg = reference["cfg"]
+    trainer = Trainer(cfg.replace(checkpoint_every=0), write_run_dir=False, log=lambda *a: None)
+    try:
+        losses = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
+    finally:
+        trainer.close()
+    for step, loss in enumerate(losses, 1):
+        want = reference["losses"][step]
+        assert abs(loss - want) <= TOL * max(1.0, abs(want)), (step, loss, want)
+    row = json.loads((reference["run_dir"] / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["drafter_ms"] > 0 and row["graph/drafter[0]@cpu"].startswith("eager")

@@ -43,3 +43,10 @@ def check_perf_fields(cfg) -> None:
     if cfg.target_fp8 and cfg.feature_cache:
         fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
              "set target_fp8=False, or build the cache from an FP8 target instead")
+    store = cfg.feature_store_gib
+    if isinstance(store, bool) or not isinstance(store, (int, float)) or not store >= 0:
+        fail(c, "feature_store_gib", store, "must be a number of GiB >= 0",
+             "use 0 (recompute the features every step) or e.g. 40 on an H200")
+    if store and cfg.feature_cache:
+        fail(c, "feature_store_gib", store, "with a feature_cache the features are read from disk, not computed",
+             "set feature_store_gib=0, or feature_cache=None to keep online features in device memory")

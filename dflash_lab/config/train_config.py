@@ -173,6 +173,11 @@ class TrainConfig:
     """Draft vocabulary: the drafter predicts only the d most frequent supervised target tokens of the training data
     (a frozen (d, H) slice of the target head; labels outside it carry no loss and count as wrong). None = the full
     target vocabulary (draft_vocab.py, docs/ablations.md)."""
+    # features reused across epochs
+    feature_store_gib: float = 0.0
+    """GiB of device memory (per target replica) that keep each training window's target features once computed, so
+    the frozen target runs once per window instead of once per epoch (train/feature_store.py). 0 = recompute every
+    step. The store never holds more rows than the data has windows; the hit rate is logged."""
 
     def __post_init__(self) -> None:
         c = "TrainConfig"

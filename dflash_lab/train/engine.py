@@ -64,8 +64,12 @@ class _Job:
 
 class Engine:
     def __init__(self, workers: list[Worker], targets: list[TargetReplica], *, colocated: bool, seq_len: int,
-                 grad_clip: float, target_config=None, drafter_config=None, prefetch: bool = True, log=None):
+                 grad_clip: float, target_config=None, drafter_config=None, prefetch: bool = True, log=None,
+                 grad_reducer=None):
+        """`grad_reducer(flat_grad)`: the sum over other PROCESSES (a torchrun rank's all-reduce over the drafter
+        ranks), run in each worker's thread on its stream after this process's replicas were summed."""
         self.workers, self.targets, self.colocated = workers, targets, colocated
+        self.grad_reducer = grad_reducer
         self.seq_len, self.grad_clip, self.prefetch, self.log = seq_len, grad_clip, prefetch, log
         self.target_config, self.drafter_config = target_config, drafter_config
         if colocated:
@@ -147,6 +151,8 @@ class Engine:
                                        for i, w in enumerate(self.workers)])
         if D > 1:
             self._sum_gradients(step)
+        if self.grad_reducer is not None:
+            self._gather(step, [(w, w.thread.submit(self._reduce_across_processes, w, step)) for w in self.workers])
         norms = self._gather(step, [(w, w.thread.submit(w.optimizer_step, lr, self.grad_clip, step))
                                     for w in self.workers])
         dev0 = self.workers[0].device
@@ -158,7 +164,13 @@ class Engine:
         loss = sum(o["loss"].to(dev0) for o in outs)
         correct = torch.cat([o["correct"].to(dev0) for o in outs])
         has_loss = torch.cat([o["has_loss"].to(dev0) for o in outs])
-        return {"loss": loss, "grad_norm": norms[0], **block_stats(correct, has_loss)}
+        return {"loss": loss, "grad_norm": norms[0], "correct": correct, "has_loss": has_loss,
+                **block_stats(correct, has_loss)}
+
+    def _reduce_across_processes(self, w: Worker, step: int) -> None:
+        m0 = mark(w.device)
+        self.grad_reducer(w.flat_grad)
+        w.timeline.add(step, "reduce", m0, mark(w.device))
 
     def _colocated_task(self, w: Worker, part: BlockBatch, step: int) -> dict:
         m0 = mark(w.device)

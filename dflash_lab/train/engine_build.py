@@ -14,6 +14,7 @@ from .muon import make_optimizer
 from .prepare import make_feature_extractor, plan_device
 from dflash_lab.target.features import embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
+from .feature_store import FeatureStore
 from .workers import TargetReplica, Worker
 
 
@@ -38,8 +39,18 @@ def initial_drafter(drafter_config, seed: int, device: torch.device) -> DFlashDr
     return d
 
 
+def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -> FeatureStore | None:
+    """The device-resident store of a target replica (feature_store.py), or None when cfg.feature_store_gib is 0."""
+    if not cfg.feature_store_gib:
+        return None
+    width = drafter_config.num_target_features * drafter_config.hidden_size
+    return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=width, dtype=dtype,
+                        device=torch.device(device), max_rows=windows)
+
+
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
-                 compile_backend: str = "inductor", compile_mode: str | None = None, draft_vocab=None) -> Engine:
+                 compile_backend: str = "inductor", compile_mode: str | None = None, draft_vocab=None,
+                 data_windows: int | None = None, grad_reducer=None) -> Engine:
     """Drafter replicas (identical init), target replicas and worker threads for `placement`.
 
     `targets`: loaded target models aligned with placement.target_devices (targets.load_targets). With
@@ -54,7 +65,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     state = base.state_dict()
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
     replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
-                              cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache, log=log)
+                              cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache, log=log,
+                              store=feature_store_for(cfg, drafter_config, d, plan_device(cfg, d).dtype, data_windows))
                 for i, (d, m) in enumerate(zip(placement.target_devices, targets))]
     workers = []
     for i, name in enumerate(placement.drafter_devices):
@@ -88,4 +100,4 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
                               loss_weighting=loss_weighting_of(cfg)))
     return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
                   target_config=target_config if target_config is not None else getattr(targets[0], "config", None),
-                  drafter_config=drafter_config, log=log)
+                  drafter_config=drafter_config, log=log, grad_reducer=grad_reducer)

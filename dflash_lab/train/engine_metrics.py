@@ -47,13 +47,23 @@ def engine_metrics(engine, tokens_per_s: float | None = None) -> dict:
             flops = engine_flops(engine)
             peak = engine_peak_flops(engine)
             if flops and peak:
-                m["mfu"] = round(tokens_per_s / S * flops["total"] / (peak * n_dev), 4)
+                # Windows served from a feature store ran no target layer: only the FLOPs done count.
+                stores = [r.store for r in engine.targets if r.store is not None]
+                hit = statistics.mean(s.report()["feature_store_hit_rate"] for s in stores) if stores else 0.0
+                done = flops["total"] - flops.get("target", 0.0) * hit
+                m["mfu"] = round(tokens_per_s / S * done / (peak * n_dev), 4)
     for d in dict.fromkeys([*(r.device for r in engine.targets), *(w.device for w in engine.workers)]):
         if d.type == "cuda":
             m[f"mem_gb/{d}"] = round(torch.cuda.memory_allocated(d) / 2**30, 3)
             m[f"peak_mem_gb/{d}"] = round(torch.cuda.max_memory_allocated(d) / 2**30, 3)
     for x in [*engine.targets, *engine.workers]:
         m[f"graph/{x.graphed.name}"] = x.graphed.describe()
+    stores = [r.store for r in engine.targets if r.store is not None]
+    if stores:  # summed over replicas; the hit rate is the share of windows that skipped the target
+        reports = [s.report() for s in stores]
+        m.update({k: sum(r[k] for r in reports) for k in ("feature_store_rows", "feature_store_stored")})
+        m["feature_store_gib"] = round(sum(r["feature_store_gib"] for r in reports), 3)
+        m["feature_store_hit_rate"] = round(statistics.mean(r["feature_store_hit_rate"] for r in reports), 4)
     now = dynamo_counts()
     if now:
         m["compiled_graphs"] = now["graphs"] - engine.dynamo_start["graphs"]

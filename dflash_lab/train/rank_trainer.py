@@ -25,7 +25,7 @@ from dflash_lab.runs import checkpoint, lock as run_lock, rundir, train_state
 from . import dist_checkpoint
 from dflash_lab.config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
-from .engine_build import initial_drafter
+from .engine_build import build_engine, initial_drafter
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .muon import make_optimizer
@@ -76,13 +76,19 @@ class RankTrainer:
             self.target = load_target(cfg.target, device=dev, dtype=self.dtype, seed=cfg.seed, progress_every_s=10.0,
                                       replica=ctx.layout.target_ranks.index(ctx.rank),
                                       progress=lambda p: self.log(f"[rank {ctx.rank}] {p.line()}"))
-        self.extractor = prep.feature_extractor(self.target, dev) if self.target is not None else None
         self.part_size = cfg.batch_size // ctx.num_drafters
-
-        self.embed, self.head = share_frozen_head(ctx, self.target, self.dtype)  # drafter ranks only
-        self.model = self.optimizer = None
-        if ctx.is_drafter:
-            self._build_drafter()
+        self.model = self.optimizer = self.engine = self.extractor = None
+        # A rank that holds its own target and drafter runs the notebook Trainer's engine (one worker: static
+        # buffers, the target and drafter CUDA graphs, the feature store); only the drafter ranks' gradient sum is
+        # added. Ranks of a split layout and FSDP2 shards run the plain step (step.train_step) eagerly.
+        self.uses_engine = ctx.layout.colocated and (ctx.config.parallel == "ddp" or ctx.num_drafters == 1)
+        if self.uses_engine:
+            self._build_engine(make_placement((str(dev),)))
+        else:
+            self.extractor = prep.feature_extractor(self.target, dev) if self.target is not None else None
+            self.embed, self.head = share_frozen_head(ctx, self.target, self.dtype)  # drafter ranks only
+            if ctx.is_drafter:
+                self._build_drafter()
         self.step_count = 0
         if self.resume is not None and ctx.is_drafter:  # data and drafter shape were checked in prepare_run
             self._restore(self.resume)
@@ -124,6 +130,22 @@ class RankTrainer:
             self.feature_buf = torch.empty(self.part_size, cfg.seq_len,
                                            self.drafter_config.num_target_features * self.drafter_config.hidden_size,
                                            dtype=self.dtype, device=ctx.device)
+
+    def _build_engine(self, placement) -> None:
+        """The threaded engine with this rank's one worker; with several drafter ranks its flat gradient is summed
+        over them (all-reduce SUM: the loss weights are normalised over the global batch, as DDP's hook assumes)."""
+        ctx, prep = self.ctx, self.prepared
+        reducer = None
+        if ctx.distributed and ctx.num_drafters > 1:
+            group = ctx.drafter_group
+            reducer = lambda flat: torch.distributed.all_reduce(flat, group=group)  # noqa: E731
+        self.engine = build_engine(self.cfg, placement, [self.target], self.drafter_config,
+                                   target_config=prep.target_config, log=self.log if ctx.is_main else None,
+                                   draft_vocab=prep.draft_vocab, data_windows=len(self.data), grad_reducer=reducer)
+        w = self.engine.workers[0]
+        self.drafter, self.optimizer, self.model = w.drafter, w.optimizer, w.forward_module
+        self.embed, self.head, self.label_map = w.embed, w.head_weight, w.label_map
+        self.param_names = train_state.trainable_names(self.drafter)
 
     def _init_run_dir(self) -> None:
         rd, cfg = self.run_dir, self.cfg
@@ -252,9 +274,12 @@ class RankTrainer:
         """This rank's slice: features -> drafter loss -> backward (DDP sums) -> clip + AdamW -> stats gathered."""
         cfg, ctx, dc = self.cfg, self.ctx, self.drafter_config
         batch = self.sampler.batch(step)
-        part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
         lr = self.schedule.lr(step)
         cuda = ctx.device.type == "cuda"
+        if self.uses_engine:  # the notebook's step: staged, graphed, summed over drafter ranks inside
+            out = self.engine.step(batch.split(ctx.num_drafters)[ctx.drafter_index], step=step, lr=lr)
+            return self._record(step, t0, batch, lr, out)
+        part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
         if ctx.layout.colocated:
             features = self.extractor(part.input_ids, part.doc_ids)  # (b, S, n*H)
         else:  # time this drafter waits for its target rank (supply vs demand): CUDA events, since NCCL's recv
@@ -273,6 +298,14 @@ class RankTrainer:
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
                          lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size,
                          weighting=loss_weighting_of(cfg), label_map=self.label_map)
+        if not ctx.layout.colocated:
+            wait = marks[0].elapsed_time(marks[1]) / 1e3 if cuda else wait
+        return self._record(step, t0, batch, lr, out, feature_wait=None if ctx.layout.colocated else wait)
+
+    def _record(self, step: int, t0: float, batch, lr: float, out: dict, feature_wait: float | None = None) -> dict:
+        """The step's metrics over every drafter rank (one all_gather), logged by rank 0."""
+        cfg, ctx = self.cfg, self.ctx
+        cuda = ctx.device.type == "cuda"
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
         raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         _maybe_dump_grads(self, step)
@@ -298,10 +331,11 @@ class RankTrainer:
             "world_size": ctx.world_size, "drafter_ranks": ctx.num_drafters,
             "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0,
         }
-        if not ctx.layout.colocated:  # this rank's wait (rank 0 logs; its feeder serves like every other)
-            wait = marks[0].elapsed_time(marks[1]) / 1e3 if cuda else wait
-            record["feature_wait_s"] = wait
-            record["feature_wait_frac"] = wait / dt if dt > 0 else 0.0
+        if feature_wait is not None:  # this rank's wait (rank 0 logs; its feeder serves like every other)
+            record["feature_wait_s"] = feature_wait
+            record["feature_wait_frac"] = feature_wait / dt if dt > 0 else 0.0
+        if self.engine is not None:  # phase times, graph modes, feature store: the notebook's engine fields
+            record.update(self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps))
         if ctx.device.type == "cuda":
             for i, r in enumerate(ctx.layout.drafter_ranks):
                 record[f"mem_gb/rank{r}"] = round(float(rows["mem_gb"][i, 0]), 3)
@@ -370,6 +404,9 @@ class RankTrainer:
                       f"{self.ctx.backend}, {self.ctx.config.parallel}", **extra})
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
         if self.monitor is not None:
             try:
                 self.monitor.stop()

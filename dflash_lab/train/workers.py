@@ -9,6 +9,7 @@ from dflash_lab.drafter.blocks import BlockBatch, attention_masks, flex_mask_mod
 from dflash_lab.target.segments import document_positions
 from dflash_lab.config.windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
+from .feature_store import FeatureStore, window_key
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting
 from dflash_lab.drafter.step import DraftInputs, forward_backward
 from dflash_lab.target.device_time import mark
@@ -25,8 +26,10 @@ def _why_eager(cuda_graphs: bool, device: torch.device) -> str:
 class TargetReplica:
     """A frozen target on one device; its forward (up to the last needed layer) is captured like the drafter step."""
 
-    def __init__(self, index: int, device: torch.device, extractor, *, cuda_graphs: bool, log=None):
+    def __init__(self, index: int, device: torch.device, extractor, *, cuda_graphs: bool, log=None,
+                 store: FeatureStore | None = None):
         self.index, self.device, self.extractor = index, torch.device(device), extractor
+        self.store = store  # features of windows seen before (feature_store.py); None = the target runs every step
         self.graphed = GraphedStep(lambda **inputs: extractor(**inputs), name=f"target[{index}]@{self.device}",
                                    enabled=cuda_graphs and self.device.type == "cuda", warmup=1, log=log,
                                    disabled_reason=_why_eager(cuda_graphs, self.device))
@@ -45,9 +48,20 @@ class TargetReplica:
         def stage(name, t):
             return self.buffers.stage(name, t) if self.device.type == "cuda" else t.to(self.device)
 
+        keys = None
+        if self.store is not None:  # host digests of the batch's windows: a batch seen whole before is a gather
+            keys = [window_key(input_ids[i], None if doc_ids is None else doc_ids[i])
+                    for i in range(input_ids.shape[0])]
+            slots = self.store.lookup(keys)
+            if slots is not None:
+                return self.store.gather(slots)
         if doc_ids is None:
-            return self.graphed(input_ids=stage("input_ids", input_ids))
-        return self.graphed(input_ids=stage("input_ids", input_ids), doc_ids=stage("doc_ids", doc_ids))
+            out = self.graphed(input_ids=stage("input_ids", input_ids))
+        else:
+            out = self.graphed(input_ids=stage("input_ids", input_ids), doc_ids=stage("doc_ids", doc_ids))
+        if keys is not None:
+            self.store.put(keys, out)
+        return out
 
 
 class Worker:

@@ -1,0 +1,104 @@
+"""Target features kept in device memory and reused across epochs: the frozen target runs once per training window.
+
+A long run sees every window many times (100,000 steps of 32 windows over 30k conversations is ~100 epochs), and
+the target is frozen, so a window's features are the same every time it comes back. The store keeps them, on the
+device that computed them, in one preallocated tensor (rows, S, n*H) of the features' dtype: a window that is
+stored is a gather from it, one that is not runs the target (its CUDA graph) and is written into a free row.
+
+Windows are recognised by a digest of their padded token ids (and document ids when packed), computed on the host
+from the batch the sampler built, so the store needs no sample indices and holds for any sampler, resume included.
+A batch is served from the store only when EVERY row of it is stored (the target graph keeps one fixed shape); once
+the store is full, new windows are computed each time they come back and the hit rate says so.
+
+Size: rows = gib / (S * n*H * bytes). SmolLM2-135M features (5 layers x 576, bf16) at S=320 are 1.8 MiB a window,
+so 30k windows need 53 GiB, which an H200 holds beside the drafter; a 8B target (5 x 4096) at S=3072 is 120 MiB a
+window: there only small data sets fit, and the offline disk cache (data/feature_cache.py) is the tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+GIB = 2**30
+
+
+def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
+    """16-byte digest of one padded window: its token ids, and its document ids when windows are packed."""
+    h = hashlib.blake2b(input_ids.to(torch.int32).contiguous().numpy().tobytes(), digest_size=16)
+    if doc_ids is not None:
+        h.update(doc_ids.to(torch.int32).contiguous().numpy().tobytes())
+    return h.digest()
+
+
+class FeatureStore:
+    """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
+
+    def __init__(self, *, gib: float, seq_len: int, width: int, dtype: torch.dtype, device: torch.device,
+                 max_rows: int | None = None):
+        per_row = seq_len * width * torch.empty((), dtype=dtype).element_size()
+        rows = int(gib * GIB // per_row)
+        if max_rows is not None:
+            rows = min(rows, max_rows)  # no more rows than the data has windows
+        if rows < 1:
+            raise ValueError(f"feature_store_gib={gib} holds no window of {per_row / 2**20:.1f} MiB "
+                             f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
+                             f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
+        self.device, self.rows, self.row_bytes = torch.device(device), rows, per_row
+        self.features = torch.empty(rows, seq_len, width, dtype=dtype, device=self.device)
+        self._slots: dict[bytes, int] = {}
+        self.hits = self.misses = 0  # windows served from the store / computed by the target
+        self._out: torch.Tensor | None = None
+
+    @property
+    def stored(self) -> int:
+        return len(self._slots)
+
+    @property
+    def gib(self) -> float:
+        return self.rows * self.row_bytes / GIB
+
+    def lookup(self, keys: list[bytes]) -> list[int] | None:
+        """The rows holding these windows, or None when any of them is not stored (the target runs for the batch)."""
+        slots = [self._slots.get(k) for k in keys]
+        if any(s is None for s in slots):
+            self.misses += len(keys)
+            return None
+        self.hits += len(keys)
+        return slots
+
+    def gather(self, slots: list[int]) -> torch.Tensor:
+        """(b, S, width) features of stored rows, in one kept output buffer (valid until the next call)."""
+        index = torch.tensor(slots, dtype=torch.long)
+        if self.device.type == "cuda":
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        shape = (len(slots),) + tuple(self.features.shape[1:])
+        if self._out is None or self._out.shape != shape:
+            self._out = torch.empty(shape, dtype=self.features.dtype, device=self.device)
+        return torch.index_select(self.features, 0, index, out=self._out)
+
+    def put(self, keys: list[bytes], features: torch.Tensor) -> None:
+        """Keep the rows of `features` (b, S, width) whose windows are new, while free rows remain."""
+        new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
+        free = self.rows - len(self._slots)
+        new = new[:free]
+        if not new:
+            return
+        rows = []
+        for i, k in new:
+            self._slots[k] = len(self._slots)
+            rows.append(self._slots[k])
+        src = torch.tensor([i for i, _ in new], dtype=torch.long)
+        dst = torch.tensor(rows, dtype=torch.long)
+        if self.device.type == "cuda":
+            src = src.pin_memory().to(self.device, non_blocking=True)
+            dst = dst.pin_memory().to(self.device, non_blocking=True)
+        self.features.index_copy_(0, dst, features.index_select(0, src).to(self.features.dtype))
+
+    def report(self) -> dict:
+        """What the store did so far: its size, how full it is, and the share of windows it served."""
+        seen = self.hits + self.misses
+        return {"feature_store_rows": self.rows, "feature_store_stored": self.stored,
+                "feature_store_gib": round(self.gib, 3),
+                "feature_store_hit_rate": round(self.hits / seen, 4) if seen else 0.0}

@@ -1,0 +1,71 @@
+"""The device-resident feature store: windows seen before are served from memory, exactly what the target gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.train.feature_store import FeatureStore, window_key
+
+
+def _store(rows: int, S: int = 4, W: int = 3) -> FeatureStore:
+    per_row = S * W * 4
+    return FeatureStore(gib=rows * per_row / 2**30, seq_len=S, width=W, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_keys_tell_windows_and_packings_apart():
+    ids = torch.arange(8)
+    assert window_key(ids, None) == window_key(ids.clone(), None)
+    assert window_key(ids, None) != window_key(ids.flip(0), None)
+    docs_a, docs_b = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.tensor([0, 0, 1, 1, 1, 1, 1, 1])
+    assert window_key(ids, docs_a) != window_key(ids, docs_b)  # same tokens, other documents: other features
+
+
+def test_a_batch_is_served_only_when_every_window_is_stored():
+    store = _store(rows=3)
+    keys = [b"a", b"b"]
+    feats = torch.randn(2, 4, 3)
+    assert store.lookup(keys) is None  # nothing stored yet: the target runs
+    store.put(keys, feats)
+    assert torch.equal(store.gather(store.lookup(keys)), feats)
+    assert store.lookup([b"a", b"c"]) is None  # one new window: the whole batch is computed
+    store.put([b"a", b"c"], torch.stack([feats[0], feats[1] * 2]))
+    assert torch.equal(store.gather(store.lookup([b"c", b"a"])), torch.stack([feats[1] * 2, feats[0]]))
+    store.put([b"d"], torch.zeros(1, 4, 3))  # full (3 rows): kept out, and computed each time it comes back
+    assert store.stored == 3 and store.lookup([b"d"]) is None
+    assert store.report()["feature_store_hit_rate"] == pytest.approx(4 / 9, abs=1e-4)  # 4 served of 9 asked for
+
+
+def test_store_size_errors_name_the_fix():
+    with pytest.raises(ValueError, match="feature_store_gib=1e-09 holds no window"):
+        FeatureStore(gib=1e-9, seq_len=320, width=2880, dtype=torch.bfloat16, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="feature_store_gib"):
+        TrainConfig(feature_store_gib=-1.0)
+    with pytest.raises(ConfigError, match="feature_cache=None"):
+        TrainConfig(feature_store_gib=1.0, feature_cache="cache/")
+
+
+def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
+    """12 conversations, batch 4: epoch 1 (3 steps) runs the target, later epochs read the store; same losses."""
+    from dflash_lab.tiny import tiny_data_path
+    from dflash_lab.train.trainer import Trainer
+
+    data = tmp_path / "slice.jsonl"
+    data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:12]))
+    cfg = TrainConfig(target="tiny", data=str(data), seq_len=64, batch_size=4, block_size=8, num_anchors=4,
+                      num_draft_layers=1, steps=9, seed=0, checkpoint_every=0, eval_every=0)
+    curves, last = {}, {}
+    for gib in (0.0, 0.01):
+        trainer = Trainer(cfg.replace(feature_store_gib=gib), write_run_dir=False, log=lambda *a: None)
+        try:
+            curves[gib] = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
+            last[gib] = trainer.last_metrics
+        finally:
+            trainer.close()
+    assert curves[0.01] == pytest.approx(curves[0.0], rel=1e-6, abs=1e-6)
+    windows = len(trainer.data)
+    assert last[0.01]["feature_store_stored"] == windows == last[0.01]["feature_store_rows"]  # sized to the data
+    steps_per_epoch = windows // 4
+    assert last[0.01]["feature_store_hit_rate"] == pytest.approx((9 - steps_per_epoch) / 9, abs=1e-4)
+    assert "feature_store_hit_rate" not in last[0.0]
