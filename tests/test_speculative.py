@@ -405,3 +405,28 @@ def test_cuda_graph_path_on_a_llama_target_equals_greedy_in_fp32():
     for ids in ([1, 2, 3, 4, 5, 6, 7, 8], list(range(30, 90))):
         assert dec.generate(ids, max_new_tokens=64).output_ids == _greedy(target, ids, 64, None)
     assert dec.graph_status.startswith("graphs: captured"), dec.graph_status
+
+
+def test_tau_counts_the_tokens_of_the_budget_on_every_decoder():
+    """The last block may accept drafts past max_new_tokens: they are cut from the output AND from the accepted
+    counts, so every decoder's tau is delivered tokens / iterations (1 + accepted + iterations == new tokens).
+    This drafter's first two blocks accept 2 drafts each on these prompts: budgets 3 and 5 end inside them."""
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder, speculative_generate
+
+    target, tok, drafter = tiny_models()
+    prompts = heldout_prompt_ids(tok, 6)
+    eos = tok.eos_token_id
+    dyn = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos)
+    static = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos)
+    for budget in (3, 5):
+        runs = {"dynamic": [dyn.generate(p, max_new_tokens=budget) for p in prompts],
+                "static": [static.generate(p, max_new_tokens=budget) for p in prompts],
+                "batched": speculative_generate(target, drafter, prompts, block_size=8, max_new_tokens=budget,
+                                                batch=3).results}
+        for name, results in runs.items():
+            for r in results:
+                assert 1 + sum(r.accepted) + r.iterations == len(r.output_ids) == budget, (name, r.accepted)
+                assert r.tau == pytest.approx((budget - 1) / r.iterations)
+            # the cut blocks: 1 accepted draft of each prompt but the first past budget 3, 2 past budget 5
+            assert sum(r.accepted_past_budget for r in results) == {3: 5, 5: 10}[budget], (name, budget)
+        assert [r.accepted for r in runs["batched"]] == [r.accepted for r in runs["dynamic"]]

@@ -84,6 +84,9 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stopped: str  # "eos" | "max_new_tokens"
+    # Drafts the last block accepted past the budget or an eos (finish_result cuts them from output_ids and from
+    # `accepted`, so tau counts the tokens delivered: 1 + sum(accepted) + iterations == len(output_ids)).
+    accepted_past_budget: int = 0
     # Per output token, from the target logits it was chosen from: the TOPK best token ids and their logits, and the
     # logit of the reference's token at that position (generate(reference=...), None past its end). At the first
     # token where two computations differ they give each computation's logits of BOTH candidates (verdicts.py).
@@ -136,7 +139,8 @@ class GenerationResult:
         return {"prompt_len": self.prompt_len, "new_tokens": len(self.output_ids), "iterations": self.iterations,
                 "tau": self.tau, "accepted": self.accepted, "accept_histogram": self.accept_histogram,
                 "position_acceptance": self.position_acceptance, "prefill_s": self.prefill_s,
-                "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "stopped": self.stopped}
+                "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "stopped": self.stopped,
+                "accepted_past_budget": self.accepted_past_budget}
 
 
 @dataclass
@@ -358,7 +362,10 @@ class SpeculativeDecoder:
 def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_size: int, prefill_s: float,
                   decode_s: float, eos_ids: set, max_new_tokens: int, topk_ids: list, topk_logits: list,
                   ref_logits: list) -> GenerationResult:
-    """Cut the emitted tokens at the first eos and at max_new_tokens (the last block may overshoot both)."""
+    """Cut the emitted tokens at the first eos and at max_new_tokens (the last block may overshoot both), and the
+    accepted counts with them: a block that accepted 6 drafts when 2 tokens of the budget were left counts 1 draft
+    + the bonus token, so tau and tokens/s count the same tokens on every decoder (128 new tokens had read as 133
+    or 135 on prompts that reached the cap)."""
     stopped = "max_new_tokens"
     for i, t in enumerate(out):
         if t in eos_ids:
@@ -366,8 +373,13 @@ def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_si
             break
     out = out[:max_new_tokens]
     n = len(out)
-    return GenerationResult(prompt_len=prompt_len, output_ids=out, accepted=accepted, block_size=block_size,
-                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped, topk_ids=topk_ids[:n],
+    counted, left = [], n - 1  # the first token comes from the prefill, each iteration gives accepted + 1
+    for a in accepted:  # every iteration but the last starts inside the budget, so only the last one is cut
+        counted.append(max(0, min(a, left - 1)))
+        left -= counted[-1] + 1
+    return GenerationResult(prompt_len=prompt_len, output_ids=out, accepted=counted, block_size=block_size,
+                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped,
+                            accepted_past_budget=sum(accepted) - sum(counted), topk_ids=topk_ids[:n],
                             topk_logits=[[round(v, 5) for v in row] for row in topk_logits[:n]],
                             ref_logits=[None if v is None else round(v, 5) for v in ref_logits[:n]])
 
