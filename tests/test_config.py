@@ -22,6 +22,8 @@ def test_layer_id_rule_qwen3_8b():
     ("layer_types", ("full_attention", "banana"), "unknown layer type 'banana'"),
     ("lr", -1.0, "positive"),
     ("devices", (), "non-empty"),
+    ("time_budget_s", 0, "positive number of seconds"),
+    ("time_budget_s", -60.0, "use e.g. 540"),
 ])
 def test_train_config_rejects(field, value, needle):
     kw = {field: value}

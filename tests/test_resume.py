@@ -229,6 +229,50 @@ def test_stop_file_stops_after_a_checkpoint_and_resume_continues(tmp_path, data_
     assert state["step"] == STEPS and state["reason"] == "finish" and state["data"]["num_samples"] > 0
 
 
+def test_a_spent_time_budget_stops_with_a_checkpoint_and_resume_equals_the_straight_run(tmp_path, data_file,
+                                                                                      monkeypatch, reference):
+    from dflash_lab.runs.listing import run_status
+    from dflash_lab.train import stopping
+
+    clock = {"t": 0.0}  # 10 s of simulated wall time per step: a 75 s budget is spent after step 8
+    monkeypatch.setattr(stopping, "now", lambda: clock["t"])
+    tick = lambda tr: clock.__setitem__("t", 10.0 * tr.step_count)  # noqa: E731
+    logs = []
+    t = Trainer(_config(tmp_path, data_file, run_name="budget", time_budget_s=75), log=logs.append)
+    t.train(callbacks=[tick])
+    assert t.step_count == 8 and t.phase == "stopped"
+    assert checkpoint.latest_checkpoint(t.run_dir).name == "step-0000008"
+    stop = [e for e in rundir.read_jsonl(t.run_dir / rundir.EVENTS_FILE) if e["event"] == "stopped"]
+    assert [(e["step"], e["reason"], e["resumable"]) for e in stop] == [(8, "time budget", True)]
+    said = next(line for line in logs if line.startswith("stopped at step 8"))
+    assert "(time budget)" in said and f"resume_from={str(t.run_dir)!r}" in said, said
+    assert t.finish()["status"] == "stopped (resumable)"
+    t.close()
+    assert run_status(t.run_dir) == "stopped (resumable)"
+
+    clock["t"] = 0.0  # the next job: a fresh clock, the checkpoint's budget (not set again) applies to it too
+    r = Trainer(_config(tmp_path, data_file, resume_from=str(t.run_dir)), log=lambda *a: None)
+    assert r.config.time_budget_s == 75 and r.step_count == 8
+    r.train(callbacks=[lambda tr: clock.__setitem__("t", 10.0 * (tr.step_count - 8))])
+    assert r.step_count == STEPS
+    r.finish()
+    r.close()
+    got = _losses(t.run_dir)
+    diff = max(abs(got[s] - reference[s]) for s in range(1, STEPS + 1))
+    assert sorted(got) == list(range(1, STEPS + 1)) and diff <= 1e-6, diff
+    assert run_status(t.run_dir) == "finished"
+
+
+def test_a_budget_check_costs_microseconds():
+    from dflash_lab.train.stopping import TimeBudget
+
+    budget, n = TimeBudget(3600.0), 100_000
+    t0 = time.perf_counter()
+    spent = sum(budget.spent() for _ in range(n))
+    per_check = (time.perf_counter() - t0) / n
+    assert spent == 0 and per_check < 20e-6, per_check  # ~0.2 us measured: nothing next to a step's milliseconds
+
+
 def test_resume_takes_the_checkpoint_config_and_prints_each_override(tmp_path, data_file, reference):
     t = Trainer(_config(tmp_path, data_file, steps=4, run_name="orig"), log=lambda *a: None)
     t.train()

@@ -67,7 +67,7 @@ def test_buttons_after_the_finish_cell_leave_one_answer_and_a_full_event_trail(t
         state = view.state()
         assert "warming up" not in state.summary_line() and state.eta_text == "-"
         first = trainer.finish()  # the finish cell
-        assert first["status"] == "stopped" and first["steps"] == stopped_at
+        assert first["status"] == "stopped (resumable)" and first["steps"] == stopped_at
 
         c.run()  # Run after the finish cell: trains to 40 and finishes again
         c.join(120)

@@ -79,3 +79,51 @@ def test_garbage_lines_and_cut_off_files_cost_only_themselves_and_are_said(tmp_p
     assert runs.main(["list", "--runs-dir", str(root)]) == 0
     out = capsys.readouterr()
     assert good.name in out.out and bad.name in out.out and f"NOTE: {bad / 'metrics.jsonl'}: kept" in out.err
+
+
+# --- a run whose process is gone is never listed as running -------------------------------------------------------
+def _ckpt(run, step):
+    (run / "checkpoints" / f"step-{step:07d}").mkdir(parents=True)
+    (run / "checkpoints" / f"step-{step:07d}" / "state.json").write_text("{}")
+
+
+def test_the_lock_decides_running_and_the_last_event_how_a_dead_run_ended(tmp_path):
+    import json
+    import os
+    import socket
+
+    from dflash_lab.runs import lock as run_lock
+    from dflash_lab.runs.run_state import run_status
+
+    root = tmp_path / "runs"
+    ev = lambda *names: "".join(json.dumps({"event": n, "step": 55, "time": 1}) + "\n" for n in names)  # noqa: E731
+    # written a second ago (fresh files), but Ctrl-C ended it: events end with `interrupted`, the lock is free
+    interrupted = _run(root, "ctrlc", steps=400, metrics=_rows(1, 55), summary=None, events=ev("start", "interrupted"))
+    _ckpt(interrupted, 55)
+    run_lock.acquire(interrupted)
+    run_lock.release(interrupted)  # released at exit: run.lock is gone, not left as a stale record
+    assert not (interrupted / run_lock.LOCK_FILE).exists()
+    assert run_status(interrupted) == "interrupted (ckpt @55)"
+    # killed with SIGKILL: its lock record names a pid of this host that holds no lock, no end event after `resumed`
+    killed = _run(root, "killed", steps=300, metrics=_rows(1, 10), summary=None, events=ev("resumed", "checkpoint"))
+    (killed / run_lock.LOCK_FILE).write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname()}))
+    assert run_status(killed) == "killed (no ckpt)"
+    _ckpt(killed, 8)
+    assert run_status(killed) == "killed (ckpt @8)"
+    # alive: the lock is held (here by this process), however old its last write
+    live = _run(root, "live", steps=300, metrics=_rows(1, 10), summary=None, events=ev("start"))
+    os.utime(live / rundir.METRICS_FILE, (1, 1))
+    os.utime(live / rundir.EVENTS_FILE, (1, 1))
+    run_lock.acquire(live)
+    try:
+        assert run_status(live) == "running"
+    finally:
+        run_lock.release(live)
+    assert run_status(live) == "killed (no ckpt)"
+    stopped = _run(root, "budget", steps=300, metrics=_rows(1, 10), summary=None,
+                   events=ev("start") + json.dumps({"event": "stopped", "resumable": True}) + "\n")
+    (stopped / run_lock.LOCK_FILE).write_text("")
+    assert run_status(stopped) == "stopped (resumable)"
+    table = runs.compact_table(runs.runs_table([interrupted, killed], log=None))
+    assert list(table["status"]) == ["interrupted (ckpt @55)", "killed (ckpt @8)"]
+    assert list(table["step"]) == ["55/400", "10/300"]

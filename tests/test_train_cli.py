@@ -1,10 +1,17 @@
 """`python -m dflash_lab.train`: its help points to notebooks/train.ipynb, and `--data FILE` starts a NEW run (it used to
 need an existing run dir's config.json, and said nothing of the notebook)."""
 
+import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from dflash_lab.runs import rundir
 from dflash_lab.tiny import tiny_data_path
@@ -37,3 +44,65 @@ def test_a_fresh_run_from_a_data_file(tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: TrainConfig got unknown fields ['seqlen']")
     assert bad.stderr.count("\n") == 1  # one line, no traceback
+
+
+SMALL_SETS = ["--set", "seq_len=64", "--set", "batch_size=2", "--set", "num_anchors=4", "--set", "num_draft_layers=1",
+              "--set", "log_every=1"]
+
+
+def test_a_flag_and_a_set_of_the_same_field_are_refused_in_one_line(tmp_path):
+    bad = subprocess.run([*CMD, "--data", "tiny", "--run-name", "a", "--set", "run_name=b", "--runs-dir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: run_name given twice: by --set and by its own flag")
+    assert bad.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # nothing written
+
+
+def test_durations_of_time_budget():
+    from dflash_lab.train.cli import duration_s
+
+    assert [duration_s(t) for t in ("540", "540s", "9m", "1h30m", "2.5m")] == [540, 540, 540, 5400, 150]
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        duration_s("9 minutes")
+
+
+def test_a_spent_budget_touches_stop_once_and_an_unread_stop_is_taken_back(tmp_path, capsys):
+    from dflash_lab.train.cli import JobStop
+
+    stopper = JobStop(tmp_path, 0.05, time.monotonic(), main_rank=True)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "STOP").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (tmp_path / "STOP").exists() and stopper.reason == "time budget of 0.05 s spent"
+    (event,) = rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)
+    assert (event["event"], event["source"]) == ("stop_requested", "time budget of 0.05 s spent")
+    stopper.close()  # the run ended before it read STOP: a resume must not stop at once
+    assert not (tmp_path / "STOP").exists() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert "stopping at the next step boundary after a checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_says_how_to_continue(tmp_path, capsys):
+    """In this process: SIGTERM lands on the main thread like a scheduler's; `--data tiny` as in the notebooks."""
+    from dflash_lab.runs.listing import run_status
+    from dflash_lab.train import cli
+
+    runs = tmp_path / "runs"
+
+    def kill_after_three_steps():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = list(runs.glob("*/metrics.jsonl"))
+            if found and len(rundir.read_jsonl(found[0])) >= 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=kill_after_three_steps, daemon=True).start()
+    rc = cli.main(["--data", "tiny", "--steps", "400", "--runs-dir", str(runs), "--run-name", "term", *SMALL_SETS])
+    out = capsys.readouterr()
+    (run,) = runs.iterdir()
+    step = rundir.read_jsonl(run / rundir.METRICS_FILE)[-1]["step"]
+    assert rc == 0 and 3 <= step < 400 and "SIGTERM: stopping at the next step boundary" in out.err
+    assert (run / "checkpoints" / f"step-{step:07d}" / "state.json").is_file()
+    assert f"continue with: python -m dflash_lab.train --config {run}/config.json --resume {run}" in out.out
+    assert run_status(run) == "stopped (resumable)" and not (run / "STOP").exists()

@@ -109,6 +109,11 @@ class TrainConfig:
     """Real speculative-decoding tau on held-out prompts every N steps (0 = off)."""
     resume_from: str | None = None
     """Run directory or checkpoint to continue from exactly."""
+    time_budget_s: float | None = None
+    """Wall-clock seconds this process may train, counted from the Trainer's construction (loading included): when
+    spent, the run stops at the next step boundary with a checkpoint ("stopped (resumable)") and `resume_from`
+    continues it exactly in the next job. None = no limit. Leave room for what follows training (e.g. 540 of a
+    10-minute job)."""
     # validation: honest metrics beside the training ones (dflash_lab/train/validation.py, docs/tau-gap.md)
     heldout_data: str | None = None
     """Held-out conversations for validation and real tau. None = the data's own held-out split: "tiny" -> its 100
@@ -191,6 +196,9 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 fail(c, name, v, f"must be an integer >= {lo}", fixes.get(name, f"set {name} >= {lo}"))
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            fail(c, "time_budget_s", self.time_budget_s, "must be a positive number of seconds",
+                 "use e.g. 540 (a 10-minute job with room to save), or None for no limit")
         for name in ("checkpoint_every", "eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:

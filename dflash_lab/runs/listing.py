@@ -18,16 +18,15 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 from . import rundir
 from .evals import eval_summary, latest_eval
+from .run_state import run_status  # noqa: F401 (listed here, where the table reads it)
 from .run_files import RunFileError, read_json, read_metrics
 
 _STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parents[2]
-LIVE_WINDOW_S = 120.0  # a run whose metrics/events changed this recently counts as running
 
 
 def is_run_dir(path: Path) -> bool:
@@ -69,32 +68,6 @@ def run_label(run_dir: Path) -> str:
     name = Path(run_dir).name
     m = _STAMP.match(name)
     return f"{name[m.end():]} ({name[4:8]}-{name[9:13]})" if m else name
-
-
-def run_status(run_dir: Path) -> str:
-    """finished | stopped | diverged (from summary.json / events.jsonl), running (recent writes) or incomplete; a
-    cut-off summary.json reads "summary.json unreadable" (that run only, never the whole listing)."""
-    run_dir = Path(run_dir)
-    events = rundir.read_jsonl(run_dir / rundir.EVENTS_FILE)
-    summary_file = run_dir / "summary.json"
-    if any(e.get("event") == "diverged" for e in events[-3:]):
-        return "diverged"
-    if summary_file.is_file():
-        try:
-            summary = read_json(summary_file)
-        except RunFileError:
-            return "summary.json unreadable"
-        last_resume = max((e["time"] for e in events if e.get("event") == "resumed" and _is_number(e.get("time"))),
-                          default=0)
-        logged = max((r["step"] for r in rundir.read_jsonl(run_dir / rundir.METRICS_FILE)
-                      if _is_number(r.get("step"))), default=0)
-        # a summary older than a resume, or than steps trained after it, describes an earlier point of the run
-        steps = summary.get("steps")
-        if summary_file.stat().st_mtime >= last_resume and (not _is_number(steps) or steps >= logged):
-            return str(summary.get("status", "finished"))
-    newest = max((f.stat().st_mtime for f in (run_dir / rundir.METRICS_FILE, run_dir / rundir.EVENTS_FILE)
-                  if f.is_file()), default=0)
-    return "running" if time.time() - newest < LIVE_WINDOW_S else "incomplete"
 
 
 def _is_number(v) -> bool:

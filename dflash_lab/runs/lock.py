@@ -6,7 +6,10 @@ keeps it until it exits. The lock is an OS advisory lock (`fcntl.flock`) on an o
 the holder dies in any way (SIGKILL included): a lock file left behind by a killed process is therefore detected as
 stale simply because nobody holds the OS lock, and it is taken over without a race (whoever gets the OS lock first
 owns it; the loser sees the new holder). The JSON inside is only there to name the holder in the error.
-The same process may open the same run directory again (e.g. a new Trainer in the same notebook kernel).
+The same process may open the same run directory again (e.g. a new Trainer in the same notebook kernel). A clean
+release (Trainer.close(), the training command's end, or this interpreter exiting) removes `run.lock`, so a run
+folder that no process owns holds none; the holder unlinks it while it still holds the OS lock, and whoever takes a
+lock checks that the file it locked is still the one at the path (else it retries), so no two owners can result.
 
 `holding(lock_file, ...)` is the same lock for any one output file for the length of a `with` block: regeneration
 takes `<out>.lock`, a sweep takes its folder's `sweep.lock`, so two processes never append to one output.
@@ -14,6 +17,7 @@ takes `<out>.lock`, a sweep takes its folder's `sweep.lock`, so two processes ne
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import fcntl
@@ -45,17 +49,14 @@ def acquire(run_dir: str | Path, *, log=print) -> dict:
     if path in _held:
         return read_holder(path) or {}
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = _lock_current_file(path / LOCK_FILE)
     except BlockingIOError:
-        os.close(fd)
         raise RunDirLocked(f"run directory {path} is in use by {describe(read_holder(path))}. Two processes writing "
                            "one run directory mix their metrics and checkpoints. Fix: wait for that run to end (or "
                            "stop it: `touch <run dir>/STOP`), or use another run_dir / a fresh run; if it is a "
                            "finished notebook kernel, restart or shut down that kernel.") from None
     except OSError as e:  # a filesystem without advisory locks (some FUSE / old NFS mounts): say so, go on unlocked
-        os.close(fd)
         log(f"WARNING: cannot lock run directory {path} ({e}); another process could write into it too. Fix: keep "
             "runs_dir on a local disk or a filesystem with lock support.")
         return {}
@@ -65,6 +66,25 @@ def acquire(run_dir: str | Path, *, log=print) -> dict:
     record = _write_record(fd)
     _held[path] = fd
     return record
+
+
+def _lock_current_file(lock_file: Path) -> int:
+    """An fd of `lock_file` holding its OS lock (non-blocking: BlockingIOError when another process holds it). A
+    file unlinked by its releasing holder between our open and our lock is not the lock any more: open it again."""
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                current = os.stat(lock_file).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            return fd
+        os.close(fd)
 
 
 def _write_record(fd: int) -> dict:
@@ -137,12 +157,27 @@ def is_held(lock_file: str | Path) -> bool:
 
 
 def release(run_dir: str | Path) -> None:
-    """Give the lock back (the process exiting does the same, but leaves its record, then reported as stale)."""
-    fd = _held.pop(Path(run_dir).resolve(), None)
+    """Give the lock back and remove run.lock (a process killed without releasing leaves its record, then reported
+    as stale by the next holder)."""
+    path = Path(run_dir).resolve()
+    fd = _held.pop(path, None)
     if fd is not None:
-        os.ftruncate(fd, 0)
+        try:
+            (path / LOCK_FILE).unlink()  # still holding the OS lock: a newcomer sees the file gone and retries
+        except OSError:
+            os.ftruncate(fd, 0)  # cannot remove it: an empty record = released cleanly
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+@atexit.register
+def _release_all() -> None:
+    """A process that ends normally (a papermill kernel after its last cell) releases what it still holds."""
+    for path in list(_held):
+        try:
+            release(path)
+        except OSError:
+            pass
 
 
 def read_holder(run_dir: str | Path) -> dict | None:

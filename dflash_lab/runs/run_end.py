@@ -30,8 +30,10 @@ def save_drafter(drafter, path: Path, step: int) -> Path:
 def finish_run(trainer) -> dict:
     """Summary of a Trainer's run; with a run directory also the drafter, plots/training.png, the notebook and
     summary.json. A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite)."""
+    resumable = trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step_count
     status = "diverged" if trainer.diverged_at is not None else (
-        "finished" if trainer.step_count >= trainer.config.steps else "stopped")
+        "finished" if trainer.step_count >= trainer.config.steps else
+        "stopped (resumable)" if resumable else "stopped")
     summary = {"status": status, "steps": trainer.step_count, "target_steps": trainer.config.steps,
                "run_dir": str(trainer.run_dir) if trainer.run_dir else None,
                "last_checkpoint": str(trainer.last_checkpoint) if trainer.last_checkpoint else None,

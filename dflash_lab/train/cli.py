@@ -3,11 +3,14 @@
     torchrun --nnodes 1 --nproc-per-node 8 -m dflash_lab.train --config runs/<run>/config.json
     python -m dflash_lab.train --config runs/<run>/config.json            # one process, no process group
     python -m dflash_lab.train --data chats.jsonl --target T --steps 2000  # a NEW run dir from a data file, then train
+    python -m dflash_lab.train --config runs/<run>/config.json --resume runs/<run> --time-budget 9m  # one job of many
 
 The run directory is the folder holding config.json (a TrainConfig); its `distributed.json` (DistConfig) says how
 ranks are laid out, and the flags below override both. The loop itself is rank_trainer.RankTrainer. A rank that
 fails writes `error.rank{R}.json` (rank, step, traceback), marks status.json failed (the first failing rank wins)
-and exits non-zero, so torchrun stops the job and names the root cause.
+and exits non-zero, so torchrun stops the job and names the root cause. SIGTERM (a scheduler ending the job, `kill`)
+and a spent `--time-budget` stop every rank at the next step boundary after a checkpoint, as the STOP file does, and
+print the command that continues the run; a second SIGTERM ends the process at once.
 """
 
 from __future__ import annotations
@@ -15,17 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
-from dflash_lab.runs import rundir
+from dflash_lab.runs import lock as run_lock, rundir
 from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
 from .distributed import DistConfig, DistContext
 from .launch import prepare_run
-from .rank_trainer import STATUS_FILE, RankTrainer
+from .rank_trainer import STATUS_FILE, STOP_FILE, RankTrainer
+from .stopping import BUDGET_REASON, resume_hint
 
 EPILOG = """The notebook way (dashboard, progress lines, summary.json and the executed notebook in the run dir):
 notebooks/train.ipynb, headless `papermill notebooks/train.ipynb out.ipynb --log-output -p target T -p data FILE
@@ -35,25 +42,32 @@ the flags below and any TrainConfig field given with --set, e.g. --set seq_len=3
 this process."""
 
 
+CLI_DEFAULTS = {"target": "tiny", "devices": ["cpu"], "runs_dir": "runs", "run_name": "train", "heldout_data": None}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dflash_lab.train", description=__doc__.split("\n")[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--config", help="<run dir>/config.json (a TrainConfig); outputs go to its folder")
     how.add_argument("--data", help="chat data file (JSONL/Parquet, OpenAI or ShareGPT) for a NEW run dir")
-    p.add_argument("--target", default="tiny", help="with --data: the target (a known name, a local Hugging Face "
+    p.add_argument("--target", default=None, help="with --data: the target (a known name, a local Hugging Face "
                    "folder or a hub id; default tiny)")
-    p.add_argument("--devices", default="cpu", help="with --data: the one device of this process, e.g. cuda:0 "
+    p.add_argument("--devices", default=None, help="with --data: the one device of this process, e.g. cuda:0 "
                    "(several GPUs: torchrun, or notebooks/train.ipynb)")
     p.add_argument("--heldout-data", default=None, help="with --data: held-out conversations (JSONL) for validation "
                    "and real tau (default: the data's own held-out split)")
-    p.add_argument("--run-name", default="train", help="with --data: name part of runs/<stamp>-<name>-<id>/")
-    p.add_argument("--runs-dir", default="runs", help="with --data: where the new run dir goes (default runs/)")
+    p.add_argument("--run-name", default=None, help="with --data: name part of runs/<stamp>-<name>-<id>/ (default "
+                   "train; or --set run_name=NAME, not both)")
+    p.add_argument("--runs-dir", default=None, help="with --data: where the new run dir goes (default runs/)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --data: any TrainConfig "
                    "field (VALUE read as JSON when it parses: 3072, 6e-4, true, [1, 9]; else a string); repeatable")
     p.add_argument("--resume", default=None, help="run directory or checkpoint folder to continue from "
                    "(overrides config.resume_from)")
     p.add_argument("--steps", type=int, default=None, help="override config.steps")
+    p.add_argument("--time-budget", type=duration_s, default=None, metavar="DURATION", help="wall time this process "
+                   "may train (TrainConfig.time_budget_s: 540, 540s, 9m, 1h30m), loading included; then it stops "
+                   "after a checkpoint and prints the command that continues the run")
     p.add_argument("--backend", default=None, choices=["auto", "nccl", "gloo"], help="override distributed.json")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="override distributed.json")
     p.add_argument("--parallel", default=None, choices=["ddp", "fsdp2"], help="override distributed.json")
@@ -61,6 +75,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=None, help="process-group timeout (override)")
     p.add_argument("--no-checkpoints", action="store_true", help="write no checkpoint at all (benchmarks)")
     return p.parse_args(argv)
+
+
+def duration_s(text: str) -> float:
+    """`540`, `540s`, `9m`, `1h30m` -> seconds (argparse type of --time-budget)."""
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or m is None or not any(m.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use seconds (540) or e.g. 540s, 9m, 1h30m")
+    h, mins, secs = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mins * 60 + secs
 
 
 def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Path, set[str]]:
@@ -73,6 +96,8 @@ def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Pat
         changes["resume_from"] = args.resume
     if args.steps:
         changes["steps"] = args.steps
+    if args.time_budget is not None:
+        changes["time_budget_s"] = args.time_budget
     cfg = cfg.replace(**changes) if changes else cfg
     run_dir = config_path.resolve().parent
     dcfg = DistConfig.load(run_dir)
@@ -93,20 +118,65 @@ def new_run(args: argparse.Namespace) -> Path:
             fields[name.strip()] = json.loads(value)
         except ValueError:
             fields[name.strip()] = value
-    cfg = TrainConfig.from_dict({**fields, "target": args.target, "data": args.data,
-                                 "devices": list(args.devices.split(",")), "heldout_data": args.heldout_data,
-                                 "run_name": args.run_name, "runs_dir": args.runs_dir,
-                                 **({"steps": args.steps} if args.steps else {})})
+    flags = {"target": args.target, "data": args.data, "heldout_data": args.heldout_data, "runs_dir": args.runs_dir,
+             "devices": args.devices.split(",") if args.devices else None, "run_name": args.run_name,
+             "steps": args.steps, "time_budget_s": args.time_budget}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    both = sorted(set(flags) & set(fields))
+    if both:  # neither may win silently
+        raise ConfigError(f"{', '.join(both)} given twice: by --set and by its own flag. Fix: give each once (e.g. "
+                          f"--{both[0].replace('_', '-')} alone).")
+    cfg = TrainConfig.from_dict({**CLI_DEFAULTS, **fields, **flags})
     resolve_target_path(cfg.target)  # a misspelled target: one line now, not a traceback after the data loaded
-    if not Path(cfg.data).expanduser().exists():
+    if cfg.data != "tiny" and not Path(cfg.data).expanduser().exists():
         raise ConfigError(f"--data {cfg.data} does not exist. Fix: pass a JSONL/JSON/Parquet chat file "
-                          "(check it first: python -m dflash_lab.data FILE --target T).")
+                          "(check it first: python -m dflash_lab.data FILE --target T), or tiny (the embedded set).")
     run_dir = prepare_run(cfg)
     print(f"new run dir {run_dir} (config.json); training {cfg.steps} steps of {cfg.target} on {cfg.data}", flush=True)
     return run_dir
 
 
+class JobStop:
+    """Ends this process's run early and cleanly: a spent time budget (a timer) or SIGTERM touches the run dir's STOP
+    file, which rank 0 reads at the next step boundary, so every rank stops at the same step after a checkpoint."""
+
+    def __init__(self, run_dir: Path, budget_s: float | None, started: float, *, main_rank: bool):
+        self.run_dir, self.main_rank, self.reason = run_dir, main_rank, None
+        self.timer = None
+        if budget_s is not None:  # the budget counts from the process's start: loading is part of the job
+            self.timer = threading.Timer(max(0.0, budget_s - (time.monotonic() - started)), self.request,
+                                         args=(f"{BUDGET_REASON} of {budget_s:g} s spent",))
+            self.timer.daemon = True
+            self.timer.start()
+        self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        self.request("SIGTERM")
+
+    def request(self, reason: str) -> None:
+        if self.reason is not None:
+            return
+        self.reason = reason
+        print(f"{reason}: stopping at the next step boundary after a checkpoint", file=sys.stderr, flush=True)
+        try:
+            if self.main_rank:
+                rundir.log_event(self.run_dir, "stop_requested", source=reason)
+            (self.run_dir / STOP_FILE).touch()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        signal.signal(signal.SIGTERM, self.previous)
+        stop = self.run_dir / STOP_FILE
+        if self.reason is not None and stop.exists():  # the run ended before reading it: the next job must not stop
+            stop.unlink(missing_ok=True)
+
+
 def main(argv=None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     if args.data is not None:
         try:
@@ -115,10 +185,11 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     rank = int(os.environ.get("RANK", 0))
-    ctx = trainer = None
+    ctx = trainer = stopper = None
     run_dir = Path(args.config).resolve().parent
     try:
         cfg, dcfg, run_dir, explicit = load_configs(args)
+        stopper = JobStop(run_dir, cfg.time_budget_s, started, main_rank=rank == 0)
         ctx = DistContext(dcfg, train_devices=cfg.devices)
         if not ctx.distributed and len(cfg.devices) > 1:
             raise ConfigError(f"TrainConfig.devices={cfg.devices!r} names {len(cfg.devices)} devices but this is ONE "
@@ -127,6 +198,8 @@ def main(argv=None) -> int:
                               "threaded engine.")
         trainer = RankTrainer(cfg, ctx, run_dir, checkpoints=not args.no_checkpoints, explicit=explicit)
         trainer.train()
+        if rank == 0 and trainer.phase == "stopped":
+            print(resume_hint(run_dir, torchrun=True), flush=True)
         return 0
     except BaseException as e:
         step = trainer.step_count if trainer is not None else None
@@ -141,8 +214,11 @@ def main(argv=None) -> int:
         print(f"[rank {rank}] FAILED at step {step}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         raise
     finally:
+        if stopper is not None:
+            stopper.close()
         if trainer is not None:
             trainer.close()
+            run_lock.release(run_dir)  # rank 0's: the run dir is free, and no stale lock is left behind
         if ctx is not None:
             ctx.close()
 

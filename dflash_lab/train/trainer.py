@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir
-from . import resume as resume_state
+from . import resume as resume_state, stopping
 from dflash_lab.config import TrainConfig
 from .controls import CONTROL_EVENT, LR_OVERRIDE_EVENT, STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
@@ -50,6 +50,7 @@ class Trainer:
         those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params).
         `overwrite_run_dir`: empty a `run_dir` holding another run first (else refused: rundir.refuse_used_run_dir)."""
         self.log = log
+        started = stopping.now()  # a time budget counts from here: loading is part of the job
         if write_run_dir and run_dir and config.resume_from is None and not overwrite_run_dir:
             rundir.refuse_used_run_dir(run_dir)  # refused now, not after minutes of loading targets
         self.phase = "loading data"
@@ -59,7 +60,7 @@ class Trainer:
         self.config = cfg = prep.config
         self.tokenizer, self.drafter_config, self.placement = prep.tokenizer, prep.drafter_config, prep.placement
         self.memory_estimate, self.data, self.sampler = prep.memory_estimate, prep.data, prep.sampler
-        self.schedule = prep.schedule
+        self.schedule, self.budget = prep.schedule, stopping.TimeBudget(cfg.time_budget_s, started)
         resume = prep.resume
         self.phase = "loading targets"
         self.load_progress: dict = {}  # replica -> targets.LoadProgress (widgets read it while loading)
@@ -178,8 +179,8 @@ class Trainer:
                 interrupted = True
         if interrupted:
             self.phase = "interrupted"
-            raise KeyboardInterrupt(f"interrupted after step {self.step_count}; the trainer is consistent and usable "
-                                    "(call step() or train() to continue)")
+            raise KeyboardInterrupt(f"interrupted after step {self.step_count}; the trainer is consistent; "
+                                    + stopping.after_interrupt(self.run_dir, "call step() or train() to continue"))
         return result
 
     def _one_step(self) -> dict:
@@ -196,6 +197,8 @@ class Trainer:
         nxt = self.sampler.batch(self.step_count + 1) if self.engine.prefetches else None
         t0 = time.perf_counter()
         out = self.engine.step(batch, step=self.step_count, lr=lr, next_batch=nxt)
+        if nxt is None and self.step_count + 1 < cfg.steps:  # host work of the next batch while the device runs
+            nxt = self.sampler.batch(self.step_count + 1)
         if nxt is not None:
             self._prefetched = (self.step_count + 1, nxt)
         loss = out["loss"].item()  # .item() syncs: the step time below is real device time
@@ -300,7 +303,7 @@ class Trainer:
                  + (f" | touch {self.run_dir / STOP_FILE} to stop after a checkpoint" if self.run_dir else ""))
         try:
             while self.step_count < target:
-                if self._stop_requested():
+                if (stop_reason := stopping.stop_reason(self)) is not None:
                     break
                 if self.controls.pause.is_set() and not self.controls.take_paused_step():
                     self.phase = "paused"
@@ -322,37 +325,17 @@ class Trainer:
                     last_print = now
                     self.log(self.progress_line(target))
         except KeyboardInterrupt:
-            self.phase = "interrupted"
-            self._settle()
-            self._log_last_step()
-            saved = self._checkpoint_or_warn("interrupt") if self.run_dir else None
-            self._event("interrupted", step=self.step_count, checkpoint=str(saved) if saved else None)
-            self.log(f"interrupted at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
-                     + "; the trainer is usable: call train() to continue")
+            stopping.end_interrupted(self)
             raise
         if self.step_count >= target:
             self.phase = "finished"
             if self.step_count >= cfg.steps and self.run_dir:
                 self._checkpoint_or_warn("finish")
         else:
-            self.phase = "stopped"
-            self._log_last_step()
-            saved = self._checkpoint_or_warn("stop") if self.run_dir else None
-            self.log(f"stopped at step {self.step_count}" + (f"; checkpoint {saved}" if saved else "")
-                     + (f"; resume with resume_from={str(self.run_dir)!r}" if self.run_dir else ""))
+            stopping.end_stopped(self, stop_reason)
         if self.loops_running == 1:
             refinish_if_stale(self)  # e.g. Run pressed after the finish cell: summary, drafter and plots follow
         return self.last_metrics
-
-    def _stop_requested(self) -> bool:
-        """controls.stop (dashboard) or a STOP file in the run dir; both are consumed (a resume does not stop)."""
-        source = self.controls.consume_stop(self.run_dir)
-        if source is None:
-            return False
-        self._event("stop_requested", step=self.step_count, source=source)
-        if source != "controls.stop":
-            self.log(f"STOP file found at step {self.step_count}: checkpointing and stopping")
-        return True
 
     # ----------------------------------------------------------------------------------------------------------
     def _log_last_step(self) -> None:
