@@ -200,3 +200,70 @@ def test_follow_ups_go_ahead_of_waiting_first_turns_and_long_chains_start_first(
         taken.append(seq)
     assert taken[0] == [10, 11, 12, 30, 31, 20, 0]  # each chain runs to its end before the next starts
     assert taken[1] == [10, 30, 20, 0, 11, 31, 12]  # behind the waiting prompts: the longest chain ends last
+
+
+def test_the_cache_is_sized_to_the_work_not_to_the_batch_size():
+    """3 conversations with max_batch 4,096: 3 rows, each as long as the longest row a conversation can take."""
+    convs = conversations()[3:]  # one answer each: the row is the first prompt + max_new_tokens exactly
+    recs, stats = run(convs, max_batch=4096)
+    assert len(recs) == 3 and stats["cache"]["rows"] == 3
+    longest = max(len(EngineGenerator(hf(), max_len=512).encode(c.messages[:1])) for c in convs) + 64
+    assert longest <= stats["cache"]["length"] <= longest * 5 // 4 + 16  # the next length bucket, not max_len 512
+    # K and V of 8 layers, 2 KV heads of 32 dims, fp32: 1,536 bytes per row and position
+    assert stats["cache"]["gib_per_device"] == round(3 * stats["cache"]["length"] * 8 * 2 * 2 * 32 * 4 / 2 ** 30, 4)
+
+
+def test_a_cache_beyond_free_memory_is_one_error_naming_both_sizes_and_the_flag(monkeypatch):
+    from dflash_lab.data.chat_formats import DataError
+    from dflash_lab.target import generate
+
+    monkeypatch.setattr(generate, "free_bytes", lambda device: 2 ** 20)  # 1 MiB free
+    with pytest.raises(DataError, match=r"cpu cannot hold the engine's KV cache for 3 rows x \d+ positions: it "
+                                        r"needs 0\.0\d GiB, 0\.00 GiB is free\. Fix: --batch-size \d \(rows that fit"):
+        run(conversations()[3:], max_batch=4096)
+
+
+def long_context_model(context: int = 4096):
+    """A one-layer random Qwen3 on the tiny tokenizer with `context` positions whose every answer is its stop token
+    (final norm zeroed: all logits 0, argmax token 0, which is made its eos): rows of any length, answers at once."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tiny()[1]), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=context)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    model.generation_config.eos_token_id = 0
+    return model
+
+
+def test_rows_hold_the_targets_context_not_2048_positions(tmp_path):
+    """max_new_tokens 2,100 on a 4,096-position target: every conversation is answered (the engine once capped
+    rows at 2,048 positions and wrote none)."""
+    from dflash_lab.data.regenerate import SamplingConfig, regenerate
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": c.id, "messages": c.messages[:1]}) + "\n" for c in conversations()[3:]))
+    stats = regenerate(src, tmp_path / "out.jsonl", sampling=SamplingConfig(max_new_tokens=2100, enable_thinking=False),
+                       models={"cpu": long_context_model()}, backend="engine", log=lambda s: None)
+    assert stats.samples == 3 and not stats.skipped
+    assert stats.engine_cache["rows"] == 3 and 2100 < stats.engine_cache["length"] <= 2700
+    assert [len(json.loads(ln)["messages"]) for ln in (tmp_path / "out.jsonl").read_text().splitlines()] == [2] * 3
+
+
+@pytest.mark.parametrize("backend", ["engine", "hf"])
+def test_nothing_answerable_exits_non_zero_naming_the_max_new_tokens_that_fit(tmp_path, capsys, backend):
+    """The CLI's default --max-new-tokens 2048 on the tiny target (1,024 positions): no conversation fits; the run
+    says so with the flag and value that fit, and exits 2 (it exited 0 having written nothing)."""
+    from dflash_lab.data.regenerate import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": c.id, "messages": c.messages[:1]}) + "\n" for c in conversations()[3:]))
+    assert main(["--data", str(src), "--out", str(tmp_path / "out.jsonl"), "--backend", backend,
+                 "--thinking", "off"]) == 2
+    err = capsys.readouterr().err
+    shortest = min(len(EngineGenerator(hf(), max_len=512).encode(c.messages[:1])) for c in conversations()[3:])
+    assert err.startswith("error: none of the 3 conversations could be answered: every first prompt (the shortest "
+                          f"has {shortest} tokens) plus --max-new-tokens 2048 exceeds the target's 1,024 positions. "
+                          f"Fix: --max-new-tokens {1024 - shortest} or less.")

@@ -468,6 +468,23 @@ def test_a_prompt_longer_than_the_targets_context_is_skipped_and_counted(tiny, t
     assert any("'p1' skipped: its prompt has" in s and "exceeds the target's 1,024 positions" in s for s in said)
 
 
+@pytest.mark.parametrize("backend", ["hf", "engine"])
+def test_a_conversation_opening_with_an_answer_is_reported_and_the_rest_are_written(tiny, tmp_path, backend):
+    """An assistant turn before any user turn has no prompt: that record is skipped at the input check, named in
+    the log and counted, and the other conversations are written (both back ends crashed on it, writing none)."""
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"id": "opens-with-answer", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "hi"}]}) + "\n" + json.dumps({"id": "ok", "messages": [
+            {"role": "user", "content": "hi"}]}) + "\n")
+    said = []
+    stats = regenerate(data, tmp_path / "out.jsonl", sampling=SHORT, models={"cpu": tiny[0]}, backend=backend,
+                       log=said.append)
+    assert list(_records(tmp_path / "out.jsonl")) == ["ok"] and stats.samples == 1 and stats.total == 1
+    assert stats.skipped == {"no_user_turn_before_answer": 1}
+    assert any("'opens-with-answer'" in s and "first assistant turn comes before any user turn" in s for s in said)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--batch-size", "-4"], "batch_size=-4 is invalid: must be an integer >= 1"),
     (["--batch-size", "0"], "batch_size=0 is invalid"),

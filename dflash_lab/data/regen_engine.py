@@ -24,8 +24,10 @@ import time
 
 from dflash_lab.target.gen_devices import run_queue
 from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, longest_chain_first
-from dflash_lab.target.generate import Generator
+from dflash_lab.target.generate import CacheMemoryError, Generator
 from dflash_lab.target.sampling import GenerationSettings
+
+from .files import DataError
 
 TURN_KEYS = 1024  # queue keys per conversation: key = conversation * TURN_KEYS + turn
 
@@ -172,20 +174,56 @@ class _Stopped(Exception):
     """regenerate.py asked to stop (a worker error or an interrupt elsewhere)."""
 
 
+def positions_needed(helper: "EngineGenerator", messages: list[dict], first: list[int], max_new: int) -> int:
+    """Positions a conversation's longest row takes at most: its last prompt (the kept turns plus every earlier
+    answer at its whole budget) and that answer's budget. One answer: the first prompt + max_new exactly; more:
+    the conversation rendered with empty answers, plus every answer's budget and ANSWER_SLACK for the template
+    tokens that close each answer and for re-tokenization."""
+    n = answers_to_write(messages)
+    if n <= 1:
+        return len(first) + max_new
+    last = max(k for k, m in enumerate(messages) if m["role"] == "assistant")
+    upto = messages if messages[-1]["role"] != "assistant" else messages[:last]
+    empty = [{"role": m["role"], "content": "" if m["role"] == "assistant" else m.get("content", "")} for m in upto]
+    return len(helper.encode(empty)) + n * (max_new + ANSWER_SLACK)
+
+
+ANSWER_SLACK = 8  # positions per earlier answer beyond its budget (end-of-turn tokens; a BPE merge that differs)
+
+
+def size_engines(gens: list["EngineGenerator"], rows: int, length: int) -> dict:
+    """Allocate every engine's cache for `rows` x `length` (the work, not max_batch x max_len); the cache made.
+    A cache beyond a device's memory is a DataError naming both sizes and the flags that shrink it."""
+    for g in gens:
+        try:
+            g.engine.allocate(rows, length)
+        except CacheMemoryError as e:
+            fit = f"--batch-size {e.rows_that_fit}" if e.rows_that_fit >= 1 else "a shorter --max-new-tokens"
+            raise DataError(f"regenerate: {e.device} cannot hold the engine's KV cache for {e.rows:,} rows x "
+                            f"{e.length:,} positions: it needs {e.need / 2 ** 30:.2f} GiB, {e.free / 2 ** 30:.2f} "
+                            f"GiB is free. Fix: {fit} (rows that fit at this length), a shorter --max-new-tokens, "
+                            "or --backend hf.") from None
+    e = gens[0].engine
+    return {"rows": min(g.engine.rows for g in gens), "length": min(g.engine.length for g in gens),
+            "gib_per_device": round(e.cache_bytes(e.rows, e.length) / 2 ** 30, 4)}
+
+
 def regenerate_with_engine(hf_generators, conversations: list, write, generation: dict, *,
                            stop: threading.Event | None = None, log=print, log_every_s: float = 10.0,
                            keep_token_ids: bool = False, **engine_kw) -> dict:
     """Regenerate the assistant turns of `conversations` (chat_formats conversations: id, source, messages) with
     one engine per device (HFGenerators from regen_local.load_generators, or EngineGenerators), every turn through
     one shared queue. write(record) is called once per finished conversation, from the queue's finisher thread.
+    Each engine's rows hold up to the target's context (engine_kw max_len caps it further) and its cache is sized
+    to the work: min(max_batch, conversations) rows of the longest row any conversation can take.
     keep_token_ids: records also hold each answer's ids as generated (generation.token_ids, one list per turn,
     the stop token included): sampled answers often do not re-tokenize to them (round_trip). Returns counts:
-    written, turns, new_tokens, cut_at_max_len, too_long, round_trip, seconds, engine."""
+    written, turns, new_tokens, cut_at_max_len, too_long (with too_long_shortest, its shortest first prompt),
+    cache (rows, length), round_trip, seconds, engine."""
     jobs = [ConversationTurns(c) for c in conversations]
     gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
         engine_generators(hf_generators, log=log, **engine_kw)
     helper, settings = gens[0], settings_of(gens[0].sampling)
-    max_len = min(g.engine.max_len for g in gens)
     stats = {"written": 0, "turns": 0, "new_tokens": 0, "cut_at_max_len": 0, "too_long": 0}
     lock = threading.Lock()
     histories: dict[int, tuple[list[dict], list[int]]] = {}  # conversation -> (history asked, its prompt ids)
@@ -199,12 +237,14 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         write(job.record(generation))
         count(written=1)
 
-    def item_for(idx: int, turn: int, history: list[dict]) -> PromptItem | None:
+    room = 0  # positions per row, once the engines are sized
+
+    def item_for(idx: int, turn: int, history: list[dict], ids: list[int] | None = None) -> PromptItem | None:
         if turn >= TURN_KEYS:
             raise ValueError(f"conversation {jobs[idx].conv.id} has more than {TURN_KEYS} assistant turns. Fix: "
                              "split it, or regenerate it with the Hugging Face back end.")
-        ids = helper.encode(history)
-        if len(ids) + settings.max_new_tokens > max_len:  # the answer would not get its whole budget
+        ids = helper.encode(history) if ids is None else ids
+        if len(ids) + settings.max_new_tokens > room:  # the answer would not get its whole budget
             return None
         histories[idx] = (list(history), ids)
         return PromptItem(idx * TURN_KEYS + turn, ids, conversation_key(jobs[idx].conv.id) * TURN_KEYS + turn)
@@ -227,27 +267,42 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
         return nxt
 
     t0 = time.perf_counter()
-    items = []
+    context = min(g.engine.max_len for g in gens)  # the target's positions (or a smaller max_len asked for)
+    firsts = []  # (conversation, its first prompt, its ids, positions its longest row takes)
     for idx, job in enumerate(jobs):
         history = job.next_prompt()
         if history is None:
             finish_conversation(job)  # nothing to answer: written as it is, as the HF back end does
             continue
-        it = item_for(idx, 0, history)
+        ids = helper.encode(history)
+        firsts.append((idx, history, ids, positions_needed(helper, job.conv.messages, ids, settings.max_new_tokens)))
+    fitting = [need for _, _, ids, need in firsts if len(ids) + settings.max_new_tokens <= context]
+    stats["cache"] = size_engines(gens, min(gens[0].engine.max_batch, max(1, len(fitting))),
+                                  min(context, max(fitting, default=1))) if fitting else {"rows": 0, "length": 0}
+    room = min(context, min(g.engine.length for g in gens)) if fitting else 0
+    items = []
+    for idx, history, ids, _ in firsts:
+        it = item_for(idx, 0, history, ids)
         if it is None:
             count(too_long=1)
+            stats["too_long_shortest"] = min(stats.get("too_long_shortest", len(ids)), len(ids))
         else:
             items.append(it)
     if stats["too_long"] and log:
         log(f"regenerate: {stats['too_long']} conversations not written: their first prompt + max_new_tokens "
-            f"({settings.max_new_tokens}) exceeds the engine's max_len ({max_len}). Fix: raise max_len, or filter "
-            "long prompts out.")
+            f"({settings.max_new_tokens}) exceeds the target's {context:,} positions. Fix: a shorter "
+            "--max-new-tokens, or leave the longest prompts out.")
+    if log and fitting:
+        c = stats["cache"]
+        log(f"regenerate: engine cache {c['rows']} rows x {c['length']:,} positions ({c['gib_per_device']} GiB per "
+            f"device) for {len(items)} conversations")
     chain = {it.key: answers_to_write(jobs[it.key // TURN_KEYS].conv.messages) for it in items}
     queue = PromptQueue(longest_chain_first(items, chain), total=sum(chain.values()), on_finish=on_finish, log=log,
                         log_every_s=log_every_s)
     try:
         try:
-            run_queue([g.engine for g in gens], queue, settings)
+            if items:
+                run_queue([g.engine for g in gens], queue, settings, rows=stats["cache"]["rows"], length=room)
         finally:
             queue.close()  # every answer handed to on_finish is handled; raises what on_finish raised
     except _Stopped:

@@ -128,12 +128,16 @@ class PromptFit:
         limits = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
         return cls(load_tokenizer(target), min(limits) if limits else None, sampling)
 
+    def prompt_tokens(self, history: list[dict]) -> int:
+        """Tokens of `history` rendered as the prompt of its next answer."""
+        text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **self.kwargs)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def problem(self, history: list[dict]) -> str | None:
         """Why `history` cannot be answered within the context, or None when it fits."""
         if self.max_positions is None:
             return None
-        text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True, **self.kwargs)
-        n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        n = self.prompt_tokens(history)
         if n + self.max_new <= self.max_positions:
             return None
         return (f"its prompt has {n:,} tokens; with max_new_tokens={self.max_new} that exceeds the target's "

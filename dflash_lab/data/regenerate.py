@@ -101,6 +101,8 @@ class RegenStats:
     greedy_match: dict | None = None
     """Batched vs single-sequence greedy on the first prompts (`greedy_match_check`), local back end at T=0."""
     failed: dict = dataclasses.field(default_factory=dict)  # server: reason -> ids not written (regen_server.py)
+    engine_cache: dict | None = None
+    """Engine back end: the KV cache allocated, rows x length positions (sized to the work) and GiB per device."""
 
     @property
     def samples_per_s(self) -> float:
@@ -248,8 +250,11 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
     convs = []
     skipped = {}
     for c in chat.conversations:
-        if any(m["role"] == "tool" for m in c.messages):
-            skipped["tool_turns"] = skipped.get("tool_turns", 0) + 1
+        why = unanswerable(c.messages)
+        if why is not None:
+            skipped[why] = skipped.get(why, 0) + 1
+            if skipped[why] <= 5:
+                log(f"regenerate: conversation {c.id!r} ({c.source}) skipped: {UNANSWERABLE[why]}")
             continue
         convs.append(c)
     if limit is not None:
@@ -305,6 +310,7 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
 
             counts = regenerate_with_engine(gens, todo, write, generation, stop=stop, log=log, max_batch=batch_size)
             stats.skipped.update({k: counts[k] for k in ("too_long", "cut_at_max_len") if counts.get(k)})
+            stats.engine_cache = counts["cache"]
             log(f"regenerate: engine {counts.get('engine')}; answers re-tokenized as generated: "
                 f"{counts.get('round_trip')}")
         else:
@@ -317,7 +323,42 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
     finally:
         writer.close()
     log(str(stats))
+    if not server_url and stats.samples == 0 and not stop.is_set():
+        raise DataError(nothing_written(todo, fit, sampling))
     return stats
+
+
+UNANSWERABLE = {
+    "tool_turns": "it holds tool turns, which regeneration cannot replay",
+    "no_user_turn_before_answer": "its first assistant turn comes before any user turn: there is no prompt to "
+                                  "answer (drop that turn, or put the user turn it answers before it)",
+}
+
+
+def unanswerable(messages: list[dict]) -> str | None:
+    """Why a conversation cannot be regenerated (a key of UNANSWERABLE), or None: checked on input, so one such
+    record is reported and skipped instead of stopping the run with nothing written."""
+    if any(m["role"] == "tool" for m in messages):
+        return "tool_turns"
+    for m in messages:
+        if m["role"] == "user":
+            return None
+        if m["role"] == "assistant":
+            return "no_user_turn_before_answer"
+    return None
+
+
+def nothing_written(todo: list, fit: "PromptFit", sampling: SamplingConfig) -> str:
+    """The error of a run that had conversations to answer and wrote none: why, and the flag that fixes it."""
+    lens = [fit.prompt_tokens(h) for h in (_Job(c).next_prompt() for c in todo[:1000]) if h is not None]
+    ctx = fit.max_positions
+    if lens and ctx is not None and min(lens) + sampling.max_new_tokens > ctx:
+        room = ctx - min(lens)
+        fix = f"--max-new-tokens {room} or less" if room >= 1 else "shorter prompts, or a target with a longer context"
+        return (f"none of the {len(todo)} conversations could be answered: every first prompt (the shortest has "
+                f"{min(lens):,} tokens) plus --max-new-tokens {sampling.max_new_tokens} exceeds the target's "
+                f"{ctx:,} positions. Fix: {fix}.")
+    return f"none of the {len(todo)} conversations could be answered. Fix: see the lines above for why."
 
 
 def _wait(futs, stop: threading.Event) -> None:

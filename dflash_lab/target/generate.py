@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -36,15 +37,39 @@ from .static_cache import RowKVCache, additive, batch_ladder, bucket, length_lad
 # Generator.work, per run: where a run's device time goes. Prefill forwards and tokens (the prompts' own and the
 # right-padded total), their device time (CUDA events; wall time on the CPU), and decode chunks, steps and row-steps
 # (steps x padded batch): with the run's wall time they split prefill from decode.
+CACHE_SHARE = 0.9  # of the device's free memory a KV cache may take: prefill activations and logits need the rest
+
 WORK_KEYS = ("prefill_forwards", "prefill_prompt_tokens", "prefill_padded_tokens", "prefill_s", "decode_chunks",
              "decode_steps", "decode_row_steps")
+
+
+class CacheMemoryError(ValueError):
+    """The KV cache asked for does not fit the device's free memory; says how much it needs, how much is free, and
+    how many rows of that length would fit (`rows_that_fit`)."""
+
+    def __init__(self, device: str, rows: int, length: int, need: int, free: int, per_row: int):
+        self.device, self.rows, self.length, self.need, self.free = device, rows, length, need, free
+        self.rows_that_fit = int(CACHE_SHARE * free // per_row)
+        super().__init__(f"the generation engine's KV cache for {rows:,} rows x {length:,} positions needs "
+                         f"{need / 2 ** 30:.2f} GiB; {free / 2 ** 30:.2f} GiB is free on {device} (at most "
+                         f"{self.rows_that_fit:,} rows of {length:,} positions fit). Fix: fewer rows (the batch size), "
+                         "or shorter rows (fewer new tokens per answer).")
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a new cache may take on `device`: the GPU's free memory, or the host's available memory on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
 
 
 class Generator:
     """Batched generation on one device with one target replica; `generate(prompts, settings)` -> list[Generated].
 
     stop_ids: token ids that end an answer (included in it). max_batch: rows decoded together. max_len: positions
-    per row (prompt + answer), capped by the target's context. cuda_graphs: None = on CUDA, off on the CPU.
+    per row (prompt + answer), capped by the target's context (None: the context itself); the cache holds only
+    what allocate() asks for, refused with CacheMemoryError when it does not fit the device's free memory.
+    cuda_graphs: None = on CUDA, off on the CPU.
     steps_per_sync: decode steps between device->host copies (None: 8 on CUDA, 1 on the CPU).
     refill_fraction: refill when this fraction of the rows is free. prefill_tokens: most (rows x padded length)
     of one prefill forward. fused_norms: run the RMSNorms as one kernel (None: on CUDA; changes rounding only).
@@ -55,7 +80,8 @@ class Generator:
     torch, for checks); `self.decode_attention` says which runs, graph_status names a per-row kernel. `self.work`:
     the last run's prefill and decode work (WORK_KEYS)."""
 
-    def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int = 2048, cuda_graphs: bool | None = None,
+    def __init__(self, model, *, stop_ids, max_batch: int = 256, max_len: int | None = None,
+                 cuda_graphs: bool | None = None,
                  log=None, steps_per_sync: int | None = None, refill_fraction: float = 0.125,
                  prefill_tokens: int = 32768, fused_norms: bool | None = None, grouped_decode: bool = True,
                  decode_attention: str = "auto", name: str | None = None):
@@ -68,9 +94,10 @@ class Generator:
             raise ValueError("stop_ids is empty: answers would only ever end at the length limit. Fix: pass the "
                              "tokenizer's eos and end-of-turn token ids.")
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        ctx = int(getattr(cfg, "max_position_embeddings", max_len))
+        ctx = int(getattr(cfg, "max_position_embeddings", None) or max_len or 2048)
+        max_len = ctx if max_len is None else max_len
         for name_, value, fix in (("max_batch", max_batch, "use e.g. 256"), ("max_len", max_len, "use e.g. 2048")):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Generator {name_}={value!r} must be an integer >= 1. Fix: {fix}.")
         if not 0 < refill_fraction <= 1:
             raise ValueError(f"Generator refill_fraction={refill_fraction!r} must be in (0, 1]. Fix: use e.g. 0.125.")
@@ -102,14 +129,23 @@ class Generator:
             log(f"generate on {self.name}: decode attention {self.decode_attention} (per-row lengths)")
 
     # ---------------------------------------------------------------------------------------------------------
+    def cache_bytes(self, rows: int, length: int) -> int:
+        """Bytes of the KV cache for rows x length positions: K and V of every layer, (rows, kv heads, length, d)."""
+        return 2 * self.n_layers * rows * self.kv_heads * length * self.head_dim * self.embed.weight.element_size()
+
     def allocate(self, rows: int, length: int) -> None:
         """Caches and step buffers for at least `rows` x `length` (capped by max_batch, max_len). They only grow
-        (a later, smaller call reuses them: the buckets follow the live rows); growing drops captured graphs."""
+        (a later, smaller call reuses them: the buckets follow the live rows); growing drops captured graphs.
+        A cache the device cannot hold is refused before any of it is made (CacheMemoryError)."""
         rows = min(max(rows, self.rows), self.max_batch)
         length = bucket(length_ladder(self.max_len), max(length, self.length))
         if rows <= self.rows and length <= self.length:
             return
         dev = self.device
+        old = self.cache.nbytes if self.cache is not None else 0
+        need, free = self.cache_bytes(rows, length), free_bytes(dev) + old  # the old cache is freed first
+        if need > CACHE_SHARE * free:
+            raise CacheMemoryError(self.name, rows, length, need, free, self.cache_bytes(1, length))
         self.cache = None  # free the old cache before the new one is made
         self._graphs, self._pool = {}, None
         self.rows, self.length = rows, length
