@@ -333,3 +333,18 @@ def test_fuzz_reader_never_aborts_and_accounts_for_every_line(tmp_path, seed):
     first_bad = min(int(ex[0][len(str(path)) + 1:].split(":")[0]) for ex in rep["examples"].values())
     with pytest.raises(DataError, match=rf"^{path}:{first_bad}: "):
         read_chat_data(path, on_error="raise")
+
+
+def test_same_named_files_in_a_folder_give_distinct_ids_that_name_their_file(tmp_path):
+    """Three a/x.jsonl, b/x.jsonl, c/x.jsonl without ids (and one id repeated in each): every id distinct, fixed
+    by the file's path in the folder (two files once shared 'x.jsonl:1@x.jsonl:1': a resume refused, or one
+    conversation was never answered)."""
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
+        _write_jsonl(tmp_path / sub / "x.jsonl", [{"messages": CONVS[0]}, {"id": "same", "messages": CONVS[1]}])
+    chat = read_chat_data(tmp_path)
+    assert chat.ids == ["a/x.jsonl:1", "same", "b/x.jsonl:1", "same@b/x.jsonl:2", "c/x.jsonl:1", "same@c/x.jsonl:2"]
+    assert read_chat_data(tmp_path / "b").ids == ["x.jsonl:1", "same"]  # the data path's own files: as before
+    (tmp_path / "d").mkdir()
+    _write_jsonl(tmp_path / "d" / "y.jsonl", [{"id": "same@b/x.jsonl:2", "messages": CONVS[0]}])
+    assert read_chat_data(tmp_path).ids[-1] == "same@b/x.jsonl:2@d/y.jsonl:1"  # an id that spells another one

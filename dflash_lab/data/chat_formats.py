@@ -10,7 +10,9 @@ Formats (detected per record with format="auto"):
     OpenAI    {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
     ShareGPT  {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}],
                "system": "..." (optional)}
-An optional top-level "id" names the sample (regeneration uses it to resume); otherwise "<file stem>:<line>".
+An optional top-level "id" names the sample (regeneration uses it to resume); otherwise "<file>:<line>", the file's
+path relative to a data folder (`a/x.jsonl:3` and `b/x.jsonl:3` stay apart). A repeated id gets "@<file>:<line>"
+of its second occurrence, so every id of one read is distinct and fixed by the data itself.
 """
 
 from __future__ import annotations
@@ -303,7 +305,9 @@ def read_chat_data(path: str | Path, *, data_format: str = "auto", on_error: str
     report["files"]["skipped"] = skipped_files
     convs: list[Conversation] = []
     seen_ids: set[str] = set()
+    root = Path(path).expanduser()
     for f in files:
+        name = f.relative_to(root).as_posix() if root.is_dir() and root in f.parents else f.name
         report["files"]["read"][str(f)] = 0
         for where, rec in iter_records(f, split=split):
             if limit is not None and len(convs) >= limit:
@@ -327,9 +331,12 @@ def read_chat_data(path: str | Path, *, data_format: str = "auto", on_error: str
                 report.skip(issue.reason, where, issue.detail)
                 continue
             sid = rec.get("id") if isinstance(rec.get("id"), (str, int)) else None
-            sid = str(sid) if sid is not None else where.rsplit("/", 1)[-1]
+            place = name + where[len(str(f)):]  # "a/x.jsonl:3": where the record is, relative to the data path
+            sid = str(sid) if sid is not None else place
             if sid in seen_ids:
-                sid = f"{sid}@{where.rsplit('/', 1)[-1]}"
+                sid = f"{sid}@{place}"
+            while sid in seen_ids:  # an explicit id that spells another record's place
+                sid += "+"
             seen_ids.add(sid)
             convs.append(Conversation(sid, msgs, where, fmt))
             report["formats"][fmt] = report["formats"].get(fmt, 0) + 1
