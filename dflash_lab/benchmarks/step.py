@@ -48,12 +48,15 @@ SHAPES = {
     "paper": dict(target="bench:qwen3-8b", seq_len=3072, num_anchors=512, block_size=16),
     "long": dict(target="bench:qwen3-8b", seq_len=16384, num_anchors=512, block_size=16),
     "big": dict(target="bench:qwen3-32b", seq_len=4096, num_anchors=512, block_size=16),
+    # the SmolLM2 recipe's step: 3 draft layers, run with --batch-size 32
+    "recipe": dict(target="bench:smollm2-135m", seq_len=320, num_anchors=64, block_size=16, num_draft_layers=3),
 }
 VARIANTS = {  # name -> (cuda_graphs, compile_drafter)
     "graph": (True, False), "eager": (False, False), "compile": (True, True), "compile-eager": (False, True),
     **step_variants.VARIANTS,  # FP8 variants
 }
-MASK_TOKEN_ID = {"bench:tiny": 1023}  # Qwen3 shapes use the family's reserved id (151669)
+# Qwen3 shapes use the family's reserved id (151669); the random-weight SmolLM2 shape's text never holds id 2000
+MASK_TOKEN_ID = {"bench:tiny": 1023, "bench:smollm2-135m": 2000}
 
 
 def log(*a) -> None:
@@ -111,7 +114,8 @@ def _git_commit() -> str | None:
 
 def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
                  variant: str = "graph") -> TrainConfig:
-    return TrainConfig(**step_variants.train_fields(args, variant),
+    fields = {"num_draft_layers": shape.get("num_draft_layers", 5), **step_variants.train_fields(args, variant)}
+    return TrainConfig(**fields,
                        target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                        block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
                        target_devices=None if args.colocated else tuple(args.targets), cuda_graphs=cuda_graphs,

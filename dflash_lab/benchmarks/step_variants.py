@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-DRAFTER_DIR = Path(__file__).resolve().parent / "bench_configs" / "drafters"
+DRAFTER_DIR = Path(__file__).resolve().parents[1] / "bench_configs" / "drafters"
 # variant -> (cuda_graphs, compile_drafter), as bench.VARIANTS
 VARIANTS = {"graph-fp8": (True, False), "compile-fp8": (True, True), "graph-fp8t": (True, False),
             "graph-fp8d": (True, False), "graph-fp8w": (True, False), "compile-fp8w": (True, True),

@@ -78,6 +78,7 @@ class RankTrainer:
                                       progress=lambda p: self.log(f"[rank {ctx.rank}] {p.line()}"))
         self.part_size = cfg.batch_size // ctx.num_drafters
         self.model = self.optimizer = self.engine = self.extractor = None
+        self._next_batch: tuple[int, object] | None = None  # (step, batch) built while the device ran the last step
         # A rank that holds its own target and drafter runs the notebook Trainer's engine (one worker: static
         # buffers, the target and drafter CUDA graphs, the feature store); only the drafter ranks' gradient sum is
         # added. Ranks of a split layout and FSDP2 shards run the plain step (step.train_step) eagerly.
@@ -273,11 +274,14 @@ class RankTrainer:
     def _drafter_step(self, step: int, t0: float) -> dict:
         """This rank's slice: features -> drafter loss -> backward (DDP sums) -> clip + AdamW -> stats gathered."""
         cfg, ctx, dc = self.cfg, self.ctx, self.drafter_config
-        batch = self.sampler.batch(step)
+        pre, self._next_batch = self._next_batch, None
+        batch = pre[1] if pre is not None and pre[0] == step else self.sampler.batch(step)
         lr = self.schedule.lr(step)
         cuda = ctx.device.type == "cuda"
         if self.uses_engine:  # the notebook's step: staged, graphed, summed over drafter ranks inside
             out = self.engine.step(batch.split(ctx.num_drafters)[ctx.drafter_index], step=step, lr=lr)
+            if step + 1 < cfg.steps:  # host work of the next batch while the device runs this one
+                self._next_batch = (step + 1, self.sampler.batch(step + 1))
             return self._record(step, t0, batch, lr, out)
         part = batch.split(ctx.num_drafters)[ctx.drafter_index].to(ctx.device, non_blocking=True)
         if ctx.layout.colocated:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the repository root (dflash_lab/workflows/demo.py)
 
 # The demo's shape: small enough for a 2-core CPU in a few minutes, big enough for a measurable acceptance length.
 DEMO_PARAMETERS = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
