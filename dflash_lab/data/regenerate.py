@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_lab.config.threads import threads_arg
 from dflash_lab.target.load import TargetLoadError
 from dflash_lab.target.sampling import sampling_problems
 
@@ -413,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     p.add_argument("--match-check", type=int, default=0,
                    help="compare batched vs single-sequence greedy on the first N prompts (recorded in .meta.json)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (small models on CPU: 1 is fastest, and far faster on a busy machine)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="torch CPU threads, 1..cores (small models on CPU: 1 is fastest, and far faster on a busy "
+                        "machine; 0 = torch's default)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_lab.config.threads import threads_arg
 from dflash_lab.target import models
 from dflash_lab.target.load import TargetLoadError, load_targets, load_tokenizer, resolve_target_path
 from dflash_lab.target.sampling import sampling_problems
@@ -323,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest for tiny models)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="torch CPU threads, 1..cores (1 is fastest for tiny models; 0 = torch's default)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -38,6 +38,7 @@ from .prompts import EvalError, load_prompts  # noqa: F401 (load_prompts: public
 from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
+from dflash_lab.config.threads import threads_arg
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
@@ -330,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="evaluation folder (default: a new <run>/evals/<stamp>-b<B>-t<T>-"
                     "<dtype>/; for an exported folder runs/exports/<name>/evals/...: an export is written into "
                     "only with --out)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads on the CPU (default 1: fastest for "
-                    "small targets at batch size 1; 0 = torch's default)")
+    ap.add_argument("--threads", type=threads_arg, default=1, help="torch CPU threads on the CPU, 0..cores (default "
+                    "1: fastest for small targets at batch size 1; 0 = torch's default)")
     ap.add_argument("--notebook", action=argparse.BooleanOptionalAction, default=True,
                     help="execute notebooks/eval.ipynb into the evaluation folder (default on); --no-notebook "
                          "evaluates in this process")
