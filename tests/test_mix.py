@@ -89,3 +89,26 @@ def test_proportions_must_sum_to_one_and_errors_are_one_line(sources, capsys):
     assert main(["--mix", f"{c}:0.5,{tmp / 'missing.jsonl'}:0.5", "--n", "10", "--out", str(tmp / "y.jsonl")]) == 2
     out = capsys.readouterr().out
     assert out.startswith("error: source") and "does not exist" in out and out.count("\n") == 1
+
+
+def test_an_out_inside_a_source_folder_and_a_source_listed_twice_are_refused(sources):
+    """A mix into its own source folder would read its output and report back in on the next run (another file under
+    the same seed); a file listed twice, or inside a listed folder, could give one record twice without replacement."""
+    c, s, tmp = sources
+    folder = tmp / "pool"
+    folder.mkdir()
+    _source(folder / "a.jsonl", "a", 30)
+    out = folder / "mix.jsonl"
+    with pytest.raises(DataError, match=rf"--out {out} lies inside the source folder {folder}: a second mix would read "
+                                        rf"this output and its report back in as data\. Fix: write outside it, e\.g\. "
+                                        rf"--out {tmp / 'pool-mix.jsonl'}\."):
+        mix([(folder, 0.5), (s, 0.5)], out, 10, log=lambda _: None)
+    assert not out.exists()
+    with pytest.raises(DataError, match=rf"source {c} is listed twice: its records could be drawn twice into one mix\. "
+                                        r"Fix: list it once \(with proportion 0\.6 for both shares\)\."):
+        mix([(c, 0.3), (s, 0.4), (c, 0.3)], tmp / "x.jsonl", 10, log=lambda _: None)
+    with pytest.raises(DataError, match=rf"source {folder / 'a.jsonl'} lies inside the source folder {folder}"):
+        mix([(folder, 0.5), (folder / "a.jsonl", 0.5)], tmp / "x.jsonl", 10, log=lambda _: None)
+    report = mix([(folder, 0.5), (s, 0.5)], tmp / "pool-mix.jsonl", 20, log=lambda _: None)
+    rows = _rows(tmp / "pool-mix.jsonl")
+    assert len(rows) == len({r["id"] for r in rows}) == 20 and report["sources"][0]["count"] == 10

@@ -79,6 +79,31 @@ def _sources(items: list[tuple[str | Path, float]]) -> list[Source]:
     return out
 
 
+def check_paths(srcs: list[Source], out: Path) -> None:
+    """Refuse, before anything is read, an output that is a source or lies inside a source folder (the next mix
+    would read it and its report back in: not the same file under the same seed), and a source listed twice or
+    inside another listed folder (its records could be drawn twice in a mix without replacement)."""
+    dst = out.resolve()
+    for s in srcs:
+        src = s.path.resolve()
+        if dst == src:
+            raise DataError(f"--out {out} is also a source; writing it would destroy that source. Fix: write "
+                            "elsewhere.")
+        if src in dst.parents:
+            raise DataError(f"--out {out} lies inside the source folder {s.path}: a second mix would read this "
+                            f"output and its report back in as data. Fix: write outside it, e.g. "
+                            f"--out {src.parent / (src.name + '-mix.jsonl')}.")
+    for i, a in enumerate(srcs):
+        for b in srcs[i + 1:]:
+            pa, pb = a.path.resolve(), b.path.resolve()
+            if pa == pb or pa in pb.parents or pb in pa.parents:
+                inner, outer = (b, a) if pa in pb.parents else (a, b)
+                how = "is listed twice" if pa == pb else f"lies inside the source folder {outer.path}"
+                raise DataError(f"source {inner.path} {how}: its records could be drawn twice into one mix. Fix: "
+                                f"list it once (with proportion {a.proportion + b.proportion:g} for both shares)"
+                                + ("" if pa == pb else ", or move it out of that folder") + ".")
+
+
 def read_source(src: Source, *, require_assistant: bool = True) -> tuple[list[dict], dict]:
     """Usable records of one source as output records, and the skip counts {reason: n}."""
     if not src.path.exists():
@@ -86,6 +111,8 @@ def read_source(src: Source, *, require_assistant: bool = True) -> tuple[list[di
     files, skipped_files = find_data_files(src.path)
     records, skipped, seen = [], {}, set()
     for f in files:
+        # ids name the file's path inside a source folder: same-named files in two subfolders stay apart
+        name = f.relative_to(src.path).as_posix() if src.path.is_dir() and src.path in f.parents else f.name
         for where, rec in iter_records(f):
             try:
                 if isinstance(rec, FileIssue):
@@ -96,7 +123,7 @@ def read_source(src: Source, *, require_assistant: bool = True) -> tuple[list[di
             except RecordIssue as issue:
                 skipped[issue.reason] = skipped.get(issue.reason, 0) + 1
                 continue
-            rid = rec.get("id") if isinstance(rec.get("id"), (str, int)) else where.rsplit("/", 1)[-1]
+            rid = rec.get("id") if isinstance(rec.get("id"), (str, int)) else name + where[len(str(f)):]
             rid = f"{src.label}/{rid}" if f"{src.label}/{rid}" not in seen else f"{src.label}/{rid}@{where}"
             seen.add(rid)
             out = {"id": rid, "messages": msgs, "source": where, "mix_source": src.label}
@@ -160,8 +187,7 @@ def mix(sources: list[tuple[str | Path, float]], out: str | Path, n: int, *, see
         raise DataError(f"n={n!r} must be an integer >= 1. Fix: pass --n with the number of conversations to write.")
     srcs = _sources(sources)
     out = Path(out)
-    if any(out.resolve() == s.path.resolve() for s in srcs):
-        raise DataError(f"--out {out} is also a source; writing it would destroy that source. Fix: write elsewhere.")
+    check_paths(srcs, out)
     read = [read_source(s, require_assistant=require_assistant) for s in srcs]
     available = [len(r) for r, _ in read]
     counts = mix_counts([s.proportion for s in srcs], n)
