@@ -11,7 +11,7 @@ from dflash_lab.evaluation.intervals import TauInterval, bootstrap_tau, not_sepa
 def test_two_prompts_give_the_exact_bootstrap_quantiles():
     """Prompt A accepts 0 drafts in 10 iterations (tau 1), B accepts 9 per iteration (tau 10). A resample is AA
     (tau 1, p 1/4), AB (5.5, p 1/2) or BB (10, p 1/4), so the 2.5% and 97.5% quantiles are exactly 1 and 10."""
-    iv = bootstrap_tau([0, 90], [10, 10], seed=3)
+    iv = bootstrap_tau([0, 90], [10, 10], seed=3, min_prompts=2)  # the arithmetic alone: 2 prompts decide nothing
     assert iv.tau == 5.5 and iv.prompts == 2
     assert iv.low == 1.0 and iv.high == 10.0
 
@@ -44,13 +44,11 @@ def test_interval_is_seeded_and_narrows_with_more_prompts():
 
 def test_degenerate_inputs_and_results_of_either_kind():
     assert bootstrap_tau([], []) is None
-    one = bootstrap_tau([6], [3])
-    assert (one.tau, one.low, one.high) == (3.0, 3.0, 3.0)
     with pytest.raises(ValueError, match="level"):
         bootstrap_tau([1], [1], level=95)
-    rows = [{"accepted": [1, 0, 2], "iterations": 3}, {"accepted": 4, "iterations": 2}]
+    rows = [{"accepted": [1, 0, 2], "iterations": 3}, {"accepted": 4, "iterations": 2}] * 3
     iv = tau_interval(rows)
-    assert iv.tau == pytest.approx(1 + 7 / 5)
+    assert iv.tau == pytest.approx(1 + 7 / 5) and iv.prompts == 6
     assert iv.text() == f"{iv.tau:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
 
 
@@ -59,3 +57,24 @@ def test_not_separated_lists_overlapping_intervals():
     c = TauInterval(2.0, 1.8, 2.2, 64)
     got = not_separated({"a": a, "b": b, "c": c, "d": None})
     assert got == {"a": ["b"], "b": ["a"], "c": [], "d": []}
+
+
+def test_fewer_than_five_prompts_have_no_interval_and_are_never_separated():
+    """One prompt resampled is itself: the old zero-width interval made two one-prompt measurements 0.01 apart
+    "separated". Below MIN_PROMPTS the interval is undefined (n/a) and overlaps everything."""
+    from dflash_lab.evaluation.intervals import MIN_PROMPTS, stored_interval
+
+    assert MIN_PROMPTS == 5
+    one, other = bootstrap_tau([6], [3]), bootstrap_tau([603], [300])
+    assert (one.tau, one.low, one.high, one.prompts) == (3.0, None, None, 1) and other.tau == pytest.approx(3.01)
+    assert one.text() == "3.00 [n/a]" and "no interval below 5" in str(one)
+    assert not_separated({"a": one, "b": other}) == {"a": ["b"], "b": ["a"]}
+    four = bootstrap_tau([0, 0, 90, 90], [10] * 4, seed=0)
+    five = bootstrap_tau([0, 0, 90, 90, 90], [10] * 5, seed=0)
+    assert four.low is None and five.low < five.tau < five.high
+    far = TauInterval(9.0, 8.9, 9.1, 64)  # a defined interval far away is still not told apart from n/a
+    assert not_separated({"one": one, "far": far}) == {"one": ["far"], "far": ["one"]}
+    # figures read back from files: an old zero-width one-prompt interval is undefined too
+    assert stored_interval(2.0, 2.0, 2.0, 1).low is None
+    assert stored_interval(2.0, 1.8, 2.2, 32) == TauInterval(2.0, 1.8, 2.2, 32)
+    assert stored_interval(2.0, None, None, 32) is None and stored_interval(None, 1.0, 2.0, 32) is None

@@ -134,7 +134,7 @@ def test_real_tau_carries_its_interval_and_the_best_step_is_kept_by_name(tmp_pat
     from dflash_lab.evaluation.prompt_sets import prompts_sha256
     from dflash_lab.evaluation.prompts import read_prompt_messages
 
-    cfg = TrainConfig(**TINY, steps=6, real_tau_every=2, val_every=0, real_tau_prompts=3, real_tau_new_tokens=12,
+    cfg = TrainConfig(**TINY, steps=6, real_tau_every=2, val_every=0, real_tau_prompts=5, real_tau_new_tokens=12,
                       checkpoint_every=2, keep_checkpoints=1, runs_dir=str(tmp_path))
     t = Trainer(cfg, **QUIET)
     try:
@@ -145,8 +145,8 @@ def test_real_tau_carries_its_interval_and_the_best_step_is_kept_by_name(tmp_pat
     rows = [r for r in map(json.loads, open(t.run_dir / "metrics.jsonl")) if "real_tau" in r]
     assert [r["step"] for r in rows] == [2, 4, 6]
     for r in rows:
-        assert r["real_tau_low"] <= r["real_tau"] <= r["real_tau_high"] and r["real_tau_prompts"] == 3
-        assert r["real_tau_sha256"] == prompts_sha256(read_prompt_messages(tiny_heldout_path(), 3))
+        assert r["real_tau_low"] <= r["real_tau"] <= r["real_tau_high"] and r["real_tau_prompts"] == 5
+        assert r["real_tau_sha256"] == prompts_sha256(read_prompt_messages(tiny_heldout_path(), 5))
     best = max(rows, key=lambda r: (r["real_tau"], -r["step"]))  # the earliest of equal taus
     marker = json.loads((t.run_dir / "best.json").read_text())
     assert marker["step"] == best["step"] and marker["real_tau"] == best["real_tau"]

@@ -56,8 +56,9 @@ def batched_taus(run: str | Path, *, prompts, block_sizes=(16,), max_new_tokens:
                                         temperature=0.0, eos_token_id=tok.eos_token_id, batch=batch)
             ci = run_.interval()
             info = plan.prompt_sets[name]
-            out[f"b{B}"][name] = {"tau": round(run_.tau, 4), "tau_low": round(ci.low, 4),
-                                  "tau_high": round(ci.high, 4), "prompts": info.prompts,
+            bound = lambda v: None if v is None else round(v, 4)  # noqa: E731 (None: too few prompts)
+            out[f"b{B}"][name] = {"tau": round(run_.tau, 4), "tau_low": bound(ci.low),
+                                  "tau_high": bound(ci.high), "prompts": info.prompts,
                                   "file_prompts": info.file_prompts, "prompt_set_sha256": info.sha256,
                                   "new_tokens": run_.new_tokens, "block_size": B, "temperature": 0.0,
                                   "dtype": str(plan.dtype).replace("torch.", ""), "batch": min(batch, len(ids)),

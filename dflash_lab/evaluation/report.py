@@ -122,7 +122,7 @@ class EvalReport:
             same = f"{r['identical_to_target']}/{r['prompts']}" if checked else "-"
             ties, real = (str(r["near_ties"]), str(r["real_mismatches"])) if checked else ("-", "-")
             tau = f"{r['tau']:.2f} [{r['tau_low']:.2f}, {r['tau_high']:.2f}]" if r["tau_low"] is not None else \
-                f"{r['tau']:.2f}"
+                f"{r['tau']:.2f} [n/a]"  # fewer than MIN_PROMPTS prompts: no interval
             lines.append(f"{r['decoder']:<13}{r['prompt_set'][:17]:<18}{r['block_size']:>3}{r['prompts']:>5}"
                          f"{tau:>20}{r['tokens_per_s']:>9.1f}{sp:>9}{same:>10}{ties:>6}{real:>6}")
         lines += [f"prompt set {self._set_text(name)}" for name in self._set_names()]

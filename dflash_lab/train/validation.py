@@ -33,6 +33,7 @@ from dflash_lab.data.tokenize import DataError, read_conversations, tokenize_dat
 from dflash_lab.evaluation.batched_decode import BatchedSpeculativeDecoder
 from dflash_lab.evaluation.evaluate import heldout_run
 from dflash_lab.evaluation.export import BEST, BEST_FILE, best_marker
+from dflash_lab.evaluation.intervals import TauInterval
 from dflash_lab.evaluation.prompt_sets import prompts_sha256
 from dflash_lab.evaluation.prompts import read_prompt_messages, render, spread
 from dflash_lab.drafter.step import DraftInputs, block_stats, build_masks, drafter_loss
@@ -347,8 +348,9 @@ class Validator:
             "real_tau_new_tokens": trainer.config.real_tau_new_tokens, "prompts": self.data.source,
             "weights": str(weights.relative_to(trainer.run_dir))})
         out["real_tau_best"] = True
-        trainer.log(f"best held-out real tau so far: {out['real_tau']:.2f} [{out['real_tau_low']:.2f}, "
-                    f"{out['real_tau_high']:.2f}] at step {step} -> {weights.parent} (evaluate --checkpoint best)")
+        iv = TauInterval(out["real_tau"], out["real_tau_low"], out["real_tau_high"], out["real_tau_prompts"])
+        trainer.log(f"best held-out real tau so far: {iv.text()} at step {step} -> {weights.parent} "
+                    "(evaluate --checkpoint best)")
 
 
 VAL_BATCH = 4  # held-out sequences per teacher-forced pass (fixed, so compiled kernels see one shape)
@@ -412,7 +414,7 @@ def validation_line(record: dict) -> str:
                      f"replayed tau {record['val_chain_tau']:.2f}")
     if "real_tau" in record:
         ci = (f" [{record['real_tau_low']:.2f}, {record['real_tau_high']:.2f}]"
-              if record.get("real_tau_low") is not None else "")
+              if record.get("real_tau_low") is not None else " [n/a]")
         parts.append(f"REAL tau {record['real_tau']:.2f}{ci} ({record['real_tau_prompts']} held-out prompts, 95% "
                      "interval)")
     return " | ".join(parts)

@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from dflash_lab.evaluation.intervals import TauInterval, not_separated
+from dflash_lab.evaluation.intervals import TauInterval, not_separated, stored_interval
 from dflash_lab.runs.plots import PngImage
 from dflash_lab.runs.rundir import METRICS_FILE, write_json
 from dflash_lab.runs.run_files import read_json, read_metrics
@@ -112,10 +112,8 @@ def rank_rows(rows: list[dict]) -> list[dict]:
 
 
 def _interval(row: dict) -> TauInterval | None:
-    lo, hi, tau = row.get("final_real_tau_low"), row.get("final_real_tau_high"), row.get("final_real_tau")
-    if None in (lo, hi, tau):
-        return None
-    return TauInterval(tau, lo, hi, row.get("real_tau_prompts") or 0)
+    return stored_interval(row.get("final_real_tau"), row.get("final_real_tau_low"), row.get("final_real_tau_high"),
+                           row.get("real_tau_prompts"))
 
 
 def results(sweep_dir: str | Path) -> list[dict]:
@@ -194,7 +192,9 @@ def shown_interval(row: dict) -> dict:
         return {"interval": None, "separated": None}
     n = f" n={row['real_tau_prompts']}" if row.get("real_tau_prompts") else ""
     others = row["not_separated_from"]
-    return {"interval": f"[{row['final_real_tau_low']:.2f}, {row['final_real_tau_high']:.2f}]{n}",
+    lo, hi = row["final_real_tau_low"], row["final_real_tau_high"]
+    shown = f"[{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "[n/a]"  # too few prompts
+    return {"interval": f"{shown}{n}",
             "separated": "yes" if not others else f"no ({', '.join(others)})"}
 
 
