@@ -106,3 +106,25 @@ def test_torchrun_resume_overrides_only_the_command_line_fields(tmp_path):
     finally:
         rank.close()
         ctx.close()
+
+
+def test_skipped_lines_are_counted_with_an_example_and_where_the_rest_are(tmp_path):
+    """A data file with bad lines: the log line counts them per reason, quotes the first one with its file:line, and
+    says which file holds the others; json's own "... at" message (here the line's newline inside a string) is
+    completed by the column, never "at at"."""
+    from dflash_lab.data.tokenize import read_conversations, resolve_data_path
+
+    convs = read_conversations(resolve_data_path("tiny")).conversations[:6]
+    path = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"messages": c.messages}) for c in convs]
+    path.write_text("\n".join(lines[:3] + ['{"messages": "unterminated'] + lines[3:] + ["{oops"]) + "\n")
+    logged = []
+    cfg = TrainConfig(target="tiny", data=str(path), seq_len=128, batch_size=2, block_size=8, num_anchors=4,
+                      num_draft_layers=1, steps=2, runs_dir=str(tmp_path / "runs"))
+    prepared = prepare_run(cfg, log=logged.append)
+    assert len(prepared.data) == 6 and prepared.data.report["skipped"] == {"malformed_json": 2}
+    (line,) = [m for m in logged if m.startswith("data: kept")]
+    assert line == (f"data: kept 6 of 8 records, skipped {{'malformed_json': 2}} (e.g. {path}:4: not valid JSON: "
+                    f"Invalid control character at column 27); the run folder's data_report.json names the "
+                    f"file:line of the first 5 of each reason")
+    assert prepared.data.report["examples"]["malformed_json"][1].startswith(f"{path}:8: not valid JSON: Expecting")

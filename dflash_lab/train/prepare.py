@@ -133,7 +133,10 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                         enable_thinking=cfg.enable_thinking, data_format=cfg.data_format, on_error=cfg.data_errors,
                         log=log)
     if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
-        log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']}")
+        first = next(e for examples in data.report["examples"].values() for e in examples)
+        log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']} (e.g. "
+            f"{first}); the run folder's data_report.json names the file:line of the first "
+            f"{data.report.MAX_EXAMPLES} of each reason")
     data.report["fill"] = fill = fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)  # real tokens / window
     if cfg.pack_sequences:  # several whole conversations per window (packing.py)
         data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed, batch_size=cfg.batch_size)
