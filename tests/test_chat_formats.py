@@ -348,3 +348,17 @@ def test_same_named_files_in_a_folder_give_distinct_ids_that_name_their_file(tmp
     (tmp_path / "d").mkdir()
     _write_jsonl(tmp_path / "d" / "y.jsonl", [{"id": "same@b/x.jsonl:2", "messages": CONVS[0]}])
     assert read_chat_data(tmp_path).ids[-1] == "same@b/x.jsonl:2@d/y.jsonl:1"  # an id that spells another one
+
+
+def test_a_data_folder_read_leaves_held_out_files_and_the_tools_reports_out(tmp_path):
+    from dflash_lab.data.files import find_data_files
+
+    names = ["train.jsonl", "heldout.jsonl", "self.heldout.jsonl", "chitchat-heldout.jsonl.gz", "self.report.json",
+             "regen.jsonl.meta.json", "regen.jsonl"]
+    for n in names:
+        _write_jsonl(tmp_path / n, [{"messages": CONVS[0]}])
+    files, skipped = find_data_files(tmp_path)
+    assert [f.name for f in files] == ["regen.jsonl", "train.jsonl"]
+    assert sum("held-out file: never training data" in skipped[str(tmp_path / n)] for n in names[1:4]) == 3
+    assert sum("report or settings file" in skipped[str(tmp_path / n)] for n in names[4:6]) == 2
+    assert find_data_files(tmp_path / "heldout.jsonl")[0] == [tmp_path / "heldout.jsonl"]  # named: read as asked

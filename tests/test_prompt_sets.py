@@ -98,22 +98,30 @@ def test_chitchat_heldout_is_built_into_the_cache_or_names_the_command(tmp_path,
     assert ps.resolve_sets(["chitchat-heldout"], "smollm2-135m-instruct") == {"chitchat-heldout": built}
 
 
-def test_self_heldout_is_looked_for_next_to_the_data_then_in_runs_data(tmp_path, monkeypatch):
+def test_self_heldout_is_the_training_files_own_then_its_folders_then_runs_datas(tmp_path, monkeypatch):
+    """data/self_prompts.py names its held-out file after --out (<stem>.heldout.jsonl): `self-heldout` takes the
+    training file's own, else the one beside it, else the one in runs/data/; two in one folder are ambiguous."""
     monkeypatch.setenv("DFLASH_LAB_RUNS", str(tmp_path / "runs"))  # where `runs/` means
     data = tmp_path / "self" / "self.jsonl"
     data.parent.mkdir()
-    shared = tmp_path / "runs" / "data" / "self-heldout.jsonl"
+    shared = tmp_path / "runs" / "data" / "other.heldout.jsonl"
     with pytest.raises(EvalError) as e:
         ps.resolve_sets(["self-heldout"], "smollm2-135m-instruct", str(data))
     msg = str(e.value)
-    assert str(data.parent / "self-heldout.jsonl") in msg and str(shared) in msg
+    assert f"no *.heldout.jsonl for {data} or in {data.parent} or in {shared.parent}" in msg
     assert "python -m dflash_lab.data.self_prompts --target smollm2-135m-instruct" in msg
     shared.parent.mkdir(parents=True)
-    shared.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant",
-                                                                                  "content": "a"}]}) + "\n")
+    record = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+    shared.write_text(record + "\n")
     assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": shared}
-    (data.parent / "self-heldout.jsonl").write_text(shared.read_text())
-    assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": data.parent / "self-heldout.jsonl"}
+    (data.parent / "b.heldout.jsonl").write_text(record + "\n")  # another run's, beside the training file
+    assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": data.parent / "b.heldout.jsonl"}
+    (data.parent / "a.heldout.jsonl").write_text(record + "\n")
+    with pytest.raises(EvalError, match=r"'self-heldout' is ambiguous: .* holds 2 held-out files \(a.heldout.jsonl, "
+                                        r"b.heldout.jsonl\)\. Fix: pass the one"):
+        ps.resolve_sets(["self-heldout"], "t", str(data))
+    (data.parent / "self.heldout.jsonl").write_text(record + "\n")  # the training file's own comes first
+    assert ps.resolve_sets(["self-heldout"], "t", str(data)) == {"self-heldout": data.parent / "self.heldout.jsonl"}
 
 
 def test_the_evaluation_reports_each_set_with_its_size_and_checksum(capsys):

@@ -4,6 +4,7 @@ tiny target: deterministic under a seed, the first N turns unchanged when more a
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,10 +209,12 @@ def test_config_and_paths_refuse_bad_values():
         SelfPromptConfig(n=10, answer_top_k=-1)
     with pytest.raises(DataError, match=r"SelfPromptConfig\.seed=-1 must be an integer in \[0, 2\*\*63\)"):
         SelfPromptConfig(n=10, seed=-1)
-    with pytest.raises(DataError, match="held-out file's own name"):
-        output_paths("x/self-heldout.jsonl")
+    for name in ("self-heldout.jsonl", "a.heldout.jsonl", "heldout.jsonl", "self.report.json", "self.txt"):
+        with pytest.raises(DataError, match=rf"--out x/{name} is not a training file name .*Fix: e\.g\. --out "
+                                            r"x/self\.jsonl\."):
+            output_paths(f"x/{name}")
     p = output_paths("runs/d/self.jsonl")
-    assert str(p["heldout"]) == "runs/d/self-heldout.jsonl" and str(p["report_json"]) == "runs/d/self.report.json"
+    assert str(p["heldout"]) == "runs/d/self.heldout.jsonl" and str(p["report_json"]) == "runs/d/self.report.json"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,9 +245,20 @@ def _first_turns(path):
 def test_tiny_target_writes_prompts_deterministically(tiny, tmp_path):
     a, _ = _run(tiny, tmp_path / "a" / "self.jsonl")
     b, _ = _run(tiny, tmp_path / "b" / "self.jsonl")
-    c, _ = _run(tiny, tmp_path / "c" / "self.jsonl", seed=1)
+    held = (tmp_path / "a" / "self.heldout.jsonl").read_bytes()
+    c, _ = _run(tiny, tmp_path / "a" / "seed1.jsonl", seed=1)  # a second run into the same folder, another --out
     assert (tmp_path / "a" / "self.jsonl").read_bytes() == (tmp_path / "b" / "self.jsonl").read_bytes()
-    assert (tmp_path / "a" / "self-heldout.jsonl").read_bytes() == (tmp_path / "b" / "self-heldout.jsonl").read_bytes()
+    assert held == (tmp_path / "a" / "self.heldout.jsonl").read_bytes() == \
+        (tmp_path / "b" / "self.heldout.jsonl").read_bytes()  # not replaced by the second run's
+    assert a["heldout_out"] == str(tmp_path / "a" / "self.heldout.jsonl") and a["heldout"] == len(held.splitlines())
+    assert c["heldout_out"] == str(tmp_path / "a" / "seed1.heldout.jsonl") and c["heldout"] >= 1
+    # training on the folder reads both runs' training files and nothing else: no held-out prompt, no report line
+    folder = read_chat_data(tmp_path / "a")
+    assert len(folder) == a["train"] + c["train"] and folder.report["skipped"] == {}
+    assert sorted(Path(f).name for f in folder.report["files"]["read"]) == ["seed1.jsonl", "self.jsonl"]
+    assert sorted(Path(f).name for f in folder.report["files"]["skipped"]) == [
+        "seed1.heldout.jsonl", "seed1.report.json", "seed1.report.txt", "self.heldout.jsonl", "self.report.json",
+        "self.report.txt"]
     assert a["examples"] == b["examples"] and a["examples"] != c["examples"]
     # every sampled turn is accounted for, and kept ones split into train / held out / unused held-out
     assert a["sampled"] == 24 == sum(a["filtered"].values()) + a["exact_duplicates"] + a["near_duplicates"] + a["kept"]

@@ -9,7 +9,13 @@ read as one. Names are matched case-insensitively:
     + .zst / .lz4 / .zip / .tar / ...  skipped: "decompress it first" (no stdlib reader)
     .parquet.gz etc.                   skipped: Parquet compresses internally; decompress it first
     hidden files and folders (.name)   skipped
+    held-out files                     skipped: heldout.jsonl, <stem>.heldout.jsonl, <stem>-heldout.jsonl
+    the data tools' own files          skipped: <stem>.report.json, <out>.meta.json (reports, regeneration settings)
     anything else                      skipped: not a data file
+
+A held-out file beside the training file (self_prompts.py writes `<stem>.heldout.jsonl` next to `<stem>.jsonl`)
+must never train: a folder read would make the held-out prompts training data and every evaluation on them
+flattering. A file named explicitly is read whatever its name.
 
 A file that turns out unreadable while reading (corrupt or empty Parquet, a broken gzip stream, a JSON file that is
 not valid JSON) yields a `FileIssue` instead of aborting: records already read from it are kept.
@@ -66,6 +72,39 @@ def classify(path: Path) -> tuple[str | None, str | None]:
     return kind, None
 
 
+HELDOUT_SUFFIX = ".heldout.jsonl"  # self_prompts.py's held-out file beside <stem>.jsonl
+NOT_DATA_SUFFIXES = (".report.json", ".meta.json")  # reports and regeneration settings beside their data
+
+
+def not_training_data(name: str) -> str | None:
+    """Why a file found in a data folder is left out although its extension is a data file's: a held-out file, or a
+    report / settings file a data tool writes beside its output. None for a data file."""
+    name = name.lower()
+    stem, ext = os.path.splitext(name)
+    if ext in COMPRESSIONS:
+        name = stem
+    if name == "heldout.jsonl" or name.endswith((HELDOUT_SUFFIX, "-heldout.jsonl")):
+        return "a held-out file: never training data (evaluate on it with --prompts FILE)"
+    if name.endswith(NOT_DATA_SUFFIXES):
+        return "a data tool's report or settings file, not data"
+    return None
+
+
+def heldout_path(out: str | Path) -> Path:
+    """The held-out file of the run whose training file is `out`: `<stem>.heldout.jsonl` beside it."""
+    out = Path(out)
+    return out.with_name(out.with_suffix("").name + HELDOUT_SUFFIX)
+
+
+def heldout_files(data: str | Path) -> list[Path]:
+    """The held-out files that belong to training data `data`: a training file's own, or every run's in a data
+    folder (sorted); the ones that exist. Evaluation's `self-heldout` takes exactly one of them."""
+    p = Path(data).expanduser()
+    if p.is_dir():
+        return sorted(f for f in p.iterdir() if f.name.endswith(HELDOUT_SUFFIX) and f.is_file())
+    return [h for h in [heldout_path(p)] if h.is_file()] if p.suffix.lower() == ".jsonl" else []
+
+
 def is_hf_dataset_dir(p: Path) -> bool:
     return p.is_dir() and any((p / f).is_file() for f in ("state.json", "dataset_dict.json", "dataset_info.json"))
 
@@ -102,7 +141,8 @@ def find_data_files(path: str | Path) -> tuple[list[Path], dict[str, str]]:
         for n in names:
             f = here / n
             kind, why = classify(f)
-            if kind is None:
+            why = why or not_training_data(n)
+            if why is not None:
                 skipped[str(f)] = why
             elif f.is_file():
                 files.append(f)
@@ -177,9 +217,7 @@ def _parse_line(raw: bytes) -> object:
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
-        # json's own message may end in "at" ("Unterminated string starting at"): the column completes it
-        at = "" if e.msg.endswith(" at") else " at"
-        return RecordIssue("malformed_json", f"not valid JSON: {e.msg}{at} column {e.colno}")
+        return RecordIssue("malformed_json", f"not valid JSON: {e.msg} at column {e.colno}")
     except RecursionError:
         return RecordIssue("malformed_json", "nested too deeply to parse")
 

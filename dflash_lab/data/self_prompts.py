@@ -8,8 +8,11 @@ and bad turns (prompt_filters.py), holds out a fixed split by a hash of the text
 default, as the drafter is measured), optionally alternates k target-written user turns and answers, and writes:
 
     <out>                        training records {"id", "messages", "generation"} (OpenAI chat format)
-    <out dir>/self-heldout.jsonl held-out records in the same format (evaluation: `--prompts self-heldout`)
+    <out stem>.heldout.jsonl     held-out records in the same format (evaluation: `--prompts self-heldout`)
     <out stem>.report.json/.txt  what the data is (prompt_report.py): counts, removals by reason, lengths, diversity
+
+All three are named after --out, so two runs into one folder never replace each other's files, and a data-folder
+read (files.py) leaves the held-out file and the reports out: training on the folder trains on `<out>` only.
 
     python -m dflash_lab.data.self_prompts --target smollm2-135m-instruct --n 2000 --out runs/data/self.jsonl
 
@@ -35,12 +38,12 @@ from dflash_lab.target.load import TargetLoadError, load_targets, load_tokenizer
 from dflash_lab.target.sampling import sampling_problems
 
 from .chat_formats import DataError
+from .files import HELDOUT_SUFFIX, heldout_path, not_training_data
 from .prompt_filters import FilterConfig, dedup, filter_reason, is_heldout
 from .prompt_report import PromptReport
 from .self_prompt_gen import GenerationSettings, TurnGenerator
 from .user_turns import UserTurnFormat
 
-HELDOUT_NAME = "self-heldout.jsonl"
 CHECKSUM_MAX_BYTES = 2 << 30  # hash weights up to 2 GiB (SmolLM2: 0.5 GB, ~1 s); larger ones are not hashed
 
 
@@ -133,12 +136,14 @@ def target_checksum(target: str) -> dict | None:
 
 
 def output_paths(out: str | Path) -> dict[str, Path]:
+    """The files of one run, all named after --out: training data, held-out data, the report (JSON and text)."""
     out = Path(out)
-    if out.name == HELDOUT_NAME:
-        raise DataError(f"--out {out} is the held-out file's own name. Fix: name the training file otherwise, e.g. "
-                        f"{out.with_name('self.jsonl')}.")
-    stem = out.with_suffix("") if out.suffix else out
-    return {"out": out, "heldout": out.parent / HELDOUT_NAME, "report_json": Path(f"{stem}.report.json"),
+    why = not_training_data(out.name)
+    if why is not None or out.suffix.lower() != ".jsonl":
+        raise DataError(f"--out {out} is not a training file name" + (f" (a data-folder read skips it: {why})" if why
+                        else " (training data is .jsonl)") + f". Fix: e.g. --out {out.parent / 'self.jsonl'}.")
+    stem = out.with_suffix("")
+    return {"out": out, "heldout": heldout_path(out), "report_json": Path(f"{stem}.report.json"),
             "report_txt": Path(f"{stem}.report.txt")}
 
 
@@ -304,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help='HF id, local dir, a known model name or "tiny"')
     p.add_argument("--n", type=int, required=True, help="first user turns to sample (fewer are kept)")
-    p.add_argument("--out", required=True, help=f"training JSONL; the held-out file is <out dir>/{HELDOUT_NAME}")
+    p.add_argument("--out", required=True, help=f"training JSONL; the held-out file is <out stem>{HELDOUT_SUFFIX}")
     p.add_argument("--turns", type=int, default=1, help="user turns per conversation (each answered)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=0.95)

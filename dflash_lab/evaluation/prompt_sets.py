@@ -7,8 +7,8 @@
   summaries, multi-step), shipped as package data in `prompt_sets/general.jsonl`;
 - `chitchat-heldout`: the first user turn of the 200 chitchat conversations that data/real_data.py's fixed split
   holds out (smallest sha256 of the id), built once into `$DFLASH_LAB_CACHE/prompt_sets/` from its wheel;
-- `self-heldout`: prompts the target wrote itself, held out by data/self_prompts.py (`<its --out folder>/
-  self-heldout.jsonl`), looked for next to the run's training data, then in `runs/data/`;
+- `self-heldout`: prompts the target wrote itself, held out by data/self_prompts.py (`<its --out stem>.heldout.jsonl`):
+  the run's training file's own, else the one in its training folder, else the one in `runs/data/`;
 - `tiny-heldout`, `tiny-train`: the tiny target's 100 held-out and 3,200 training conversations;
 - anything else: a JSONL file, `{"messages": [...]}` or `{"prompt": "..."}` per line.
 
@@ -29,12 +29,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_lab.data.files import HELDOUT_SUFFIX, heldout_files
+
 from .prompts import EvalError, read_prompt_messages, spread
 
 PACKAGED = Path(__file__).resolve().parent / "prompt_sets"
 GENERAL = PACKAGED / "general.jsonl"
 CHITCHAT_HELDOUT = 200  # the held-out size of data/real_data.py's split (and the recipe's default)
-SELF_HELDOUT_FILE = "self-heldout.jsonl"  # the name data/self_prompts.py gives its held-out file
 SELF_PROMPTS_COMMAND = "python -m dflash_lab.data.self_prompts --target {target} --n 2000 --out runs/data/self.jsonl"
 NAMES = ("general", "chitchat-heldout", "self-heldout", "tiny-heldout", "tiny-train")
 
@@ -109,16 +110,25 @@ def build_chitchat_heldout(*, install: bool = True, log=print) -> Path:
     return out
 
 
-def self_heldout_candidates(data: str = "", runs_dir: str | Path = "runs") -> list[Path]:
-    """Where `self-heldout` is looked for, in order: next to the run's training data, then `runs/data/`."""
+def self_heldout_file(data: str = "", runs_dir: str | Path = "runs", target: str = "") -> Path:
+    """The held-out file of `self-heldout`: the one that belongs to the run's training data (its file's own, or the
+    one in its folder), else the one in `runs/data/`; EvalError when none exists or a folder holds several."""
     from dflash_lab.runs.rundir import resolve_runs_dir
 
-    found = []
-    if data and data != "tiny":
-        p = Path(data).expanduser()
-        found.append((p.parent if p.suffix else p) / SELF_HELDOUT_FILE)
-    found.append(resolve_runs_dir(runs_dir) / "data" / SELF_HELDOUT_FILE)
-    return list(dict.fromkeys(found))
+    mine = Path(data).expanduser() if data and data != "tiny" else None
+    places = ([mine] + ([mine.parent] if mine.suffix else []) if mine else []) + [resolve_runs_dir(runs_dir) / "data"]
+    for place in places:
+        found = heldout_files(place)
+        if len(found) > 1:
+            raise EvalError(f"prompt set 'self-heldout' is ambiguous: {place} holds {len(found)} held-out files "
+                            f"({', '.join(f.name for f in found)}). Fix: pass the one that belongs to the run's "
+                            f"training data: --prompts {found[0]}.")
+        if found:
+            return found[0]
+    raise EvalError(f"prompt set 'self-heldout' (prompts written by the target) is missing: no *{HELDOUT_SUFFIX} "
+                    f"for {' or in '.join(str(p) for p in places)}. Fix: run "
+                    f"`{SELF_PROMPTS_COMMAND.format(target=target or '<target>')}` (it writes "
+                    f"runs/data/self{HELDOUT_SUFFIX}), or pass its held-out file: --prompts <stem>{HELDOUT_SUFFIX}.")
 
 
 def named_set_path(name: str, *, target: str = "", data: str = "", build: bool = True, log=print) -> Path:
@@ -142,15 +152,7 @@ def named_set_path(name: str, *, target: str = "", data: str = "", build: bool =
                         "dflash_lab.evaluation.prompt_sets build chitchat-heldout` (installs chitchat-dataset==0.9.0 "
                         "with pip --no-deps, then writes the set).")
     if name == "self-heldout":
-        cands = self_heldout_candidates(data)
-        for p in cands:
-            if p.is_file():
-                return p
-        raise EvalError(f"prompt set 'self-heldout' (prompts written by the target) is missing: looked for "
-                        f"{', '.join(str(c) for c in cands)}. Fix: run `"
-                        f"{SELF_PROMPTS_COMMAND.format(target=target or '<target>')}` (it writes "
-                        f"runs/data/{SELF_HELDOUT_FILE}), or pass its held-out file: --prompts "
-                        f"<dir>/{SELF_HELDOUT_FILE}.")
+        return self_heldout_file(data, target=target)
     raise EvalError(f"unknown prompt set {name!r}. Fix: use one of {', '.join(NAMES)}, or a JSONL file path.")
 
 
