@@ -103,3 +103,25 @@ def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
     raw = copy.read_text()
     assert str(tmp_path) not in raw and str(REPO) not in raw  # relative: runs/<run>/..., notebooks/train.ipynb
     assert f"runs/{run.name}/checkpoints/drafter.safetensors" in raw
+
+
+def test_a_project_error_under_papermill_is_one_line_and_comes_first(tmp_path):
+    """`-p time_budget_s` reaches TrainConfig; its ConfigError is the cell's whole error and the first thing on the
+    terminal (papermill's own traceback of its PapermillExecutionError follows); papermill exits non-zero."""
+    import os
+
+    from widgets.kernel_logs import install
+
+    install(tmp_path / "ipython" / "profile_default")  # what `make env` writes into .venv/etc/ipython
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    out = subprocess.run([*PAPERMILL, str(NOTEBOOK), str(tmp_path / "out.ipynb"), "--no-progress-bar", "-p",
+                          "time_budget_s", "-5", "-p", "runs_dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    line = ("ConfigError: TrainConfig.time_budget_s=-5 is invalid: must be a positive number of seconds. Fix: use "
+            "e.g. 540 (a 10-minute job with room to save), or None for no limit.")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and line in text, text[-3000:]
+    assert text.index(line) < text.index("Traceback"), text[-3000:]  # the project's line first
+    nb = json.loads((tmp_path / "out.ipynb").read_text())
+    (error,) = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert error["traceback"] == [line] and error["ename"] == "ConfigError"
