@@ -130,6 +130,7 @@ def test_real_tau_carries_its_interval_and_the_best_step_is_kept_by_name(tmp_pat
     take them with --checkpoint best while a run dir alone still means its newest weights."""
     from safetensors import safe_open
 
+    from dflash_lab.data.heldout_overlap import TrainingPrompts
     from dflash_lab.evaluation import export
     from dflash_lab.evaluation.prompt_sets import prompts_sha256
     from dflash_lab.evaluation.prompts import read_prompt_messages
@@ -146,7 +147,9 @@ def test_real_tau_carries_its_interval_and_the_best_step_is_kept_by_name(tmp_pat
     assert [r["step"] for r in rows] == [2, 4, 6]
     for r in rows:
         assert r["real_tau_low"] <= r["real_tau"] <= r["real_tau_high"] and r["real_tau_prompts"] == 5
-        assert r["real_tau_sha256"] == prompts_sha256(read_prompt_messages(tiny_heldout_path(), 5))
+        # the held-out prompts the run does not train on (15 of the tiny target's 100 occur in its training data)
+        trained = TrainingPrompts.read("tiny")
+        assert r["real_tau_sha256"] == prompts_sha256(read_prompt_messages(tiny_heldout_path(), 5, train=trained))
     best = max(rows, key=lambda r: (r["real_tau"], -r["step"]))  # the earliest of equal taus
     marker = json.loads((t.run_dir / "best.json").read_text())
     assert marker["step"] == best["step"] and marker["real_tau"] == best["real_tau"]
@@ -260,3 +263,32 @@ def test_validation_set_skips_heldout_conversations_too_short_to_score(tmp_path)
     vs = load_validation_set(load_tokenizer("tiny"), cfg, block_size=cfg.block_size)
     assert vs.input_ids.shape == (6, cfg.seq_len)
     assert int(vs.loss_mask.sum(1).min()) >= 2 * cfg.block_size  # every kept sequence can be scored
+
+
+def test_validation_takes_distinct_held_out_conversations_spread_after_tokenizing(tmp_path):
+    """A regenerated held-out file lists the shortest answers first and repeats itself: the sequences taken are
+    distinct, none is a training conversation, they are spread over the usable ones, and each is named."""
+    from dflash_lab.data.heldout_overlap import TrainingPrompts
+    from dflash_lab.target.load import load_tokenizer
+    from dflash_lab.tiny import tiny_data_path
+    from dflash_lab.train.validation import load_validation_set
+
+    held = [json.loads(line) for line in tiny_heldout_path().read_text().splitlines() if line.strip()]
+    trained = [json.loads(line) for line in tiny_data_path().read_text().splitlines()[:4]]
+    train = TrainingPrompts.of([r["messages"] for r in trained], "tiny")  # the run trains on these 4
+    hello = held[0]["messages"]
+    again = [{"messages": [dict(m, content=m["content"].upper()) if m["role"] == "user" else m for m in hello]}]
+    rows = [{"messages": hello}] * 9 + again + trained + held[40:70]  # 9 + 1 case-only copies, 4 trained, 30 others
+    path = tmp_path / "heldout.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = TrainConfig(**{**TINY, "heldout_data": str(path), "val_sequences": 8, "real_tau_prompts": 40})
+    vs = load_validation_set(load_tokenizer("tiny"), cfg, block_size=cfg.block_size, train=train)
+    assert vs.input_ids.shape == (8, cfg.seq_len)
+    assert len({tuple(r.tolist()) for r in vs.input_ids}) == 8  # no sequence twice (before: the first 8 were one)
+    assert vs.counts == {"conversations": 44, "duplicates": 9, "in_training": 4, "train_source": "tiny",
+                         "usable": 31, "prompts_in_training": 4}
+    # spread over the 31 (the first kept "Hello" copy, lines 15-44): usable index i * 31 // 8
+    assert vs.taken == [f"heldout.jsonl:{k}" for k in (1, 17, 21, 25, 29, 33, 37, 41)]
+    assert "9 duplicates and 4 also in the training data (tiny), left out" in vs.choice_text()
+    assert "31 long enough to score, 8 spread over them: heldout.jsonl:1, heldout.jsonl:17" in vs.choice_text()
+    assert len(vs.prompts) == 31  # the real-tau prompts: distinct, the trained ones left out

@@ -21,21 +21,17 @@ A `tau_gap` event (and a WARNING line) fires when the simulated and the real tau
 from __future__ import annotations
 
 import copy
-import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from dflash_lab.drafter.blocks import build_block_batch
-from dflash_lab.data.tokenize import DataError, read_conversations, tokenize_dataset
+from dflash_lab.data.tokenize import DataError
 from dflash_lab.evaluation.batched_decode import BatchedSpeculativeDecoder
 from dflash_lab.evaluation.evaluate import heldout_run
 from dflash_lab.evaluation.export import BEST, BEST_FILE, best_marker
 from dflash_lab.evaluation.intervals import TauInterval
-from dflash_lab.evaluation.prompt_sets import prompts_sha256
-from dflash_lab.evaluation.prompts import read_prompt_messages, render, spread
+from .heldout_set import HELDOUT_SPLITS, ValidationSet, heldout_source, load_validation_set  # noqa: F401 (public)
 from dflash_lab.drafter.step import DraftInputs, block_stats, build_masks, drafter_loss
 from dflash_lab.runs.rundir import write_json
 from dflash_lab.runs.run_end import save_drafter
@@ -132,34 +128,6 @@ def chain_tau(lengths: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor)
 # Settings resolved from the TrainConfig
 # ------------------------------------------------------------------------------------------------------------------
 
-HELDOUT_SPLITS = ("heldout", "test", "validation")  # datasets DatasetDict split names taken as held-out, in order
-
-
-def heldout_source(data: str, heldout_data: str | None) -> tuple[Path, str | None] | None:
-    """(path, split) of the held-out conversations, or None when there are none (validation and real tau off)."""
-    if heldout_data == "":
-        return None
-    if heldout_data is not None:
-        p = Path(heldout_data).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(f"TrainConfig.heldout_data={heldout_data!r} does not exist. Fix: pass a JSONL "
-                                    'file of held-out conversations, or heldout_data="" to turn validation off.')
-        return p, None
-    if data == "tiny":
-        from dflash_lab.tiny import tiny_heldout_path
-
-        return tiny_heldout_path(), None
-    p = Path(data).expanduser()
-    if p.is_file():
-        sibling = p.with_name("heldout.jsonl")
-        return (sibling, None) if sibling.is_file() and sibling != p else None
-    if (p / "dataset_dict.json").is_file():
-        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
-        pick = next((s for s in HELDOUT_SPLITS if s in splits), None)
-        return (p, pick) if pick else None
-    return None
-
-
 def val_interval(cfg) -> int:
     """Steps between validations (0 = off): None = every max(50, steps // 10), about 10 per run."""
     return cfg.val_every if cfg.val_every is not None else max(50, cfg.steps // 10)
@@ -188,46 +156,6 @@ def tau_gap(sim_tau: float, real_tau: float) -> bool:
 # ------------------------------------------------------------------------------------------------------------------
 # The validator the Trainer calls
 # ------------------------------------------------------------------------------------------------------------------
-
-VAL_CANDIDATES = 512  # held-out conversations tokenized to find the validation sequences (well under a second)
-
-
-@dataclass
-class ValidationSet:
-    """Fixed held-out sequences (right-padded) and real-tau prompts, tokenized once."""
-
-    input_ids: torch.Tensor  # (n, S) long
-    loss_mask: torch.Tensor  # (n, S) bool
-    prompts: list[list[int]]  # real-tau prompts: each conversation without its last assistant turn
-    source: str
-    prompts_sha256: str = ""  # of the real-tau prompts' messages (prompt_sets.prompts_sha256: comparable across runs)
-
-
-def load_validation_set(tokenizer, cfg, *, block_size: int, max_positions: int = 1 << 30) -> ValidationSet | None:
-    """Tokenize the held-out conversations the way training does (chat template, masks, truncation to seq_len)."""
-    src = heldout_source(cfg.data, cfg.heldout_data)
-    if src is None:
-        return None
-    path, split = src
-    chat = read_conversations(path, data_format=cfg.data_format, on_error="skip", split=split)
-    # the first val_sequences USABLE conversations: held-out first turns are often greetings too short to hold two
-    # blocks of answer, and taking the first few as they come once left a run with none (validation off)
-    # (spread over the file, not its first ones: a regenerated file lists the shortest answers first)
-    convs = [c.messages for c in spread(chat.conversations, max(VAL_CANDIDATES, 4 * cfg.val_sequences))]
-    data = tokenize_dataset(tokenizer, convs, seq_len=cfg.seq_len, block_size=block_size,
-                            enable_thinking=cfg.enable_thinking, on_error="skip")
-    prompts, messages = [], []
-    if path.suffix == ".jsonl" and split is None:  # render prompts exactly as `evaluate` does
-        for m in read_prompt_messages(path, cfg.real_tau_prompts):
-            ids = render(tokenizer, m, cfg.enable_thinking)
-            # a prompt that cannot fit with its generation budget would stop the decoder: leave it out
-            if ids and len(ids) + cfg.real_tau_new_tokens + block_size <= max_positions:
-                prompts.append(ids)
-                messages.append(m)
-    n = cfg.val_sequences
-    return ValidationSet(data.input_ids[:n].long(), data.loss_mask[:n].bool(), prompts,
-                         f"{path}" + (f" (split {split})" if split else ""), prompts_sha256(messages))
-
 
 class Validator:
     """Runs validation / real tau on their steps for a Trainer, on ONE device with a COPY of worker 0's drafter.
@@ -271,7 +199,11 @@ class Validator:
         trainer.log(f"validation: {self.data.input_ids.shape[0]} held-out sequences from {self.data.source}"
                     + (f" every {self.val_every} steps" if self.val_every else " off")
                     + (f"; real tau on {len(self.data.prompts)} prompts x {cfg.real_tau_new_tokens} tokens every "
-                       f"{self.real_every} steps" if self.real_every else "; real tau off"))
+                       f"{self.real_every} steps" if self.real_every else "; real tau off")
+                    + f" | held-out {self.data.choice_text()}"
+                    + (f" | real-tau prompts: {self.data.counts['prompts_in_training']} of the file's distinct "
+                       "prompts also in the training data, left out"
+                       if self.data.counts.get("prompts_in_training") else ""))
 
     def due(self, step: int, last_step: int) -> tuple[bool, bool]:
         return due(step, self.val_every, last_step), due(step, self.real_every, last_step)
