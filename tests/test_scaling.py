@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dflash_lab.config import ConfigError
-from dflash_lab.workflows.scaling import ScalingConfig, final_eval, plan_points, run_scaling, schedule_order, write_subsets
+from dflash_lab.workflows.scaling import (ScalingConfig, final_eval, plan_points, run_scaling, schedule_order,
+                                         write_subsets)
 from dflash_lab.workflows.scaling_report import load_results, markdown_table, rows, save_curves
 from dflash_lab.tiny import tiny_data_path, tiny_heldout_path
 
@@ -120,15 +121,16 @@ def test_the_scaling_notebook_renders_a_study(tmp_path):
     """notebooks/scaling.ipynb reads only scaling.json: executed headless it shows the table and the curves."""
     from dflash_lab.runs.notebook_exec import execute
 
-    run_scaling(_cfg(tmp_path, sizes=(40,)), poll_s=0.2)
+    state = run_scaling(_cfg(tmp_path, sizes=(40,)), poll_s=0.2)
+    assert state["points"][0]["status"] == "finished", state["points"][0]
     results = tmp_path / "scaling" / "scaling.json"
     out = tmp_path / "scaling-executed.ipynb"
     execute(Path(__file__).resolve().parents[1] / "notebooks" / "scaling.ipynb", out,
-            parameters={"results": str(results), "eval_keys": ["b4-t0"], "curves_png": str(tmp_path / "c.png")},
+            parameters={"results": str(results), "eval_keys": ["b4-t0"], "figures_dir": str(tmp_path / "figs")},
             cwd=tmp_path)
     text = out.read_text()
-    assert "steps-n40-d1" in text and "tau tiny-heldout" in text and "image/png" in text
-    assert (tmp_path / "c.png").stat().st_size > 5_000
+    assert "steps-n40-d1" in text and "tau tiny-heldout" in text and text.count('"image/png"') == 3
+    assert all((tmp_path / "figs" / f"{n}.png").stat().st_size > 5_000 for n in ("curves", "steps", "training"))
 
 
 def test_the_matched_epochs_line_ends_at_the_point_it_shares_with_matched_steps():
@@ -189,3 +191,105 @@ def test_a_point_stopped_by_the_time_limit_resumes_from_its_checkpoint(tmp_path)
     log = Path(row["run_dir"], "scaling.log").read_text()
     assert "resuming from" in log and "training from step 0 to 60" in log  # one log, both calls
     assert 1.0 <= row2["evals"]["b4-t0"]["tiny-heldout"]["tau"] <= 4.0
+
+
+def test_resume_refuses_a_regenerated_pool_before_touching_the_subsets(tmp_path):
+    """The pool is compared by content: the same path holding other conversations would give the finished points
+    and the rest two different pools. The refusal names both sha256 and comes before a subset is rewritten."""
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(Path(tiny_data_path()).read_text())
+    cfg = _cfg(tmp_path, pool=str(pool))
+    state = run_scaling(cfg, only=(), log=lambda *a: None)  # plans and writes the study, trains nothing
+    assert [p["status"] for p in state["points"]] == ["not run (only)"] * 2 and len(state["pool_sha256"]) == 64
+    subset = tmp_path / "scaling" / "data" / "train-40.jsonl"
+    before = subset.read_bytes()
+    lines = pool.read_text().split("\n")
+    pool.write_text("\n".join(lines[1:] + lines[:1]))  # regenerated: the same conversations in another order
+    with pytest.raises(ConfigError) as e:
+        run_scaling(cfg, resume=True, log=lambda *a: None)
+    msg = str(e.value)
+    assert f"sha256 {state['pool_sha256']} then" in msg and "Fix:" in msg
+    from dflash_lab.workflows.scaling_plan import pool_sha256
+    assert f"{pool_sha256(pool)} now" in msg
+    assert subset.read_bytes() == before  # the finished points' data is left as it was
+
+
+def test_subsets_split_records_at_newlines_only(tmp_path):
+    """U+2028 / U+2029 / U+0085 inside a JSON string are legal raw (json.dumps(ensure_ascii=False) writes them so):
+    a record holding them is one line of the subset, not three torn ones."""
+    odd = [{"messages": [{"role": "user", "content": f"a\u2028b\u2029c\u0085d {i}"},
+                         {"role": "assistant", "content": "ok"}]} for i in range(5)]
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in odd), encoding="utf-8")
+    subsets = write_subsets(pool, (3, 5), tmp_path / "data", seed=0)
+    got = [json.loads(line) for line in subsets[5].read_text(encoding="utf-8").split("\n") if line]
+    assert len(got) == 5 and sorted(r["messages"][0]["content"] for r in got) == sorted(
+        r["messages"][0]["content"] for r in odd)
+    assert len(subsets[3].read_bytes().split(b"\n")) == 3 + 1  # three records, each ending in "\n"
+
+
+def test_a_cut_off_study_file_is_one_clear_line(tmp_path, capsys):
+    from dflash_lab.workflows.scaling import main
+
+    cfg = _cfg(tmp_path)
+    run_scaling(cfg, only=(), log=lambda *a: None)
+    study = tmp_path / "scaling" / "scaling.json"
+    study.write_text(study.read_text()[:200])  # the writer was killed mid-file
+    with pytest.raises(ConfigError, match=r"scaling\.json cannot be read \(JSONDecodeError.*Fix: put back"):
+        run_scaling(cfg, resume=True, log=lambda *a: None)
+    with pytest.raises(ConfigError, match="scaling.json cannot be read"):
+        load_results(tmp_path / "scaling")
+    assert main(["--final", str(tmp_path / "scaling")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and str(study) in err
+    assert main(["--final", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two Python processes and a point's start: ~7 s on a 2-core CPU
+def test_point_processes_die_with_a_killed_study(tmp_path):
+    """SIGKILL of the study (a restarted kernel, a device call's time limit): its point process gets SIGTERM from
+    the kernel instead of training on and holding its run dir against the resume (killed here as soon as the point
+    has started: a point that is still starting up sees that its study is gone and ends too)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dflash_lab.runs import lock
+
+    cfg_kw = dict(sizes=(40,), matched_steps=100_000)
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_scaling, pathlib; "
+              "from dflash_lab.workflows.scaling import run_scaling; "
+              f"run_scaling(test_scaling._cfg(pathlib.Path({str(tmp_path)!r}), **{cfg_kw!r}), poll_s=0.1)")
+    study = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results, row, deadline = tmp_path / "scaling" / "scaling.json", {}, time.monotonic() + 120
+    while time.monotonic() < deadline and "pid" not in row:
+        time.sleep(0.05)
+        try:
+            row = json.loads(results.read_text())["points"][0]
+        except (OSError, ValueError, KeyError):
+            pass
+    try:
+        assert row.get("status") == "running" and _alive(row["pid"]), row
+        study.kill()
+        study.wait()
+        gone = time.monotonic() + 30
+        while time.monotonic() < gone and _alive(row["pid"]):
+            time.sleep(0.05)
+        assert not _alive(row["pid"]), "the point process outlived its study"
+        assert not lock.is_held(Path(row["run_dir"]) / lock.LOCK_FILE)  # a resume can take the run dir over
+    finally:
+        study.kill()
+        if row.get("pid") and _alive(row["pid"]):
+            os.kill(row["pid"], signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a container's init may reap late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+

@@ -4,6 +4,8 @@ One row per measurement: the newest evaluation of each run (one row per prompt s
 real tau logged while training, and the best one (best.json). Rows are compared only within a group measured the
 same way: the same prompts (sha256), block size and new tokens per prompt; within a group, `not_separated_from`
 lists the other runs whose 95% intervals overlap. Rows measured before intervals were recorded show none.
+An eval.json that cannot be read (cut off while written, edited by hand) is skipped with a note naming it, and the
+run's newest readable evaluation is shown instead: one damaged file must not cost the table of every run.
 compare.ipynb shows this table.
 """
 
@@ -12,8 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_lab.runs.evals import latest_eval
+from dflash_lab.runs.evals import EVAL_FILE, eval_dirs
 from dflash_lab.runs.rundir import CONFIG_FILE, METRICS_FILE, read_jsonl
+from dflash_lab.runs.run_files import RunFileError, read_json
 from .intervals import TauInterval, not_separated
 
 COLUMNS = ("run", "measured", "prompt_set", "prompts", "sha256", "block_size", "new_tokens", "step", "tau",
@@ -46,23 +49,35 @@ def _training_rows(run_dir: Path) -> list[dict]:
     return out
 
 
-def _evaluation_rows(run_dir: Path) -> list[dict]:
-    found = latest_eval(run_dir)
-    if found is None:
-        return []
-    d = json.loads(found.read_text())
-    return [{"measured": f"evaluation {found.parent.name}", "prompt_set": r["prompt_set"], "prompts": r.get("prompts"),
-             "sha256": r.get("prompt_set_sha256"), "block_size": r.get("block_size"),
-             "new_tokens": d.get("max_new_tokens"), "step": d.get("step"), "tau": r["tau"],
-             "tau_low": r.get("tau_low"), "tau_high": r.get("tau_high")}
-            for r in d.get("summary", []) if r["decoder"] == "trained"]
+def _evaluation_rows(path: Path) -> list[dict]:
+    """The trained drafter's rows of one eval.json; RunFileError naming the file when it cannot be read."""
+    d = read_json(path)
+    try:
+        return [{"measured": f"evaluation {path.parent.name}", "prompt_set": r["prompt_set"],
+                 "prompts": r.get("prompts"), "sha256": r.get("prompt_set_sha256"), "block_size": r.get("block_size"),
+                 "new_tokens": d.get("max_new_tokens"), "step": d.get("step"), "tau": float(r["tau"]),
+                 "tau_low": r.get("tau_low"), "tau_high": r.get("tau_high")}
+                for r in d.get("summary", []) if r["decoder"] == "trained"]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RunFileError(f"{path} has a summary row without its figures ({type(e).__name__}: {e}).") from None
 
 
-def run_taus(run_dirs) -> list[dict]:
-    """The rows of COLUMNS for run directories (see the module docstring)."""
+def _newest_readable_evaluation(run_dir: Path, log) -> list[dict]:
+    legacy = run_dir / EVAL_FILE
+    candidates = [p / EVAL_FILE for p in reversed(eval_dirs(run_dir))] or ([legacy] if legacy.is_file() else [])
+    for path in candidates:
+        try:
+            return _evaluation_rows(path)
+        except RunFileError as e:
+            log(f"tau table: skipped {e}")
+    return []
+
+
+def run_taus(run_dirs, *, log=print) -> list[dict]:
+    """The rows of COLUMNS for run directories (see the module docstring); `log` gets one line per skipped file."""
     rows = []
     for d in map(Path, [run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs):
-        rows += [{"run": d.name, **r} for r in _evaluation_rows(d) + _training_rows(d)]
+        rows += [{"run": d.name, **r} for r in _newest_readable_evaluation(d, log) + _training_rows(d)]
     groups: dict[tuple, dict[str, TauInterval | None]] = {}
     for i, r in enumerate(rows):
         if r["sha256"] and r["tau_low"] is not None:
@@ -74,11 +89,11 @@ def run_taus(run_dirs) -> list[dict]:
     return [{c: r.get(c) for c in COLUMNS} for r in rows]
 
 
-def tau_table(run_dirs) -> "pandas.DataFrame":  # noqa: F821
+def tau_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
     """run_taus as a DataFrame with short checksums ("-" where a figure was not recorded)."""
     import pandas as pd
 
-    rows = run_taus(run_dirs)
+    rows = run_taus(run_dirs, log=log)
     for r in rows:
         r["sha256"] = (r["sha256"] or "-")[:12]
         r["not_separated_from"] = "-" if r["not_separated_from"] is None else (", ".join(r["not_separated_from"])

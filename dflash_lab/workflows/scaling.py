@@ -9,8 +9,8 @@ extra draft depths and other variants (a learning rate, more steps) at the large
 by real speculative decoding on the same named prompt sets (held-out chitchat, held-out target-written, the
 project's general set), at each block size, T=0, many prompts at once (evaluation/batched_eval.py: the tau of
 batch-1 decoding, with its bootstrap interval). Speedup needs a quiet device and batch 1, so it is measured once,
-for the best point, by `final_eval` (`python -m dflash_lab.workflows.scaling --final <out>`): batch-1 decoding beside the
-target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless check.
+for the best point, by `final_eval` (`python -m dflash_lab.workflows.scaling --final <out>`): batch-1 decoding
+beside the target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless check.
 
     cfg = ScalingConfig(target="smollm2-135m-instruct", pool="data/pool.jsonl", heldout_data="data/heldout.jsonl",
                         prompt_sets={"chitchat-heldout": "...", "self-heldout": "...", "general": "..."},
@@ -20,7 +20,13 @@ target alone (speedup, lossless verdicts), T=1, and optionally an fp32 lossless 
 Each point is its own process (`python -m dflash_lab.workflows.scaling --point <run dir>`): a plain Trainer on the run's
 config.json, trained and finished, then evaluated; a point that fails is recorded with its error and the others go
 on. Several slots on one device run points side by side (a 135M target leaves most of an H200 idle; compare tau,
-not the tokens/s of points that shared a device).
+not the tokens/s of points that shared a device). A point's process dies with the study (children.py), so a killed
+study leaves no point training on in a run dir its resume needs.
+
+A study resumed (`resume=True`) keeps only what belongs to it: the same configuration and the same pool by content
+(sha256, recorded in scaling.json; a pool regenerated at the same path is refused before a subset is rewritten). A
+per-point training budget goes in `base` as TrainConfig's `time_budget_s`: a point that spends it stops with a
+checkpoint ("stopped (resumable)") and a resume continues it, as with stop_after_s.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -37,9 +42,12 @@ from pathlib import Path
 from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs.checkpoint import latest_checkpoint
 from dflash_lab.runs.rundir import new_run_dir, write_json
+from dflash_lab.runs.run_files import RunFileError, read_json
 from dflash_lab.train.controls import STOP_FILE
 
-from .scaling_plan import count_lines, plan_points, schedule_order, write_subsets  # noqa: F401 (the study's names)
+from .children import child_env, die_with_parent
+from .scaling_plan import (count_lines, plan_points, pool_sha256, schedule_order,  # noqa: F401 (the study's names)
+                           write_subsets)
 
 RESULTS_FILE = "scaling.json"
 STOPPED_RC = 3  # a point's process: stopped with a checkpoint before its steps (run_scaling's stop_after_s)
@@ -129,13 +137,13 @@ class ScalingConfig:
         return TrainConfig(**fields)
 
 
-def _child_env(device: str) -> dict:
-    env = dict(os.environ)
-    if device.startswith("cuda"):
-        index = device.split(":")[1] if ":" in device else "0"
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[int(index)] if visible else index
-    return env
+def read_study(path: str | Path) -> dict:
+    """A study's scaling.json; a cut-off or damaged one is a ConfigError naming the file and what to do."""
+    try:
+        return read_json(path)
+    except RunFileError as e:
+        raise ConfigError(f"{e} Its points' figures are still in their run dirs (scaling_point.json). Fix: put back "
+                          "a good copy of the file, or run the study into a new out folder.") from None
 
 
 def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_s: float | None = None,
@@ -150,26 +158,33 @@ def run_scaling(cfg: ScalingConfig, *, log=print, poll_s: float = 1.0, deadline_
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
-    subsets = write_subsets(cfg.pool, cfg.sizes, out / "data", cfg.seed)
-    points = plan_points(cfg, subsets)
     config = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
                                     for k, v in dataclasses.asdict(cfg).items()}))
+    pool_hash = pool_sha256(cfg.pool)
+    before = read_study(results_path) if resume and results_path.is_file() else None
+    if before is not None:  # checked before the subsets are written: they are the finished points' data
+        what = lambda c: {k: v for k, v in (c or {}).items() if k != "devices"}  # noqa: E731 (slots are how, not what)
+        if what(before.get("config")) != what(config):
+            raise ConfigError(f"{results_path} was written by another configuration, so its points do not belong "
+                              "to this study. Fix: the same ScalingConfig, or a new out folder.")
+        if before.get("pool_sha256", pool_hash) != pool_hash:  # a study from before the hash was kept: not known
+            raise ConfigError(f"the pool {cfg.pool} changed since {results_path} was written (sha256 "
+                              f"{before['pool_sha256']} then, {pool_hash} now): resumed, its finished points and "
+                              "the rest would come from two pools. Fix: put the study's pool back at that path, "
+                              "or run this pool into a new out folder.")
+    subsets = write_subsets(cfg.pool, cfg.sizes, out / "data", cfg.seed)
+    points = plan_points(cfg, subsets)
     names = [p["name"] for p in points]
     if only is not None and set(only) - set(names):
         raise ConfigError(f"only={sorted(set(only) - set(names))} names no planned point. Fix: use names from "
                           f"{names}.")
     kept, trained = {}, {}
-    if resume and results_path.is_file():
-        before = json.loads(results_path.read_text())
-        what = lambda c: {k: v for k, v in (c or {}).items() if k != "devices"}  # noqa: E731 (slots are how, not what)
-        if what(before.get("config")) != what(config):
-            raise ConfigError(f"{results_path} was written by another configuration, so its points do not belong "
-                              "to this study. Fix: the same ScalingConfig, or a new out folder.")
+    if before is not None:
         kept = {p["name"]: p for p in before["points"] if p.get("status") == "finished"}
         # a point trained but not evaluated, or stopped with a checkpoint, goes on in its own run dir
         trained = {p["name"]: {"run_dir": p["run_dir"]} for p in before["points"]
                    if p["name"] not in kept and _reusable(p.get("run_dir"))}
-    state = {"config": config, "points": [kept.get(p["name"]) or
+    state = {"config": config, "pool_sha256": pool_hash, "points": [kept.get(p["name"]) or
                                           ({k: v for k, v in p.items() if k != "config"} | {"status": "pending"}
                                            | trained.get(p["name"], {}))
                                           for p in points], "started": time.time()}
@@ -228,10 +243,12 @@ def _start(point: dict, row: dict, cfg: ScalingConfig, device: str, log) -> subp
         f"{point['epochs']} epochs, depth {point['depth']}) on {device} -> {run_dir}")
     logf = open(run_dir / LOG_FILE, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.scaling", "--point", str(run_dir)], stdout=logf,
-                                stderr=subprocess.STDOUT, env=_child_env(device))
+        proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.scaling", "--point", str(run_dir)],
+                                stdout=logf, stderr=subprocess.STDOUT, env=child_env(device))
     finally:
-        logf.close()
+        logf.close()  # the child holds its own copy of the file descriptor
+    row["pid"] = proc.pid
+    return proc
 
 
 def _reusable(run_dir: str | None) -> bool:
@@ -240,7 +257,10 @@ def _reusable(run_dir: str | None) -> bool:
     point = Path(run_dir or "") / POINT_FILE
     if not run_dir or not point.is_file():
         return False
-    trained = json.loads(point.read_text()).get("train", {}).get("status") == "finished"
+    try:
+        trained = read_json(point).get("train", {}).get("status") == "finished"
+    except RunFileError:  # cut off while written: what the point did is not known, so it starts again
+        return False
     return (point.parent / "checkpoints" / "drafter.safetensors").is_file() if trained else \
         latest_checkpoint(point.parent) is not None
 
@@ -248,7 +268,10 @@ def _reusable(run_dir: str | None) -> bool:
 def _collect(row: dict, rc: int) -> None:
     run_dir = Path(row["run_dir"])
     row["wall_s"] = round(time.time() - row["started"], 1)
-    found = json.loads((run_dir / POINT_FILE).read_text())
+    try:
+        found = read_json(run_dir / POINT_FILE)
+    except RunFileError as e:  # the point was killed while writing it: a failed point, not a failed study
+        found = {"error": str(e)}
     row.update({k: found[k] for k in ("train", "evals") if k in found})
     if rc == 0 and "evals" in found:
         row["status"] = "finished"
@@ -281,6 +304,7 @@ def evaluate_point(run_dir: Path, prompt_sets: dict, block_sizes, new_tokens: in
 
 def run_point(run_dir: Path) -> int:
     """One point's process: train on run_dir/config.json, finish, then evaluate on every prompt set."""
+    die_with_parent()  # a point left training after its study is gone would hold its run dir on resume
     from dflash_lab.train.trainer import Trainer
 
     point = json.loads((run_dir / POINT_FILE).read_text())
@@ -343,7 +367,10 @@ def final_eval(out: str | Path, *, prompt_sets: dict | None = None, block_size: 
     from dflash_lab.evaluation.evaluate import evaluate
 
     path = Path(out) / RESULTS_FILE
-    state = json.loads(path.read_text())
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist. Fix: pass the out folder of a study (run_scaling writes "
+                          f"{RESULTS_FILE} there).")
+    state = read_study(path)
     cfg = state["config"]
     sets = dict(prompt_sets or cfg["prompt_sets"])
     B = block_size or cfg["block_sizes"][0]

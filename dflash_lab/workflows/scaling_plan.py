@@ -7,6 +7,7 @@ smaller one and two points differ by how much data they saw, not by which.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from pathlib import Path
@@ -19,10 +20,20 @@ def count_lines(path: str | Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
+def pool_sha256(pool: str | Path) -> str:
+    """The pool's content: a study resumed on a regenerated pool at the same path would mix two pools in one curve."""
+    h = hashlib.sha256()
+    with open(pool, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_subsets(pool: str | Path, sizes: tuple, out_dir: Path, seed: int) -> dict[int, Path]:
     """Nested subsets of the pool: one seeded shuffle, then its first N lines for each size (so a larger set holds
-    every conversation of a smaller one and the curves differ by data, not by which data)."""
-    lines = [line for line in Path(pool).read_text().splitlines() if line.strip()]
+    every conversation of a smaller one and the curves differ by data, not by which data). Records end at "\n"
+    only: str.splitlines() would also cut at U+2028 / U+2029 / U+0085, which JSON writers leave raw in strings."""
+    lines = [line for line in Path(pool).read_text(encoding="utf-8").split("\n") if line.strip()]
     if len(lines) < max(sizes):
         raise ConfigError(f"the pool {pool} holds {len(lines)} conversations, fewer than the largest size "
                           f"{max(sizes)}. Fix: generate more (--n) or drop that size.")

@@ -7,20 +7,30 @@ Reads only `<out>/scaling.json` (scaling.py writes it), so the committed raw JSO
 from __future__ import annotations
 
 import html
-import json
+import io
 import math
 from pathlib import Path
 
-from .scaling import RESULTS_FILE
+from dflash_lab.config import ConfigError
+from dflash_lab.runs.plots import PngImage
+from dflash_lab.runs.rundir import PROJECT_ROOT
+from .scaling import RESULTS_FILE, read_study
 
 SERIES_STYLE = {"steps": ("matched steps", "o-"), "epochs": ("matched epochs", "s--"), "depth": ("depth", "^"),
                 "variant": ("variant", "D")}
 
 
 def load_results(path: str | Path) -> dict:
-    """A scaling.json (the file or its folder)."""
-    p = Path(path)
-    return json.loads((p / RESULTS_FILE if p.is_dir() else p).read_text())
+    """A scaling.json (the file or its folder); a relative path not found from here is read under the project root
+    (a notebook's kernel runs in its own folder)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not p.exists():
+        p = PROJECT_ROOT / p
+    p = p / RESULTS_FILE if p.is_dir() else p
+    if not p.is_file():
+        raise ConfigError(f"{path} is no scaling study ({p} does not exist). Fix: pass a study's scaling.json or its "
+                          "folder, e.g. bench/results/2026-12-01-h200-scaling4-smollm2/scaling.json.")
+    return read_study(p)
 
 
 def rows(results: dict) -> list[dict]:
@@ -254,6 +264,24 @@ def _errorbar(ax, pts: list[dict], style: str, label: str, shift: float = 1.0) -
            [(r["tau_hi"] if r["tau_hi"] is not None else r["tau"]) - r["tau"] for r in pts]]
     ax.errorbar([r["conversations"] * shift for r in pts], [r["tau"] for r in pts], yerr=err, fmt=style, capsize=3,
                 label=label)
+
+
+FIGURES = {"curves": lambda results, key: curves_figure(results, key),
+           "steps": lambda results, key: steps_figure(results, key),
+           "training": lambda results, key: training_figure(results)}
+
+
+def figure(results: dict, name: str, eval_key: str = "b16-t0", *, save_in: str | Path = "") -> PngImage:
+    """One of FIGURES as a PNG a notebook shows; also written to `<save_in>/<name>.png` when save_in is given (so a
+    study re-rendered from a committed scaling.json writes nothing unless asked)."""
+    if name not in FIGURES:
+        raise ConfigError(f"figure name={name!r} is unknown. Fix: one of {sorted(FIGURES)}.")
+    buf = io.BytesIO()
+    FIGURES[name](results, eval_key).savefig(buf, format="png", dpi=110)
+    png = PngImage(buf.getvalue())
+    if save_in:
+        png.path = png.save(Path(save_in) / f"{name}.png")
+    return png
 
 
 def save_curves(results: dict, path: str | Path, eval_key: str = "b16-t0") -> Path:

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
-import os
 import re
 import signal
 import subprocess
@@ -40,9 +39,10 @@ from pathlib import Path
 
 from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs import lock as run_lock
-from dflash_lab.runs.rundir import NOTEBOOK_ENV, new_run_dir, resolve_runs_dir, write_json
+from dflash_lab.runs.rundir import new_run_dir, resolve_runs_dir, write_json
 from dflash_lab.runs.run_files import RunFileError
 from dflash_lab.train.validation import heldout_source
+from .children import child_env, die_with_parent
 from .sweep_results import SWEEP_FILE, read_sweep, write_results
 
 LOG_FILE = "sweep.log"  # a variant's stdout + stderr, in its run dir
@@ -52,7 +52,6 @@ MEASUREMENT_FIELDS = ("heldout_data", "real_tau_prompts", "real_tau_new_tokens",
 SWEEP_OWNED_FIELDS = ("run_name", "runs_dir", "devices", "target_devices", "resume_from")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STAMP = r"\d{8}T\d{6}Z-"
-PARENT_ENV = "DFLASH_SWEEP_PARENT"  # the sweep's pid, so a variant process can end itself when the sweep is gone
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -197,17 +196,6 @@ def _config_key(tc: TrainConfig) -> dict:
     return json.loads(json.dumps(d))
 
 
-def child_env(device: str) -> dict:
-    env = dict(os.environ)
-    env.pop(NOTEBOOK_ENV, None)  # the child is no notebook: it must not copy the sweep notebook as its own
-    if device.startswith("cuda:"):
-        index = int(device.split(":", 1)[1])
-        # cuda:N counts the GPUs this process sees: under CUDA_VISIBLE_DEVICES="2,3", cuda:1 is physical GPU 3
-        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        env["CUDA_VISIBLE_DEVICES"] = visible[index] if index < len(visible) else str(index)
-    return env
-
-
 def _last_error(run_dir: Path, rc: int | None = None) -> str:
     """The error a failed variant left: the signal that killed it (SIGKILL: often the out-of-memory killer), else
     error.json from the child, else the last lines of its log."""
@@ -225,19 +213,6 @@ def _last_error(run_dir: Path, rc: int | None = None) -> str:
     except OSError:
         return killed + "no log"
     return killed + (" | ".join(lines[-3:]) or "exited without output")
-
-
-def _die_with_parent(parent: int) -> None:
-    """In a variant process: ask the kernel for SIGTERM when the sweep that started it dies (a SIGKILLed or
-    restarted kernel cannot stop its children), and end now if it is already gone."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):  # not Linux: the sweep's own SIGTERM handler still stops its children
-        pass
-    if os.getppid() != parent:
-        sys.exit("the sweep that started this variant is gone")
 
 
 class Sweep:
@@ -313,7 +288,7 @@ class Sweep:
         try:
             proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.sweep", "--run", str(run_dir)],
                                     stdout=logf, stderr=subprocess.STDOUT,
-                                    env={**child_env(device), PARENT_ENV: str(os.getpid())})
+                                    env=child_env(device))  # it dies with the sweep (children.py)
         finally:
             logf.close()  # the child holds its own copy of the file descriptor
         v["pid"] = proc.pid
@@ -392,8 +367,7 @@ def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print)
 
 def run_variant(run_dir: Path) -> int:
     """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps and finished."""
-    if os.environ.get(PARENT_ENV, "").isdigit():
-        _die_with_parent(int(os.environ[PARENT_ENV]))
+    die_with_parent()
     from dflash_lab.train.trainer import Trainer  # heavy (torch, transformers): only the child process needs it
 
     trainer = None
