@@ -142,9 +142,56 @@ def test_the_notebook_parameters_map_one_to_one_onto_the_config_with_its_default
 
 
 def test_a_phase_run_before_the_one_it_needs_names_that_phase(tmp_path):
-    rec = Recipe(RecipeConfig(model="tiny", work_dir=str(tmp_path / "r")), log=lambda *a: None)
+    rec = Recipe(RecipeConfig(**TINY_SIZES, n_self=0, work_dir=str(tmp_path / "r")), log=lambda *a: None)
     with pytest.raises(RuntimeError, match=r"Recipe\.regenerate\(\) makes \(data\). Fix: run regenerate\(\) first"):
         rec.mix_data()
     with pytest.raises(RuntimeError, match=r"Fix: run train\(\) first"):
         rec.evaluate()
     assert list(json.loads((tmp_path / "r" / "results.json").read_text())["phases"]) == []
+
+
+def test_full_size_settings_on_a_cpu_are_refused_before_anything_is_written(tmp_path):
+    """The defaults are sized for a GPU (6.4M answer tokens, 15.4M training tokens): on device="cpu" they are refused
+    naming allow_cpu_full_size, and nothing is written; asked for, or on a GPU, or at smoke size, they go."""
+    with pytest.raises(ConfigError) as e:
+        Recipe(RecipeConfig(model="tiny", work_dir=str(tmp_path / "r")), log=lambda *a: None)
+    msg = str(e.value)
+    assert "allow_cpu_full_size" in msg and "6,374,400 answer tokens" in msg and "15,360,000 train tokens" in msg
+    assert not (tmp_path / "r").exists()
+    assert RecipeConfig().cpu_work() == {"answer_tokens": (7000 + 200 + 26000) * 192, "train_tokens": 1500 * 32 * 320}
+    RecipeConfig(allow_cpu_full_size=True).check_device()
+    RecipeConfig(device="cuda:0").check_device()
+    RecipeConfig(**TINY_SIZES, n_self=24).check_device()  # the tests' sizes: 576 answer tokens, 768 training tokens
+
+
+def test_the_training_budget_reaches_the_train_config():
+    assert RecipeConfig(train_time_budget_s=420.0).train_config(Path("d.jsonl")).time_budget_s == 420.0
+    assert RecipeConfig().train_config(Path("d.jsonl")).time_budget_s is None
+    with pytest.raises(ConfigError, match="train_time_budget_s=0.0 is invalid"):
+        RecipeConfig(train_time_budget_s=0.0)
+
+
+def test_a_rerun_keeps_the_earlier_figures_until_its_own_phase_replaces_them(tmp_path):
+    import time
+
+    cfg = RecipeConfig(**TINY_SIZES, n_self=0, work_dir=str(tmp_path / "r"))
+    first = Recipe(cfg, log=lambda *a: None)
+    first._record("build_data", time.perf_counter(), counts={"train": 8})
+    first._record("train", time.perf_counter(), steps=4)
+    results = tmp_path / "r" / "results.json"
+    notes = []
+    second = Recipe(dataclasses.replace(cfg, steps=6), log=notes.append)  # a rerun, cut short before any phase
+    ph = json.loads(results.read_text())["phases"]
+    assert ph["build_data"]["counts"] == {"train": 8} and ph["train"]["steps"] == 4  # nothing lost
+    assert ph["train"]["earlier_run"] == first.results["started"]
+    assert ph["train"]["earlier_settings_differ"] == ["steps"]
+    assert "kept 2 phase(s)" in notes[0] and "steps" in notes[0]
+    second._record("train", time.perf_counter(), steps=6)  # this run's own phase replaces the earlier one
+    ph = json.loads(results.read_text())["phases"]
+    assert ph["train"]["steps"] == 6 and "earlier_run" not in ph["train"] and "earlier_run" in ph["build_data"]
+    assert "(earlier run " in second._repr_html_()
+    cut = results.read_text()[:50]
+    results.write_text(cut)  # cut off: moved aside, not overwritten
+    Recipe(cfg, log=notes.append)
+    assert (tmp_path / "r" / "results.json.unreadable").read_text() == cut
+    assert "cannot be read" in notes[-1] and json.loads(results.read_text())["phases"] == {}

@@ -2,7 +2,9 @@
 
 notebooks/recipes/smollm2.ipynb drives it (a `parameters` cell, then one call per phase); bench/recipe_smollm2.sh
 runs that notebook headless on one H200. Each phase records its wall time and figures in `<work_dir>/results.json`,
-rewritten after every phase, so a run cut short still reports what it measured.
+rewritten after every phase, so a run cut short still reports what it measured. A rerun into the same work_dir
+keeps the earlier run's phases (each marked with that run's start and the settings it ran with, where they differ)
+until its own phase of that name replaces them: a rerun cut short loses no earlier figure.
 
     rec = Recipe(RecipeConfig(device="cuda:0"))
     rec.get_model(); rec.self_prompts(); rec.build_data(); rec.regenerate(); rec.mix_data()
@@ -22,6 +24,8 @@ so the chain fits a device call.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as _dt
 import html
 import json
 import time
@@ -29,10 +33,11 @@ from pathlib import Path
 
 import torch
 
-from ..data import real_data
-from .recipe_config import TINY, RecipeConfig
-from ..target import models
+from dflash_lab.data import real_data
+from dflash_lab.runs.run_files import RunFileError, read_json
+from dflash_lab.target import models
 from dflash_lab.target.load import load_tokenizer
+from .recipe_config import TINY, RecipeConfig
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
 RESULTS = "results.json"
@@ -57,6 +62,7 @@ class Recipe:
     """Runs the phases in order; `results` (also `<work_dir>/results.json`) holds each phase's figures and time."""
 
     def __init__(self, config: RecipeConfig, log=print):
+        config.check_device()  # before anything is written: full-size settings on a CPU run for hours
         self.config = config
         self.log = log
         self.dir = Path(config.work_dir)
@@ -65,7 +71,9 @@ class Recipe:
             torch.set_num_threads(config.threads)
         self.results: dict = {"config": config.to_dict(), "model": config.model,
                               "weights_note": _weights_note(config.model), "device": config.device,
-                              "device_name": _device_name(config.device), "phases": {}}
+                              "device_name": _device_name(config.device),
+                              "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
+                              "phases": self._earlier_phases(config)}
         self.run_dir: Path | None = None
         self.self_data: Path | None = None  # target-written training conversations (self_prompts)
         self.self_heldout: Path | None = None  # their held-out split: the "self-heldout" evaluation set
@@ -88,7 +96,8 @@ class Recipe:
     def self_prompts(self) -> dict:
         """`n_self` first user turns written by the target (sampled from its chat template after the user header,
         T and top-p of SelfPromptConfig), cleaned, split, answered greedily: data/self_prompts.py."""
-        from dflash_lab.data.self_prompts import SelfPromptConfig, output_paths, write_self_prompts
+        from dflash_lab.data.self_prompts import USER_SAMPLING, SelfPromptConfig, output_paths, write_self_prompts
+        from dflash_lab.target.sampling import GenerationSettings
 
         t0 = time.perf_counter()
         c = self.config
@@ -96,11 +105,12 @@ class Recipe:
             return self._record("self_prompts", t0, skipped="n_self=0: the chitchat-only recipe")
         paths = output_paths(self.dir / f"self-{c.n_self}.jsonl")
         # a user turn longer than a window's prompt room (seq_len - 2 blocks; the template not counted) would leave
-        # almost no answer to train on: such turns are filtered as truncated, and 256 (SelfPromptConfig's) caps it
-        cfg = SelfPromptConfig(n=c.n_self, seed=c.seed, heldout=c.self_heldout,
-                               heldout_fraction=c.self_heldout_fraction, max_answer_tokens=c.regen_max_new_tokens,
-                               max_prompt_tokens=min(SelfPromptConfig.max_prompt_tokens, c.max_prompt_tokens),
-                               batch_size=c.regen_batch_size)
+        # almost no answer to train on: such turns are filtered as truncated, and 256 (USER_SAMPLING's) caps it
+        user = dataclasses.replace(USER_SAMPLING, seed=c.seed,
+                                   max_new_tokens=min(USER_SAMPLING.max_new_tokens, c.max_prompt_tokens))
+        cfg = SelfPromptConfig(n=c.n_self, user_sampling=user, heldout=c.self_heldout,
+                               heldout_fraction=c.self_heldout_fraction, batch_size=c.regen_batch_size,
+                               answer_sampling=GenerationSettings(max_new_tokens=c.regen_max_new_tokens, seed=c.seed))
         report = write_self_prompts(c.model, paths["out"], cfg, devices=(c.device,), dtype=c.regen_dtype,
                                     log=self.log)
         self.self_data, self.self_heldout = paths["out"], paths["heldout"]
@@ -112,8 +122,8 @@ class Recipe:
                             answers_truncated=report["turns"]["answers_truncated"],
                             user_tokens=report["length_tokens"], distinct=report["distinct"],
                             prompts_per_s=report["prompts_per_s"], dtype=s["dtype"], engine=s["engine"],
-                            temperature=s["temperature"], top_p=s["top_p"], max_prompt_tokens=s["max_prompt_tokens"],
-                            max_answer_tokens=s["max_answer_tokens"])
+                            temperature=user.temperature, top_p=user.top_p, max_prompt_tokens=user.max_new_tokens,
+                            max_answer_tokens=cfg.answer_sampling.max_new_tokens)
 
     def build_data(self) -> dict:
         t0 = time.perf_counter()
@@ -138,13 +148,14 @@ class Recipe:
         """The chitchat prompts (training and held-out) answered greedily by the target: the generation engine on a
         GPU (static caches, CUDA graphs), HF generate on the CPU (`backend="auto"`)."""
         from dflash_lab.data.regen_local import generation_dtype
-        from dflash_lab.data.regenerate import SamplingConfig, regenerate
+        from dflash_lab.data.regenerate import regenerate
+        from dflash_lab.target.sampling import GenerationSettings
 
         t0 = time.perf_counter()
         c = self.config
         self._need("prompts", "build_data")
         self.data = self.train_data = self.dir / f"regen-{c.variant}-{c.n_train}.jsonl"
-        sampling = SamplingConfig(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
+        sampling = GenerationSettings(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
         common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
                       dtype=c.regen_dtype, backend="auto", log=self.log, progress_every_s=15.0)
         stats = regenerate(self.prompts, self.data, match_check=c.match_check, **common)
@@ -290,6 +301,28 @@ class Recipe:
                                                         "dflash_config")})
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
+    def _earlier_phases(self, config: RecipeConfig) -> dict:
+        """The phases an earlier run recorded in this work_dir, each marked with that run's start and the settings
+        that differed; a results.json that cannot be read is moved aside (named in the log), not overwritten."""
+        path = self.dir / RESULTS
+        try:
+            earlier = read_json(path, missing={})
+        except RunFileError as e:
+            aside = path.with_name(RESULTS + ".unreadable")
+            path.replace(aside)
+            self.log(f"[recipe] {e} Kept as {aside}; this run starts a new {RESULTS}.")
+            return {}
+        before, now = earlier.get("config") or {}, config.to_dict()
+        differ = sorted(k for k in now if json.dumps(before.get(k), default=str) != json.dumps(now[k], default=str))
+        mark = {"earlier_run": earlier.get("started", "unknown"), **({"earlier_settings_differ": differ}
+                                                                    if differ else {})}
+        phases = {name: PhaseFigures({**figures, **mark}) for name, figures in (earlier.get("phases") or {}).items()
+                  if isinstance(figures, dict)}
+        if phases:
+            self.log(f"[recipe] kept {len(phases)} phase(s) of the run of {mark['earlier_run']} in {path} until this "
+                     "run replaces them" + (f" (its settings differ: {', '.join(differ)})" if differ else ""))
+        return phases
+
     def _need(self, attr: str, phase: str) -> None:
         """Phases run in order, in one object: say which earlier phase is missing instead of an AttributeError."""
         if getattr(self, attr, None) is None:
@@ -317,7 +350,8 @@ class Recipe:
         e = html.escape
         head = (f"<p><b>{e(self.results['model'])}</b> on {e(self.results['device_name'])}: "
                 f"{e(self.results['weights_note'])}.</p>")
-        times = "".join(f"<tr><td>{e(k)}</td><td>{v['seconds']}</td></tr>" for k, v in ph.items())
+        times = "".join(f"<tr><td>{e(k)}{e(' (earlier run ' + v['earlier_run'] + ')') if 'earlier_run' in v else ''}"
+                        f"</td><td>{v['seconds']}</td></tr>" for k, v in ph.items())
         rows = "".join(
             f"<tr><td>{e(str(r['prompt_set']))}</td><td>{r['prompts']}</td><td>{e(r['decoder'])}</td>"
             f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_fmt_tau(r)}</td>"

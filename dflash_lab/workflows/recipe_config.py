@@ -8,6 +8,11 @@ the target writes itself (~23,000 kept), all answered by the target (<= 192 toke
 chitchat-only recipe before it reached 1.83 and 1.19: its 4,000 mostly-greeting first turns were too few and too
 narrow. The study's training loss was still falling at step 1,500 at every size >= 10k: more steps are the next
 lever (not measured yet).
+
+These defaults are sized for a GPU. On a CPU they would run for hours (6.4M answer tokens to generate, 15.4M
+training tokens), so a recipe on device="cpu" whose work passes CPU_LIMITS is refused before anything is written,
+unless allow_cpu_full_size=True: the CPU is for the smoke run (notebooks/recipes/smollm2.ipynb's first cell), whose
+work is ~560 answer tokens and ~200 training tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from dflash_lab.evaluation.prompt_sets import NAMES as PROMPT_SET_NAMES
 from dflash_lab.target import models
 
 TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on it in seconds
+# Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
+# training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
+CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +103,11 @@ class RecipeConfig:
     threads: int | None = None
     """torch CPU threads (None = leave torch's setting)."""
     seed: int = 0
+    train_time_budget_s: float | None = None
+    """Wall-time budget of the training phase (TrainConfig.time_budget_s): when spent, training stops at a step
+    boundary with a checkpoint (resumable) and the recipe goes on with what it trained; None = train every step."""
+    allow_cpu_full_size: bool = False
+    """Run on device="cpu" although the settings pass CPU_LIMITS (hours of work); False refuses such a run."""
 
     def __post_init__(self) -> None:
         def bad(name, why, fix):  # TrainConfig's message: the field, its value, why, the fix
@@ -140,6 +153,27 @@ class RecipeConfig:
         object.__setattr__(self, "eval_temperatures", tuple(float(t) for t in self.eval_temperatures))
         if not self.eval_budget_s > 0:
             bad("eval_budget_s", "must be > 0", "use e.g. 180")
+        if self.train_time_budget_s is not None and not self.train_time_budget_s > 0:
+            bad("train_time_budget_s", "must be a positive number of seconds", "use e.g. 420, or None for no budget")
+
+    def cpu_work(self) -> dict[str, int]:
+        """The work that decides whether a CPU run is a smoke run: answer tokens the target writes (every chitchat
+        and target-written prompt, at most regen_max_new_tokens each) and tokens the drafter trains on."""
+        answers = (self.n_train + self.heldout + self.n_self) * self.regen_max_new_tokens
+        return {"answer_tokens": answers, "train_tokens": self.steps * self.batch_size * self.seq_len}
+
+    def check_device(self) -> None:
+        """Refuse a GPU-sized recipe on the CPU (see the module docstring) unless allow_cpu_full_size=True."""
+        if self.device != "cpu" or self.allow_cpu_full_size:
+            return
+        over = {k: v for k, v in self.cpu_work().items() if v > CPU_LIMITS[k]}
+        if over:
+            work = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in over.items())
+            fail("RecipeConfig", "allow_cpu_full_size", False,
+                 f'device="cpu" with settings sized for a GPU ({work}, above the CPU limits {CPU_LIMITS}): hours of '
+                 "work on a CPU",
+                 'run on a GPU (device="cuda:0"), shrink the settings as in the notebook\'s CPU smoke run, or set '
+                 "allow_cpu_full_size=True to run it on the CPU anyway")
 
     @property
     def eval_pairs(self) -> list[tuple[int, float]]:
@@ -163,4 +197,5 @@ class RecipeConfig:
                            num_draft_layers=self.num_draft_layers, lr=self.lr, seed=self.seed,
                            devices=(self.device,), heldout_data=str(heldout) if heldout else "",
                            real_tau_every=self.real_tau_every, val_every=self.real_tau_every,
-                           real_tau_prompts=self.real_tau_prompts, log_every=max(1, min(50, self.steps // 20)))
+                           real_tau_prompts=self.real_tau_prompts, log_every=max(1, min(50, self.steps // 20)),
+                           time_budget_s=self.train_time_budget_s)
