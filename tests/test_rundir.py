@@ -73,6 +73,21 @@ def test_save_executed_notebook_strips_widgets_and_skips_same_file(tmp_path, mon
     assert rundir.save_executed_notebook(run) == run / "train.ipynb"
 
 
+def test_a_jupyterlab_kernel_copies_its_saved_notebook_and_a_plain_process_does_not(tmp_path, monkeypatch):
+    lab, run = tmp_path / "lab" / "train.ipynb", tmp_path / "run"
+    lab.parent.mkdir()
+    run.mkdir()
+    _notebook(lab, widget=True)
+    monkeypatch.delenv(rundir.NOTEBOOK_ENV, raising=False)
+    monkeypatch.setenv(rundir.LAB_SESSION_ENV, str(lab))  # what jupyter_server sets for the kernel of lab/train.ipynb
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert rundir.save_executed_notebook(run) is None  # e.g. a sweep's variant started from that kernel
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)  # inside the kernel
+    copy = rundir.save_executed_notebook(run, "train.ipynb")
+    assert copy == run / "train.ipynb" and "widgets" not in json.loads(copy.read_text())["metadata"]
+    assert json.loads(copy.read_text())["cells"][0]["outputs"][0]["data"] == {"text/plain": ["view"]}
+
+
 def test_copy_when_final_waits_for_the_kernel_and_the_final_write(tmp_path):
     src, dst = tmp_path / "out.ipynb", tmp_path / "copy.ipynb"
     _notebook(src)

@@ -127,3 +127,15 @@ def test_the_lock_decides_running_and_the_last_event_how_a_dead_run_ended(tmp_pa
     table = runs.compact_table(runs.runs_table([interrupted, killed], log=None))
     assert list(table["status"]) == ["interrupted (ckpt @55)", "killed (ckpt @8)"]
     assert list(table["step"]) == ["55/400", "10/300"]
+
+
+def test_an_eval_tau_of_an_earlier_step_says_which_step(tmp_path):
+    import json
+
+    root = tmp_path / "runs"
+    rows = _rows(10, 20) + json.dumps({"step": 30, "loss": 0.5, "real_tau": 2.5}) + "\n" + _rows(40, 60)
+    run = _run(root, "stale", steps=60, metrics=rows)
+    now = _run(root, "fresh", steps=30, metrics=_rows(10, 20) + json.dumps({"step": 30, "loss": 0.5,
+                                                                            "real_tau": 2.25}) + "\n")
+    table = runs.compact_table(runs.runs_table([run, now], log=None))
+    assert list(table["eval tau"]) == ["2.50 @step 30", "2.25"]

@@ -123,6 +123,8 @@ def test_html_fragments_carry_the_numbers():
     assert "no NVIDIA GPU" in gpus_html(s) and "host RAM" in gpus_html(s)
     assert "move one GPU from drafters to targets" in balance_html(s)
     assert "ETA" in header_html(m.state(phase="training"))
+    # stopped before its step time settled (103 noisy steps): the rate runs list shows, never "steady -"
+    assert "last 2.0k" in header_html(s) and "steady -" not in header_html(s)
 
 
 def test_eight_gpu_rows_are_compact_and_aligned():

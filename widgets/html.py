@@ -32,8 +32,10 @@ def header_html(s: DashboardState) -> str:
     total = f" / {s.total_steps}" if s.total_steps else ""
     if s.steady_tokens_per_s and s.throughput_state == "steady":
         steady = f"steady {format_rate(s.steady_tokens_per_s)}"
-    else:
-        steady = "warming up" if s.warming_up else "steady -"
+    elif s.warming_up:
+        steady = "warming up"
+    else:  # stopped or finished before the step time settled (a short or noisy run): the rate runs list shows too
+        steady = f"last {format_rate(s.tokens_per_s)}" if s.tokens_per_s else "steady -"
     tau = _v("sim-tau", _num(s.sim_tau, ".2f"), "simulated acceptance length from block accuracy on the training "
                                                 "batch (not a real decode)", s.sim_tau)
     if s.val_sim_tau is not None:

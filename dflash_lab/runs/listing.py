@@ -172,7 +172,10 @@ def _eval_columns(run_dir: Path, metrics: list[dict]) -> dict:
     found = latest_eval(run_dir)
     ev = eval_summary(found) if found else {}
     logged = _last_logged(metrics, "real_tau", "eval_tau")
-    return {"eval_tau": ev["eval_tau"] if ev.get("eval_tau") is not None else logged,
+    logged_step = next((r["step"] for r in reversed(metrics) if r.get("real_tau") is not None
+                        or r.get("eval_tau") is not None), None)
+    own = ev.get("eval_tau") is not None
+    return {"eval_tau": ev["eval_tau"] if own else logged, "eval_step": ev.get("eval_step") if own else logged_step,
             "eval_block_size": ev.get("eval_block_size"), "eval_speedup": ev.get("eval_speedup"),
             "heldout_tau": logged, "val_sim_tau": _last_logged(metrics, "val_sim_tau")}
 
@@ -225,7 +228,7 @@ def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
 # Short text columns: (header, runs_table column, format). Every missing value prints "-" (never NaN or None).
 COMPACT_COLUMNS = (("status", "status", "s"), ("step", "step", "step"), ("loss", "loss", ".3f"),
                    ("sim tau", "sim_tau", ".2f"), ("val tau", "val_sim_tau", ".2f"), ("real tau", "heldout_tau", ".2f"),
-                   ("eval tau", "eval_tau", ".2f"), ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
+                   ("eval tau", "eval_tau", "tau@step"), ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
                    ("target", "target", "name"))
 
 
@@ -233,7 +236,8 @@ def compact_table(table) -> "pandas.DataFrame":  # noqa: F821
     """runs_table as short strings, ~110 characters for a run: what `runs list` prints and compare.ipynb shows.
 
     sim tau: simulated on the last training batch; val tau: simulated on held-out conversations; real tau: real
-    speculative decoding on held-out prompts while training; eval tau: the newest evaluation (evals/), held-out set.
+    speculative decoding on held-out prompts while training; eval tau: the newest evaluation (evals/), held-out set,
+    with `@step N` when it measured an earlier step than the run's last.
     tok/s: steady sequence tokens/s; GiB: peak memory per device (CPU runs: process RSS)."""
     import pandas as pd
 
@@ -251,6 +255,10 @@ def _cell(value, fmt: str, row) -> str:
         return f"{step or 0}/{total}" if total else f"{step or 0}"
     if value is None or (isinstance(value, float) and value != value):
         return "-"
+    if fmt == "tau@step":  # an evaluation of an earlier step than the run's last says which step it measured
+        at = row.get("eval_step")
+        stale = _is_number(at) and at == at and _is_number(row.get("step")) and at < row.get("step")
+        return f"{value:.2f} @step {int(at)}" if stale else f"{value:.2f}"
     if fmt == "rate":
         v = float(value)
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e3 else f"{v:.0f}"

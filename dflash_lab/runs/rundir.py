@@ -281,6 +281,20 @@ def find_papermill_output() -> Path | None:
     return papermill_output_from_argv([a.decode(errors="replace") for a in argv if a], cwd)
 
 
+LAB_SESSION_ENV = "JPY_SESSION_NAME"  # jupyter_server gives each kernel it starts the path of its notebook
+
+
+def find_lab_notebook() -> Path | None:
+    """The notebook file a JupyterLab (jupyter_server) kernel was started for, or None: this process must be a kernel
+    (a sweep's variant inherits the variable but is no notebook) and the file must exist."""
+    name = os.environ.get(LAB_SESSION_ENV)
+    if not name or "ipykernel" not in sys.modules:
+        return None
+    path = Path(name).expanduser()
+    path = path if path.is_absolute() else Path.cwd() / path
+    return path if path.suffix == ".ipynb" and path.is_file() else None
+
+
 def share_bases(notebook: Path, extra=()) -> dict[Path, str]:
     """Folders whose absolute paths an executed notebook should not carry, and what they become: the folder that
     holds the runs folder of the run the notebook lies in (so `runs/<run>/...` remains), the project root, the home
@@ -346,7 +360,8 @@ def shareable_copy(src: Path, dst: Path) -> None:
 
 def save_executed_notebook(run_dir: str | Path, name: str = "train.ipynb", *, wait_for_final: bool = True,
                            source: str | Path | None = None) -> Path | None:
-    """Copy the notebook papermill is writing into the run dir; returns the copy, or None outside papermill.
+    """Copy the notebook papermill is writing into the run dir (or, in a JupyterLab kernel, the notebook as last
+    saved); returns the copy, or None when this process runs no notebook.
 
     Called from inside the notebook, the copy holds every cell up to the one calling this (papermill saves after
     each cell). With `wait_for_final`, a small detached process waits for this kernel to exit and for papermill's
@@ -355,6 +370,8 @@ def save_executed_notebook(run_dir: str | Path, name: str = "train.ipynb", *, wa
     straight into the run dir, there is nothing to copy.
     """
     src = Path(source) if source else find_papermill_output()
+    if src is None and source is None:
+        src, wait_for_final = find_lab_notebook(), False  # the saved file: what the user last saved of it
     if src is None or not src.is_file():
         return None
     dst = Path(run_dir) / name
