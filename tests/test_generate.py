@@ -15,7 +15,7 @@ from dflash_lab.target.gen_kernels import GROUPED_DECODE, engine_kernels, groupe
 from dflash_lab.target.gen_queue import GenProgress, PromptItem, PromptQueue
 from dflash_lab.target.generate import Generated, GenerationSettings, Generator
 from dflash_lab.target.sampling import counter_uniform, filtered_probs, next_tokens
-from dflash_lab.target.static_cache import batch_ladder, bucket, length_ladder
+from dflash_lab.target.static_cache import BATCH_FLOOR, MIN_SPAN, bucket, doubling_ladder, length_ladder
 
 NEW = 40
 GREEDY = GenerationSettings(max_new_tokens=NEW)
@@ -316,8 +316,31 @@ def test_engine_kernels_leave_the_model_as_it_was_given():
 
 def test_buckets():
     assert length_ladder(300)[:9] == [64, 80, 96, 112, 128, 160, 192, 224, 256] and length_ladder(300)[-1] == 300
-    assert batch_ladder(48) == [8, 16, 32, 48] and batch_ladder(4) == [4]
+    assert doubling_ladder(48, BATCH_FLOOR) == [8, 16, 32, 48] and doubling_ladder(4, BATCH_FLOOR) == [4]
+    assert doubling_ladder(1088, MIN_SPAN) == [256, 512, 1024, 1088]  # the evaluator's attention lengths
     assert bucket([8, 16, 32], 9) == 16 and bucket([8, 16, 32], 40) == 32
+
+
+def test_one_cache_writes_the_same_keys_whichever_way_a_forward_says_where():
+    """The evaluator's ways into the engine's cache: every row at the same positions (index copy, batch 1), one line
+    of positions per row, and a subset of rows; each returns the live prefix of the rows it wrote."""
+    from dflash_lab.target.static_cache import RowKVCache
+
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 4, 5, generator=g)  # (R, kvh, T, d)
+    same, per_row = (RowKVCache(1, 3, 2, 16, 5, torch.float32, "cpu") for _ in range(2))
+    same.at(torch.arange(6, 10), 12)
+    ks, vs = same.update(k, v, 0)
+    per_row.at(torch.arange(6, 10).expand(2, 4), 12)
+    kr, vr = per_row.update(k, v, 0)
+    assert ks.shape == (2, 3, 12, 5) and torch.equal(ks, kr) and torch.equal(vs, vr)
+    assert torch.equal(same.keys[0][:, :, 6:10], k) and same.keys[0][:, :, :6].abs().sum() == 0
+    one = RowKVCache(1, 3, 2, 16, 5, torch.float32, "cpu")
+    one.at(torch.tensor([[3, 4, 5, 6]]), 8, rows=torch.tensor([1]))
+    k1, _ = one.update(k[1:], v[1:], 0)
+    assert k1.shape == (1, 3, 8, 5) and torch.equal(k1[0, :, 3:7], k[1]) and one.keys[0][0].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="before prefill"):
+        RowKVCache(1, 3, 2, 16, 5, torch.float32, "cpu").update(k, v, 0)
 
 
 def test_gen_bench_prints_one_json_line_per_configuration(capsys, tmp_path):

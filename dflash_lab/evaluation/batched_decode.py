@@ -19,9 +19,9 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import apply_rope
 from dflash_lab.target.features import decoder_of
-from dflash_lab.target.static_cache import additive
+from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder, \
+    static_cache_problem, write_rows
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
-from .static_cache import buckets_for, static_path_problem
 
 CACHE_BYTES = 2 << 30  # the rows' caches stay under ~2 GiB: they sit beside a training run on its GPU
 
@@ -32,32 +32,14 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.topk(min(TOPK, logits.shape[-1]), dim=-1).indices[..., 0]
 
 
-class RowKVCache:
-    """Per target layer a static K and V (R, kvh, L, d); a forward writes row r at positions[r] (rows: all, or the
-    ones being prefilled) and reads the live prefix [0, live). The Hugging Face Cache `update` contract."""
-
-    def __init__(self, n_layers: int, rows: int, kv_heads: int, length: int, head_dim: int, dtype, device):
-        shape = (rows, kv_heads, length, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.rows: torch.Tensor | None = None  # (R',) rows of this forward; None = every row
-        self.positions: torch.Tensor | None = None  # (R', T)
-        self.live = length
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return write_rows(self.keys[layer_idx], self.values[layer_idx], key_states, value_states, self.rows,
-                          self.positions, self.live)
-
-
-def write_rows(keys, values, k, v, rows, positions, live):
-    """Write k/v (R', kvh, T, d) into keys/values (R, kvh, L, d) at rows x positions (R', T); return the live K/V
-    of those rows."""
-    r = torch.arange(keys.shape[0], device=keys.device) if rows is None else rows
-    keys[r[:, None], :, positions] = k.transpose(1, 2)  # (R', T, kvh, d) at [row, :, position]
-    values[r[:, None], :, positions] = v.transpose(1, 2)
-    if rows is None:
-        return keys[:, :, :live], values[:, :, :live]
-    return keys[rows, :, :live], values[rows, :, :live]
+def static_path_problem(target, drafter) -> str | None:
+    """Why the static decoders (batch 1 and batched) cannot run this target (None if they can)."""
+    problem = static_cache_problem(target)
+    if problem:
+        return problem
+    if drafter is not None and next(drafter.parameters()).device != next(target.parameters()).device:
+        return "the drafter and the target are on different devices (one graph spans one device)"
+    return None
 
 
 class BatchedSpeculativeDecoder(SpeculativeDecoder):
@@ -74,8 +56,8 @@ class BatchedSpeculativeDecoder(SpeculativeDecoder):
         tc, self.decoder = target_text_config(target), decoder_of(target)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         dev, B, R, L = self.target_device, self.block_size, rows, -(-length // 64) * 64
-        self.rows, self.length, self.buckets = R, L, buckets_for(L)
-        self.cache = RowKVCache(len(self.decoder.layers), R, tc.num_key_value_heads, L, head_dim,
+        self.rows, self.length, self.buckets = R, L, doubling_ladder(L, MIN_SPAN)
+        self.cache = RowKVCache(len(self.decoder.layers), tc.num_key_value_heads, R, L, head_dim,
                                 self.embed.weight.dtype, dev)
         a0 = drafter.layers[0].self_attn
         mk = lambda: torch.zeros(R, a0.num_kv_heads, L, a0.head_dim, dtype=self.drafter_dtype, device=dev)  # noqa
@@ -105,7 +87,7 @@ class BatchedSpeculativeDecoder(SpeculativeDecoder):
         h = self.embed(ids)
         rope = self.decoder.rotary_emb(h, pos)
         mask = additive((self.kv_pos[None, None, :live] <= pos[:, :, None])[:, None], h.dtype)  # (R', 1, T, live)
-        self.cache.rows, self.cache.positions, self.cache.live = rows, pos, live
+        self.cache.at(pos, live, rows)
         picked = {}
         for i, layer in enumerate(self.decoder.layers):
             h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True,
@@ -182,7 +164,7 @@ class BatchedSpeculativeDecoder(SpeculativeDecoder):
         return first
 
     def _bucket(self, need: int) -> int:
-        return next(b for b in self.buckets if b >= need)
+        return bucket(self.buckets, need)
 
     @torch.no_grad()
     def generate_many(self, prompts: list[list[int]], *, max_new_tokens: int = 128) -> list[GenerationResult]:

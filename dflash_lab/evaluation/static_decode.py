@@ -41,12 +41,11 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
-from dflash_lab.target.static_cache import additive
-from .batched_decode import BatchedSpeculativeDecoder
+from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder
+from .batched_decode import BatchedSpeculativeDecoder, static_path_problem
 from .intervals import TauInterval, tau_interval
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, speculative_accept, \
     target_text_config
-from .static_cache import MIN_BUCKET, PositionedKVCache, buckets_for, static_path_problem
 
 STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
 
@@ -61,7 +60,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
                  mask_token_id: int | None = None, eos_token_id=None, graphs: bool = True, max_length: int = 1024,
-                 min_bucket: int = MIN_BUCKET):
+                 min_bucket: int = MIN_SPAN):
         super().__init__(target, drafter, block_size=block_size, mask_token_id=mask_token_id,
                          eos_token_id=eos_token_id)
         problem = static_path_problem(target, drafter)
@@ -92,9 +91,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         dev, B, K = self.target_device, self.block_size, min(TOPK, self.head.shape[0])
         length = -(-length // 64) * 64  # a multiple of 64: attention kernels take masks of aligned length unpadded
         self.length, self.k = length, K
-        self.buckets = buckets_for(length, self.min_bucket)
+        self.buckets = doubling_ladder(length, self.min_bucket)
         self._graphs = {}
-        self.cache = PositionedKVCache(self.n_layers, self.kv_heads, length, self.head_dim, self.dtype, dev)
+        self.cache = RowKVCache(self.n_layers, self.kv_heads, 1, length, self.head_dim, self.dtype, dev)
         self.kv_pos = torch.arange(length, device=dev)  # (L,)
         self.offsets = torch.arange(B, device=dev)  # (B,)
         self.state = torch.zeros(3, dtype=torch.long, device=dev)  # [last token, p_prev, p]
@@ -114,7 +113,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
 
     def bucket(self, need: int) -> int:
         """The attention length of an iteration whose block ends before position `need`."""
-        return next(b for b in self.buckets if b >= need)
+        return bucket(self.buckets, need)
 
     # ---------------------------------------------------------------------------------------------------------
     def _target_step(self, ids: torch.Tensor, pos: torch.Tensor, live: int):
@@ -123,7 +122,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         h = self.embed(ids)  # (1, T, H)
         rope = self.decoder.rotary_emb(h, pos[None])
         mask = additive((self.kv_pos[None, :live] <= pos[:, None])[None, None], h.dtype)  # (1, 1, T, live) causal
-        self.cache.positions, self.cache.live = pos, live
+        self.cache.at(pos, live)
         picked = {}
         for i, layer in enumerate(self.decoder.layers):
             h = layer(h, attention_mask=mask, position_ids=pos[None], past_key_values=self.cache, use_cache=True,

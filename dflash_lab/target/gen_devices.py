@@ -16,7 +16,7 @@ import torch
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .generate import Generator
 from .sampling import GenerationSettings
-from .static_cache import batch_ladder, bucket
+from .static_cache import BATCH_FLOOR, bucket, doubling_ladder
 
 
 def make_generators(models, *, stop_ids, **kw) -> list[Generator]:
@@ -69,8 +69,8 @@ def generate_on_devices(generators: list[Generator], prompts: list[list[int]], s
     queue = PromptQueue(by_length([PromptItem(k, p) for k, p in zip(keys, prompts)]), progress=progress, log=log,
                         log_every_s=log_every_s)
     share = -(-len(prompts) // len(generators))
-    run_queue(generators, queue, settings, rows=min(bucket(batch_ladder(generators[0].max_batch), share),
-                                                    generators[0].max_batch),
+    batches = doubling_ladder(generators[0].max_batch, BATCH_FLOOR)
+    run_queue(generators, queue, settings, rows=min(bucket(batches, share), generators[0].max_batch),
               length=max(len(p) for p in prompts) + settings.max_new_tokens)
     queue.flush()
     return [queue.results[k] for k in keys]

@@ -32,7 +32,8 @@ from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .gen_rows import RowBook
 from .sampling import GenerationSettings, counter_uniform, next_tokens
-from .static_cache import RowKVCache, additive, batch_ladder, bucket, length_ladder, static_cache_problem
+from .static_cache import BATCH_FLOOR, RowKVCache, additive, bucket, doubling_ladder, length_ladder, \
+    static_cache_problem
 
 # Generator.work, per run: where a run's device time goes. Prefill forwards and tokens (the prompts' own and the
 # right-padded total), their device time (CUDA events; wall time on the CPU), and decode chunks, steps and row-steps
@@ -161,7 +162,7 @@ class Generator:
         self.seed = torch.zeros((), dtype=torch.long, device=dev)
         self.temperature = torch.ones((), dtype=torch.float32, device=dev)
         self.top_p = torch.ones((), dtype=torch.float32, device=dev)
-        self.len_ladder, self.batch_ladder = length_ladder(length), batch_ladder(rows)
+        self.len_ladder, self.batch_ladder = length_ladder(length), doubling_ladder(rows, BATCH_FLOOR)
 
     def _status(self, how: str) -> None:
         """graph_status; it also names a per-row decode kernel (no suffix: the masked sdpa path, as before)."""
@@ -426,7 +427,7 @@ class Generator:
         keys = list(range(len(prompts))) if keys is None else list(keys)
         if len(set(keys)) != len(keys) or len(keys) != len(prompts):
             raise ValueError(f"keys must be {len(prompts)} distinct integers, one per prompt. Fix: pass unique keys.")
-        self.allocate(bucket(batch_ladder(self.max_batch), len(prompts)),
+        self.allocate(bucket(doubling_ladder(self.max_batch, BATCH_FLOOR), len(prompts)),
                       max(len(p) for p in prompts) + settings.max_new_tokens)
         queue = PromptQueue(by_length([PromptItem(k, p) for k, p in zip(keys, prompts)]), progress=progress,
                             log=self.log)
