@@ -217,7 +217,9 @@ def _parse_line(raw: bytes) -> object:
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
-        return RecordIssue("malformed_json", f"not valid JSON: {e.msg} at column {e.colno}")
+        # json's own message may end in "at" ("Unterminated string starting at"): the column completes it
+        at = "" if e.msg.endswith(" at") else " at"
+        return RecordIssue("malformed_json", f"not valid JSON: {e.msg}{at} column {e.colno}")
     except RecursionError:
         return RecordIssue("malformed_json", "nested too deeply to parse")
 
