@@ -1,11 +1,41 @@
-"""Shared test setup: CPU threads, the `gpu` marker skip, tiny random Qwen3 models for unit tests."""
+"""Shared test setup: CPU threads, the `gpu` marker skip, tiny random Qwen3 models for unit tests, and runs that
+land in a temporary folder, never in the user's own runs/."""
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "2")))
+
+# A run left at runs_dir="runs" (a notebook's default, a browser test's kernel, a subprocess) goes to
+# $DFLASH_LAB_RUNS: a folder of this session, so `make test` never adds runs to the user's runs/ list.
+REPO_RUNS = Path(__file__).resolve().parents[1] / "runs"
+SESSION_RUNS = tempfile.mkdtemp(prefix="dflash-test-runs-")
+os.environ["DFLASH_LAB_RUNS"] = SESSION_RUNS
+_REPO_RUNS_BEFORE: set[str] = set()
+
+
+def _entries(folder: Path) -> set[str]:
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+def pytest_sessionstart(session):
+    _REPO_RUNS_BEFORE.update(_entries(REPO_RUNS))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_RUNS, ignore_errors=True)
+    new = sorted(_entries(REPO_RUNS) - _REPO_RUNS_BEFORE)
+    if new:  # a test wrote into the user's runs/: say which entries, and fail the session
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"FAILED: tests added {new} to {REPO_RUNS}; tests must write runs into tmp_path or "
+                                "$DFLASH_LAB_RUNS (set by tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):

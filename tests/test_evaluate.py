@@ -146,7 +146,9 @@ def test_an_exported_folder_is_written_into_only_with_out(tmp_path):
 
     exported = export_drafter(tiny_trained_run(), tmp_path / "serve", log=lambda *a: None)
     plan = ev.plan_eval(exported, target="tiny")
-    assert plan.out_dir.parent == ev.REPO / "runs" / "exports" / "serve" / "evals"
+    from dflash_lab.runs.rundir import resolve_runs_dir
+
+    assert plan.out_dir.parent == resolve_runs_dir("runs") / "exports" / "serve" / "evals"  # tests: $DFLASH_LAB_RUNS
     assert plan.out_dir.name.endswith("-b8-t0-fp32") and not plan.out_dir.exists()
     assert ev.plan_eval(exported, target="tiny", out_dir=exported / "my-eval").out_dir == exported / "my-eval"
     assert ev.plan_eval(exported, target="tiny", dtype="bfloat16", block_size=4).out_dir.name.endswith("-b4-t0-bf16")
