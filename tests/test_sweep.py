@@ -373,3 +373,22 @@ def test_a_live_stale_variant_is_refused_and_a_killed_sweep_takes_its_child_with
         holder.kill()
         holder.wait()
     assert Sweep(cfg, log=lambda *a: None).variant("slow")["status"] == "pending"  # gone: trained again
+
+
+@pytest.mark.slow
+def test_a_variant_that_spends_its_time_budget_is_resumed_by_the_next_run_of_the_sweep(tmp_path):
+    """A real variant process with a budget spent before its first step: it stops with a checkpoint, is recorded
+    'stopped (resumable)', and the rerun (another budget: not another variant) resumes it in its own folder."""
+    from dflash_lab.runs.listing import run_status
+
+    one = [{"name": "lr-1e-3", "lr": 1e-3}]
+    first = run_sweep(_cfg(tmp_path, base={**BASE, "time_budget_s": 0.001}, variants=one), log=lambda *a: None)
+    v = first.variant("lr-1e-3")
+    run = Path(v["run_dir"])
+    assert v["status"] == "stopped (resumable)" and v["error"] is None, v
+    assert (run / "checkpoints" / "step-0000000" / "state.json").is_file() and run_status(run) == "stopped (resumable)"
+    said = []
+    again = Sweep(_cfg(tmp_path, base={**BASE, "time_budget_s": 600.0}, variants=one), log=said.append)
+    w = again.variant("lr-1e-3")
+    assert again.dir == first.dir and w["status"] == "pending" and w["resume"] and w["run_dir"] == str(run)
+    assert any("stopped at its time budget: resuming it in" in s for s in said)

@@ -16,6 +16,11 @@ Outputs: `runs/sweeps/<stamp>-<name>/sweep.json` (variants, run dirs, status, er
 its newest sweep dir (named exactly `<stamp>-<name>`), skips variants that finished with the same config and whose
 run folder is still there, and keeps variants that are no longer listed (their rows stay in the results).
 
+A variant longer than one job: `time_budget_s` in the base (or a variant) stops each variant's run at a step boundary
+with a checkpoint once its process has trained that long; the variant is recorded "stopped (resumable)", and the next
+run of the sweep resumes it in its own run folder (resume_from) instead of training it again, until it finishes. The
+budget is not part of what makes two configs the same variant: a rerun may give it another.
+
 Nothing runs twice or beside itself: one sweep of a name runs at a time (`sweeps/<name>.lock`); a variant's process
 dies with the sweep (SIGTERM when its parent goes, SIGKILL and kernel restarts included), and a rerun that finds a
 variant's run folder still locked by a live process refuses to start it again. Every variant is measured on the SAME
@@ -52,6 +57,8 @@ MEASUREMENT_FIELDS = ("heldout_data", "real_tau_prompts", "real_tau_new_tokens",
 SWEEP_OWNED_FIELDS = ("run_name", "runs_dir", "devices", "target_devices", "resume_from")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STAMP = r"\d{8}T\d{6}Z-"
+STOPPED = "stopped (resumable)"  # a variant whose run spent its time budget: the next run of the sweep resumes it
+NOT_THE_VARIANT = SWEEP_OWNED_FIELDS + ("time_budget_s",)  # differ between reruns of one variant
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,9 +198,15 @@ def sweep_lock(cfg: SweepConfig) -> Path:
 def _config_key(tc: TrainConfig) -> dict:
     """What must match for a finished run to count as this variant's result (run names and devices may differ)."""
     d = tc.to_dict()
-    for k in SWEEP_OWNED_FIELDS:
+    for k in NOT_THE_VARIANT:
         d.pop(k, None)
     return json.loads(json.dumps(d))
+
+
+def checkpoint_exists(run_dir: Path) -> bool:
+    """Whether a run folder holds a complete checkpoint to resume from (a `step-N/` with its state.json)."""
+    root = Path(run_dir) / "checkpoints"
+    return root.is_dir() and any((p / "state.json").is_file() for p in root.glob("step-*"))
 
 
 def _last_error(run_dir: Path, rc: int | None = None) -> str:
@@ -262,6 +275,13 @@ class Sweep:
                     f"sweep {self.cfg.name}: variant {name!r} is still being trained in {run_dir} by "
                     f"{run_lock.describe(run_lock.read_holder(run_dir))}, left by an earlier run of this sweep "
                     f"that was killed. Fix: wait for it, or stop it (touch {run_dir}/STOP), then rerun.")
+        if prev and prev.get("status") == STOPPED and prev.get("config") == key:
+            if run_dir is not None and checkpoint_exists(run_dir):
+                self.log(f"sweep {self.cfg.name}: {name} stopped at its time budget: resuming it in {run_dir}")
+                return {**prev, "status": "pending", "resume": True, "overrides": overrides, "listed": True,
+                        "skipped": False}
+            self.log(f"sweep {self.cfg.name}: {name} stopped earlier but its checkpoint in {run_dir} is gone: "
+                     "training it again")
         if prev and prev.get("status") == "finished" and prev.get("config") == key:
             if run_dir is not None and (run_dir / "summary.json").is_file():
                 return {**prev, "overrides": overrides, "listed": True, "skipped": True}
@@ -279,12 +299,16 @@ class Sweep:
 
     def _start(self, v: dict, device: str) -> subprocess.Popen:
         tc = self.configs[v["name"]]
-        run_dir = new_run_dir(tc.runs_dir, tc.run_name)
+        if v.pop("resume", False):  # its run spent a time budget: continue it in the same folder, exactly
+            run_dir = Path(v["run_dir"])
+            tc = tc.replace(resume_from=str(run_dir))
+        else:
+            run_dir = new_run_dir(tc.runs_dir, tc.run_name)
         tc.to_json(run_dir / "config.json")
         v.update(status="running", run_dir=str(run_dir), device=device, error=None, started=time.time(),
                  skipped=False)
         self.log(f"sweep {self.cfg.name}: {v['name']} on {device} -> {run_dir}")
-        logf = open(run_dir / LOG_FILE, "wb")
+        logf = open(run_dir / LOG_FILE, "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", "dflash_lab.workflows.sweep", "--run", str(run_dir)],
                                     stdout=logf, stderr=subprocess.STDOUT,
@@ -299,10 +323,11 @@ class Sweep:
         v["wall_s"] = round(time.time() - v.pop("started"), 2)
         summary = run_dir / "summary.json"
         try:
-            ok = rc == 0 and json.loads(summary.read_text()).get("status") == "finished"
+            status = json.loads(summary.read_text()).get("status") if rc == 0 else None
         except (OSError, ValueError, AttributeError):
-            ok = False
-        v["status"] = "finished" if ok else "failed"
+            status = None
+        ok = status in ("finished", STOPPED)
+        v["status"] = status if ok else "failed"
         if not ok:
             v["error"] = _last_error(run_dir, rc) if rc != 0 else f"run ended without finishing (exit {rc})"
         self.log(f"sweep {self.cfg.name}: {v['name']} {v['status']} in {v['wall_s']:.1f} s"
@@ -366,7 +391,8 @@ def run_sweep(cfg: SweepConfig, *, resume: bool = True, callbacks=(), log=print)
 
 
 def run_variant(run_dir: Path) -> int:
-    """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps and finished."""
+    """One variant's process: a Trainer on `run_dir/config.json`, trained to its steps (or its time budget) and
+    finished."""
     die_with_parent()
     from dflash_lab.train.trainer import Trainer  # heavy (torch, transformers): only the child process needs it
 
@@ -375,7 +401,7 @@ def run_variant(run_dir: Path) -> int:
         trainer = Trainer(TrainConfig.from_json(run_dir / "config.json"), run_dir=run_dir)
         trainer.train(progress_every_s=10.0)
         summary = trainer.finish()
-        return 0 if summary.get("status") == "finished" else 1
+        return 0 if summary.get("status") in ("finished", STOPPED) else 1
     except BaseException as e:
         write_json(run_dir / "error.json", {"error": f"{type(e).__name__}: {e}",
                                             "step": trainer.step_count if trainer else None})
