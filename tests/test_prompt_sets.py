@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_lab.data.heldout_overlap import TrainingPrompts
 from dflash_lab.evaluation import prompt_sets as ps
 from dflash_lab.evaluation.prompts import EvalError, read_prompt_messages
 
@@ -130,9 +131,10 @@ def test_the_evaluation_reports_each_set_with_its_size_and_checksum(capsys):
 
     run = tiny_trained_run()
     plan = ev.plan_eval(run, prompts=["general", "tiny-heldout"], n_prompts=3)
+    trained = TrainingPrompts.read("tiny")  # the run's training data: its prompts are left out of tiny-heldout
     assert {k: (v.prompts, v.sha256) for k, v in plan.prompt_sets.items()} == {
         "general": (3, ps.set_info("general", ps.GENERAL, 3).sha256),
-        "tiny-heldout": (3, ps.set_info("x", ps.named_set_path("tiny-heldout"), 3).sha256)}
+        "tiny-heldout": (3, ps.set_info("x", ps.named_set_path("tiny-heldout"), 3, train=trained).sha256)}
     assert ev.plan_eval(run).n_prompts == ev.DEFAULT_PROMPTS["tiny"] == 20  # the tiny target stays fast
     report = ev.evaluate(run, prompts=["general"], n_prompts=2, max_new_tokens=6, untrained=False,
                          log=lambda *a: None)
@@ -145,4 +147,55 @@ def test_the_evaluation_reports_each_set_with_its_size_and_checksum(capsys):
     assert f"{row['tau']:.2f} [n/a]" in table
     assert f"prompt set general: 2 of {ps.set_info('g', ps.GENERAL).file_prompts} prompts, sha256 " \
            f"{saved['prompt_sets']['general']['sha256'][:12]}" in table
+    assert "none of its prompts in the training data (tiny)" in table
     assert ps.main(["list"]) == 0 and "general: " in capsys.readouterr().out
+
+
+def test_held_out_sets_leave_out_the_prompts_the_run_trains_on_and_a_given_file_counts_them(tmp_path):
+    """15 of tiny-heldout's 100 prompts are first turns of the tiny training data: evaluation leaves them out of
+    the held-out set (and says so), evaluates a file given as is with the count beside it, and counts a training
+    set as wholly trained on."""
+    from dflash_lab.evaluation import evaluate as ev
+    from dflash_lab.tiny import tiny_heldout_path
+    from tests.test_speculative import tiny_trained_run
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(tiny_heldout_path().read_text())
+    plan = ev.plan_eval(tiny_trained_run(), prompts={"held": "tiny-heldout", "train": "tiny-train", "mine": mine},
+                        n_prompts=None)
+    held, train, given = (plan.prompt_sets[k] for k in ("held", "train", "mine"))
+    assert (held.file_prompts, held.in_training, held.overlap_removed, held.prompts) == (100, 15, True, 85)
+    assert (given.file_prompts, given.in_training, given.overlap_removed, given.prompts) == (100, 15, False, 100)
+    assert (train.in_training, train.overlap_removed, train.prompts) == (3200, False, 3200)
+    assert "15 of its distinct prompts also in the training data (tiny), left out" in held.text()
+    assert "15 of its distinct prompts also in the training data (tiny), evaluated as given" in given.text()
+    trained = TrainingPrompts.read("tiny")
+    assert not any(trained.has_prompt(m) for m in plan.selections["held"].messages)
+    # a file of nothing but training prompts has nothing held out left
+    only = tmp_path / "only-heldout.jsonl"
+    only.write_text(json.dumps({"prompt": "List 12 months starting from October."}) + "\n")
+    with pytest.raises(EvalError, match="also occurs in the training data"):
+        ev.plan_eval(tiny_trained_run(), prompts=[only])
+
+
+def test_chitchat_heldout_is_built_without_the_prompts_of_chitchats_training_split(tmp_path, monkeypatch):
+    """The split by conversation id left 71 of the 200 held-out first turns (36 of 165 distinct prompts: "Hello?",
+    "hello?", "Hello!", ...) among the training first turns; the set is built without them, and a set built before
+    (no such count in its meta) is built again when the wheel is there."""
+    pytest.importorskip("chitchat_dataset")
+    from dflash_lab.data import real_data
+
+    monkeypatch.setenv("DFLASH_LAB_CACHE", str(tmp_path / "cache"))
+    old = ps.chitchat_heldout_path()
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"prompt": "Hello?"}) + "\n")  # an earlier build: no train_overlap_removed
+    notes = []
+    path = ps.named_set_path("chitchat-heldout", log=notes.append)
+    meta = json.loads(path.with_suffix(".meta.json").read_text())
+    assert (meta["train_overlap_removed"], meta["lines"]) == (71, 129) and "again" in notes[0]
+    split = tmp_path / "split"
+    real_data.build_chitchat(split, heldout=ps.CHITCHAT_HELDOUT, install=False, log=lambda *a: None)
+    train = TrainingPrompts.read(split / "train-all.jsonl")
+    held = read_prompt_messages(path)
+    assert len(held) == 129 and not any(train.has_prompt(m) for m in held)
+    assert ps.named_set_path("chitchat-heldout") == path and path.stat().st_size > 0  # built once: kept

@@ -115,6 +115,12 @@ class Overlap:
                 "train_source": self.train_source}
 
 
+def conversations_in_training(heldout: list[list[dict]], train: list[list[dict]]) -> int:
+    """How many held-out conversations share a trained context with the training conversations (a data tool's
+    report: written beside each other, checked before either is used)."""
+    return len(split_overlap(heldout, TrainingPrompts.of(train), conversations=True)[1])
+
+
 def split_overlap(items: list, train: TrainingPrompts | None, *, conversations: bool = False
                   ) -> tuple[list, list]:
     """(items not in training, items in training), each in input order. items are message lists: evaluation

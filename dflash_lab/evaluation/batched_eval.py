@@ -46,7 +46,7 @@ def batched_taus(run: str | Path, *, prompts, block_sizes=(16,), max_new_tokens:
     tok = load_tokenizer(plan.target)
     tgt = load_target(plan.target, device=plan.device, dtype=plan.dtype)
     drafter.to(device=plan.device, dtype=plan.dtype)
-    sets = {s: load_prompts(f, tok, n_prompts=plan.n_prompts) for s, f in plan.prompt_files.items()}
+    sets = {s: load_prompts(f, tok, messages=plan.selections[s].messages) for s, f in plan.prompt_files.items()}
     out = {}
     for B in block_sizes:
         out[f"b{B}"] = {}

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from .measure import heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401 (public names)
-from .prompt_sets import resolve_sets, set_info
-from .prompts import EvalError, load_prompts  # noqa: F401 (load_prompts: public name)
+from .prompt_sets import info_of, is_heldout_file, read_training_prompts, resolve_sets
+from .prompts import EvalError, load_prompts, select_prompts
 from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
@@ -88,8 +88,9 @@ class EvalPlan:
     prompt_files: dict
     out_dir: Path  # where eval.json, eval.ipynb and plots/ go (created by the evaluation, never reused)
     n_prompts: int | None = None  # per set (None = every prompt of each file)
-    prompt_sets: dict | None = None  # {set name: PromptSetInfo}: file, prompts evaluated, sha256
+    prompt_sets: dict | None = None  # {set name: PromptSetInfo}: file, prompts evaluated, sha256, in training
     checkpoint: str | None = None  # which weights of a run (None = its newest)
+    selections: dict | None = None  # {set name: prompts.PromptSelection}: exactly the prompts evaluated
 
 
 def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, temperature: float = 0.0,
@@ -137,9 +138,14 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EvalError(f"device={device!r} but no CUDA GPU is visible. Fix: --device cpu (or auto).")
     torch_dtype = DTYPES[dtype] or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    files = resolve_sets(prompts, target_name, train_cfg.data if train_cfg else "",
-                         train_cfg.heldout_data if train_cfg else None)
-    infos = {name: set_info(name, f, n_prompts) for name, f in files.items()}
+    data, heldout = (train_cfg.data, train_cfg.heldout_data) if train_cfg else ("", None)
+    files = resolve_sets(prompts, target_name, data, heldout)
+    # held out = not trained on: every set is checked against the run's training prompts (when its data is known),
+    # and those found are left out of a held-out set and counted in the report (prompt_sets.py)
+    train = read_training_prompts(data, train_cfg.data_format) if train_cfg else None
+    chosen = {name: select_prompts(f, n_prompts, train=train, remove=is_heldout_file(f, data, heldout))
+              for name, f in files.items()}
+    infos = {name: info_of(name, files[name], c) for name, c in chosen.items()}
     dtype_name = str(torch_dtype).replace("torch.", "")
     if out_dir:
         out = Path(out_dir).expanduser()
@@ -153,7 +159,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     seed = seed if seed is not None else (train_cfg.seed if train_cfg else 0)
     return EvalPlan(src=src, target=target_name, data=train_cfg.data if train_cfg else "", seed=seed, device=dev,
                     dtype=torch_dtype, block_size=B, prompt_files=files, out_dir=out, n_prompts=n_prompts,
-                    prompt_sets=infos, checkpoint=checkpoint)
+                    prompt_sets=infos, checkpoint=checkpoint, selections=chosen)
 
 
 def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, temperature: float = 0.0,
@@ -191,7 +197,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     tgt = load_target(plan.target, device=dev, dtype=plan.dtype)
     drafter.to(device=dev, dtype=plan.dtype)
     files = plan.prompt_files
-    sets = {s: load_prompts(f, tok, n_prompts=plan.n_prompts, enable_thinking=enable_thinking)
+    sets = {s: load_prompts(f, tok, enable_thinking=enable_thinking, messages=plan.selections[s].messages)
             for s, f in files.items()}
     eos, fast = tok.eos_token_id, DECODING[decoding]
     drafters = {"trained": drafter}

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from dflash_lab.drafter.model import DFlashDrafter
-from .prompt_sets import default_sets, resolve_sets
-from .prompts import EvalError, load_prompts
+from .prompt_sets import default_sets, is_heldout_file, read_training_prompts, resolve_sets
+from .prompts import EvalError, load_prompts, select_prompts
 from .report import BASELINE, pooled_tau
 from .speculative import GenerationResult, SpeculativeDecoder
 from .static_decode import SpeculativeRun, speculative_generate
@@ -86,8 +86,9 @@ def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tok
     `.tau` is the pooled tau, `.interval()` its bootstrap interval over the prompts.
 
     `source` is a Trainer or a (target, drafter, tokenizer) tuple. prompts: a JSONL file or set name, a list of
-    token-id lists, or None = the tiny held-out set (tiny target) / the run's held-out prompts. batch > 1 decodes
-    that many prompts at once (greedy; the same tau as one at a time; batched_decode.py).
+    token-id lists, or None = the tiny held-out set (tiny target) / the run's held-out prompts; from a held-out
+    file those the run trains on are left out (prompt_sets.py). batch > 1 decodes that many prompts at once
+    (greedy; the same tau as one at a time; batched_decode.py).
     """
     if isinstance(source, tuple):
         target, drafter, tok = source
@@ -98,7 +99,10 @@ def heldout_run(source, prompts=None, block_size: int | None = None, max_new_tok
     if prompts is None:
         prompts = next(iter(default_sets(target_name, data, heldout).values()))
     if isinstance(prompts, (str, Path)):
-        ids = load_prompts(next(iter(resolve_sets(prompts, target_name, data).values())), tok, n_prompts=n_prompts)
+        path = next(iter(resolve_sets(prompts, target_name, data).values()))
+        chosen = select_prompts(path, n_prompts, train=read_training_prompts(data),
+                                remove=is_heldout_file(path, data, heldout))
+        ids = load_prompts(path, tok, messages=chosen.messages)
     else:
         ids = [list(p) for p in prompts][:n_prompts]
         if not ids:

@@ -16,6 +16,13 @@ Two tau figures are comparable only on the same prompts, so a report names each 
 evaluated, and distinct ones in the file; prompts.py says which are evaluated) and the sha256 of exactly the
 evaluated prompts (their chat messages as canonical JSON, trailing assistant turns dropped; independent of the
 tokenizer, so one checksum identifies a set across targets).
+
+Held-out means not trained on: when the run's training data is known (its config.json names it), every set is
+checked against its prompts (data/heldout_overlap.py) and the report says how many of the set's prompts were found
+there. From a held-out set (chitchat-heldout, self-heldout, tiny-heldout, the run's own held-out file, a file
+named heldout.jsonl, *.heldout.jsonl or *-heldout.jsonl) they are left out before the n are spread; any other file is evaluated as given, with the count beside it. chitchat-heldout
+is also built without the prompts of chitchat's training split: 71 of its 200 first turns (36 of its 165 distinct
+prompts: "Hello?", "hello?", "Hello!", "Hi", ...) occur there.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflash_lab.data.files import HELDOUT_SUFFIX, heldout_files
+from dflash_lab.data.files import HELDOUT_SUFFIX, DataError, heldout_files
 
-from .prompts import EvalError, read_prompt_messages, spread
+from dflash_lab.data.heldout_overlap import TrainingPrompts, split_overlap
+from .prompts import EvalError, PromptSelection, select_prompts
 
 PACKAGED = Path(__file__).resolve().parent / "prompt_sets"
 GENERAL = PACKAGED / "general.jsonl"
@@ -50,13 +58,17 @@ class PromptSetInfo:
     prompts: int
     file_prompts: int
     sha256: str
+    in_training: int | None = None  # of the file's distinct prompts, also in the run's training data (None: unchecked)
+    overlap_removed: bool = False  # those were left out (a held-out set) rather than evaluated (a file as given)
+    train_data: str = ""  # the training data checked against
 
     @property
     def short(self) -> str:
         return self.sha256[:12]
 
     def text(self) -> str:
-        return f"{self.name}: {self.prompts} of {self.file_prompts} prompts, sha256 {self.short} ({self.path})"
+        return (f"{self.name}: {self.prompts} of {self.file_prompts} prompts, sha256 {self.short} ({self.path}); "
+                + overlap_text(self.to_dict()))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,12 +83,49 @@ def prompts_sha256(messages: list[list[dict]]) -> str:
     return h.hexdigest()
 
 
-def set_info(name: str, path: str | Path, n_prompts: int | None = None) -> PromptSetInfo:
-    """Size and checksum of the n_prompts prompts a file's set evaluates (all when None; read_prompt_messages picks
-    them); file_prompts counts the file's distinct prompts."""
-    allm = read_prompt_messages(path)
-    used = spread(allm, n_prompts)
-    return PromptSetInfo(name, str(path), len(used), len(allm), prompts_sha256(used))
+def overlap_text(info: dict) -> str:
+    """What the held-out check found in a set (a PromptSetInfo's dict, as eval.json keeps it)."""
+    found = info.get("in_training")
+    if found is None:
+        return "not checked against training data (the run's data is not known or not readable here)"
+    if not found:
+        return f"none of its prompts in the training data ({info.get('train_data')})"
+    how = "left out" if info.get("overlap_removed") else "evaluated as given"
+    return f"{found} of its distinct prompts also in the training data ({info.get('train_data')}), {how}"
+
+
+def info_of(name: str, path: str | Path, chosen: PromptSelection) -> PromptSetInfo:
+    return PromptSetInfo(name, str(path), len(chosen.messages), chosen.file_prompts, prompts_sha256(chosen.messages),
+                         chosen.in_training, chosen.removed, chosen.train_source)
+
+
+def set_info(name: str, path: str | Path, n_prompts: int | None = None, *, train: TrainingPrompts | None = None,
+             remove: bool = True) -> PromptSetInfo:
+    """Size and checksum of the n_prompts prompts a file's set evaluates (all when None; prompts.select_prompts
+    picks them, `train`'s prompts counted and, with `remove`, left out); file_prompts counts its distinct prompts."""
+    return info_of(name, path, select_prompts(path, n_prompts, train=train, remove=remove))
+
+
+def read_training_prompts(data: str, data_format: str = "auto") -> TrainingPrompts | None:
+    """A run's training prompts for the held-out check; None when its data cannot be read here (the report then
+    says the sets were not checked)."""
+    if not data:
+        return None
+    try:
+        return TrainingPrompts.read(data, data_format=data_format)
+    except (DataError, OSError):
+        return None
+
+
+def is_heldout_file(path: str | Path, data: str = "", heldout_data: str | None = None) -> bool:
+    """A file of held-out prompts, from which those a run trains on are left out: the run's own held-out file, or
+    one whose name says so (heldout.jsonl, *.heldout.jsonl, *-heldout.jsonl: the built-in chitchat-heldout and
+    tiny-heldout, self_prompts' held-out files). Any other file is evaluated as given."""
+    p = Path(path).expanduser()
+    own = run_heldout_file(data, heldout_data) if data else None
+    if own is not None and own.resolve() == p.resolve():
+        return True
+    return p.name == "heldout.jsonl" or p.name.endswith((HELDOUT_SUFFIX, "-heldout.jsonl"))
 
 
 def prompt_sets_dir() -> Path:
@@ -101,13 +150,32 @@ def build_chitchat_heldout(*, install: bool = True, log=print) -> Path:
             summary = real_data.build_chitchat(tmp, heldout=CHITCHAT_HELDOUT, install=install, log=log)
         except real_data.RealDataError as e:
             raise EvalError(f"prompt set 'chitchat-heldout' cannot be built: {e}") from None
+        # a split by conversation id leaves the same greetings on both sides: keep the held-out lines whose prompt
+        # no training conversation starts with
+        held = Path(tmp) / "heldout-first.jsonl"
+        lines = [ln + "\n" for ln in held.read_text(encoding="utf-8").split("\n") if ln.strip()]  # JSON lines
+        train = TrainingPrompts.read(Path(tmp) / "train-all.jsonl")
+        records = [json.loads(ln) for ln in lines]
+        clean, _ = split_overlap([r["messages"] for r in records], train)
+        clean_ids = {id(m) for m in clean}
+        kept = [ln for ln, r in zip(lines, records) if id(r["messages"]) in clean_ids]
+        held.write_text("".join(kept), encoding="utf-8")
         meta = {"source": summary["source"], "source_sha256": summary["source_sha256"],
-                "heldout": CHITCHAT_HELDOUT, "split_rule": summary["split_rule"], "variant": "first user turn"}
+                "heldout": CHITCHAT_HELDOUT, "split_rule": summary["split_rule"], "variant": "first user turn",
+                "train_overlap_removed": len(lines) - len(kept), "lines": len(kept)}
         (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         shutil.move(str(Path(tmp) / "meta.json"), str(out.with_suffix(".meta.json")))
         shutil.move(str(Path(tmp) / "heldout-first.jsonl"), str(out))  # same folder: an atomic rename
     log(f"built prompt set {set_info('chitchat-heldout', out).text()}")
     return out
+
+
+def _overlap_checked(path: Path) -> bool:
+    """The built set's meta says training prompts were left out of it (a build from before did not)."""
+    try:
+        return "train_overlap_removed" in json.loads(path.with_suffix(".meta.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def self_heldout_file(data: str = "", runs_dir: str | Path = "runs", target: str = "") -> Path:
@@ -141,13 +209,16 @@ def named_set_path(name: str, *, target: str = "", data: str = "", build: bool =
         return Path(tiny_heldout_path() if name == "tiny-heldout" else tiny_data_path())
     if name == "chitchat-heldout":
         p = chitchat_heldout_path()
-        if p.is_file():
+        if p.is_file() and (not build or _overlap_checked(p)):
             return p
         import importlib.util
 
         if build and importlib.util.find_spec("chitchat_dataset") is not None:  # the wheel is there: no install
-            log(f"building prompt set chitchat-heldout into {p} (once)")
+            log(f"building prompt set chitchat-heldout into {p} ("
+                + ("again: built before training prompts were left out of it)" if p.is_file() else "once)"))
             return build_chitchat_heldout(install=False, log=log)
+        if p.is_file():
+            return p
         raise EvalError(f"prompt set 'chitchat-heldout' is not built yet ({p}). Fix: run `python -m "
                         "dflash_lab.evaluation.prompt_sets build chitchat-heldout` (installs chitchat-dataset==0.9.0 "
                         "with pip --no-deps, then writes the set).")

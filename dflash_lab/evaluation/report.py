@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dflash_lab.runs.evals import EVAL_FILE, eval_dirs, latest_eval, new_eval_dir, pooled_tau  # noqa: F401 (re-exported)
 from .intervals import LEVEL, RESAMPLES, tau_interval
+from .prompt_sets import overlap_text
 from .verdicts import NEAR_TIE_MARGIN, lossless_verdict  # noqa: F401 (re-exported)
 
 BASELINE = "target only"
@@ -136,7 +137,7 @@ class EvalReport:
         if not info:
             return f"{name}: (size and checksum not recorded)"
         return (f"{name}: {info['prompts']} of {info['file_prompts']} prompts, sha256 {info['sha256'][:12]}, "
-                f"{info['path']}")
+                f"{info['path']}; {overlap_text(info)}")
 
     def verdict_lines(self) -> list[str]:
         """One line per prompt whose output differs from the target's (empty when all are identical)."""
