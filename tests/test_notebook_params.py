@@ -35,6 +35,20 @@ def test_unknown_papermill_parameter_is_refused_with_the_known_names():
     assert "['checkpoint_evry']" in str(err.value) and "'checkpoint_every'" in str(err.value)
 
 
+def test_defaults_are_the_tracked_notebooks_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    """A JupyterLab working copy (or an executed copy) named like a project notebook: its edited parameters cell is
+    not the defaults, so an edited value still counts as set by the user."""
+    nb = json.loads((REPO / "notebooks" / "train.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    cell["source"] = "".join(cell["source"]).replace("steps: int = 400", "steps: int = 7")
+    (tmp_path / "train.ipynb").write_text(json.dumps(nb))
+    monkeypatch.chdir(tmp_path)
+    assert notebook_params.parameter_defaults("train.ipynb")["steps"] == 400
+    ns = {**notebook_params.parameter_defaults("train.ipynb"), "steps": 7, "In": []}
+    assert notebook_params.check(ns, "train.ipynb").set_by_user == ("steps",)
+    assert notebook_params.parameter_defaults(tmp_path / "train.ipynb")["steps"] == 7  # a path is read as given
+
+
 def _papermill(tmp_path, name, **params):
     cmd = [*PAPERMILL, str(tmp_path / f"{name}.ipynb"), "--no-progress-bar", "--cwd", str(REPO / "notebooks")]
     for k, v in params.items():

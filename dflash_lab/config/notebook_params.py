@@ -30,9 +30,12 @@ class UnknownParameterError(ConfigError):
 
 
 def parameter_defaults(notebook: str | Path) -> dict[str, object]:
-    """name -> literal default of each assignment in the notebook's cell tagged `parameters`."""
+    """name -> literal default of each assignment in the notebook's cell tagged `parameters`. A relative name of a
+    project notebook ("eval.ipynb", "recipes/smollm2.ipynb") is the tracked one under notebooks/ whatever the working
+    directory holds (a JupyterLab working copy, an executed copy in an evaluation folder): its defaults are the
+    shipped ones, so a value edited in a working copy counts as set by the user."""
     path = Path(notebook)
-    if not path.is_absolute() and not path.exists():
+    if not path.is_absolute() and (NOTEBOOKS_DIR / path).is_file():
         path = NOTEBOOKS_DIR / path
     nb = json.loads(path.read_text())
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]

@@ -52,13 +52,16 @@ class PromptReport(dict):
     near_duplicates, kept, train, heldout, heldout_unused, heldout_fraction, out, heldout_out, length_tokens
     {mean, median, p90, max}, length_histogram, distinct {1, 2, 3}, openings [[words, n], ...], examples,
     seconds (all), sample_seconds (first turns), prompts_per_s and first_turn_tokens_per_s (first turns), turns
-    {user_turns {k: conversations}, answers_truncated, ended_early {reason: n}}."""
+    {user_turns {k: conversations}, answers_truncated, ended_early {reason: n}}, heldout_in_training (held-out
+    conversations that share a prompt with the training file, by normalised text: data/heldout_overlap.py; None
+    when not checked)."""
 
     @classmethod
     def build(cls, *, settings: dict, sampled: int, filtered: dict, filter_examples: dict, exact: int, near: int,
               first_turns: list[str], user_turns: list[str], first_turn_tokens: list[int], train: int, heldout: int,
               heldout_unused: int, heldout_fraction: float, out: str, heldout_out: str, seconds: float,
-              sample_seconds: float, first_turn_new_tokens: int, turns: dict) -> "PromptReport":
+              sample_seconds: float, first_turn_new_tokens: int, turns: dict,
+              heldout_in_training: int | None = None) -> "PromptReport":
         user_words = [words(t) for t in user_turns]
         return cls(
             settings=settings, sampled=sampled, filtered=dict(sorted(filtered.items(), key=lambda kv: -kv[1])),
@@ -71,7 +74,7 @@ class PromptReport(dict):
             seconds=round(seconds, 2), sample_seconds=round(sample_seconds, 2),
             prompts_per_s=round(sampled / sample_seconds, 2) if sample_seconds > 0 else 0.0,
             first_turn_tokens_per_s=round(first_turn_new_tokens / sample_seconds, 1) if sample_seconds > 0 else 0.0,
-            turns=turns)
+            turns=turns, heldout_in_training=heldout_in_training)
 
     def lines(self) -> list[str]:
         s = self["settings"]
@@ -93,6 +96,9 @@ class PromptReport(dict):
         if t:
             out.append(f"user turns per conversation {t['user_turns']}; answers cut at the token limit "
                        f"{t['answers_truncated']:,}; conversations ended early {t['ended_early'] or 0}")
+        found = self.get("heldout_in_training")
+        out.append("held-out conversations that share a prompt with the training file: "
+                   + ("not checked" if found is None else f"{found:,} (by normalised text)"))
         lt = self["length_tokens"]
         out.append(f"first-turn length (tokens): mean {lt['mean']}, median {lt['median']}, p90 {lt['p90']}, "
                    f"max {lt['max']}")
@@ -121,6 +127,8 @@ class PromptReport(dict):
                 ("exact / near duplicates removed", f"{self['exact_duplicates']:,} / {self['near_duplicates']:,}"),
                 ("kept", f"{self['kept']:,}"), ("written (train)", f"{self['train']:,}"),
                 ("held out", f"{self['heldout']:,} ({self['heldout_unused']:,} more not written)"),
+                ("held out and also in training", "not checked" if self.get("heldout_in_training") is None
+                 else f"{self['heldout_in_training']:,}"),
                 ("distinct-1/2/3", " / ".join(str(self["distinct"][k]) for k in ("1", "2", "3")))]
         rows += [(f"filtered: {r}", f"{n:,}") for r, n in self["filtered"].items()]
         body = "".join(f"<tr><td style='text-align:left'>{e(k)}</td><td style='text-align:left'>{e(str(v))}</td></tr>"

@@ -39,6 +39,7 @@ from dflash_lab.target.sampling import sampling_problems
 
 from .chat_formats import DataError
 from .files import HELDOUT_SUFFIX, heldout_path, not_training_data
+from .heldout_overlap import conversations_in_training
 from .prompt_filters import FilterConfig, dedup, filter_reason, is_heldout
 from .prompt_report import PromptReport
 from .self_prompt_gen import GenerationSettings, TurnGenerator
@@ -222,7 +223,9 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
         first_turn_tokens=[c.user_tokens[0] for c in kept], train=len(train), heldout=len(written_held),
         heldout_unused=len(held) - len(written_held), heldout_fraction=config.heldout_fraction,
         out=str(paths["out"]), heldout_out=str(paths["heldout"]), seconds=time.perf_counter() - t0,
-        sample_seconds=sample_s, first_turn_new_tokens=sum(n for _, _, n in firsts), turns=later)
+        sample_seconds=sample_s, first_turn_new_tokens=sum(n for _, _, n in firsts), turns=later,
+        heldout_in_training=conversations_in_training([c.messages for c in written_held if c.messages],
+                                                      [c.messages for c in train if c.messages]))
     _write_text(paths["report_json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     _write_text(paths["report_txt"], str(report) + "\n")
     log(str(report))
