@@ -315,3 +315,30 @@ def test_a_template_error_skips_that_record_or_names_it(tok):
     assert data.report["examples"]["template_error"] == ["conversations[1]: TemplateError: no boom here"]
     with pytest.raises(DataError, match=r"conversations\[1\]: TemplateError: no boom here \[template_error\]"):
         tokenize_dataset(t, [PLAIN, boom], seq_len=64, block_size=2, on_error="raise")
+
+
+def test_stored_generated_ids_are_trained_on_where_they_decode_to_the_text(tok, tmp_path):
+    """A regenerated record with generation.token_ids (--keep-token-ids): the answer is trained on as those ids
+    (here a non-canonical spelling, one character per token), not re-tokenized; a record whose ids no longer decode
+    to its text (edited) is re-tokenized; both are counted."""
+    canonical = tok("1 2 3 4 5", add_special_tokens=False)["input_ids"]
+    chars = [i for t in tok.convert_ids_to_tokens(canonical) for i in tok.convert_tokens_to_ids(list(t))]
+    assert tok.decode(chars) == "1 2 3 4 5" and len(chars) > len(canonical)
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    msgs = [{"role": "user", "content": "Count from 1 to 5."}, {"role": "assistant", "content": "1 2 3 4 5"}]
+    edited = [msgs[0], {"role": "assistant", "content": "1 2 3 4 6"}]
+    path = tmp_path / "regen.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": m, "generation": {"token_ids": [chars + [stop]]}}) + "\n"
+                            for i, m in (("kept", msgs), ("edited", edited))))
+    data = tokenize_dataset(tok, read_conversations(path), seq_len=64, block_size=2)
+    assert data.report["answer_ids"] == {"used": 1, "text_differs": 1}
+    plain = tokenize_dataset(tok, [msgs, edited], seq_len=64, block_size=2)
+    kept = data.input_ids[0, :data.lengths[0]].tolist()
+    sup = [t for t, m in zip(kept, data.loss_mask[0].tolist()) if m]
+    plain_sup = [t for t, m in zip(plain.input_ids[0].tolist(), plain.loss_mask[0].tolist()) if m]
+    head = len(plain_sup) - len(canonical) - 1  # the template's empty think block before the answer
+    assert sup == plain_sup[:head] + chars + [stop]  # the generated ids in place of the re-tokenized text
+    assert data.lengths[0] == plain.lengths[0] + len(chars) - len(canonical)
+    prompt = plain.input_ids[0, :plain.lengths[0]].tolist()
+    assert kept[:kept.index(chars[0])] == prompt[:prompt.index(canonical[0])]  # the same prompt ids before it
+    assert torch.equal(data.input_ids[1], plain.input_ids[1]) and torch.equal(data.loss_mask[1], plain.loss_mask[1])

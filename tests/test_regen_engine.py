@@ -14,10 +14,11 @@ from dflash_lab.data.chat_formats import read_chat_data
 from dflash_lab.data.regen_engine import (EngineGenerator, RoundTrip, answers_to_write, conversation_key,
                                           regenerate_with_engine)
 from dflash_lab.data.regen_local import HFGenerator
-from dflash_lab.data.regenerate import SamplingConfig, regenerate
+from dflash_lab.data.regenerate import regenerate
+from dflash_lab.target.sampling import GenerationSettings
 
-GREEDY = SamplingConfig(max_new_tokens=64, enable_thinking=False)  # tiny answers are 45-105 tokens
-SAMPLED = SamplingConfig(max_new_tokens=64, enable_thinking=False, temperature=1.0, top_p=0.95, seed=3)
+GREEDY = GenerationSettings(max_new_tokens=64, enable_thinking=False)  # tiny answers are 45-105 tokens
+SAMPLED = GenerationSettings(max_new_tokens=64, enable_thinking=False, temperature=1.0, top_p=0.95, seed=3)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: batch-1 decoding of tiny models
@@ -106,7 +107,7 @@ def test_sampled_records_do_not_depend_on_input_order_or_rows():
 def test_the_drop_in_writes_what_hf_generate_writes():
     """EngineGenerator in HFGenerator's place: the same (text, finish_reason, new_tokens) as batched HF greedy."""
     histories = [[m for m in c.messages[:1]] for c in conversations()]
-    long = SamplingConfig(max_new_tokens=128, enable_thinking=False)  # long enough for some answers to end
+    long = GenerationSettings(max_new_tokens=128, enable_thinking=False)  # long enough for some answers to end
     ours = EngineGenerator(hf(long), max_batch=4, max_len=512)(histories, seed=0)
     theirs = hf(long)(histories, seed=0)
     assert ours == theirs
@@ -241,11 +242,11 @@ def long_context_model(context: int = 4096):
 def test_rows_hold_the_targets_context_not_2048_positions(tmp_path):
     """max_new_tokens 2,100 on a 4,096-position target: every conversation is answered (the engine once capped
     rows at 2,048 positions and wrote none)."""
-    from dflash_lab.data.regenerate import SamplingConfig, regenerate
+    from dflash_lab.data.regenerate import regenerate
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": c.id, "messages": c.messages[:1]}) + "\n" for c in conversations()[3:]))
-    stats = regenerate(src, tmp_path / "out.jsonl", sampling=SamplingConfig(max_new_tokens=2100, enable_thinking=False),
+    stats = regenerate(src, tmp_path / "out.jsonl", sampling=GenerationSettings(max_new_tokens=2100, enable_thinking=False),
                        models={"cpu": long_context_model()}, backend="engine", log=lambda s: None)
     assert stats.samples == 3 and not stats.skipped
     assert stats.engine_cache["rows"] == 3 and 2100 < stats.engine_cache["length"] <= 2700

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_lab.config.errors import ConfigError
 from dflash_lab.data.chat_formats import DataError, read_chat_data
-from dflash_lab.data.regenerate import SamplingConfig, load_finished, meta_path, regenerate
+from dflash_lab.data.regenerate import load_finished, meta_path, regenerate
+from dflash_lab.target.sampling import GenerationSettings
 
 N = 10
 MAX_NEW = 160  # tiny answers are 40-150 tokens
@@ -39,7 +41,7 @@ def prompts(tmp_path_factory):
     return path
 
 
-SAMPLING = SamplingConfig(max_new_tokens=MAX_NEW, enable_thinking=False)
+SAMPLING = GenerationSettings(max_new_tokens=MAX_NEW, enable_thinking=False)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,7 @@ def test_interrupted_run_resumes_without_redoing_finished_samples(tiny, prompts,
     again = regenerate(prompts, out, target="tiny", sampling=SAMPLING, models={"cpu": tiny[0]}, log=lambda s: None)
     assert again.samples == 0 and again.already_done == N
     with pytest.raises(DataError, match="was written with other settings"):
-        regenerate(prompts, out, target="tiny", sampling=SamplingConfig(max_new_tokens=8), models={"cpu": tiny[0]},
+        regenerate(prompts, out, target="tiny", sampling=GenerationSettings(max_new_tokens=8), models={"cpu": tiny[0]},
                    log=lambda s: None)
     (out.parent / "bad.jsonl").write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: not a complete output record"):
@@ -208,11 +210,13 @@ def test_server_path_matches_local_generation(tiny, prompts, full_run, tmp_path)
         server.server_close()
 
 
-def test_sampling_config_validates():
-    with pytest.raises(DataError, match=r"SamplingConfig.top_p=0 is invalid: must be in \(0, 1\]. Fix"):
-        SamplingConfig(top_p=0)
-    with pytest.raises(DataError, match="SamplingConfig.temperature=-1"):
-        SamplingConfig(temperature=-1)
+def test_sampling_settings_validate():
+    with pytest.raises(ConfigError, match=r"GenerationSettings.top_p=0 is invalid: must be in \(0, 1\]. Fix"):
+        GenerationSettings(top_p=0)
+    with pytest.raises(ConfigError, match="GenerationSettings.temperature=-1"):
+        GenerationSettings(temperature=-1)
+    with pytest.raises(ConfigError, match="GenerationSettings.enable_thinking='off' is invalid"):
+        GenerationSettings(enable_thinking="off")
 
 
 def test_tokenizer_without_pad_token_gets_one_and_batches(tiny):
@@ -225,7 +229,7 @@ def test_tokenizer_without_pad_token_gets_one_and_batches(tiny):
     model, tok = tiny
     tok = copy.deepcopy(tok)
     tok.pad_token = None
-    gen = HFGenerator(model, tok, SamplingConfig(max_new_tokens=8, enable_thinking=False))
+    gen = HFGenerator(model, tok, GenerationSettings(max_new_tokens=8, enable_thinking=False))
     assert tok.pad_token_id == gen.pad_id == gen.stop_ids[0]
     outs = gen([[{"role": "user", "content": "hi"}],
                 [{"role": "user", "content": "tell me a much longer story about a cat and a dog"}]], seed=0)
@@ -237,7 +241,7 @@ def test_greedy_match_check_is_recorded_in_meta(tiny, prompts, tmp_path):
     rate lands in the stats and <out>.meta.json."""
     out = tmp_path / "regen.jsonl"
     stats = regenerate(prompts, out, target="tiny", batch_size=4, limit=4, match_check=4,
-                       sampling=SamplingConfig(max_new_tokens=48, enable_thinking=False), models={"cpu": tiny[0]},
+                       sampling=GenerationSettings(max_new_tokens=48, enable_thinking=False), models={"cpu": tiny[0]},
                        log=lambda *a: None)
     gm = stats.greedy_match
     assert gm["checked"] == 4 and gm["identical"] == 4 and gm["match_rate"] == 1.0 and gm["dtype"] == "float32"
@@ -326,7 +330,7 @@ def test_server_failures_are_counted_by_id_retried_with_backoff_and_settings_che
                    for r in recs.values())  # sampling settings in every record
 
         meta_path(out).unlink()  # even without the .meta.json file, other settings are refused
-        hot = SamplingConfig(max_new_tokens=MAX_NEW, enable_thinking=False, temperature=0.7)
+        hot = GenerationSettings(max_new_tokens=MAX_NEW, enable_thinking=False, temperature=0.7)
         with pytest.raises(DataError, match=r"was generated with other settings \{'temperature': \(0.0, 0.7\)\}"):
             regenerate(data, out, sampling=hot, log=lines.append, **kw)
         again = regenerate(data, out, sampling=SAMPLING, log=lines.append, **kw)  # same settings: retries the 4
@@ -362,7 +366,7 @@ def _small_prompts(path, texts, ids=None):
     return path
 
 
-SHORT = SamplingConfig(max_new_tokens=12, enable_thinking=False)
+SHORT = GenerationSettings(max_new_tokens=12, enable_thinking=False)
 
 
 def test_out_that_is_the_input_or_inside_its_folder_is_refused_before_anything_is_touched(tmp_path, capsys):
@@ -490,7 +494,7 @@ def test_a_conversation_opening_with_an_answer_is_reported_and_the_rest_are_writ
     (["--batch-size", "0"], "batch_size=0 is invalid"),
     (["--limit", "-1"], "limit=-1 is invalid: must be an integer >= 0"),
     (["--concurrency", "0", "--server-url", "http://127.0.0.1:9"], "concurrency=0 is invalid"),
-    (["--max-new-tokens", "0"], "SamplingConfig.max_new_tokens=0 is invalid"),
+    (["--max-new-tokens", "0"], "GenerationSettings.max_new_tokens=0 is invalid"),
     (["--devices", "cuda:7"], "device 'cuda:7': this machine sees"),
     (["--devices", "gpu0"], "device 'gpu0' is not a device name"),
 ])
@@ -536,3 +540,90 @@ def test_engine_back_end_writes_the_same_greedy_answers_as_hf_generate(full_run,
                    backend="engine", log=lambda s: None)
     with pytest.raises(DataError, match="backend='vllm' is unknown"):
         regenerate(prompts, tmp_path / "x.jsonl", target="tiny", sampling=SAMPLING, backend="vllm")
+
+
+def test_keep_token_ids_goes_from_the_command_line_to_the_records_and_into_tokenization(tmp_path, capsys):
+    """--keep-token-ids (engine back end): every sampled answer's ids as generated are in its record and
+    tokenization trains on exactly them; the HF back end, which returns text only, refuses the flag."""
+    from dflash_lab.data.regenerate import main
+    from dflash_lab.data.tokenize import read_conversations, tokenize_dataset
+    from dflash_lab.target.load import load_tokenizer
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["hi", "Count from 1 to 5.", "Tell me a story."])
+    out = tmp_path / "out.jsonl"
+    base = ["--data", str(data), "--out", str(out), "--thinking", "off", "--max-new-tokens", "12", "--temperature",
+            "1.0", "--seed", "5", "--threads", "1", "--keep-token-ids"]
+    assert main(base + ["--backend", "hf"]) == 2
+    assert "keep_token_ids needs the engine back end (backend='hf' returns text only)" in capsys.readouterr().err
+    assert main(base + ["--backend", "engine"]) == 0
+    recs = list(_records(out).values())
+    assert len(recs) == 3 and all(len(r["generation"]["token_ids"]) == 1 for r in recs)
+    assert [len(r["generation"]["token_ids"][0]) for r in recs] == [r["generation"]["new_tokens"][0] for r in recs]
+    tok = load_tokenizer("tiny")
+    tokenized = tokenize_dataset(tok, read_conversations(out), seq_len=128, block_size=2, enable_thinking=False)
+    chat = read_conversations(out)  # an answer that stopped at once is empty: not training data
+    assert tokenized.report["answer_ids"] == {"used": len(chat), "text_differs": 0} and len(tokenized) >= 2
+    by_id = {r["id"]: r for r in recs}
+    for row, sid in enumerate(tokenized.sample_ids):
+        gen = by_id[sid]["generation"]
+        ids = gen["token_ids"][0]
+        content = ids[:-1] if gen["finish_reasons"][0] == "stop" else ids
+        sup = [t for t, m in zip(tokenized.input_ids[row].tolist(), tokenized.loss_mask[row].tolist()) if m]
+        assert sup[:len(content)] == content  # thinking off: the answer's own ids open the supervised span
+
+
+class _FullDisk:
+    """A real output file on a disk with `room` bytes left: the write past it fails with ENOSPC, as does every
+    flush of the data still buffered, as on a full disk."""
+
+    def __init__(self, path, mode, room, **kw):
+        import io
+
+        self.f, self.room, self.pending = io.open(path, mode, **kw), room, ""
+
+    def write(self, text):
+        self.pending += text
+        return len(text)
+
+    def flush(self):
+        import errno
+
+        if len(self.pending.encode()) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(self.pending.encode())
+        self.f.write(self.pending)
+        self.f.flush()
+        self.pending = ""
+
+    def fileno(self):
+        return self.f.fileno()
+
+    def close(self):
+        try:
+            self.flush()
+        finally:
+            self.f.close()
+
+
+@pytest.mark.parametrize("backend", ["hf", "engine"])
+def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept_and_a_rerun_resumes(tmp_path, capsys,
+                                                                                       monkeypatch, backend):
+    from dflash_lab.data import regen_output
+    from dflash_lab.data.regenerate import main
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["hi", "bye", "hello", "thanks"])
+    out = tmp_path / "out.jsonl"
+    args = ["--data", str(data), "--out", str(out), "--thinking", "off", "--max-new-tokens", "12", "--threads", "1",
+            "--backend", backend, "--batch-size", "1"]
+    line = 900  # bytes per record here (~700): two fit, the third does not
+    monkeypatch.setattr(regen_output, "open", lambda p, m, **kw: _FullDisk(p, m, 2 * line, **kw), raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    kept = len(out.read_text().splitlines())
+    assert err == (f"error: regenerate: could not write {out} (No space left on device); {kept} complete "
+                   f"conversations are kept in {out} (a half-written last line is cut off on resume). Fix: free disk "
+                   "space, then rerun the same command: it resumes.\n") and kept == 2
+    monkeypatch.undo()
+    assert main(args) == 0  # space again: the kept conversations are not redone
+    assert sorted(_records(out)) == ["p0", "p1", "p2", "p3"]
+    assert f"{4 - kept} of 4 conversations to do ({kept} already in" in capsys.readouterr().out

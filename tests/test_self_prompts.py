@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dflash_lab.config.errors import ConfigError
 from dflash_lab.data.chat_formats import DataError, read_chat_data
 from dflash_lab.data.prompt_filters import (MinHashIndex, dedup, filter_reason, heldout_unit, is_heldout, jaccard,
                                             normalize, repeated_trigram_ratio, shingles)
@@ -17,6 +18,7 @@ from dflash_lab.data.prompt_report import distinct_n, length_histogram
 from dflash_lab.data.self_prompts import SelfPromptConfig, main, output_paths, write_self_prompts
 from dflash_lab.data.user_turns import SENTINEL, UserTurnFormat
 from dflash_lab.target.load import load_target, load_tokenizer
+from dflash_lab.target.sampling import GenerationSettings
 
 # Templates written for these tests in the formats of three model families (the tiny target's own is a fourth).
 CHATML_DEFAULT_SYSTEM = (  # SmolLM2 / Qwen2.5 style: a default system turn when the conversation has none
@@ -200,15 +202,17 @@ def test_report_statistics():
 
 
 def test_config_and_paths_refuse_bad_values():
-    with pytest.raises(DataError, match="temperature"):
-        SelfPromptConfig(n=10, temperature=0)
-    with pytest.raises(DataError, match="needs answers"):
+    with pytest.raises(ConfigError, match=r"SelfPromptConfig\.user_sampling=.* is invalid: needs temperature > 0"):
+        SelfPromptConfig(n=10, user_sampling=GenerationSettings(temperature=0))
+    with pytest.raises(ConfigError, match="needs answers"):
         SelfPromptConfig(n=10, turns=2, answers=False)
-    # the answers' sampling is checked like the user turns' (the checks the engine's settings run), by field name
-    with pytest.raises(DataError, match=r"SelfPromptConfig\.answer_top_k=-1 must be an integer >= 0"):
-        SelfPromptConfig(n=10, answer_top_k=-1)
-    with pytest.raises(DataError, match=r"SelfPromptConfig\.seed=-1 must be an integer in \[0, 2\*\*63\)"):
-        SelfPromptConfig(n=10, seed=-1)
+    with pytest.raises(ConfigError, match=r"SelfPromptConfig\.answer_sampling=.* another enable_thinking"):
+        SelfPromptConfig(n=10, answer_sampling=GenerationSettings(enable_thinking=False))
+    with pytest.raises(ConfigError, match=r"SelfPromptConfig\.user_sampling=.* leaves no room in max_len=128"):
+        SelfPromptConfig(n=10, max_len=128)
+    # both samplings are the engine's one settings type, checked where they are built
+    with pytest.raises(ConfigError, match=r"GenerationSettings\.top_k=-1 is invalid: must be an integer >= 0"):
+        GenerationSettings(top_k=-1)
     for name in ("self-heldout.jsonl", "a.heldout.jsonl", "heldout.jsonl", "self.report.json", "self.txt"):
         with pytest.raises(DataError, match=rf"--out x/{name} is not a training file name .*Fix: e\.g\. --out "
                                             r"x/self\.jsonl\."):
@@ -229,9 +233,11 @@ def tiny():
     torch.set_num_threads(old)
 
 
-def _run(tiny, out, **kw):
+def _run(tiny, out, *, seed=0, max_answer_tokens=16, **kw):
     model, tok = tiny
-    cfg = dict(n=24, max_prompt_tokens=40, max_answer_tokens=16, batch_size=16, heldout=4, heldout_fraction=0.1)
+    cfg = dict(n=24, batch_size=16, heldout=4, heldout_fraction=0.1,
+               user_sampling=GenerationSettings(max_new_tokens=40, temperature=1.0, top_p=0.95, seed=seed),
+               answer_sampling=GenerationSettings(max_new_tokens=max_answer_tokens, seed=seed))
     cfg.update(kw)
     lines = []
     report = write_self_prompts("tiny", out, SelfPromptConfig(**cfg), model=model, tokenizer=tok, log=lines.append)

@@ -36,7 +36,6 @@ import torch
 from dflash_lab.data.chat_formats import read_chat_data
 from dflash_lab.data.regen_engine import regenerate_with_engine
 from dflash_lab.data.regen_local import HFGenerator
-from dflash_lab.data.regenerate import SamplingConfig
 from dflash_lab.evaluation.serving_match import serving_match
 from dflash_lab.runs.metrics import JsonlSink
 from dflash_lab.target.gen_devices import generate_on_devices
@@ -214,7 +213,7 @@ def main(argv=None) -> int:
         models = [load_target(a.target, device=d, dtype=DTYPES[dtype]) for d in devices]
         common = {"target": a.target, "devices": devices, "gpu": gpu, "max_new_tokens": a.max_new_tokens,
                   "max_len": a.max_len, "torch": torch.__version__}
-        sampling = SamplingConfig(max_new_tokens=a.max_new_tokens)
+        sampling = GenerationSettings(max_new_tokens=a.max_new_tokens)
         hf_gens = [HFGenerator(m, tok, sampling) for m in models]
         prompts, dropped = first_prompts(first_file, hf_gens[0], a.first, a.max_len - a.max_new_tokens)
         log(f"{dtype}: {len(prompts)} first-turn prompts from {first_file} ({dropped} longer than "

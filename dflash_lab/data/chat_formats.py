@@ -143,6 +143,22 @@ class Conversation:
     messages: list[dict]  # normalised: role in ROLES, content str, optional reasoning_content / tool fields
     source: str  # "file.jsonl:17" or "file.parquet:row 16"
     format: str  # "openai" | "sharegpt"
+    answer_ids: tuple[tuple[int, ...], ...] | None = None
+    """Each assistant turn's token ids as the target generated them (a regenerated record's generation.token_ids,
+    kept with --keep-token-ids; the stop token included when the answer stopped), or None: tokenize.py trains on
+    these ids instead of re-tokenizing the answer's text, where they decode to it."""
+
+
+def stored_answer_ids(rec: dict, messages: list[dict]) -> tuple[tuple[int, ...], ...] | None:
+    """A record's generation.token_ids when it holds one list of integers per assistant turn, else None."""
+    gen = rec.get("generation")
+    ids = gen.get("token_ids") if isinstance(gen, dict) else None
+    if not isinstance(ids, list) or len(ids) != sum(m["role"] == "assistant" for m in messages):
+        return None
+    if not all(isinstance(t, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in t)
+               for t in ids):
+        return None
+    return tuple(tuple(t) for t in ids)
 
 
 @dataclass
@@ -338,7 +354,7 @@ def read_chat_data(path: str | Path, *, data_format: str = "auto", on_error: str
             while sid in seen_ids:  # an explicit id that spells another record's place
                 sid += "+"
             seen_ids.add(sid)
-            convs.append(Conversation(sid, msgs, where, fmt))
+            convs.append(Conversation(sid, msgs, where, fmt, stored_answer_ids(rec, msgs)))
             report["formats"][fmt] = report["formats"].get(fmt, 0) + 1
     report["conversations"] = len(convs)
     if not convs:

@@ -78,10 +78,11 @@ class PromptReport(dict):
 
     def lines(self) -> list[str]:
         s = self["settings"]
+        u = s.get("user_sampling") or {}
         kept = max(self["kept"], 1)
         out = [f"target-written prompts from {s.get('target')} ({s.get('target_checksum') or 'no checksum'}): "
-               f"T={s.get('temperature')} top_p={s.get('top_p')} top_k={s.get('top_k')} seed={s.get('seed')} "
-               f"max_prompt_tokens={s.get('max_prompt_tokens')} turns={s.get('turns')}",
+               f"T={u.get('temperature')} top_p={u.get('top_p')} top_k={u.get('top_k')} seed={u.get('seed')} "
+               f"max_prompt_tokens={u.get('max_new_tokens')} turns={s.get('turns')}",
                f"sampled {self['sampled']:,} first turns in {self['sample_seconds']} s ({self['prompts_per_s']:,} "
                f"prompts/s, {self['first_turn_tokens_per_s']:,} new tok/s; {self['seconds']} s in all)",
                f"filtered {sum(self['filtered'].values()):,}; exact duplicates {self['exact_duplicates']:,}; "
@@ -120,9 +121,10 @@ class PromptReport(dict):
     def _repr_html_(self) -> str:
         e = html.escape
         s = self["settings"]
+        u = s.get("user_sampling") or {}
         rows = [("target", f"{s.get('target')} ({s.get('target_checksum') or 'no checksum'})"),
-                ("sampling", f"T={s.get('temperature')} top_p={s.get('top_p')} top_k={s.get('top_k')} "
-                             f"seed={s.get('seed')} max tokens {s.get('max_prompt_tokens')}"),
+                ("sampling", f"T={u.get('temperature')} top_p={u.get('top_p')} top_k={u.get('top_k')} "
+                             f"seed={u.get('seed')} max tokens {u.get('max_new_tokens')}"),
                 ("sampled", f"{self['sampled']:,} ({self['prompts_per_s']} prompts/s)"),
                 ("exact / near duplicates removed", f"{self['exact_duplicates']:,} / {self['near_duplicates']:,}"),
                 ("kept", f"{self['kept']:,}"), ("written (train)", f"{self['train']:,}"),

@@ -18,6 +18,7 @@ with the turns answered so far (counted as "cut_at_max_len"), so every answer ha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -25,18 +26,10 @@ import time
 from dflash_lab.target.gen_devices import run_queue
 from dflash_lab.target.gen_queue import Generated, PromptItem, PromptQueue, longest_chain_first
 from dflash_lab.target.generate import CacheMemoryError, Generator
-from dflash_lab.target.sampling import GenerationSettings
 
 from .files import DataError
 
 TURN_KEYS = 1024  # queue keys per conversation: key = conversation * TURN_KEYS + turn
-
-
-def settings_of(sampling, seed: int | None = None) -> GenerationSettings:
-    """The engine settings of a regenerate.SamplingConfig (seed: override, e.g. HFGenerator's per-batch seed)."""
-    return GenerationSettings(max_new_tokens=sampling.max_new_tokens, temperature=float(sampling.temperature),
-                              top_p=float(sampling.top_p), top_k=int(sampling.top_k),
-                              seed=int(sampling.seed if seed is None else seed))
 
 
 def conversation_key(conv_id: str) -> int:
@@ -110,7 +103,7 @@ class EngineGenerator:
 
     def __call__(self, histories: list[list[dict]], seed: int) -> list[tuple[str, str, int]]:
         prompts = [self.encode(h) for h in histories]
-        outs = self.engine.generate(prompts, settings_of(self.sampling, seed))
+        outs = self.engine.generate(prompts, dataclasses.replace(self.sampling, seed=seed))
         return [self.answer(h, g) for h, g in zip(histories, outs)]
 
 
@@ -223,7 +216,7 @@ def regenerate_with_engine(hf_generators, conversations: list, write, generation
     jobs = [ConversationTurns(c) for c in conversations]
     gens = hf_generators if hf_generators and isinstance(hf_generators[0], EngineGenerator) else \
         engine_generators(hf_generators, log=log, **engine_kw)
-    helper, settings = gens[0], settings_of(gens[0].sampling)
+    helper, settings = gens[0], gens[0].sampling
     stats = {"written": 0, "turns": 0, "new_tokens": 0, "cut_at_max_len": 0, "too_long": 0}
     lock = threading.Lock()
     histories: dict[int, tuple[list[dict], list[int]]] = {}  # conversation -> (history asked, its prompt ids)

@@ -19,7 +19,8 @@ class HFGenerator:
     """Batched generation with a Hugging Face causal LM on one device (left padding, stop at end-of-turn/eos)."""
 
     def __init__(self, model, tokenizer, sampling):
-        """`sampling`: a regenerate.SamplingConfig (temperature, top_p, top_k, max_new_tokens, enable_thinking)."""
+        """`sampling`: target/sampling.py's GenerationSettings (temperature, top_p, top_k, max_new_tokens,
+        enable_thinking)."""
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
         self.device = next(model.parameters()).device
         stop = getattr(model.generation_config, "eos_token_id", None)

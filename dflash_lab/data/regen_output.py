@@ -179,7 +179,10 @@ def write_meta(out: Path, settings: dict, stats) -> None:
 
 
 class Writer:
-    """Append-only JSONL writer shared by worker threads; progress lines every `every_s` seconds."""
+    """Append-only JSONL writer shared by worker threads; progress lines every `every_s` seconds.
+
+    A write that fails (a full disk) stops the run with one DataError naming the file and how many complete
+    conversations it keeps; nothing is written after it, and closing does not raise the same failure again."""
 
     def __init__(self, out: Path, stats, settings: dict, log, every_s: float, on_progress):
         self.f = open(out, "a", encoding="utf-8")
@@ -188,12 +191,30 @@ class Writer:
         self.lock = threading.Lock()
         self.t0 = self.last = time.monotonic()
         self.dropped = 0  # conversations skipped while running (never to be written)
+        self.failed: DataError | None = None
+        self._raised = False  # the failure has reached the caller once: closing keeps quiet about it
+
+    def _failure(self, e: OSError, what: str) -> DataError:
+        """The one error of a failed write (kept: the records counted so far, each a complete line)."""
+        if self.failed is None:
+            kept = self.stats.already_done + self.stats.samples
+            why = e.strerror or type(e).__name__
+            self.failed = DataError(f"regenerate: could not write {what} ({why}); {kept:,} complete conversations are "
+                                    f"kept in {self.out} (a half-written last line is cut off on resume). Fix: free "
+                                    "disk space, then rerun the same command: it resumes.")
+        return self.failed
 
     def add(self, rec: dict) -> None:
         line = json.dumps(rec, ensure_ascii=False) + "\n"
         with self.lock:
-            self.f.write(line)
-            self.f.flush()
+            if self.failed is not None:
+                raise self.failed
+            try:
+                self.f.write(line)
+                self.f.flush()
+            except OSError as e:
+                self._raised = True
+                raise self._failure(e, str(self.out)) from None
             s = self.stats
             s.samples += 1
             s.turns += len(rec["generation"]["finish_reasons"])
@@ -216,8 +237,12 @@ class Writer:
         s.seconds = now - self.t0
         if now - self.last >= self.every_s or s.samples + s.already_done + self.dropped == s.total:
             self.last = now
-            os.fsync(self.f.fileno())
-            write_meta(self.out, self.settings, s)
+            try:
+                os.fsync(self.f.fileno())
+                write_meta(self.out, self.settings, s)
+            except OSError as e:
+                self._raised = True
+                raise self._failure(e, f"{self.out} and {meta_path(self.out)}") from None
             self.log(self.progress_line())
         if self.on_progress is not None:
             self.on_progress(s)
@@ -230,9 +255,24 @@ class Writer:
                 f"{s.tokens_per_s:,.0f} new tok/s | ETA {eta // 3600}h{eta % 3600 // 60:02d}m{eta % 60:02d}s")
 
     def close(self) -> None:
+        """Flush, sync and close; a failure here is the same one line as in add(), raised once."""
         with self.lock:
             self.stats.seconds = time.monotonic() - self.t0
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
-            write_meta(self.out, self.settings, self.stats)
+            try:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+            except OSError as e:
+                self._failure(e, str(self.out))
+            finally:
+                try:
+                    self.f.close()  # closes the file even when its last flush fails
+                except OSError as e:
+                    self._failure(e, str(self.out))
+            if self.failed is None:
+                try:
+                    write_meta(self.out, self.settings, self.stats)
+                except OSError as e:
+                    self._failure(e, str(meta_path(self.out)))
+            if self.failed is not None and not self._raised:
+                self._raised = True
+                raise self.failed from None

@@ -43,7 +43,8 @@ import torch
 
 from dflash_lab.config.threads import threads_arg
 from dflash_lab.target.load import TargetLoadError
-from dflash_lab.target.sampling import sampling_problems
+from dflash_lab.config.errors import ConfigError
+from dflash_lab.target.sampling import GenerationSettings
 
 from .chat_formats import ChatData, DataError, read_chat_data
 from .regen_engine import ConversationTurns, regenerate_with_engine
@@ -53,36 +54,6 @@ from .regen_output import (Writer, check_meta, check_output_path, check_records,
 from .regen_server import FailureLog, ServerGenerator, check_server_url, server_job
 
 BACKENDS = ("auto", "engine", "hf")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplingConfig:
-    """How the target answers; recorded in every output record and in `<out>.meta.json`."""
-
-    temperature: float = 0.0
-    """0 = greedy (reproducible); > 0 samples."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (only when temperature > 0)."""
-    top_k: int = 0
-    """Top-k sampling (0 = off; only when temperature > 0)."""
-    max_new_tokens: int = 2048
-    """Longest answer per turn; answers cut here are recorded with finish_reason "length"."""
-    enable_thinking: bool | None = None
-    """Passed to the chat template (Qwen3-style thinking switch); None = the template's default."""
-    seed: int = 0
-    """Base seed of the sampling RNG (seed + batch number)."""
-
-    def __post_init__(self) -> None:
-        def bad(name, why, fix):
-            raise DataError(f"SamplingConfig.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
-
-        for name, why, fix in sampling_problems(self.temperature, self.top_p, self.top_k, self.seed)[:1]:
-            bad(name, why, fix)
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            bad("max_new_tokens", "must be an integer >= 1", "use e.g. 2048")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -191,12 +162,12 @@ def _positive(name: str, value, minimum: int = 1, fix: str = "") -> None:
 
 
 def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "tiny", devices=("cpu",),
-               batch_size: int = 16, sampling: SamplingConfig | None = None, server_url: str | None = None,
+               batch_size: int = 16, sampling: GenerationSettings | None = None, server_url: str | None = None,
                server_model: str | None = None, concurrency: int = 8, dtype: str = "auto",
                data_format: str = "auto", limit: int | None = None, overwrite: bool = False, log=print,
                progress_every_s: float = 10.0, on_progress=None, models: dict | None = None,
                match_check: int = 0, server_timeout_s: float = 300.0, server_retries: int = 3,
-               server_backoff_s: float = 0.5, backend: str = "auto") -> RegenStats:
+               server_backoff_s: float = 0.5, backend: str = "auto", keep_token_ids: bool = False) -> RegenStats:
     """Regenerate every conversation of `data` into `out` (JSONL). Resumes if `out` exists. Returns RegenStats.
 
     `models` optionally maps device name -> an already loaded model (skips loading; used by notebooks and tests).
@@ -204,12 +175,14 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
     first prompts (`greedy_match_check`); the result goes to the stats and `<out>.meta.json`.
     backend (local targets): "engine" (target/generate.py: static caches, rows refilled as they finish, CUDA graphs;
     every turn through one queue), "hf" (Hugging Face generate) or "auto" (engine when every device is a GPU).
+    keep_token_ids (engine back end): every record also holds each answer's ids as generated
+    (generation.token_ids), which tokenization trains on instead of re-tokenizing the text (tokenize.py).
     Server back end: per-request timeout, bounded retries with backoff, failures counted by id (regen_server.py).
     Refused before anything is touched: an `out` that is the input or lies inside the input folder, another process
     writing `out`, and (on resume) records produced with other settings or for conversations changed since
     (regen_output.py). Local back end: a conversation longer than the target's positions is skipped and counted.
     """
-    sampling = sampling or SamplingConfig()
+    sampling = sampling or GenerationSettings()
     _positive("batch_size", batch_size, fix="e.g. 16 (--batch-size)")
     _positive("concurrency", concurrency, fix="e.g. 8 (--concurrency)")
     _positive("match_check", match_check, 0, fix="0 (off) or e.g. 8 (--match-check)")
@@ -221,6 +194,10 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
         raise DataError(f"backend={backend!r} is unknown. Fix: use one of {BACKENDS} (--backend).")
     if backend == "auto":
         backend = "engine" if all(str(d).startswith("cuda") for d in devices) else "hf"
+    if keep_token_ids and (server_url is not None or backend != "engine"):
+        raise DataError(f"keep_token_ids needs the engine back end (backend={backend!r}"
+                        + (", a server" if server_url else "") + " returns text only). Fix: pass --backend engine "
+                        "(it also runs on the CPU), or leave --keep-token-ids out.")
     out = Path(out)
     data_path = None
     if not isinstance(data, ChatData):
@@ -241,12 +218,13 @@ def regenerate(data: str | Path | ChatData, out: str | Path, *, target: str = "t
                            dtype=dtype, dtype_name=dtype_name, limit=limit, log=log,
                            progress_every_s=progress_every_s, on_progress=on_progress, models=models,
                            match_check=match_check, server_timeout_s=server_timeout_s,
-                           server_retries=server_retries, server_backoff_s=server_backoff_s, engine=backend == "engine")
+                           server_retries=server_retries, server_backoff_s=server_backoff_s, engine=backend == "engine",
+                           keep_token_ids=keep_token_ids)
 
 
 def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampling, server_url, server_model,
                 concurrency, dtype, dtype_name, limit, log, progress_every_s, on_progress, models, match_check,
-                server_timeout_s, server_retries, server_backoff_s, engine) -> RegenStats:
+                server_timeout_s, server_retries, server_backoff_s, engine, keep_token_ids=False) -> RegenStats:
     """regenerate() once its output is locked and its input read."""
     convs = []
     skipped = {}
@@ -309,7 +287,8 @@ def _regenerate(chat: ChatData, out: Path, *, target, devices, batch_size, sampl
                 rec["generation"]["prompt_sha256"] = prompts[rec["id"]]
                 writer.add(rec)
 
-            counts = regenerate_with_engine(gens, todo, write, generation, stop=stop, log=log, max_batch=batch_size)
+            counts = regenerate_with_engine(gens, todo, write, generation, stop=stop, log=log, max_batch=batch_size,
+                                            keep_token_ids=keep_token_ids)
             stats.skipped.update({k: counts[k] for k in ("too_long", "cut_at_max_len") if counts.get(k)})
             stats.engine_cache = counts["cache"]
             log(f"regenerate: engine {counts.get('engine')}; answers re-tokenized as generated: "
@@ -349,7 +328,7 @@ def unanswerable(messages: list[dict]) -> str | None:
     return None
 
 
-def nothing_written(todo: list, fit: "PromptFit", sampling: SamplingConfig) -> str:
+def nothing_written(todo: list, fit: PromptFit, sampling: GenerationSettings) -> str:
     """The error of a run that had conversations to answer and wrote none: why, and the flag that fixes it."""
     lens = [fit.prompt_tokens(h) for h in (_Job(c).next_prompt() for c in todo[:1000]) if h is not None]
     ctx = fit.max_positions
@@ -412,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=3, help="retries per server request, with backoff (server back end)")
     p.add_argument("--limit", type=int, default=None, help="only the first N conversations (N >= 0)")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    p.add_argument("--keep-token-ids", action="store_true",
+                   help="engine back end: records also keep each answer's ids as generated (generation.token_ids); "
+                        "training uses them instead of re-tokenizing the text")
     p.add_argument("--match-check", type=int, default=0,
                    help="compare batched vs single-sequence greedy on the first N prompts (recorded in .meta.json)")
     p.add_argument("--threads", type=threads_arg, default=None,
@@ -421,15 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
-        sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+        sampling = GenerationSettings(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                                   max_new_tokens=a.max_new_tokens, seed=a.seed,
                                   enable_thinking={"on": True, "off": False, "template": None}[a.thinking])
         stats = regenerate(a.data, a.out, target=a.target, devices=tuple(a.devices), batch_size=a.batch_size,
                            sampling=sampling, server_url=a.server_url, server_model=a.server_model,
                            concurrency=a.concurrency, dtype=a.dtype, data_format=a.format, limit=a.limit,
                            overwrite=a.overwrite, log=lambda s: print(s, flush=True), match_check=a.match_check,
-                           server_timeout_s=a.request_timeout, server_retries=a.retries, backend=a.backend)
-    except (DataError, TargetLoadError) as e:  # one line for a CLI user: the value and the fix, no traceback
+                           server_timeout_s=a.request_timeout, server_retries=a.retries, backend=a.backend,
+                           keep_token_ids=a.keep_token_ids)
+    except (DataError, ConfigError, TargetLoadError) as e:  # one line for a CLI user: the value and the fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dflash_lab.target.gen_devices import generate_on_devices, make_generators
 from dflash_lab.target.sampling import GenerationSettings
 
-__all__ = ["GenerationSettings", "TurnGenerator"]
-
 
 class TurnGenerator:
     """Rendered prefixes -> decoded turns, on one engine per loaded target replica."""

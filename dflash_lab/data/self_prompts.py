@@ -32,23 +32,28 @@ from pathlib import Path
 
 import torch
 
+from dflash_lab.config.errors import fail
 from dflash_lab.config.threads import threads_arg
 from dflash_lab.target import models
 from dflash_lab.target.load import TargetLoadError, load_targets, load_tokenizer, resolve_target_path
-from dflash_lab.target.sampling import sampling_problems
+from dflash_lab.target.sampling import GenerationSettings
 
 from .chat_formats import DataError
 from .files import HELDOUT_SUFFIX, heldout_path, not_training_data
 from .heldout_overlap import conversations_in_training
 from .prompt_filters import FilterConfig, dedup, filter_reason, is_heldout
 from .prompt_report import PromptReport
-from .self_prompt_gen import GenerationSettings, TurnGenerator
+from .self_prompt_gen import TurnGenerator
 from .user_turns import UserTurnFormat
 
 CHECKSUM_MAX_BYTES = 2 << 30  # hash weights up to 2 GiB (SmolLM2: 0.5 GB, ~1 s); larger ones are not hashed
 
 
-SAMPLING = ("temperature", "top_p", "top_k")  # the fields of one sampling setting (answers: answer_ prefixed)
+USER_SAMPLING = GenerationSettings(max_new_tokens=256, temperature=1.0, top_p=0.95)
+"""The user turns' default: T=1 after the user header writes varied, plausible requests; a turn that reaches
+max_new_tokens without its end-of-turn token is filtered as truncated."""
+ANSWER_SAMPLING = GenerationSettings(max_new_tokens=512)
+"""The answers' default: greedy, what T=0 speculative decoding is measured on."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,29 +64,20 @@ class SelfPromptConfig:
     """First user turns to sample (the kept number is smaller: duplicates and bad turns are removed)."""
     turns: int = 1
     """User turns per conversation: k target-written user turns, each answered by the target."""
-    temperature: float = 1.0
-    top_p: float = 0.95
-    top_k: int = 0
-    seed: int = 0
-    """Sampling seed of the first user turns; user turn t + 1 uses seed + 104729 t, answers of turn t seed + 7919 (t + 1)
-    (each token is drawn from a hash of (seed, sample index, position): target/sampling.py)."""
-    max_prompt_tokens: int = 256
-    """Longest user turn; a turn that reaches it without its end-of-turn token is filtered as truncated."""
+    user_sampling: GenerationSettings = USER_SAMPLING
+    """How user turns are sampled (temperature > 0); user turn t + 1 uses seed + 104729 t. Each token is drawn from a
+    hash of (seed, sample index, position): target/sampling.py. Its seed names the records; its enable_thinking is
+    the template's mode for the whole conversation."""
+    answer_sampling: GenerationSettings = ANSWER_SAMPLING
+    """How the target answers; the answers of turn t use seed + 7919 (t + 1)."""
     answers: bool = True
     """Let the target answer each user turn (training data); False writes prompts only (turns must be 1)."""
-    answer_temperature: float = 0.0
-    """0 = greedy answers (what T=0 speculative decoding is measured on)."""
-    answer_top_p: float = 1.0
-    answer_top_k: int = 0
-    max_answer_tokens: int = 512
     heldout: int = 256
     """Held-out conversations to write (the first ones, in sample order, whose text hash falls in the held-out part)."""
     heldout_fraction: float = 0.01
     """Part of the hash range that is held out: fixed by the text, so the split does not move as N grows."""
     near_threshold: float | None = 0.7
     """Word-3-gram Jaccard at or above which a prompt is a near duplicate of an earlier one (None: keep them)."""
-    enable_thinking: bool | None = None
-    """Passed to templates with a thinking switch; None = the template's default."""
     batch_size: int = 256
     max_len: int = 2048
     """Longest prompt + new tokens the engine holds; a conversation that would outgrow it ends earlier."""
@@ -89,33 +85,39 @@ class SelfPromptConfig:
 
     def __post_init__(self) -> None:
         def bad(name, why, fix):
-            raise DataError(f"SelfPromptConfig.{name}={getattr(self, name)!r} {why}. Fix: {fix}.")
+            fail("SelfPromptConfig", name, getattr(self, name), why, fix)
 
-        for name in ("n", "turns", "max_prompt_tokens", "max_answer_tokens", "batch_size", "max_len"):
+        for name in ("n", "turns", "batch_size", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1", "pass a positive count")
-        for prefix in ("", "answer_"):  # the user turns' sampling, then the answers'
-            for name, why, fix in sampling_problems(*(getattr(self, prefix + f) for f in SAMPLING), self.seed)[:1]:
-                bad(name if name == "seed" else prefix + name, why, fix)
-        if not self.temperature > 0:
-            bad("temperature", "must be > 0: greedy would write the same prompt N times", "use 1.0")
+        for name in ("user_sampling", "answer_sampling"):
+            if not isinstance(getattr(self, name), GenerationSettings):
+                bad(name, "must be a GenerationSettings", "build one: GenerationSettings(max_new_tokens=...)")
+        if not self.user_sampling.temperature > 0:
+            bad("user_sampling", "needs temperature > 0: greedy would write the same prompt N times",
+                "use temperature=1.0")
+        if self.answer_sampling.enable_thinking != self.user_sampling.enable_thinking:
+            bad("answer_sampling", "has another enable_thinking than user_sampling: one conversation is rendered in "
+                "one thinking mode", "give both the same enable_thinking")
         if not 0 <= self.heldout_fraction < 1:
             bad("heldout_fraction", "must be in [0, 1)", "use e.g. 0.01")
         if self.heldout < 0:
             bad("heldout", "must be >= 0", "use e.g. 256, or 0 for no held-out file")
         if not self.answers and self.turns > 1:
             bad("turns", "needs answers: later user turns follow the target's answers", "drop --no-answers")
-        if self.max_prompt_tokens >= self.max_len:
-            bad("max_prompt_tokens", f"leaves no room in max_len={self.max_len}", "raise max_len")
+        if self.user_sampling.max_new_tokens >= self.max_len:
+            bad("user_sampling", f"max_new_tokens={self.user_sampling.max_new_tokens} leaves no room in "
+                f"max_len={self.max_len}", "raise max_len")
 
     @property
-    def user_settings(self) -> GenerationSettings:
-        return GenerationSettings(self.max_prompt_tokens, temperature=self.temperature, top_p=self.top_p,
-                                  top_k=self.top_k, seed=self.seed)
+    def seed(self) -> int:
+        return self.user_sampling.seed
+
+    def user_settings(self, turn: int) -> GenerationSettings:
+        return dataclasses.replace(self.user_sampling, seed=self.user_sampling.seed + 104729 * turn)
 
     def answer_settings(self, turn: int) -> GenerationSettings:
-        return GenerationSettings(self.max_answer_tokens, temperature=self.answer_temperature, top_p=self.answer_top_p,
-                                  top_k=self.answer_top_k, seed=self.seed + 7919 * (turn + 1))
+        return dataclasses.replace(self.answer_sampling, seed=self.answer_sampling.seed + 7919 * (turn + 1))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -170,7 +172,7 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
     `model`: an already loaded target (one device); otherwise one replica is loaded per device in `devices`."""
     paths = output_paths(out)
     tok = tokenizer if tokenizer is not None else load_tokenizer(target)
-    fmt = UserTurnFormat.of(tok, enable_thinking=config.enable_thinking)
+    fmt = UserTurnFormat.of(tok, enable_thinking=config.user_sampling.enable_thinking)
     if model is not None:
         replicas = [model]
     else:
@@ -181,8 +183,8 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
                               max_len=config.max_len, log=log)
     t0 = time.perf_counter()
     log(f"self-prompts: sampling {config.n:,} first user turns from {target} after {fmt.first_prefix[-40:]!r} "
-        f"(T={config.temperature}, top_p={config.top_p}, top_k={config.top_k}, seed={config.seed})")
-    firsts = generator.turns([fmt.first_prefix] * config.n, config.user_settings, keys=list(range(config.n)),
+        f"({config.user_sampling.to_dict()})")
+    firsts = generator.turns([fmt.first_prefix] * config.n, config.user_settings(0), keys=list(range(config.n)),
                              what="first user turns")
     sample_s = time.perf_counter() - t0
 
@@ -213,7 +215,7 @@ def write_self_prompts(target: str, out: str | Path, config: SelfPromptConfig, *
     settings = {"target": target, "target_checksum": target_checksum(target), "user_prefix": fmt.first_prefix,
                 "end_of_turn": fmt.end_of_turn, "stop_ids": list(fmt.stop_ids), **config.to_dict(),
                 "engine": generator.engine, "dtype": str(next(replicas[0].parameters()).dtype).replace("torch.", "")}
-    generation = {"model": target, "user": dataclasses.asdict(config.user_settings),
+    generation = {"model": target, "user": dataclasses.asdict(config.user_settings(0)),
                   "answer": dataclasses.asdict(config.answer_settings(0)) if config.answers else None}
     _write_jsonl(paths["out"], [_record(c, config.seed, generation) for c in train if c.messages])
     _write_jsonl(paths["heldout"], [_record(c, config.seed, generation) for c in written_held if c.messages])
@@ -243,14 +245,13 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
         if turn > 0:
             active = [c for c in convs if c.open]
             prefixes = [fmt.user_prefix(tok, c.messages) for c in active]
-            fits = [len(ids) + config.max_prompt_tokens <= gen.max_len for ids in gen.prompt_ids(prefixes)]
+            fits = [len(ids) + config.user_sampling.max_new_tokens <= gen.max_len for ids in gen.prompt_ids(prefixes)]
             for c, ok in zip(active, fits):
                 if not ok:
                     c.open = False
                     ended["context_full"] += 1
             active, prefixes = [c for c in active if c.open], [p for p, ok in zip(prefixes, fits) if ok]
-            settings = dataclasses.replace(config.user_settings, seed=config.seed + 104729 * turn)
-            outs = gen.turns(prefixes, settings, keys=[c.index for c in active], what=f"user turns {turn + 1}")
+            outs = gen.turns(prefixes, config.user_settings(turn), keys=[c.index for c in active], what=f"user turns {turn + 1}")
             for c, (text, finish, n_tok) in zip(active, outs):
                 reason = filter_reason(text, finish, markers=fmt.markers, config=config.filters)
                 if reason:
@@ -263,7 +264,7 @@ def _extend(gen: TurnGenerator, tok, fmt: UserTurnFormat, convs: list[_Conversat
             break
         active = [c for c in convs if c.open and c.messages[-1]["role"] == "user"]
         prompts = [fmt.answer_prompt(tok, c.messages) for c in active]
-        fits = [len(ids) + config.max_answer_tokens <= gen.max_len for ids in gen.prompt_ids(prompts)]
+        fits = [len(ids) + config.answer_sampling.max_new_tokens <= gen.max_len for ids in gen.prompt_ids(prompts)]
         for c, ok in zip(active, fits):
             if not ok:  # the unanswerable user turn goes: a record ends with an answer
                 c.messages.pop()
@@ -338,13 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
+        thinking = {"on": True, "off": False, "template": None}[a.thinking]
         cfg = SelfPromptConfig(
-            n=a.n, turns=a.turns, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
-            max_prompt_tokens=a.max_prompt_tokens, answers=not a.no_answers, answer_temperature=a.answer_temperature,
-            answer_top_p=a.answer_top_p, answer_top_k=a.answer_top_k, max_answer_tokens=a.max_answer_tokens,
+            n=a.n, turns=a.turns, answers=not a.no_answers,
+            user_sampling=GenerationSettings(max_new_tokens=a.max_prompt_tokens, temperature=a.temperature,
+                                             top_p=a.top_p, top_k=a.top_k, seed=a.seed, enable_thinking=thinking),
+            answer_sampling=GenerationSettings(max_new_tokens=a.max_answer_tokens, temperature=a.answer_temperature,
+                                               top_p=a.answer_top_p, top_k=a.answer_top_k, seed=a.seed,
+                                               enable_thinking=thinking),
             heldout=a.heldout, heldout_fraction=a.heldout_fraction, near_threshold=a.near_threshold or None,
-            enable_thinking={"on": True, "off": False, "template": None}[a.thinking], batch_size=a.batch_size,
-            max_len=a.max_len)
+            batch_size=a.batch_size, max_len=a.max_len)
         write_self_prompts(a.target, a.out, cfg, devices=tuple(a.devices), dtype=a.dtype,
                            log=lambda s: print(s, flush=True))
     except (DataError, TargetLoadError, ValueError) as e:

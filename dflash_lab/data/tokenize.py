@@ -9,6 +9,13 @@ token (e.g. `<|im_end|>`, inferred from the template). Spans are found in the re
 templates that rewrite earlier turns (Qwen3 drops earlier `<think>` blocks) stay exact. Templates with
 `{% generation %}` markers can be used instead through mask_method="generation" (HF's assistant mask).
 
+Answers a record holds as generated ids (regenerate --keep-token-ids: generation.token_ids; chat_formats reads them
+into Conversation.answer_ids) are trained on as those ids, not re-tokenized: sampled answers often re-tokenize to
+other ids than the target produced, and the drafter should learn the target's own. The rule: an answer's ids are used
+when they decode exactly to its message text (a trailing stop token dropped) and the template renders that text
+verbatim; the text around answers, the end-of-turn token included, is tokenized as usual. Any other record is
+re-tokenized from its text; both counts are in the report (`answer_ids`).
+
 Samples with fewer than 2 * block_size supervised tokens after truncation to seq_len are dropped; every drop and every
 skipped record is counted in the `DataReport`. A long conversation is cut to a character budget before tokenizing
 (only its first seq_len tokens are kept), so memory and time stay bounded for any record size.
@@ -207,6 +214,45 @@ def _encode(tmpl: ChatTemplate, messages: list[dict], mask_method: str) -> tuple
     return list(enc["input_ids"]), _span_mask(np.asarray(enc["offset_mapping"]).reshape(-1, 2), spans).astype(int).tolist()
 
 
+def content_ids(tokenizer, ids: tuple[int, ...], text: str) -> list[int] | None:
+    """The generated ids of an answer whose text is `text`: all of them, or all but a trailing stop token; None when
+    neither decodes exactly to the text (the record was edited, or the ids belong to another tokenizer)."""
+    for cut in (ids, ids[:-1]):
+        try:
+            if cut and tokenizer.decode(list(cut), skip_special_tokens=False) == text:
+                return list(cut)
+        except (TypeError, ValueError, OverflowError, IndexError):  # an id outside the vocabulary
+            return None
+    return None
+
+
+def _encode_with_answer_ids(tokenizer, text: str, spans: list[tuple[int, int]], messages: list[dict],
+                            answer_ids) -> tuple[list[int], np.ndarray] | None:
+    """(ids, mask) of a rendered conversation with each answer's generated ids in place of its re-tokenized text,
+    or None when an answer's ids do not decode to its text or the template does not render that text verbatim."""
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    ids, mask, pos = [], [], 0
+
+    def text_part(a: int, b: int) -> None:
+        if b <= a:
+            return
+        enc = tokenizer(text[a:b], add_special_tokens=False, return_offsets_mapping=True)
+        ids.extend(enc["input_ids"])
+        mask.append(_span_mask(np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2) + a, spans))
+
+    for content, stored, (start, end) in zip(answers, answer_ids, spans):
+        own = content_ids(tokenizer, stored, content) if content else None
+        at = text.find(content, max(start, pos)) if own is not None else -1
+        if at < 0 or at + len(content) > end:
+            return None
+        text_part(pos, at)
+        ids.extend(own)
+        mask.append(np.ones(len(own), dtype=bool))
+        pos = at + len(content)
+    text_part(pos, len(text))
+    return ids, np.concatenate(mask) if mask else np.zeros(0, dtype=bool)
+
+
 def _encode_prefixes(tokenizer, texts: list[str], seq_len: int) -> list[tuple[list[int], list]]:
     """(ids, offsets) of each text, exact for the first seq_len tokens (and beyond them whenever the text is short).
 
@@ -263,6 +309,7 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
     mask_out = np.zeros((n_conv, seq_len), dtype=bool)
     lengths, sample_ids = [], []
     dropped_short = truncated = tokens = supervised = mismatched = 0
+    answer_ids = {"used": 0, "text_differs": 0}  # conversations trained on their stored generated ids, or not
     t0 = last = time.monotonic()
     chunk = 512
     for c0 in range(0, n_conv, chunk):
@@ -293,6 +340,11 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
         if mask_method == "render" and texts:
             encoded = [(ids, _span_mask(np.asarray(off, dtype=np.int64).reshape(-1, 2), spans))
                        for (ids, off), spans in zip(_encode_prefixes(tokenizer, texts, seq_len), spans_of)]
+            for k, (conv, text, spans) in enumerate(zip(convs, texts, spans_of)):
+                if conv.answer_ids is not None:
+                    own = _encode_with_answer_ids(tokenizer, text, spans, conv.messages, conv.answer_ids)
+                    answer_ids["used" if own is not None else "text_differs"] += 1
+                    encoded[k] = own if own is not None else encoded[k]
         else:
             encoded = [(ids, np.asarray(m, dtype=bool)) for ids, m in spans_of]
         for conv, (ids, m) in zip(convs, encoded):
@@ -322,7 +374,8 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
                   min_supervised_tokens=min_sup, tokens=tokens, supervised_tokens=supervised,
                   padded_tokens=kept * seq_len, max_length=max(lengths, default=0),
                   mean_length=tokens / kept if kept else 0.0, enable_thinking=enable_thinking, mask_method=mask_method,
-                  end_of_turn=tmpl.end_of_turn, pad_id=pad_id, warnings=list(report.get("warnings", [])))
+                  end_of_turn=tmpl.end_of_turn, pad_id=pad_id, warnings=list(report.get("warnings", [])),
+                  answer_ids=answer_ids)
     if mismatched:
         report["warnings"].append(
             f"{mismatched} final assistant turns do not continue the serving prompt (enable_thinking="

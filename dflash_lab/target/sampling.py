@@ -1,4 +1,5 @@
-"""How the generation engine picks the next token: greedy, or sampled from one counter-hashed uniform per token.
+"""How the target picks its next token: the one sampling-settings type, and greedy or sampled from one counter-hashed
+uniform per token.
 
 Sampling must not depend on how prompts fall into batches or in which order rows are refilled, or a data set would
 change with the batch size. So no RNG state is carried: the uniform of the token at position t of the prompt with
@@ -17,51 +18,52 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dflash_lab.config.errors import fail
+
 _M32 = 0xFFFFFFFF
 
 
-def sampling_problems(temperature, top_p, top_k, seed) -> list[tuple[str, str, str]]:
-    """(field, why, fix) for each sampling setting that is out of range, [] when all fit: the one copy of the checks
-    behind GenerationSettings and the data configs that record sampling settings (regenerate.SamplingConfig,
-    self_prompts.SelfPromptConfig), each of which raises its own error naming its own field."""
-    def integer(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    out = []
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0:
-        out.append(("temperature", "must be a number >= 0", "use 0 for greedy or e.g. 1.0"))
-    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-        out.append(("top_p", "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95"))
-    if not integer(top_k) or top_k < 0:
-        out.append(("top_k", "must be an integer >= 0", "use 0 (off) or e.g. 50"))
-    if not integer(seed) or not 0 <= seed < 2 ** 63:
-        out.append(("seed", "must be an integer in [0, 2**63)", "use e.g. 0"))
-    return out
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GenerationSettings:
-    """One generation call's settings (the engine's counterpart of a data set's recorded sampling settings)."""
+    """How the target answers: the one sampling-settings type of the generation engine, of regeneration (recorded in
+    every record it writes, data/regenerate.py) and of target-written prompts (data/self_prompts.py: one for the
+    user turns, one for the answers). Validated when built: a bad value names the field, the value and the fix."""
 
-    max_new_tokens: int
+    max_new_tokens: int = 2048
     """Longest answer; an answer cut here finishes with "length"."""
     temperature: float = 0.0
-    """0 = greedy (argmax); > 0 samples."""
+    """0 = greedy (argmax, reproducible); > 0 samples."""
     top_p: float = 1.0
     """Nucleus mass in (0, 1]; 1 = off (only when sampling)."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 = off (only when sampling)."""
     seed: int = 0
-    """Seed of the per-token counter hash (>= 0)."""
+    """Seed of the per-token counter hash (>= 0); Hugging Face generate seeds its RNG with it per batch."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template (Qwen3-style thinking switch) where prompts are rendered; None = the template's
+    default. The engine itself only sees token ids."""
 
     def __post_init__(self) -> None:
-        def bad(name, why, fix):
-            raise ValueError(f"GenerationSettings.{name}={getattr(self, name)!r} is invalid: {why}. Fix: {fix}.")
+        def number(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
-            bad("max_new_tokens", "must be an integer >= 1", "use e.g. 256")
-        for name, why, fix in sampling_problems(self.temperature, self.top_p, self.top_k, self.seed)[:1]:
-            bad(name, why, fix)
+        def integer(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        checks = (
+            ("max_new_tokens", integer(self.max_new_tokens) and self.max_new_tokens >= 1, "must be an integer >= 1",
+             "use e.g. 2048"),
+            ("temperature", number(self.temperature) and self.temperature >= 0, "must be a number >= 0",
+             "use 0 for greedy or e.g. 1.0"),
+            ("top_p", number(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95"),
+            ("top_k", integer(self.top_k) and self.top_k >= 0, "must be an integer >= 0", "use 0 (off) or e.g. 50"),
+            ("seed", integer(self.seed) and 0 <= self.seed < 2 ** 63, "must be an integer in [0, 2**63)", "use e.g. 0"),
+            ("enable_thinking", self.enable_thinking in (None, True, False), "must be True, False or None",
+             "use None for the template's default"),
+        )
+        for name, ok, why, fix in checks:
+            if not ok:
+                fail("GenerationSettings", name, getattr(self, name), why, fix)
 
     @property
     def greedy(self) -> bool:
