@@ -34,3 +34,14 @@ def test_a_cut_off_eval_json_is_skipped_with_a_note_and_the_older_evaluation_sho
     assert str(only) in notes[1] and "'tau'" in notes[1]
     frame = tau_table([a, b, c], log=notes.append)
     assert frame["tau"].tolist() == [2.4, 2.5] and len(notes) == 4
+
+
+def test_one_prompt_figures_are_never_separated_even_with_the_zero_width_interval_an_older_version_wrote(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run, tau in ((a, 2.40), (b, 2.41)):
+        path = _eval(run, "20260101T000000Z-b16-t0-bf16", tau)
+        d = json.loads(path.read_text())
+        d["summary"][0].update(prompts=1, tau_low=tau, tau_high=tau)  # [2.40, 2.40] and [2.41, 2.41]
+        path.write_text(json.dumps(d))
+    rows = run_taus([a, b], log=lambda *x: None)
+    assert [r["not_separated_from"] for r in rows] == [["b"], ["a"]]

@@ -17,7 +17,7 @@ from pathlib import Path
 from dflash_lab.runs.evals import EVAL_FILE, eval_dirs
 from dflash_lab.runs.rundir import CONFIG_FILE, METRICS_FILE, read_jsonl
 from dflash_lab.runs.run_files import RunFileError, read_json
-from .intervals import TauInterval, not_separated
+from .intervals import TauInterval, not_separated, stored_interval
 
 COLUMNS = ("run", "measured", "prompt_set", "prompts", "sha256", "block_size", "new_tokens", "step", "tau",
            "tau_low", "tau_high", "not_separated_from")
@@ -80,9 +80,10 @@ def run_taus(run_dirs, *, log=print) -> list[dict]:
         rows += [{"run": d.name, **r} for r in _newest_readable_evaluation(d, log) + _training_rows(d)]
     groups: dict[tuple, dict[str, TauInterval | None]] = {}
     for i, r in enumerate(rows):
-        if r["sha256"] and r["tau_low"] is not None:
+        iv = stored_interval(r["tau"], r["tau_low"], r["tau_high"], r["prompts"])  # < 5 prompts: n/a, not apart
+        if r["sha256"] and iv is not None:
             key = (r["sha256"], r["block_size"], r["new_tokens"], r["measured"].split(" ")[0])
-            groups.setdefault(key, {})[i] = TauInterval(r["tau"], r["tau_low"], r["tau_high"], r["prompts"] or 0)
+            groups.setdefault(key, {})[i] = iv
     for members in groups.values():
         for i, others in not_separated(members).items():
             rows[i]["not_separated_from"] = sorted({rows[j]["run"] for j in others} - {rows[i]["run"]})
