@@ -1,6 +1,6 @@
 # dflash-lab: `make demo` trains a drafter on the embedded tiny target; `make test` runs the tests; `make lab` starts
-# JupyterLab on working copies of notebooks/ (lab/, gitignored). All create the environment in .venv on first use
-# (Python 3.11 + pip only).
+# JupyterLab on working copies of notebooks/ and a link to runs/ (lab/, gitignored). All create the environment in
+# .venv on first use (Python 3.11 + pip only).
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -35,7 +35,14 @@ test: $(STAMP)
 lab-copies: $(STAMP)
 	$(BIN)/python -m widgets.workspace --into $(LAB_DIR)
 
-lab: lab-copies
+# The news pop-up ("get notified about official Jupyter news?") is JupyterLab's announcements plugin: off, once
+LAB_PAGE_CONFIG := $(VENV)/etc/jupyter/labconfig/page_config.json
+
+$(LAB_PAGE_CONFIG): $(STAMP)
+	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyterlab/apputils-extension:announcements >/dev/null 2>&1
+
+# lab/ holds the working copies and lab/runs, a link to runs/: both open from the file browser
+lab: lab-copies $(LAB_PAGE_CONFIG)
 	$(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) --port=$(LAB_PORT) $(ROOT_ARGS) $(LAB_ARGS)
 
 test-fast: $(STAMP)

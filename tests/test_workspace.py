@@ -56,8 +56,30 @@ def test_make_lab_serves_the_copies_as_root_on_a_chosen_port(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0] == f"{venv}/bin/python -m widgets.workspace --into {tmp_path}/lab"
-    lab = lines[1].split()
+    # once per environment: the announcements plugin (the news pop-up) off in the environment's page_config
+    assert lines[1].startswith(f"{venv}/bin/jupyter labextension disable --level=sys_prefix "
+                               "@jupyterlab/apputils-extension:announcements")
+    lab = lines[2].split()
     assert lab[:3] == [f"{venv}/bin/jupyter", "lab", f"--notebook-dir={tmp_path}/lab"]
     assert "--port=8890" in lab and lab[-2:] == ["--no-browser", "--ip=127.0.0.1"]
     assert ("--allow-root" in lab) == (os.geteuid() == 0)  # "Running as root is not recommended" stopped it
     assert "/lab/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_runs_are_reachable_from_the_served_root_through_a_link(tmp_path, capsys):
+    from widgets.workspace import link_runs, main
+
+    runs, lab = tmp_path / "runs", tmp_path / "lab"
+    lab.mkdir()
+    assert link_runs(lab, runs) == f"runs/ -> {runs}" and (lab / "runs").resolve() == runs.resolve()
+    (runs / "20260101T000000Z-x-abc123").mkdir()
+    assert [p.name for p in (lab / "runs").iterdir()] == ["20260101T000000Z-x-abc123"]  # the runs, browsable
+    assert link_runs(lab, runs) == f"runs/ -> {runs}"  # again: nothing to do
+    other = tmp_path / "elsewhere"
+    assert link_runs(lab, other) == f"runs/ -> {other}" and (lab / "runs").resolve() == other.resolve()
+    own = tmp_path / "lab2" / "runs"
+    own.mkdir(parents=True)
+    assert link_runs(own.parent, runs).startswith(f"kept {own} (a folder of its own")
+    assert os.environ.get("DFLASH_LAB_RUNS")  # tests/conftest.py: the command links the session's runs, not the user's
+    assert main(["--into", str(tmp_path / "made")]) == 0
+    assert f"runs: runs/ -> {os.environ['DFLASH_LAB_RUNS']}" in capsys.readouterr().out

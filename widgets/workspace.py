@@ -9,6 +9,11 @@ the file on disk still changes (a `git pull` then overwrites a user's outputs si
 tracked tree need nothing but Python: the user's runs and edits stay in lab/<name>.ipynb, the tracked notebook stays
 as committed, and papermill keeps reading notebooks/ (headless commands, `notebook_params` defaults).
 
+The runs are reachable from the same root: `lab/runs` is a link to the project's runs folder (`runs/`, or
+$DFLASH_LAB_RUNS), so executed notebooks, evaluations, plots and compare.html open from JupyterLab's file browser and
+a run path (eval.ipynb's `run`) can be browsed for, while the tracked notebooks/ stay outside the served root. A real
+folder already at lab/runs is left alone and said.
+
 A copy is made when missing. When the tracked notebook changes later (a pull), a copy still identical to the version
 it was made from is replaced by the new one; a copy someone used or edited is kept, and the message says how to take
 the new version (delete the copy). What each copy was made from is in lab/.sources.json (sha256 per notebook).
@@ -26,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 DRIVERS = ("*.ipynb", "recipes/*.ipynb")  # not results/: executed examples, read on GitHub
 SOURCES = ".sources.json"
+RUNS_LINK = "runs"
 
 
 def _sha(path: Path) -> str:
@@ -64,8 +70,27 @@ def make_copies(into: str | Path = ROOT / "lab", source: Path = NOTEBOOKS) -> di
     return out
 
 
+def link_runs(into: str | Path, runs: Path | None = None) -> str:
+    """`into/runs` -> the runs folder (made if missing); returns what was done, for the report."""
+    from dflash_lab.runs.rundir import resolve_runs_dir
+
+    runs = Path(runs) if runs is not None else resolve_runs_dir("runs")
+    link = Path(into) / RUNS_LINK
+    if link.is_symlink() and link.resolve() == runs.resolve():
+        return f"{link.name}/ -> {runs}"
+    if link.exists() and not link.is_symlink():
+        return f"kept {link} (a folder of its own, not a link to {runs}): runs are in {runs}"
+    runs.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink():  # a link to another runs folder (DFLASH_LAB_RUNS changed)
+        link.unlink()
+    link.symlink_to(runs, target_is_directory=True)
+    return f"{link.name}/ -> {runs}"
+
+
 def report(result: dict[str, list[str]], into: Path) -> str:
     lines = [f"working copies in {into}/ (the tracked notebooks/ stay unmodified)"]
+    if result.get("runs"):
+        lines.append(f"  runs: {result['runs']}")
     if result["copied"]:
         lines.append(f"  copied: {', '.join(result['copied'])}")
     if result["updated"]:
@@ -81,7 +106,9 @@ def main(argv=None) -> int:
     ap.add_argument("--into", default=str(ROOT / "lab"), help="folder for the working copies (default: lab/)")
     args = ap.parse_args(argv)
     into = Path(args.into)
-    print(report(make_copies(into), into))
+    result = make_copies(into)
+    result["runs"] = link_runs(into)
+    print(report(result, into))
     return 0
 
 
