@@ -23,7 +23,7 @@ PHASES = ["get_model", "self_prompts", "build_data", "regenerate", "mix_data", "
 
 
 def _lines(path) -> list[dict]:
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").split("\n") if ln.strip()]
 
 
 def _run(config: RecipeConfig) -> Recipe:
