@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from . import rundir
-from .checkpoint import respect_umask
+from .checkpoint import CheckpointError, checkpoint_step, list_checkpoints, respect_umask
 from .plots import plot_training
 
 
@@ -21,10 +22,25 @@ def save_drafter(drafter, path: Path, step: int) -> Path:
     state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()
              if not k.startswith("rotary_emb.")}
     tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata={"step": str(step)})
+    try:
+        save_file(state, str(tmp), metadata={"step": str(step)})
+    except (OSError, SafetensorError) as e:  # a full disk: safetensors reports it as its own error type
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(_not_saved(path, step, e)) from None
     respect_umask(tmp)  # safetensors writes 0600: a server running as another user must read it
     tmp.replace(path)
     return path
+
+
+def _not_saved(path: Path, step: int, e: Exception) -> str:
+    """One line: which file was not written, why, and what the run still has."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:160]
+    ckpts = list_checkpoints(path.parent) if path.parent.name == "checkpoints" else []
+    kept = (f"the checkpoint {ckpts[-1]} (step {checkpoint_step(ckpts[-1])}) is intact" if ckpts
+            else "no checkpoint exists")
+    old = " and the previous drafter file is unchanged" if path.exists() else ""
+    return (f"could not write the drafter's weights of step {step} to {path} ({why}); the partial file was removed, "
+            f"{kept}{old}. Fix: free disk space, then call finish() again (the weights are still in memory).")
 
 
 def finish_run(trainer) -> dict:

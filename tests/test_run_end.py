@@ -1,0 +1,57 @@
+"""The end of a run on a full disk: saving the drafter's weights fails with one line naming the file, why and what
+is kept (the newest checkpoint, the previous drafter file); no partial file is left behind, and a second finish()
+once there is space writes the weights."""
+
+import errno
+
+import pytest
+import torch
+from safetensors import SafetensorError, safe_open
+
+from dflash_lab.config.drafter_config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.runs import checkpoint, run_end
+from tests.conftest import make_tiny_qwen3
+
+
+def _drafter():
+    dc = DrafterConfig.from_target(make_tiny_qwen3(layers=8).config, num_draft_layers=1, num_target_features=3,
+                                   block_size=4, mask_token_id=255)
+    return DFlashDrafter(dc)
+
+
+@pytest.mark.parametrize("error", [
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),  # what it raises
+    OSError(errno.ENOSPC, "No space left on device")])
+def test_a_full_disk_at_finish_is_one_line_naming_the_file_and_what_is_kept(tmp_path, monkeypatch, error):
+    root = tmp_path / "checkpoints"
+    t = {"w": torch.zeros(4)}
+    kept = checkpoint.write_checkpoint(root, 30, {checkpoint.DRAFTER_FILE: t, checkpoint.OPTIMIZER_FILE: t,
+                                                  checkpoint.RNG_FILE: {"torch_cpu": torch.get_rng_state()}},
+                                       {"format_version": checkpoint.FORMAT_VERSION, "step": 30})
+    path, drafter = root / "drafter.safetensors", _drafter()
+    run_end.save_drafter(drafter, path, 30)
+    before = path.read_bytes()
+    real = run_end.save_file
+
+    def full_disk(state, name, metadata=None):
+        with open(name, "wb") as f:
+            f.write(b"partial")  # what a write cut short leaves
+        raise error
+
+    monkeypatch.setattr(run_end, "save_file", full_disk)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        run_end.save_drafter(drafter, path, 40)
+    assert str(e.value) == (
+        f"could not write the drafter's weights of step 40 to {path} ("
+        + ("Error while serializing: I/O error: No space left on device (os error 28))"
+           if isinstance(error, SafetensorError) else "No space left on device)")
+        + f"; the partial file was removed, the checkpoint {kept} (step 30) is intact and the previous drafter file "
+          "is unchanged. Fix: free disk space, then call finish() again (the weights are still in memory).")
+    assert e.value.__cause__ is None and e.value.__suppress_context__  # one error, not two tracebacks
+    assert path.read_bytes() == before and sorted(p.name for p in root.iterdir()) == ["drafter.safetensors",
+                                                                                      "step-0000030"]
+    monkeypatch.setattr(run_end, "save_file", real)
+    run_end.save_drafter(drafter, path, 40)
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata()["step"] == "40"
