@@ -293,3 +293,15 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
 
+
+
+@pytest.mark.slow  # one point trained to its budget (8 s on the shared 2-core machine)
+def test_a_per_point_training_budget_in_base_stops_the_point_resumably(tmp_path):
+    """base's time_budget_s reaches each point's TrainConfig: a point that spends it stops at a step boundary with a
+    checkpoint, recorded as "stopped (resumable)" (a resume continues it, as after stop_after_s)."""
+    cfg = _cfg(tmp_path, sizes=(40,), matched_steps=100_000, base={**BASE, "time_budget_s": 1.0})
+    row = run_scaling(cfg, poll_s=0.2, log=lambda *a: None)["points"][0]
+    assert row["status"] == "stopped (resumable)", row
+    assert 0 <= row["train"]["steps_done"] < 100_000 and "evals" not in row
+    assert json.loads(Path(row["run_dir"], "config.json").read_text())["time_budget_s"] == 1.0
+    assert list(Path(row["run_dir"], "checkpoints").glob("step-*"))
