@@ -1,17 +1,18 @@
 """Held-out prompts that also occur in training: found by normalised text, in one place for every held-out set.
 
 A split by conversation id keeps no conversation on both sides, but it does keep identical TEXTS on both sides:
-chitchat's training first turns hold "Hello!" 168 times, "hello?" 265 and "Hello?" 302 times, and its 200 held-out
-first turns held 35 such greetings. On those the drafter replays an answer it was trained on, and held-out tau reads
+chitchat's training first turns hold "Hello!" 168 times, "hello?" 265 and "Hello?" 302 times, and 71 of its 200
+held-out first turns are training first turns too. On those the drafter replays an answer it was trained on, and held-out tau reads
 what memory gives, not what the drafter has learnt. So validation, evaluation and the data reports check every
 held-out prompt against the training prompts here, and say how many they found.
 
-What is compared: a prompt is a list of chat messages up to the turn the model answers; its key is the role and
-the normalised text (prompt_filters.normalize: NFKC, case folded, whitespace collapsed) of each of its messages.
-The training side is every context the drafter was trained to continue: each prefix of each training conversation
-that ends just before an assistant turn (and a prompt-only record as a whole: its answer is written later). An evaluation prompt overlaps when its whole prompt is one of them; a
-held-out conversation (validation) overlaps when any of its own such prefixes is one (then its answers were
-trained on). Keys are 8-byte blake2b digests held as ints: about 100 bytes per training prompt in memory.
+What is compared: a prompt is a list of chat messages up to the turn the model answers; its key is the role and the
+normalised text (prompt_filters.normalize: NFKC, case folded, whitespace collapsed) of each of its messages. The
+training side is every context the drafter was trained to continue: each prefix of each training conversation that
+ends just before an assistant turn (and a prompt-only record as a whole: its answer is written later). An evaluation
+prompt overlaps when its whole prompt is one of them; a held-out conversation (validation) overlaps when any of its
+own such prefixes is one (then its answers were trained on). Keys are 8-byte blake2b digests held as ints: about 100
+bytes per training prompt in memory.
 """
 
 from __future__ import annotations

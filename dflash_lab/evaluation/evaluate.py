@@ -294,7 +294,8 @@ def run_notebook(params: dict, out_dir: Path, *, log_output: bool = True) -> Pat
 def tau_line(saved: dict) -> str:
     """Trained and untrained tau per prompt set with its interval, quoted from the table's rows."""
     rows = [r for r in saved["summary"] if r["decoder"] != BASELINE]
-    ci = lambda r: f" [{r['tau_low']:.2f}, {r['tau_high']:.2f}]" if r.get("tau_low") is not None else " [n/a]"  # noqa: E731
+    ci = lambda r: (f" [{r['tau_low']:.2f}, {r['tau_high']:.2f}]"  # noqa: E731 (n/a: too few prompts)
+                    if r.get("tau_low") is not None else " [n/a]")
     sha = lambda r: f", sha256 {r['prompt_set_sha256'][:12]}" if r.get("prompt_set_sha256") else ""  # noqa: E731
     return ("tau " + "; ".join(f"{r['decoder']} {r['prompt_set']} {r['tau']:.2f}{ci(r)} ({r['prompts']} prompts"
                                f"{sha(r)})" for r in rows)

@@ -20,9 +20,10 @@ tokenizer, so one checksum identifies a set across targets).
 Held-out means not trained on: when the run's training data is known (its config.json names it), every set is
 checked against its prompts (data/heldout_overlap.py) and the report says how many of the set's prompts were found
 there. From a held-out set (chitchat-heldout, self-heldout, tiny-heldout, the run's own held-out file, a file
-named heldout.jsonl, *.heldout.jsonl or *-heldout.jsonl) they are left out before the n are spread; any other file is evaluated as given, with the count beside it. chitchat-heldout
-is also built without the prompts of chitchat's training split: 71 of its 200 first turns (36 of its 165 distinct
-prompts: "Hello?", "hello?", "Hello!", "Hi", ...) occur there.
+named heldout.jsonl, *.heldout.jsonl or *-heldout.jsonl) they are left out before the n are spread; any other file
+is evaluated as given, with the count beside it. chitchat-heldout is also built without the prompts of chitchat's
+training split: 71 of its 200 first turns (30 of its 159 distinct prompts: "Hello?", "hello?", "Hello!", "Hi",
+...) occur there.
 """
 
 from __future__ import annotations
