@@ -80,7 +80,9 @@ stage2)
     log "wheels installed"
   fi
   export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
-  cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME
+  # the second half: carried with this call, or copied to $STAGE by an earlier call (when this call carries code)
+  PART_AB=.recipe/call2/part.ab; [ -f $STAGE/part.ab ] && PART_AB=$STAGE/part.ab
+  cat $STAGE/part.aa $PART_AB > $STAGE/$GGUF_NAME
   echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

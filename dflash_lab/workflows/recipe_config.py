@@ -78,6 +78,13 @@ class RecipeConfig:
     block_size: int = 16
     num_draft_layers: int = 3
     lr: float = 6e-4
+    draft_vocab_size: int | None = None
+    """Draft vocabulary (TrainConfig.draft_vocab_size): the N most frequent supervised ids; None = the full one."""
+    feature_store_gib: float = 60.0
+    """Device memory that keeps each training window's target features for later epochs (TrainConfig.
+    feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16 on an H200; 0 = recompute."""
+    compile_drafter: bool = False
+    """torch.compile the drafter (TrainConfig.compile_drafter): ~30 s before the first step, then a faster step."""
     real_tau_every: int = 500
     """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
     (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out chitchat conversations."""
@@ -198,4 +205,6 @@ class RecipeConfig:
                            devices=(self.device,), heldout_data=str(heldout) if heldout else "",
                            real_tau_every=self.real_tau_every, val_every=self.real_tau_every,
                            real_tau_prompts=self.real_tau_prompts, log_every=max(1, min(50, self.steps // 20)),
-                           time_budget_s=self.train_time_budget_s)
+                           time_budget_s=self.train_time_budget_s, draft_vocab_size=self.draft_vocab_size,
+                           feature_store_gib=self.feature_store_gib if self.device != "cpu" else 0.0,
+                           compile_drafter=self.compile_drafter)
