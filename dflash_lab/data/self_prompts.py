@@ -84,30 +84,29 @@ class SelfPromptConfig:
     filters: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
-        def bad(name, why, fix):
-            fail("SelfPromptConfig", name, getattr(self, name), why, fix)
+        counts = [(name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "must be an integer >= 1",
+                   "pass a positive count") for name in ("n", "turns", "batch_size", "max_len")]
+        types = [(name, isinstance(getattr(self, name), GenerationSettings), "must be a GenerationSettings",
+                  "build one: GenerationSettings(max_new_tokens=...)") for name in ("user_sampling", "answer_sampling")]
+        self._check(counts + types)  # the rest reads these fields
+        u, a = self.user_sampling, self.answer_sampling
+        self._check([
+            ("user_sampling", u.temperature > 0, "needs temperature > 0: greedy would write the same prompt N times",
+             "use temperature=1.0"),
+            ("answer_sampling", a.enable_thinking == u.enable_thinking, "has another enable_thinking than "
+             "user_sampling: one conversation is rendered in one thinking mode", "give both the same enable_thinking"),
+            ("heldout_fraction", 0 <= self.heldout_fraction < 1, "must be in [0, 1)", "use e.g. 0.01"),
+            ("heldout", self.heldout >= 0, "must be >= 0", "use e.g. 256, or 0 for no held-out file"),
+            ("turns", self.answers or self.turns == 1, "needs answers: later user turns follow the target's answers",
+             "drop --no-answers"),
+            ("user_sampling", u.max_new_tokens < self.max_len,
+             f"max_new_tokens={u.max_new_tokens} leaves no room in max_len={self.max_len}", "raise max_len"),
+        ])
 
-        for name in ("n", "turns", "batch_size", "max_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(name, "must be an integer >= 1", "pass a positive count")
-        for name in ("user_sampling", "answer_sampling"):
-            if not isinstance(getattr(self, name), GenerationSettings):
-                bad(name, "must be a GenerationSettings", "build one: GenerationSettings(max_new_tokens=...)")
-        if not self.user_sampling.temperature > 0:
-            bad("user_sampling", "needs temperature > 0: greedy would write the same prompt N times",
-                "use temperature=1.0")
-        if self.answer_sampling.enable_thinking != self.user_sampling.enable_thinking:
-            bad("answer_sampling", "has another enable_thinking than user_sampling: one conversation is rendered in "
-                "one thinking mode", "give both the same enable_thinking")
-        if not 0 <= self.heldout_fraction < 1:
-            bad("heldout_fraction", "must be in [0, 1)", "use e.g. 0.01")
-        if self.heldout < 0:
-            bad("heldout", "must be >= 0", "use e.g. 256, or 0 for no held-out file")
-        if not self.answers and self.turns > 1:
-            bad("turns", "needs answers: later user turns follow the target's answers", "drop --no-answers")
-        if self.user_sampling.max_new_tokens >= self.max_len:
-            bad("user_sampling", f"max_new_tokens={self.user_sampling.max_new_tokens} leaves no room in "
-                f"max_len={self.max_len}", "raise max_len")
+    def _check(self, checks: list[tuple[str, bool, str, str]]) -> None:
+        for name, ok, why, fix in checks:
+            if not ok:
+                fail("SelfPromptConfig", name, getattr(self, name), why, fix)
 
     @property
     def seed(self) -> int:
