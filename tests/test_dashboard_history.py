@@ -94,3 +94,24 @@ def test_static_render_draws_the_markers_and_the_history():
     m.add_events(EVENTS)
     marked = render_png(m.state(phase="stopped"))
     assert plain[:8] == marked[:8] == b"\x89PNG\r\n\x1a\n" and plain != marked
+
+
+def test_every_sample_measured_between_two_refreshes_is_drawn():
+    """A papermill run refreshes its static view rarely: the figure drew the newest sample of each refresh, a straight
+    0 -> 100% ramp of two points while system.jsonl held 25 samples."""
+    from dflash_lab.runs.metrics import RingBuffer
+    from widgets.sources import add_samples
+
+    ring, m = RingBuffer(), DashboardModel()
+    for k in range(25):  # a monitor's ring between two refreshes: memory climbs, busy % wobbles
+        ring.append(gpu_sample(100.0 + k, used=2.0 + k))
+    add_samples(m, ring)
+    add_samples(m, ring)  # the next refresh reads the whole ring again: nothing counted twice
+    (a, _) = m.state().device_history
+    assert len(a.t) == 25 and a.t[:3] == [0.0, 1.0, 2.0]
+    assert [round(140 * f, 6) for f in a.mem_frac[:3]] == [2.0, 3.0, 4.0]
+    ring.append(gpu_sample(125.0, used=30.0))
+    ring.append(gpu_sample(110.5, used=1.0))  # older than one seen (a ring read out of order): skipped
+    add_samples(m, ring)
+    (a, _) = m.state().device_history
+    assert len(a.t) == 26 and a.t[-1] == 25.0

@@ -364,7 +364,7 @@ def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
     gone = run_dir_state(trainer.run_dir, step=s.step, total=400, now=time.time() + 60)
     assert gone.phase == "stopped" and gone.detail.startswith(f"at step {s.step} of 400")
     summary = trainer.finish()  # summary.json says stopped: the attached view says so too, with the step of 400
-    assert summary["status"] == "stopped"
+    assert summary["status"] == "stopped (resumable)"
     s = AttachedView(trainer.run_dir, mode="static").state()
     assert s.phase == "stopped" and s.phase_detail.startswith(f"at step {trainer.step_count} of 400")
 

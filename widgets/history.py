@@ -44,7 +44,7 @@ class DeviceHistory:
 
 
 class SystemHistory:
-    """Per-device histories fed with GpuMonitor samples (a sample seen twice is counted once)."""
+    """Per-device histories fed with GpuMonitor samples (a sample seen twice, or older than one seen, is skipped)."""
 
     def __init__(self, max_points: int = 240):
         self.max_points = max_points
@@ -53,8 +53,9 @@ class SystemHistory:
         self._last_time: float | None = None
 
     def add(self, sample: dict | None) -> None:
-        if not sample or sample.get("time") is None or sample["time"] == self._last_time:
-            return
+        if not sample or sample.get("time") is None or (self._last_time is not None and
+                                                         sample["time"] <= self._last_time):
+            return  # seen already: a monitor ring is read whole at every refresh
         self._last_time = t = float(sample["time"])
         self._t0 = t if self._t0 is None else self._t0
         rows = []

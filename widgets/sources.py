@@ -104,6 +104,13 @@ def trainer_phase(trainer, controls=None) -> dict:
             "step": getattr(trainer, "step_count", None)}
 
 
+def add_samples(model: DashboardModel, ring) -> None:
+    """Every monitor sample since the last refresh, not only the newest: a papermill run refreshes its static view
+    rarely, and drawing the newest sample of each refresh made a straight 0 -> 100% ramp of two points out of 25."""
+    for sample in ring.snapshot():
+        model.add_system(sample)
+
+
 class TrainerSource:
     """A Trainer in this kernel (or one still being built by a TrainerBuilder): its metrics ring buffer, the
     GpuMonitor's ring, and its phase."""
@@ -111,6 +118,7 @@ class TrainerSource:
     def __init__(self, trainer=None, monitor=None, controls=None, builder=None):
         self._trainer, self.monitor, self.controls, self.builder = trainer, monitor, controls, builder
         self.events: JsonlFollower | None = None  # the run dir's events.jsonl: markers on the curves
+        self._frozen = False  # the system readings of an ended run were taken in (an idle kernel's are not its own)
 
     @property
     def trainer(self):
@@ -120,7 +128,7 @@ class TrainerSource:
         t = self.trainer
         if t is None:  # still loading
             if self.monitor is not None:
-                model.add_system(self.monitor.ring.last())
+                add_samples(model, self.monitor.ring)
             b = self.builder
             phase, progress = b.phase(), b.replica_progress()
             rows = replica_rows(progress)
@@ -141,8 +149,10 @@ class TrainerSource:
         info = trainer_phase(t, self.controls)
         if info["phase"] == "training" and self.controls is not None and not self.controls.loop_active():
             info["phase"], info["phase_detail"] = "idle", f"no loop running; at step {t.step_count}"
-        if self.monitor is not None and info["phase"] not in ENDED_PHASES:  # readings freeze once the run ends
-            model.add_system(self.monitor.ring.last())
+        ended = info["phase"] in ENDED_PHASES
+        if self.monitor is not None and not (ended and self._frozen):  # readings freeze once the run has ended,
+            add_samples(model, self.monitor.ring)  # with the samples taken up to its end
+        self._frozen = ended
         run = getattr(t, "run_dir", None)
         if run is not None:
             model.warning = warning_from_events(Path(run)) or model.warning
