@@ -139,3 +139,13 @@ def test_an_eval_tau_of_an_earlier_step_says_which_step(tmp_path):
                                                                             "real_tau": 2.25}) + "\n")
     table = runs.compact_table(runs.runs_table([run, now], log=None))
     assert list(table["eval tau"]) == ["2.50 @step 30", "2.25"]
+
+
+def test_compare_by_default_takes_ended_runs_and_keeps_the_demo(tmp_path):
+    root = tmp_path / "runs"
+    demo = _run(root, "demo", metrics=_rows(1, 6))  # oldest, finished
+    done = [_run(root, f"done{k}", metrics=_rows(1, 6)) for k in range(4)]
+    aborted = [_run(root, f"try{k}", metrics=_rows(1), summary=None) for k in range(3)]  # newest, never ended
+    picked = runs.resolve_runs([], runs_dir=root, newest=4)
+    assert picked == [done[3], done[2], done[1], demo]  # newest first; the demo replaces the 4th newest
+    assert runs.resolve_runs([], runs_dir=root, newest=8) == [*aborted[::-1], *done[::-1], demo]

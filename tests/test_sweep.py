@@ -392,3 +392,15 @@ def test_a_variant_that_spends_its_time_budget_is_resumed_by_the_next_run_of_the
     w = again.variant("lr-1e-3")
     assert again.dir == first.dir and w["status"] == "pending" and w["resume"] and w["run_dir"] == str(run)
     assert any("stopped at its time budget: resuming it in" in s for s in said)
+
+
+def test_the_static_grid_carries_a_text_form_for_log_output(tmp_path):
+    """papermill --log-output prints a display's text/plain: the table as lines, never `<IPython...HTML object>`."""
+    sweep = Sweep(_cfg(tmp_path, variants=VARIANTS[1:]), log=lambda *a: None)
+    _finish(sweep, "lr-1e-3", [(4, 1.5), (8, 1.8)])
+    model = SweepGridModel(sweep.dir)
+    model.poll()
+    bundle = model.bundle()
+    assert bundle["text/html"] == model.html() and "<table>" in bundle["text/html"]
+    assert bundle["text/plain"].splitlines() == ["sweep t:", "  lr-1e-3 finished 8/8 | loss 0.2500 | real tau 1.800 | "
+                                                 "ETA -", "  gamma-2 pending 0/8 | loss - | real tau - | ETA -"]

@@ -80,6 +80,19 @@ class SweepGridModel:
                         "error": v.get("error")})
         return out
 
+    def text(self) -> str:
+        """The grid as plain text, one line per variant: what `papermill --log-output` prints of the static table
+        (it printed `<IPython.core.display.HTML object>`)."""
+        lines = [f"sweep {self.state.get('name', self.sweep_dir.name)}:"]
+        for r in self.rows():
+            tau = "-" if r["real tau"] is None else f"{r['real tau']:.3f}"
+            loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
+            lines.append(f"  {r['variant']} {r['status']} {r['step']} | loss {loss} | real tau {tau} | ETA {r['ETA']}")
+        return "\n".join(lines)
+
+    def bundle(self) -> dict:
+        return {"text/html": self.html(), "text/plain": self.text()}
+
     def html(self) -> str:
         def cell(key, r):
             x = r[key]
@@ -144,13 +157,13 @@ class SweepGrid:
         self.model.poll()
 
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import display
 
         if self.mode == "live":
             self._update_live()
             display(self.box)
         else:
-            self.handle = display(HTML(self.model.html()), display_id=True)
+            self.handle = display(self.model.bundle(), raw=True, display_id=True)
 
     def _update_live(self) -> None:
         self.table.value = self.model.html()
@@ -174,9 +187,7 @@ class SweepGrid:
         if self.mode == "live":
             self._update_live()
         elif self.handle is not None:
-            from IPython.display import HTML
-
-            self.handle.update(HTML(self.model.html()))
+            self.handle.update(self.model.bundle(), raw=True)
 
     def callback(self, sweep=None) -> None:
         """For `Sweep.run(callbacks=[...])`: refresh at most every `every_s` seconds."""

@@ -43,12 +43,31 @@ def list_runs(runs_dir: str | Path = "runs", *, newest_first: bool = True) -> li
     return found
 
 
+DEMO_NAME = "-demo-"  # `make demo`'s run folders: runs/<stamp>-demo-<id>
+ENDED = ("finished", "stopped", "diverged")  # run states that compare prefers (not interrupted, killed, running)
+
+
+def default_selection(found: list[Path], newest: int) -> list[Path]:
+    """Which runs compare takes when none are named: the newest that reached an end of their own (finished, stopped,
+    diverged), the newest demo run among them, then the newest others if fewer than `newest` ended; newest first. A
+    few aborted attempts (or a test's leftovers) then no longer push the demo and every finished run out of the
+    default comparison."""
+    ended = [p for p in found if run_status(p).startswith(ENDED)]
+    pick = ended[:newest]
+    demo = next((p for p in ended if DEMO_NAME in p.name), None)
+    if demo is not None and demo not in pick and pick:
+        pick[-1] = demo
+    pick += [p for p in found if p not in pick][:newest - len(pick)]
+    order = {p: i for i, p in enumerate(found)}
+    return sorted(pick, key=order.get)
+
+
 def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4) -> list[Path]:
-    """The given run directories (checked), or the `newest` runs in `runs_dir` when none are given."""
+    """The given run directories (checked), or `newest` runs in `runs_dir` when none are given (default_selection)."""
     if isinstance(run_dirs, (str, Path)):
         run_dirs = [run_dirs]
     if not run_dirs:
-        found = list_runs(runs_dir)[:newest]
+        found = default_selection(list_runs(runs_dir), newest)
         if not found:
             raise FileNotFoundError(f"no run directories (with a config.json) under {rundir.resolve_runs_dir(runs_dir)}. "
                                     "Fix: train first (notebooks/train.ipynb) or pass run_dirs explicitly.")
