@@ -46,8 +46,13 @@ def test_a_cpu_machine_has_one_host_strip():
     assert host.mem_frac[-1] == pytest.approx(6 / 24)
     from widgets.html import gpus_html
 
-    assert 'data-device="host" data-points="5"' in gpus_html(s)
+    h = gpus_html(s)
+    assert 'data-device="host" data-points="5"' in h
     assert "collecting history" in strip_svg(DeviceHistory("cuda:0", [0.0], [0.1], [5.0]))
+    # the strip has its own label in its column, and the RAM figures take the columns a host has no use for
+    assert "history: RAM (fill), CPU % (line)" in h.split("<b>host RAM</b>")[0]
+    ram = h.split('class="dfl-host-ram" ')[1]
+    assert ram.startswith('style="grid-column:2/span 4"') and "6.0 / 24.0 GB" in ram.split("</span>")[0]
 
 
 EVENTS = [{"event": "control", "action": "run", "step": 0}, {"event": "control", "action": "pause", "step": 30},

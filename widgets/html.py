@@ -89,6 +89,8 @@ def _bar(frac: float, colour: str, text: str = "") -> str:
 # Fits a ~560 px cell (a 1,024 px window with JupyterLab's file browser open): the minima add up to ~500 px.
 GRID = ('display:grid;grid-template-columns:minmax(90px,max-content) minmax(130px,2fr) 7ch 6ch 6ch '
         'minmax(80px,1fr);column-gap:10px;row-gap:3px;align-items:center;font-family:sans-serif;font-size:13px')
+HOST_STRIP_HEAD = ('<span style="color:#57606a;font-size:11px" title="host RAM in use (filled) and CPU % (line) over '
+                   'time">history: RAM (fill), CPU % (line)</span>')
 STRIP_HEAD = ('<span style="color:#57606a;font-size:11px" title="memory in use (filled) and busy % (line) over time">'
               'history: memory (fill), busy (line)</span>')
 
@@ -108,13 +110,17 @@ def gpus_html(s: DashboardState) -> str:
         ram_frac = (h.get("ram_used_gb") or 0) / h["ram_total_gb"] if h.get("ram_total_gb") else 0
         rss = f' &middot; this process {h["proc_rss_gb"]:.2f} GB' if h.get("proc_rss_gb") is not None else ""
         frozen = " (last reading: the run has ended)" if s.ended else ""
+        # No busy / power / temp columns on a host: its bars take their width (the RAM figures were cut at 1,024 px)
+        wide = 'style="grid-column:2/span 4"'
         return (f'<div class="dfl-gpus" style="{GRID}">'
                 f'<div class="dfl-gpu-status" style="grid-column:1/-1;color:#57606a;font-size:11px">'
-                f'{html.escape(s.gpu_status + frozen)}; history strip: RAM in use (fill), CPU % (line)</div>'
-                f'<b>host RAM</b>{_bar(ram_frac, "#8250df", ram + rss)}<span></span><span></span><span></span>'
+                f'{html.escape(s.gpu_status + frozen)}</div>'
+                f'<span></span><span {wide}></span>{HOST_STRIP_HEAD}'
+                f'<b>host RAM</b><span class="dfl-host-ram" {wide} title="{ram}{rss.replace(" &middot; ", "; ")}">'
+                f'{_bar(ram_frac, "#8250df", ram + rss)}</span>'
                 f'<span style="grid-row:span 2">{_strip(s, "host")}</span>'
-                f'<b>host CPU</b>{_bar((cpu or 0) / 100, "#0969da", _v("cpu", _num(cpu, ".0f") + "%", value=cpu))}'
-                '<span></span><span></span><span></span></div>')
+                f'<b>host CPU</b><span {wide}>'
+                f'{_bar((cpu or 0) / 100, "#0969da", _v("cpu", _num(cpu, ".0f") + "%", value=cpu))}</span></div>')
     rows = ['<span style="color:#57606a;font-size:11px">GPU</span>'
             '<span style="color:#57606a;font-size:11px">memory used / capacity (NVML, all processes)</span>'
             '<span style="color:#57606a;font-size:11px" title="share of time some kernel ran: a liveness '
