@@ -7,9 +7,7 @@ and checkpoints (dist_checkpoint.py: a torchrun checkpoint resumes in a notebook
 system.rank{R}.jsonl (gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead
 and send them to their drafter ranks. A `STOP` (or `CHECKPOINT`) file in the run directory is read by rank 0 at a
 step boundary and its decision broadcast, so every rank leaves (or saves) at the same step.
-
-Fault injection for tests: DFLASH_FAULT="<rank>:<step>" raises on that rank at that step; DFLASH_DUMP_GRADS=<dir>
-saves each drafter rank's summed, clipped gradients after every step.
+Tests inject faults and dump gradients through fault_hooks.py.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir, train_state
-from . import dist_checkpoint
+from . import dist_checkpoint, fault_hooks
 from dflash_lab.config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import build_engine, initial_drafter
@@ -214,7 +212,7 @@ class RankTrainer:
                 if ctx.is_drafter and not ctx.layout.colocated:  # drain the features already sent for this step
                     ctx.recv(self.feature_buf, ctx.layout.feeder[ctx.rank])
                 break
-            _maybe_fault(ctx.rank, self.step_count)
+            fault_hooks.maybe_fault(ctx.rank, self.step_count)
             if feeds_only and self.step_count + 1 < total:
                 self._send_features(self.step_count + 1)
             record = self._drafter_step(self.step_count, t0) if ctx.is_drafter else None
@@ -312,7 +310,7 @@ class RankTrainer:
         cuda = ctx.device.type == "cuda"
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
         raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
-        _maybe_dump_grads(self, step)
+        fault_hooks.maybe_dump_grads(self.ctx.rank, self.param_names, self.optimizer, step)
         mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
         dev = loss.device
         rows = _gather_named(ctx, {  # one small all_gather; .cpu() inside syncs: the step time is device time
@@ -436,21 +434,3 @@ def _consume(path: Path) -> bool:
     except OSError:
         pass
     return True
-
-
-def _maybe_fault(rank: int, step: int) -> None:
-    spec = os.environ.get("DFLASH_FAULT")
-    if spec and spec == f"{rank}:{step}":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step} (DFLASH_FAULT={spec})")
-
-
-def _maybe_dump_grads(rt: RankTrainer, step: int) -> None:
-    out = os.environ.get("DFLASH_DUMP_GRADS")
-    if not out:
-        return
-    from safetensors.torch import save_file
-
-    grads = {n: full_tensor(m.grad).detach().float().cpu().contiguous()
-             for n, m in zip(rt.param_names, rt.optimizer.masters) if m.grad is not None}
-    Path(out).mkdir(parents=True, exist_ok=True)
-    save_file(grads, str(Path(out) / f"grads.rank{rt.ctx.rank}.step{step + 1}.safetensors"))
