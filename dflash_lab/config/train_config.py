@@ -77,7 +77,12 @@ class TrainConfig:
     warmup_ratio: float = 0.04
     """Fraction of steps with linear warm-up before the cosine decay."""
     min_lr_ratio: float = 0.0
-    """Cosine floor as a fraction of lr."""
+    """Floor of the decay as a fraction of lr."""
+    lr_schedule: str = "cosine"
+    """"cosine" (warm-up, then a cosine to min_lr_ratio * lr at `steps`) or "wsd" (warm-up, lr held, then a linear
+    decay over the last `decay_ratio` of the steps: a run extended in its stable phase keeps its lr; schedule.py)."""
+    decay_ratio: float = 0.2
+    """"wsd": the fraction of the steps in the final linear decay."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (paper: 1.0); 0 disables."""
     gamma: float | None = None
@@ -212,6 +217,10 @@ class TrainConfig:
             fail(c, "warmup_ratio", self.warmup_ratio, "must be in [0, 1)", "use e.g. 0.04")
         if not 0 <= self.min_lr_ratio <= 1:
             fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]", "use 0.0 for a full cosine decay")
+        if self.lr_schedule not in ("cosine", "wsd"):
+            fail(c, "lr_schedule", self.lr_schedule, "unknown schedule", 'use "cosine" or "wsd"')
+        if not 0 < self.decay_ratio <= 1:
+            fail(c, "decay_ratio", self.decay_ratio, "must be in (0, 1]", "use e.g. 0.2 (the last fifth of the steps)")
         if self.grad_clip < 0:
             fail(c, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0 (paper) or 0 to disable")
         if self.weight_decay < 0:

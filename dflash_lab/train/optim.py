@@ -18,10 +18,19 @@ import math
 import torch
 
 
-def lr_at(step: int, *, peak: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warm-up to `peak`, then cosine to min_ratio*peak."""
+def lr_at(step: int, *, peak: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
+          shape: str = "cosine", decay_steps: int = 0) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warm-up to `peak`, then either a cosine to
+    min_ratio*peak at `total_steps` ("cosine"), or `peak` held until the last `decay_steps` steps, which fall linearly
+    to min_ratio*peak ("wsd": warm-up, stable, decay)."""
     if warmup_steps > 0 and step < warmup_steps:
         return peak * (step + 1) / warmup_steps
+    if shape == "wsd":
+        start = max(warmup_steps, total_steps - decay_steps)
+        if step < start:
+            return peak
+        progress = min(1.0, (step - start + 1) / max(1, total_steps - start))
+        return peak * (1 - (1 - min_ratio) * progress)
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     progress = min(max(progress, 0.0), 1.0)
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
