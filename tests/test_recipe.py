@@ -65,6 +65,10 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     rows = ph["evaluate"]["rows"]
     assert {r["prompt_set"] for r in rows} == {"chitchat-heldout", "self-heldout", "general"}
     assert ph["evaluate"]["sets"]["self-heldout"] == sp["heldout_out"] and ph["evaluate"]["sets_left_out"] == {}
+    from dflash_lab.evaluation.prompt_sets import is_heldout_file
+
+    # both held-out files are recognised as such: prompts the run trains on are left out of them, not just counted
+    assert is_heldout_file(ph["evaluate"]["sets"]["chitchat-heldout"]) and is_heldout_file(sp["heldout_out"])
     # T=0 at every block size, T=1 at the sampled block size only
     assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
     trained = [r for r in rows if r["decoder"] == "trained"]
@@ -162,6 +166,14 @@ def test_full_size_settings_on_a_cpu_are_refused_before_anything_is_written(tmp_
     RecipeConfig(allow_cpu_full_size=True).check_device()
     RecipeConfig(device="cuda:0").check_device()
     RecipeConfig(**TINY_SIZES, n_self=24).check_device()  # the tests' sizes: 576 answer tokens, 768 training tokens
+
+
+def test_the_fast_step_knobs_reach_the_train_config():
+    """The feature store is on by default on a GPU (lossless: the same features, computed once per window) and off
+    on a CPU; the draft vocabulary and compile are the user's choice."""
+    cfg = RecipeConfig(device="cuda:0", draft_vocab_size=16384, compile_drafter=True).train_config(Path("d.jsonl"))
+    assert (cfg.feature_store_gib, cfg.draft_vocab_size, cfg.compile_drafter) == (60.0, 16384, True)
+    assert RecipeConfig().train_config(Path("d.jsonl")).feature_store_gib == 0.0  # device "cpu"
 
 
 def test_the_training_budget_reaches_the_train_config():

@@ -142,6 +142,7 @@ class RankTrainer:
                                    target_config=prep.target_config, log=self.log if ctx.is_main else None,
                                    draft_vocab=prep.draft_vocab, data_windows=len(self.data), grad_reducer=reducer)
         w = self.engine.workers[0]
+        self.extractor = w.target.extractor  # the one the engine's target replica runs (online or cached)
         self.drafter, self.optimizer, self.model = w.drafter, w.optimizer, w.forward_module
         self.embed, self.head, self.label_map = w.embed, w.head_weight, w.label_map
         self.param_names = train_state.trainable_names(self.drafter)

@@ -137,8 +137,9 @@ class Recipe:
         self.prompts, dropped = real_data.take(self.dir / "data" / f"train-{c.variant}.jsonl",
                                                self.dir / "data" / f"prompts-{c.variant}-{c.n_train}.jsonl",
                                                c.n_train, prompt_tokens=n_tokens, max_prompt_tokens=limit)
+        # "-heldout" in the name marks the file held out: evaluation leaves out the prompts the run trains on
         self.heldout, held_dropped = real_data.take(self.dir / "data" / "heldout-first.jsonl",
-                                                    self.dir / "data" / f"heldout-prompts-{c.heldout}.jsonl",
+                                                    self.dir / "data" / f"prompts-{c.heldout}-heldout.jsonl",
                                                     c.heldout, prompt_tokens=n_tokens, max_prompt_tokens=limit)
         return self._record("build_data", t0, source_sha256=split["source_sha256"], counts=split["counts"],
                             prompts=str(self.prompts), heldout_prompts=str(self.heldout),
