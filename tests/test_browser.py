@@ -330,7 +330,8 @@ def test_dashboard_live_in_jupyterlab(lab):
             # Stop ended the cell: the inspector renders, the hand-step cell skips (the run stays stopped) and
             # the finish cell writes summary.json.
             page.wait_for_selector(".dfi", timeout=60_000)  # dflash_lab.data.inspector's token-level view
-            page.wait_for_selector(".jp-OutputArea-output:has-text(\"'status': 'stopped'\")", timeout=90_000)
+            # Stop writes a checkpoint, so the summary says the run can be resumed
+            page.wait_for_selector(".jp-OutputArea-output:has-text(\"'status': 'stopped (resumable)'\")", timeout=90_000)
             assert _read(page)["step"] == stopped_at
             path = ARTIFACTS / "dashboard-final.png"
             page.locator(".dflash-dashboard").first.screenshot(path=str(path))

@@ -64,8 +64,9 @@ def test_mixed_windows_compiled_in_threads_no_recompiles_and_equal_to_eager(targ
     assert m["recompiles_after_first_step"] == 0, m
     assert m["graph_breaks"] == 0, m
     assert lc == pytest.approx(le, rel=1e-4)
-    for a, b in zip(gc, ge):
-        assert torch.allclose(a, b, rtol=1e-3, atol=1e-6), (a - b).abs().max()
+    for a, b in zip(gc, ge):  # inductor reorders the sums: errors scale with the gradient, not with each element
+        scale = float(b.abs().max())
+        assert scale > 1e-4 and float((a - b).abs().max()) <= 1e-3 * scale, ((a - b).abs().max(), scale)
 
 
 def test_window_is_data_one_flex_compile_for_every_window():

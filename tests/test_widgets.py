@@ -370,13 +370,14 @@ def test_attached_view_follows_the_run_dir_and_stops_it_with_a_stop_file(live):
 
 
 def test_a_diverging_run_shows_failed_with_the_error(live):
-    """Last user of the shared trainer: an absurd LR from the dashboard makes the loss non-finite for real."""
+    """Last user of the shared trainer: an absurd LR from the dashboard makes the loss non-finite for real (1e30:
+    weights that large overflow fp32 in the first norm; at 1e6 the norms can keep a CPU run finite for 20 steps)."""
     view, trainer = live
     c = view.controls
-    c.set_lr(1e6)
+    c.set_lr(1e30)
     c.step_n(20)
     c.join(120)
-    assert trainer.diverged_at is not None, "lr=1e6 should make the loss non-finite within 20 steps"
+    assert trainer.diverged_at is not None, "lr=1e30 should make the loss non-finite within 20 steps"
     s = view.state()
     assert s.phase_text == f"failed: diverged at step {trainer.diverged_at}"
     assert s.error.startswith("TrainingDiverged: training stopped: loss=")
