@@ -170,9 +170,11 @@ def main(argv=None) -> int:
 
 
 def _package_root() -> Path:
-    import dflash_lab
+    """The folder holding the dflash_lab package this process imported: this tree, or an older one put first on
+    PYTHONPATH to compare against (bench/results/2026-12-02-h200-one-step/run.sh)."""
+    import dflash_lab.config  # noqa: F401 - makes sure the package is the one imported
 
-    return Path(dflash_lab.__file__).resolve().parents[1]
+    return Path(sys.modules["dflash_lab"].__file__).resolve().parents[1]
 
 
 def _env() -> dict:
