@@ -197,7 +197,10 @@ def test_run_dir_states_from_what_the_run_records(tmp_path):
     src, m = RunDirSource(tmp_path), DashboardModel()
     assert src.poll(m)["phase"] == "training"  # files just written: the writer is alive
     assert run_dir_state(tmp_path, step=110, total=400, now=time.time() + 25).detail.startswith(
-        "at step 110 of 400: the writer is gone (no file written for 25 s)")
+        "at step 110 of 400: the writer is gone (no file written for 25 s)")  # no lock to ask: the files' age
+    from dflash_lab.runs import lock as run_lock
+
+    run_lock.acquire(tmp_path, log=lambda *a: None)  # from here on a live writer holds the run's lock
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write(json.dumps({"event": "tau_gap", "step": 100, "message": "sim tau 4.1 vs real tau 2.0"}) + "\n")
         f.write(json.dumps({"event": "stop_requested", "step": 110}) + "\n")
@@ -208,6 +211,7 @@ def test_run_dir_states_from_what_the_run_records(tmp_path):
         f.write(json.dumps({"time": 2.0, "host": {"cpu_pct": 99.0}, "gpus": [], "no_gpu": True}) + "\n")
     src.poll(m)
     assert m.state(phase="stopped").host["cpu_pct"] == 50.0 and m.state(phase="stopped").eta_text == "-"
+    run_lock.release(tmp_path)
     # an old-style summary that says "finished" at 110/400 is shown as what it is
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "steps": 110, "target_steps": 400}))
     assert src.poll(m)["phase"] == "stopped"
@@ -216,6 +220,26 @@ def test_run_dir_states_from_what_the_run_records(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"status": "diverged", "steps": 57, "diverged_at": 57}))
     info = src.poll(m)
     assert info["phase"] == "failed" and info["phase_detail"] == "diverged at step 57"
+
+
+def test_the_run_lock_decides_whether_the_writer_lives(tmp_path):
+    """Fresh files do not make a dead run "training" (Ctrl-C a few seconds ago), nor quiet files a live one gone
+    (a slow step): whoever holds run.lock is the writer."""
+    from dflash_lab.runs import lock as run_lock
+    from widgets.runstate import run_dir_state
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(rec(i, 3.0)) + "\n" for i in range(10, 56, 5)))
+    (tmp_path / "events.jsonl").write_text(json.dumps({"event": "start", "step": 0}) + "\n")
+    run_lock.acquire(tmp_path, log=lambda *a: None)
+    try:
+        quiet = run_dir_state(tmp_path, step=55, total=400, now=time.time() + 600)  # 10 minutes without a write
+        assert (quiet.phase, quiet.detail) == ("training", f"following {tmp_path.name}")
+    finally:
+        run_lock.release(tmp_path)
+    fresh = run_dir_state(tmp_path, step=55, total=400)  # written a moment ago, but nobody holds the lock
+    assert (fresh.phase, fresh.detail) == (
+        "stopped", "at step 55 of 400: the writer is gone (its process has exited (run.lock released)) without "
+                   "summary.json")
 
 
 def test_jsonl_follower_waits_for_whole_lines_and_survives_rewrites(tmp_path):

@@ -2,9 +2,12 @@
 
 The evidence, strongest first: `summary.json` (written by `Trainer.finish()`: its `status` and step count, checked
 against the target), `status.json` (rank 0 of a torchrun job), the last `events.jsonl` event (stop_requested,
-interrupted, diverged, finish), a `STOP` file, and whether the writer is alive: a Trainer's GPU monitor appends to
-system.jsonl every 2 s while its process lives, so files that stopped changing for WRITER_SILENT_S mean the writer is
-gone. Checking only for summary.json showed a run stopped at 110/400 as "finished".
+interrupted, diverged, finish), a `STOP` file, and whether the writer is alive. Alive means holding the run's lock
+(runs/run_state.process_alive: the kernel drops it when the process dies, so a run interrupted 5 s ago is not
+"training" however fresh its files); only where the lock says nothing (a run from before the lock, a holder on
+another host) do recent writes stand in: a Trainer's GPU monitor appends to system.jsonl every 2 s while its process
+lives, so files that stopped changing for WRITER_SILENT_S mean the writer is gone. Checking only for summary.json
+showed a run stopped at 110/400 as "finished".
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dflash_lab.runs.run_state import process_alive
 
 from .model import tau_gap_text
 
@@ -92,8 +97,10 @@ def run_dir_state(run_dir: Path, *, step: int, total: int | None, now: float | N
     if summary:
         return _summary_state(summary, step, total)
     age, monitored = last_write_age(run_dir, now)
-    alive = age is not None and age < (WRITER_SILENT_S if monitored else METRICS_SILENT_S)
-    gone = f"no file written for {age:.0f} s" if age is not None else "nothing written yet"
+    held = process_alive(run_dir)
+    alive = held if held is not None else age is not None and age < (WRITER_SILENT_S if monitored else METRICS_SILENT_S)
+    gone = ("its process has exited (run.lock released)" if held is False else
+            f"no file written for {age:.0f} s" if age is not None else "nothing written yet")
     status = read_json(run_dir / "status.json")
     if status.get("phase") == "failed" or status.get("error"):
         return RunState("failed", status.get("detail", ""), status.get("error"))
