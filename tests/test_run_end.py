@@ -55,3 +55,34 @@ def test_a_full_disk_at_finish_is_one_line_naming_the_file_and_what_is_kept(tmp_
     run_end.save_drafter(drafter, path, 40)
     with safe_open(str(path), "pt") as f:
         assert f.metadata()["step"] == "40"
+
+
+def test_a_full_disk_after_the_weights_names_every_file_not_written_and_what_is_kept(tmp_path, monkeypatch):
+    """The plot, the notebook copy and summary.json are each tried; one line names those the disk refused, and
+    finish() again once there is space writes them."""
+    from dflash_lab.config import TrainConfig
+    from dflash_lab.runs import rundir
+    from dflash_lab.train.trainer import Trainer
+
+    cfg = TrainConfig(seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=1, steps=2,
+                      runs_dir=str(tmp_path / "runs"), checkpoint_every=0)
+    trainer = Trainer(cfg, log=lambda *a: None)
+    try:
+        trainer.train()
+
+        def no_space(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(run_end, "plot_training", no_space)
+        monkeypatch.setattr(rundir, "write_json", no_space)
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            trainer.finish()
+        run = trainer.run_dir
+        assert str(e.value) == (
+            f"could not write {run / 'plots' / 'training.png'} (No space left on device); {run / 'summary.json'} "
+            f"(No space left on device); kept: {run / 'checkpoints' / 'drafter.safetensors'} (and every "
+            "checkpoint). Fix: free disk space, then call finish() again (the weights are still in memory).")
+        monkeypatch.undo()
+        assert trainer.finish()["status"] == "finished" and (run / "summary.json").is_file()
+    finally:
+        trainer.close()

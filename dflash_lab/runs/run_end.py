@@ -60,14 +60,29 @@ def finish_run(trainer) -> dict:
                        steady_tokens_per_s=trainer.throughput.steady_tps)
     if trainer.run_dir:
         summary["drafter"] = str(trainer.save_drafter()) if trainer.diverged_at is None else None
-        png = plot_training(trainer.run_dir)
+        failed: list[str] = []  # a full disk: every write is tried, then one error names what is missing
+        png = _tried(failed, trainer.run_dir / "plots" / "training.png", lambda: plot_training(trainer.run_dir))
         summary["plot"] = str(png) if png else None
         # a resumed session keeps the earlier session's notebook: train.ipynb, then train.resumed-0001200.ipynb
         name = f"train.resumed-{trainer.resumed_at:07d}.ipynb" if trainer.resumed_at is not None else "train.ipynb"
-        nb = rundir.save_executed_notebook(trainer.run_dir, name)
+        nb = _tried(failed, trainer.run_dir / name, lambda: rundir.save_executed_notebook(trainer.run_dir, name))
         summary["notebook"] = str(nb) if nb else None
-        rundir.write_json(trainer.run_dir / "summary.json", summary)
+        _tried(failed, trainer.run_dir / "summary.json",
+               lambda: rundir.write_json(trainer.run_dir / "summary.json", summary))
+        if failed:
+            kept = summary["drafter"] or summary["last_checkpoint"] or "nothing"
+            raise CheckpointError(f"could not write {'; '.join(failed)}; kept: {kept} (and every checkpoint). Fix: "
+                                  "free disk space, then call finish() again (the weights are still in memory).")
     return summary
+
+
+def _tried(failed: list[str], path: Path, write):
+    """write(), or None with `path (why)` added to `failed` when the disk refuses it."""
+    try:
+        return write()
+    except OSError as e:
+        failed.append(f"{path} ({e.strerror or e})")
+        return None
 
 
 def refinish_if_stale(trainer) -> dict | None:
