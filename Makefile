@@ -6,6 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STEPS ?= 600
+# make test: test files run on this many processes (pytest-xdist; a file's tests stay in one process, so its
+# module fixtures are built once); 2 = the CI machine's cores
+TEST_WORKERS ?= 2
 # make lab: LAB_DIR holds the working copies; LAB_PORT is the server's port; LAB_ARGS go to `jupyter lab` as they are,
 # e.g. a remote machine: make lab LAB_ARGS=--no-browser (then: ssh -L 8888:localhost:8888 <host>, open the URL it prints)
 LAB_DIR ?= lab
@@ -30,7 +33,7 @@ demo: $(STAMP)
 	$(BIN)/python -m dflash_lab.workflows.demo --steps $(DEMO_STEPS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 lab-copies: $(STAMP)
 	$(BIN)/python -m widgets.workspace --into $(LAB_DIR)

@@ -22,6 +22,7 @@ import hashlib
 import torch
 
 GIB = 2**30
+RESERVE_BYTES = 4 * GIB  # device memory a store leaves free for the step's activations and the allocator
 
 
 def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
@@ -46,6 +47,14 @@ class FeatureStore:
                              f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
                              f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
         self.device, self.rows, self.row_bytes = torch.device(device), rows, per_row
+        if self.device.type == "cuda":  # the store comes on top of the run's estimate: refuse it before it OOMs
+            free, _ = torch.cuda.mem_get_info(self.device)
+            need = rows * per_row
+            if need > free - RESERVE_BYTES:
+                raise ValueError(f"feature_store_gib={gib} needs {need / GIB:.1f} GiB on {self.device} for {rows} "
+                                 f"windows, but {free / GIB:.1f} GiB are free there (and {RESERVE_BYTES / GIB:.0f} "
+                                 "GiB are kept for the step). Fix: set feature_store_gib to at most "
+                                 f"{max(0.0, (free - RESERVE_BYTES) / GIB):.0f} (windows beyond it are recomputed).")
         self.features = torch.empty(rows, seq_len, width, dtype=dtype, device=self.device)
         self._slots: dict[bytes, int] = {}
         self.hits = self.misses = 0  # windows served from the store / computed by the target

@@ -301,12 +301,14 @@ class RankTrainer:
         out = train_step(self.model, self.optimizer, self.embed, self.head, features, DraftInputs(part, masks, ctx_pos),
                          lr=lr, grad_clip=cfg.grad_clip, chunk_size=cfg.loss_chunk_size,
                          weighting=loss_weighting_of(cfg), label_map=self.label_map)
-        if not ctx.layout.colocated:
-            wait = marks[0].elapsed_time(marks[1]) / 1e3 if cuda else wait
-        return self._record(step, t0, batch, lr, out, feature_wait=None if ctx.layout.colocated else wait)
+        # the wait, read once the gather below has synced the device (CUDA events are timed only when complete)
+        waited = None if ctx.layout.colocated else (
+            (lambda: marks[0].elapsed_time(marks[1]) / 1e3) if cuda else (lambda: wait))
+        return self._record(step, t0, batch, lr, out, feature_wait=waited)
 
-    def _record(self, step: int, t0: float, batch, lr: float, out: dict, feature_wait: float | None = None) -> dict:
-        """The step's metrics over every drafter rank (one all_gather), logged by rank 0."""
+    def _record(self, step: int, t0: float, batch, lr: float, out: dict, feature_wait=None) -> dict:
+        """The step's metrics over every drafter rank (one all_gather), logged by rank 0. `feature_wait()`: seconds
+        this drafter waited for its target rank (split layouts)."""
         cfg, ctx = self.cfg, self.ctx
         cuda = ctx.device.type == "cuda"
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
@@ -335,8 +337,8 @@ class RankTrainer:
             "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0,
         }
         if feature_wait is not None:  # this rank's wait (rank 0 logs; its feeder serves like every other)
-            record["feature_wait_s"] = feature_wait
-            record["feature_wait_frac"] = feature_wait / dt if dt > 0 else 0.0
+            record["feature_wait_s"] = waited = feature_wait()
+            record["feature_wait_frac"] = waited / dt if dt > 0 else 0.0
         if self.engine is not None:  # phase times, graph modes, feature store: the notebook's engine fields
             record.update(self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps))
         if ctx.device.type == "cuda":
