@@ -8,7 +8,9 @@ stored is a gather from it, one that is not runs the target (its CUDA graph) and
 Windows are recognised by a digest of their padded token ids (and document ids when packed), computed on the host
 from the batch the sampler built, so the store needs no sample indices and holds for any sampler, resume included.
 A batch is served from the store only when EVERY row of it is stored (the target graph keeps one fixed shape); once
-the store is full, new windows are computed each time they come back and the hit rate says so.
+the store is full, new windows are computed each time they come back and the hit rate says so. With several target
+replicas each keeps the windows it computed: a window that comes back on another replica is computed there again
+until that replica holds it too.
 
 Size: rows = gib / (S * n*H * bytes). SmolLM2-135M features (5 layers x 576, bf16) at S=320 are 1.8 MiB a window,
 so 30k windows need 53 GiB, which an H200 holds beside the drafter; a 8B target (5 x 4096) at S=3072 is 120 MiB a
