@@ -35,9 +35,13 @@ CACHE_VERSION = 1
 GIB = 2**30
 
 
-def row_hash(row: torch.Tensor) -> bytes:
-    """16-byte digest of one padded row of token ids (as int32, so int32 and int64 rows hash alike)."""
-    return hashlib.blake2b(row.to(torch.int32).contiguous().numpy().tobytes(), digest_size=16).digest()
+def row_hash(row: torch.Tensor, doc_ids: torch.Tensor | None = None) -> bytes:
+    """16-byte digest of one padded row of token ids (as int32, so int32 and int64 rows hash alike), and of its
+    document ids when the row is a packed window (the same tokens in other documents have other features)."""
+    h = hashlib.blake2b(row.to(torch.int32).contiguous().numpy().tobytes(), digest_size=16)
+    if doc_ids is not None:
+        h.update(doc_ids.to(torch.int32).contiguous().numpy().tobytes())
+    return h.digest()
 
 
 def cache_size_bytes(data, *, num_features: int, hidden_size: int, dtype: torch.dtype = torch.bfloat16) -> int:

@@ -19,20 +19,18 @@ window: there only small data sets fit, and the offline disk cache (data/feature
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
+
+from dflash_lab.data.feature_cache import row_hash
 
 GIB = 2**30
 RESERVE_BYTES = 4 * GIB  # device memory a store leaves free for the step's activations and the allocator
 
 
 def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
-    """16-byte digest of one padded window: its token ids, and its document ids when windows are packed."""
-    h = hashlib.blake2b(input_ids.to(torch.int32).contiguous().numpy().tobytes(), digest_size=16)
-    if doc_ids is not None:
-        h.update(doc_ids.to(torch.int32).contiguous().numpy().tobytes())
-    return h.digest()
+    """16-byte digest of one padded window: its token ids, and its document ids when windows are packed (the offline
+    cache's row digest, so both recognise a window alike)."""
+    return row_hash(input_ids, doc_ids)
 
 
 class FeatureStore:
