@@ -83,3 +83,19 @@ def test_drafter_estimate_grows_with_anchors(two_fake_gpus):
     large = check_placement(make_placement(("cuda:1",), ("cuda:0",)), num_anchors=1024, **kw)["cuda:1"]["need_gb"]
     assert large > small + 8
     assert small * 1e9 > 16 * drafter_num_parameters(dc)  # weights + master + AdamW + grads at least
+
+
+def test_a_feature_store_counts_on_the_target_device(two_fake_gpus):
+    """feature_store_gib is device memory of the target's GPU: it enters the estimate before anything loads, and a
+    store that does not fit is refused there, naming the device, not as an out-of-memory error minutes later."""
+    tc = load_target_config("bench:qwen3-8b")
+    dc = DrafterConfig.from_target(tc)
+    kw = dict(target_config=tc, drafter_config=dc, seq_len=3072, num_anchors=512, batch_size=1,
+              mem_get_info=lambda d: (140e9, 150e9))
+    base = check_placement(make_placement(("cuda:1",), ("cuda:0",)), **kw)
+    stored = check_placement(make_placement(("cuda:1",), ("cuda:0",)), feature_store_bytes=40 * 2**30, **kw)
+    grown = stored["cuda:0"]["target_gb"] - base["cuda:0"]["target_gb"]
+    assert abs(grown - 40 * 2**30 / 1e9) <= 0.11  # the whole store (GB rounded to 0.1), on the target's GPU only
+    assert stored["cuda:1"]["need_gb"] == base["cuda:1"]["need_gb"]
+    with pytest.raises(PlacementError, match="cuda:0 needs ~.*lower feature_store_gib"):
+        check_placement(make_placement(("cuda:1",), ("cuda:0",)), feature_store_bytes=130 * 2**30, **kw)

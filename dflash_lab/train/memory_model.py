@@ -65,8 +65,11 @@ def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, 
 
 def device_memory(*, drafter_devices: tuple[str, ...], target_devices: tuple[str, ...], target_config,
                   drafter_config, target_params: int, drafter_params: int, seq_len: int, num_anchors: int,
-                  batch_size: int, chunk_size: int, plan: Callable) -> dict[str, dict[str, int]]:
-    """{device: {item: bytes}}. `plan(device)` -> placement.DevicePlan (compute dtype and attention backend)."""
+                  batch_size: int, chunk_size: int, plan: Callable,
+                  feature_store_bytes: int = 0) -> dict[str, dict[str, int]]:
+    """{device: {item: bytes}}. `plan(device)` -> placement.DevicePlan (compute dtype and attention backend).
+    `feature_store_bytes`: TrainConfig.feature_store_gib per target device, counted whole (the data, which may need
+    fewer rows, is not read yet when placements are checked)."""
     tc, dc = text_config(target_config), drafter_config
     workers = list(drafter_devices)
     tdevs = list(target_devices)
@@ -85,6 +88,8 @@ def device_memory(*, drafter_devices: tuple[str, ...], target_devices: tuple[str
 
     for t in dict.fromkeys(tdevs):
         add(t, "target weights", target_params * cbytes(t))
+        if feature_store_bytes:
+            add(t, "target feature store (at most)", feature_store_bytes)
     for w, t in zip(workers, tdevs):
         add(t, "target activations", target_activation_bytes(tc, batch=micro, seq_len=seq_len, num_features=n,
                                                              dtype_bytes=cbytes(t)))

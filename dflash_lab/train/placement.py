@@ -176,7 +176,8 @@ def device_plan(device: str | torch.device, *, dtype: str = "auto", attention: s
 
 
 def check_placement(placement: Placement, *, target_config, drafter_config, seq_len: int, num_anchors: int,
-                    batch_size: int, chunk_size: int = 4096, mem_get_info=None, plan=None) -> dict[str, dict]:
+                    batch_size: int, chunk_size: int = 4096, mem_get_info=None, plan=None,
+                    feature_store_bytes: int = 0) -> dict[str, dict]:
     """Batch divisibility and free memory per GPU, before loading. Returns {device: {need_gb, free_gb, ...}}.
 
     The need per device is memory_model.device_memory's (the model preflight shows item by item). `plan(device)`:
@@ -197,7 +198,7 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
                           target_params=target_parameters(target_config),
                           drafter_params=drafter_parameters(drafter_config), seq_len=seq_len,
                           num_anchors=num_anchors, batch_size=batch_size, chunk_size=chunk_size,
-                          plan=plan or device_plan)
+                          plan=plan or device_plan, feature_store_bytes=feature_store_bytes)
     for dev in placement.devices:
         parts = {"target": sum(v for k, v in items[dev].items() if k.startswith("target")),
                  "drafter": sum(v for k, v in items[dev].items() if k.startswith(("drafter", "fp32", "features",
@@ -215,6 +216,8 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
                              "[1]'; Python: target_devices=...)")
             if "target" in parts and T > 1:
                 hints.append("use fewer target replicas")
+            if "target feature store (at most)" in items[dev]:
+                hints.append("lower feature_store_gib (windows it cannot hold are recomputed)")
             if "drafter" in parts:
                 hints.append("lower seq_len / num_anchors / batch_size")
             hints.append("use other GPUs (free memory is read now: another process may hold this one)")

@@ -125,7 +125,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     if check_memory:
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
                                  seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
-                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d))
+                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                                 feature_store_bytes=int(cfg.feature_store_gib * 2**30))
     plans = {d: plan_device(cfg, d) for d in placement.devices}
     if cfg.feature_cache:  # a wrong cache (layers, path) fails now, not after the target loaded
         CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids)

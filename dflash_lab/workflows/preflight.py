@@ -212,7 +212,7 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
         drafter_devices=tuple(cfg.devices), target_devices=tuple(cfg.target_devices or cfg.devices),
         target_config=tc, drafter_config=dc, target_params=target_params, drafter_params=drafter_params,
         seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size,
-        plan=lambda d: plan_device(cfg, d)).items()}
+        plan=lambda d: plan_device(cfg, d), feature_store_bytes=int(cfg.feature_store_gib * GIB)).items()}
     n = len(dc.target_layer_ids)
 
     warnings = []
