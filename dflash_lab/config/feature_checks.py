@@ -1,6 +1,6 @@
 """Checks of TrainConfig's feature knobs, one function per feature: loss weighting, optimizer, draft vocabulary,
-packing, metric sinks (and the refusal to resume under another optimizer). Plain Python, no torch: the config
-validates with them at construction, and the features themselves (drafter/loss_weights.py, train/muon.py,
+distillation, packing, metric sinks (and the refusal to resume under another optimizer). Plain Python, no torch:
+the config validates with them at construction, and the features themselves (drafter/loss_weights.py, train/muon.py,
 data/draft_vocab.py, data/packing.py, runs/sinks.py) read the same constants from here."""
 
 from __future__ import annotations
@@ -74,6 +74,25 @@ def check_draft_vocab_size(d: int | None, vocab_size: int) -> None:
     if d is not None and (isinstance(d, bool) or not isinstance(d, int) or not 1 < d <= vocab_size):
         fail("DrafterConfig", "draft_vocab_size", d, f"it must be in (1, {vocab_size}] (the target's vocabulary)",
              f"use None for the full vocabulary or a value <= {vocab_size}")
+
+
+def check_distill_fields(cfg) -> None:
+    """distill_weight in [0, 1], top-k in [1, 1024], temperature > 0; distillation needs the target's logits, which
+    an offline feature cache does not hold."""
+    c, w = "TrainConfig", cfg.distill_weight
+    if not 0 <= w <= 1:
+        fail(c, "distill_weight", w, "must be in [0, 1] (the share of the loss against the target's distribution)",
+             "use 0 (hard labels only) or e.g. 0.5")
+    k = cfg.distill_top_k
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1024:
+        fail(c, "distill_top_k", k, "must be an integer in [1, 1024]", "use e.g. 16")
+    if not cfg.distill_temperature > 0:
+        fail(c, "distill_temperature", cfg.distill_temperature, "must be > 0",
+             "use the serving temperature, e.g. 1.0 (T=0 serving is what hard labels train for)")
+    if w > 0 and cfg.feature_cache is not None:
+        fail(c, "distill_weight", w, f"feature_cache={cfg.feature_cache!r} holds features but not the target's "
+             "logits, which distillation needs", "set feature_cache=None (online features; feature_store_gib keeps "
+             "them on the GPU across epochs), or distill_weight=0")
 
 
 def check_pack_fields(cfg) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 from .errors import ConfigError, fail
 from .field_types import check_field_types
-from .feature_checks import (check_draft_vocab_fields, check_loss_weighting_fields, check_optimizer_fields,
-                             check_pack_fields, sink_problem)
+from .feature_checks import (check_distill_fields, check_draft_vocab_fields, check_loss_weighting_fields,
+                             check_optimizer_fields, check_pack_fields, sink_problem)
 from .perf_checks import check_perf_fields
 from .target_defaults import default_gamma
 from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
@@ -189,6 +189,18 @@ class TrainConfig:
     the frozen target runs once per window instead of once per epoch (train/feature_store.py). 0 = recompute every
     step. The store never holds more rows than the data has windows; the hit rate is logged."""
 
+    # distillation: the target's own next-token distribution as a second training target
+    distill_weight: float = 0.0
+    """Share of each supervised position's loss taken against the target's own distribution there (its top
+    `distill_top_k` probabilities at `distill_temperature`, renormalised) instead of the data's token: the target
+    to beat when serving samples (T > 0), where acceptance is sum_x min(p, q), not whether q's argmax is right.
+    0 = the paper's hard labels only; 0.5 = half each (drafter/step.py, target/features.py)."""
+    distill_top_k: int = 16
+    """How many of the target's most probable ids each position keeps for distillation (ids + log-probabilities,
+    8 bytes each per position: also what the feature store keeps beside the features)."""
+    distill_temperature: float = 1.0
+    """The temperature of the target distribution distilled: the serving temperature it should fit."""
+
     def __post_init__(self) -> None:
         c = "TrainConfig"
         check_field_types(self, fail)
@@ -287,6 +299,7 @@ class TrainConfig:
         check_optimizer_fields(self)
         check_pack_fields(self)
         check_draft_vocab_fields(self)
+        check_distill_fields(self)
 
     @property
     def resolved_gamma(self) -> float:

@@ -7,6 +7,9 @@ logits exist only inside the loop, and the gradient w.r.t. the drafter's hidden 
 is computed right there, so the head costs 2x its forward FLOPs and never a (positions x vocab) tensor or a weight
 gradient. Only positions that carry loss go through the head.
 
+Distillation (`SoftTargets`, TrainConfig.distill_weight) swaps each row's one-hot label for a mixture with the
+target's own top-k distribution at that position; the same chunk loop, plus a (rows, k) scatter into the gradient.
+
 D-PACE (loss_weights.py) needs every slot's CE of a block before it knows any slot's weight: the same chunk loop keeps
 per-row CE (M,) and the gradient with the base weights, then scales both rows by the detached D-PACE factors once all
 chunks are done (still 2x the head's forward, no second head pass).
@@ -51,11 +54,26 @@ def _ce_rows_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Te
     return ce, preds, grad_logits.to(logits.dtype)
 
 
+def _soft_ce_chunk(logits, labels, weights, hard, soft_ids, soft_p):
+    """Distillation's epilogue: per-row CE against the mixture target hard * onehot(y) + sum_k soft_p_k *
+    onehot(id_k) (hard + sum_k soft_p_k = 1 per row). Returns (mixture CE (c,), hard CE (c,), argmax,
+    w * (softmax - hard * onehot)); the soft part of the gradient, -w * soft_p at the k ids, is added by the caller
+    (a (c, k) scatter instead of a second dense (c, V) pass)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    label_logit = x.gather(1, labels[:, None]).squeeze(1)
+    mix = lse - hard * label_logit - (soft_p * x.gather(1, soft_ids)).sum(-1)
+    preds = x.argmax(-1)
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
+    grad_logits = (torch.exp(x - lse[:, None]) - hard[:, None] * onehot.float()) * weights[:, None]
+    return mix, lse - label_logit, preds, grad_logits.to(logits.dtype)
+
+
 _compiled_epilogues: dict = {}
 
 
-def _ce_chunk_fn(device: torch.device, per_row: bool = False):
-    fn = _ce_rows_chunk if per_row else _ce_chunk
+def _ce_chunk_fn(device: torch.device, per_row: bool = False, soft: bool = False):
+    fn = _soft_ce_chunk if soft else _ce_rows_chunk if per_row else _ce_chunk
     if device.type != "cuda":
         return fn
     if fn not in _compiled_epilogues:
@@ -81,11 +99,15 @@ class ChunkedHeadCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, weights, chunk_size: int, dpace_alpha: float | None = None,
-                slots: int = 0):
+                slots: int = 0, soft: tuple | None = None):
         # hidden (M, H) compute dtype; weight (V, H) frozen; labels (M,) long; weights (M,) fp32 (already normalised)
+        # soft: (hard (M,), ids (M, k), p (M, k)) of soft_row_targets: the mixture target of distillation
         M = hidden.shape[0]
         grad = torch.empty_like(hidden)
         preds = torch.empty(M, dtype=torch.long, device=hidden.device)
+        if soft is not None:
+            return ChunkedHeadCE._soft(ctx, hidden, weight, labels, weights, chunk_size, dpace_alpha, slots, soft,
+                                       grad, preds)
         if dpace_alpha is not None:
             return ChunkedHeadCE._dpace(ctx, hidden, weight, labels, weights, chunk_size, dpace_alpha, slots,
                                         grad, preds)
@@ -120,21 +142,78 @@ class ChunkedHeadCE(torch.autograd.Function):
         return loss, preds, factors
 
     @staticmethod
+    def _soft(ctx, hidden, weight, labels, weights, chunk_size, alpha, slots, soft, grad, preds):
+        """Distillation, with decay weights (alpha None) or with D-PACE factors; those come from the per-row HARD
+        CE, since whether a block survives to a slot is decided by the data's token there."""
+        hard, soft_ids, soft_p = soft
+        M = hidden.shape[0]
+        mix = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        ce = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        epilogue = _ce_chunk_fn(hidden.device, soft=True)
+        for sl in _chunk_slices(M, chunk_size):
+            logits = hidden[sl] @ weight.t()  # (c, V)
+            mix[sl], ce[sl], preds[sl], grad_logits = epilogue(logits, labels[sl], weights[sl], hard[sl],
+                                                               soft_ids[sl], soft_p[sl])
+            grad_logits.scatter_add_(1, soft_ids[sl], (-soft_p[sl] * weights[sl, None]).to(grad_logits.dtype))
+            grad[sl] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+        if alpha is None:
+            loss, factors = (mix * weights).sum(), weights.new_empty(0)
+        else:
+            has_loss = (weights > 0).view(-1, slots)
+            factors = dpace_weights(torch.exp(-ce).view(-1, slots), has_loss, alpha).flatten()
+            loss = (mix * weights * factors).sum()
+            grad.mul_(factors[:, None])
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(preds, factors)
+        return loss, preds, factors
+
+    @staticmethod
     def backward(ctx, grad_loss, _grad_preds, _grad_factors):
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None
+        return grad * grad_loss.to(grad.dtype), None, None, None, None, None, None, None
 
 
-def chunked_head_ce(hidden, weight, labels, weights, chunk_size: int = 4096):
+def chunked_head_ce(hidden, weight, labels, weights, chunk_size: int = 4096, soft: tuple | None = None):
     """(loss, argmax per row) with `weights` final (the decay weighting); see ChunkedHeadCE."""
-    loss, preds, _ = ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, None, 0)
+    loss, preds, _ = ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, None, 0, soft)
     return loss, preds
 
 
-def dpace_head_ce(hidden, weight, labels, weights, chunk_size: int, alpha: float, slots: int):
+def dpace_head_ce(hidden, weight, labels, weights, chunk_size: int, alpha: float, slots: int,
+                  soft: tuple | None = None):
     """(loss, argmax per row, detached D-PACE factor per row): `weights` are the base has_loss / count weights and
     rows are `slots` = B-1 contiguous slots per block; see ChunkedHeadCE."""
-    return ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, alpha, slots)
+    return ChunkedHeadCE.apply(hidden, weight, labels, weights, chunk_size, alpha, slots, soft)
+
+
+@dataclass
+class SoftTargets:
+    """Distillation's inputs for one micro-batch: the target's top-k next-token distribution at every window
+    position (target/soft_labels.py), where each block starts, and the share of the loss it takes."""
+
+    ids: torch.Tensor  # (b, S, k) int32: position t's most probable next ids (predicting token t + 1)
+    logp: torch.Tensor  # (b, S, k) fp32: their log-probabilities at the distillation temperature
+    anchors: torch.Tensor  # (b, N) long
+    weight: float  # TrainConfig.distill_weight, in (0, 1]
+
+
+def soft_row_targets(soft: SoftTargets, block_size: int, label_map: torch.Tensor | None = None):
+    """Per supervised row (slots 1..B-1 of every block, drafter_loss's order): (hard share (M,), ids (M, k),
+    soft shares (M, k)) with hard + sum(soft) = 1. Slot j of the block at anchor p is labelled token p + j, which the
+    target's distribution at position p + j - 1 predicts. With a pruned draft vocabulary the target's ids are mapped
+    to draft ids and those outside it dropped (the rest renormalised); a row left with none keeps the hard label."""
+    b, S, k = soft.ids.shape
+    offsets = torch.arange(block_size - 1, device=soft.anchors.device)
+    pos = (soft.anchors[:, :, None] + offsets).clamp(max=S - 1).view(b, -1, 1).expand(-1, -1, k)  # padding: w 0
+    ids = soft.ids.gather(1, pos).reshape(-1, k).long()
+    p = soft.logp.gather(1, pos).reshape(-1, k).exp()
+    if label_map is not None:
+        ids = label_map[ids]
+        p = p * (ids >= 0)
+        ids = ids.clamp(min=0)
+    mass = p.sum(-1)
+    share = soft.weight * (mass > 0).float()
+    return 1 - share, ids, p * (share / mass.clamp(min=1e-30))[:, None]
 
 
 @dataclass
@@ -163,14 +242,14 @@ def context_positions(batch: BlockBatch, seq_len: int, device) -> torch.Tensor:
 
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                  inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
-                 label_map: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                 label_map: torch.Tensor | None = None, soft: SoftTargets | None = None) -> tuple[torch.Tensor, dict]:
     """Forward the drafter on all blocks of a micro-batch; returns (loss, raw stats tensors). No sync inside.
 
     weighting.dpace: the batch's loss_weights are has_loss / a global count and the D-PACE factor is applied inside
     the head's loss (raw stats then carry "dpace_weight" (b, N, B-1), 0 where no loss).
     `label_map` (V,) int64 (draft_vocab.label_map): with a pruned draft vocabulary `head_weight` is the
     (d, H) slice of the target head and labels are mapped to draft ids; a label outside (-1) gets weight 0 and
-    counts as wrong."""
+    counts as wrong. `soft`: distillation (SoftTargets); accuracy and the D-PACE factors stay on the hard labels."""
     bb = inputs.batch
     b, Q = bb.draft_ids.shape
     with torch.no_grad():
@@ -189,10 +268,11 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
         y_draft = label_map[y]
         in_vocab = y_draft >= 0
         y, w = y_draft.clamp(min=0), w * in_vocab
+    rows = None if soft is None else soft_row_targets(soft, B, label_map)
     if weighting.dpace:
-        loss, preds, factors = dpace_head_ce(h, head_weight, y, w, chunk_size, weighting.alpha, B - 1)
+        loss, preds, factors = dpace_head_ce(h, head_weight, y, w, chunk_size, weighting.alpha, B - 1, rows)
     else:
-        loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size)
+        loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size, rows)
     correct = preds == y
     if label_map is not None:
         correct = correct & in_vocab
@@ -224,17 +304,19 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                      inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
-                     label_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     label_map: torch.Tensor | None = None,
+                     soft: SoftTargets | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
     (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
-    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting, label_map)
+    loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting, label_map, soft)
     loss.backward()
     return loss.detach(), raw["correct"], raw["has_loss"]
 
 
 def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                inputs: DraftInputs, *, lr: float, grad_clip: float, chunk_size: int,
-               weighting: LossWeighting = DECAY, label_map: torch.Tensor | None = None) -> dict:
+               weighting: LossWeighting = DECAY, label_map: torch.Tensor | None = None,
+               soft: SoftTargets | None = None) -> dict:
     """One optimizer step: zero grads -> forward + loss + backward -> clip + AdamW. The step a torchrun rank runs
     (DDP/FSDP2 sum the gradients inside backward). The threaded engine runs the same two halves with its own
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
@@ -244,6 +326,6 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     """
     optimizer.zero_grad()
     loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, weighting,
-                                               label_map)
+                                               label_map, soft)
     grad_norm = optimizer.step(lr, grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}

@@ -171,8 +171,9 @@ class Throughput:
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
-def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: int) -> dict:
-    """Model FLOPs for one training sequence: target forward up to max(ids), drafter fwd+bwd (3x), head (2x fwd).
+def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: int, distill: bool = False) -> dict:
+    """Model FLOPs for one training sequence: target forward up to max(ids) (with `distill`: every layer and its LM
+    head over the sequence), drafter fwd+bwd (3x), head (2x fwd).
     Parameter counts come from model_size.py (the model preflight and placement use)."""
     tc = text_config(target_cfg)
     S, N, B = seq_len, num_anchors, drafter_cfg.block_size
@@ -180,8 +181,10 @@ def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: in
     t_head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
     t_layer = layer_matmul_parameters(tc.hidden_size, tc.intermediate_size, tc.num_attention_heads,
                                       getattr(tc, "num_key_value_heads", tc.num_attention_heads), t_head_dim)
-    layers_run = max(drafter_cfg.target_layer_ids) + 1
+    layers_run = tc.num_hidden_layers if distill else max(drafter_cfg.target_layer_ids) + 1
     target = 2 * t_layer * layers_run * S + 2 * 2 * S * (S / 2) * (tc.num_attention_heads * t_head_dim) * layers_run
+    if distill:
+        target += 2 * tc.hidden_size * tc.vocab_size * S
     d = drafter_cfg
     H, D = d.hidden_size, d.num_hidden_layers
     d_layer = layer_matmul_parameters(H, d.intermediate_size, d.num_attention_heads, d.num_key_value_heads, d.head_dim)

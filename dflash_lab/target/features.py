@@ -1,7 +1,7 @@
 """Run a loaded target for the drafter: embedding + decoder layers 0..max(ids) only, features out.
 
 `FeatureExtractor` returns the concatenated OUTPUTS of `target_layer_ids` (DFlash id i = HF hidden_states[i + 1]); no
-layer above the last needed one and no LM head runs, and nothing is shifted: feature t stays aligned with token t.
+layer above the last needed one and no LM head runs (unless distillation asks for the target's distribution), and nothing is shifted: feature t stays aligned with token t.
 Packed windows (`doc_ids`, segments.py): attention is causal AND within one conversation, and position ids
 restart at 0 per conversation, so each conversation's features equal those of it run alone. Also the accessors
 the rest of the library uses on a loaded target (decoder, embedding, LM head weight). Loading it is targets.py.
@@ -14,6 +14,7 @@ from torch import nn
 
 from .segments import document_positions
 from .load import TargetLoadError
+from .soft_labels import top_k_distribution
 
 
 def decoder_of(model: nn.Module) -> nn.Module:
@@ -66,15 +67,22 @@ class FeatureExtractor:
     """
 
     def __init__(self, model: nn.Module, target_layer_ids: tuple[int, ...], *, fused_norms: bool = True,
-                 fp8: bool = False, compile: bool = False):
+                 fp8: bool = False, compile: bool = False, soft_top_k: int = 0, soft_temperature: float = 1.0):
+        """`soft_top_k` > 0: every layer, the final norm and the LM head run too, and a call returns
+        (features, top-k ids, top-k log-probabilities) of the target's next-token distribution at
+        `soft_temperature` (soft_labels.py): distillation's targets."""
         self.model = model
         self.decoder = decoder_of(model)
         self.layer_ids = tuple(target_layer_ids)
-        self.num_layers_run = max(self.layer_ids) + 1
         n = len(self.decoder.layers)
-        if self.num_layers_run > n:
-            raise TargetLoadError(f"target_layer_ids {self.layer_ids} need {self.num_layers_run} layers but the target "
-                                  f"has {n}. Fix: use ids < {n}.")
+        self.soft_top_k, self.soft_temperature = soft_top_k, soft_temperature
+        if soft_top_k and not hasattr(self.decoder, "norm"):
+            raise TargetLoadError(f"target {type(model).__name__} has no final norm (`model.norm`), which "
+                                  "distillation needs for the target's logits. Fix: set distill_weight=0.")
+        self.num_layers_run = n if soft_top_k else max(self.layer_ids) + 1
+        if max(self.layer_ids) + 1 > n:
+            raise TargetLoadError(f"target_layer_ids {self.layer_ids} need {max(self.layer_ids) + 1} layers but the "
+                                  f"target has {n}. Fix: use ids < {n}.")
         self._cache: dict = {}
         if fused_norms and self.device.type == "cuda":
             fuse_rms_norms(self.decoder.layers[:self.num_layers_run])
@@ -129,9 +137,10 @@ class FeatureExtractor:
         return position_ids, masks, layer_types, dec.rotary_emb(hidden, position_ids)
 
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (b, S) right-padded -> features (b, S, n*H). Right padding never changes earlier positions
-        under causal attention, so no padding mask is needed. `doc_ids` (b, S): packed windows (None = unpacked)."""
+    def __call__(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None):
+        """input_ids (b, S) right-padded -> features (b, S, n*H); with soft_top_k also the top-k (ids, log-probs),
+        each (b, S, k). Right padding never changes earlier positions under causal attention, so no padding mask is
+        needed. `doc_ids` (b, S): packed windows (None = unpacked)."""
         if self.fp8:
             from .fp8 import fp8_scope
 
@@ -158,4 +167,9 @@ class FeatureExtractor:
                 hidden = hidden[0]
             if i in wanted:
                 out.append(hidden)
-        return torch.cat(out, dim=-1)  # (b, S, n*H)
+        features = torch.cat(out, dim=-1)  # (b, S, n*H)
+        if not self.soft_top_k:
+            return features
+        ids, logp = top_k_distribution(hidden, dec.norm, lm_head_weight(self.model), k=self.soft_top_k,
+                                       temperature=self.soft_temperature)
+        return features, ids, logp

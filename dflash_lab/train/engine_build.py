@@ -11,7 +11,7 @@ from .engine import Engine
 from dflash_lab.target.fp8 import fp8_train_linears
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from .muon import make_optimizer
-from .prepare import make_feature_extractor, plan_device
+from .prepare import check_distill_placement, distill_top_k, make_feature_extractor, plan_device
 from dflash_lab.target.features import embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
 from .feature_store import FeatureStore
@@ -45,7 +45,7 @@ def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -
         return None
     width = drafter_config.num_target_features * drafter_config.hidden_size
     return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=width, dtype=dtype,
-                        device=torch.device(device), max_rows=windows)
+                        device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg))
 
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
@@ -58,6 +58,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step.
     """
     cfg = config
+    check_distill_placement(cfg, placement)
     if compile_mode is not None and cfg.compile_drafter:  # validated like the field: CUDAGraph Trees are refused
         cfg = cfg.replace(compile_mode=compile_mode)
     base = initial_drafter(drafter_config, cfg.seed, torch.device(placement.drafter_devices[0]))
@@ -97,7 +98,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
                               layer_types=drafter_config.layer_types, sliding_window=drafter_config.sliding_window,
                               layer_windows=drafter_config.layer_windows,
                               chunk_size=cfg.loss_chunk_size, cuda_graphs=cfg.cuda_graphs, log=log,
-                              loss_weighting=loss_weighting_of(cfg)))
+                              loss_weighting=loss_weighting_of(cfg), distill_weight=cfg.distill_weight))
     return Engine(workers, replicas, colocated=placement.colocated, seq_len=cfg.seq_len, grad_clip=cfg.grad_clip,
                   target_config=target_config if target_config is not None else getattr(targets[0], "config", None),
                   drafter_config=drafter_config, log=log, grad_reducer=grad_reducer)

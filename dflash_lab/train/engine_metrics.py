@@ -80,7 +80,8 @@ def engine_flops(engine) -> dict | None:
     if engine.flops is None and engine.shape is not None and engine.target_config is not None:
         _, S, N, _ = engine.shape
         engine.flops = flops_per_sequence(target_cfg=engine.target_config, drafter_cfg=engine.drafter_config,
-                                         seq_len=S, num_anchors=N)
+                                         seq_len=S, num_anchors=N,
+                                         distill=any(w.distill_weight > 0 for w in engine.workers))
     return engine.flops
 
 

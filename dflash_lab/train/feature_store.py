@@ -37,8 +37,11 @@ class FeatureStore:
     """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
 
     def __init__(self, *, gib: float, seq_len: int, width: int, dtype: torch.dtype, device: torch.device,
-                 max_rows: int | None = None):
-        per_row = seq_len * width * torch.empty((), dtype=dtype).element_size()
+                 max_rows: int | None = None, soft_top_k: int = 0):
+        """`soft_top_k` > 0: each window also keeps the target's top-k next-token ids (int32) and log-probabilities
+        (fp32) of every position (distillation's targets, target/soft_labels.py); get and put then take and give
+        (features, ids, log-probs)."""
+        per_row = seq_len * (width * torch.empty((), dtype=dtype).element_size() + 8 * soft_top_k)
         rows = int(gib * GIB // per_row)
         if max_rows is not None:
             rows = min(rows, max_rows)  # no more rows than the data has windows
@@ -56,9 +59,13 @@ class FeatureStore:
                                  "GiB are kept for the step). Fix: set feature_store_gib to at most "
                                  f"{max(0.0, (free - RESERVE_BYTES) / GIB):.0f} (windows beyond it are recomputed).")
         self.features = torch.empty(rows, seq_len, width, dtype=dtype, device=self.device)
+        self.columns = [self.features]  # everything a window keeps, row-aligned
+        if soft_top_k:
+            self.columns += [torch.empty(rows, seq_len, soft_top_k, dtype=torch.int32, device=self.device),
+                             torch.empty(rows, seq_len, soft_top_k, dtype=torch.float32, device=self.device)]
         self._slots: dict[bytes, int] = {}
         self.hits = self.misses = 0  # windows served from the store / computed by the target
-        self._out: torch.Tensor | None = None
+        self._out: list[torch.Tensor] | None = None
 
     @property
     def stored(self) -> int:
@@ -77,18 +84,24 @@ class FeatureStore:
         self.hits += len(keys)
         return slots
 
-    def gather(self, slots: list[int]) -> torch.Tensor:
-        """(b, S, width) features of stored rows, in one kept output buffer (valid until the next call)."""
+    def gather(self, slots: list[int]):
+        """(b, S, width) features of stored rows (with soft_top_k: (features, ids, log-probs)), in kept output
+        buffers (valid until the next call)."""
         index = torch.tensor(slots, dtype=torch.long)
         if self.device.type == "cuda":
             index = index.pin_memory().to(self.device, non_blocking=True)
-        shape = (len(slots),) + tuple(self.features.shape[1:])
-        if self._out is None or self._out.shape != shape:
-            self._out = torch.empty(shape, dtype=self.features.dtype, device=self.device)
-        return torch.index_select(self.features, 0, index, out=self._out)
+        if self._out is None or self._out[0].shape[0] != len(slots):
+            self._out = [torch.empty((len(slots),) + tuple(c.shape[1:]), dtype=c.dtype, device=self.device)
+                         for c in self.columns]
+        out = [torch.index_select(c, 0, index, out=o) for c, o in zip(self.columns, self._out)]
+        return out[0] if len(out) == 1 else tuple(out)
 
-    def put(self, keys: list[bytes], features: torch.Tensor) -> None:
-        """Keep the rows of `features` (b, S, width) whose windows are new, while free rows remain."""
+    def put(self, keys: list[bytes], outputs) -> None:
+        """Keep the rows of `outputs` (features (b, S, width), or the tuple `gather` gives) whose windows are new,
+        while free rows remain."""
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        if len(outputs) != len(self.columns):
+            raise ValueError(f"the store keeps {len(self.columns)} tensors per window, got {len(outputs)}")
         new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
         free = self.rows - len(self._slots)
         new = new[:free]
@@ -103,7 +116,8 @@ class FeatureStore:
         if self.device.type == "cuda":
             src = src.pin_memory().to(self.device, non_blocking=True)
             dst = dst.pin_memory().to(self.device, non_blocking=True)
-        self.features.index_copy_(0, dst, features.index_select(0, src).to(self.features.dtype))
+        for column, t in zip(self.columns, outputs):
+            column.index_copy_(0, dst, t.index_select(0, src).to(column.dtype))
 
     def report(self) -> dict:
         """What the store did so far: its size, how full it is, and the share of windows it served."""

@@ -44,8 +44,23 @@ def make_feature_extractor(config: TrainConfig, drafter_config: DrafterConfig, t
     (only the target's embedding and LM head are used). The one place both training paths get features from."""
     if not config.feature_cache:
         return FeatureExtractor(target_model, drafter_config.target_layer_ids, fp8=config.target_fp8,
-                                compile=config.compile_target)
+                                compile=config.compile_target, soft_top_k=distill_top_k(config),
+                                soft_temperature=config.distill_temperature)
     return CachedFeatureExtractor(config.feature_cache, layer_ids=drafter_config.target_layer_ids, dtype=plan.dtype)
+
+
+def check_distill_placement(cfg: TrainConfig, placement: Placement) -> None:
+    """Distillation's targets come out of the target forward beside the features, which only a colocated placement
+    hands to its drafter as they are (split placements copy features alone); refused before anything loads."""
+    if cfg.distill_weight > 0 and not placement.colocated:
+        raise ValueError(f"distill_weight={cfg.distill_weight} needs each drafter GPU to run its own target replica "
+                         f"(a colocated placement), but this one is {placement.describe()}. Fix: give every drafter "
+                         "device its target (target_devices=None), or set distill_weight=0.")
+
+
+def distill_top_k(config: TrainConfig) -> int:
+    """Top-k of the target's distribution each window needs (0 = no distillation: features only)."""
+    return config.distill_top_k if config.distill_weight > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         draft_vocab_size=cfg.draft_vocab_size)
     # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
     placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
+    check_distill_placement(cfg, placement)
     memory = {}
     if check_memory:
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,

@@ -1,14 +1,12 @@
 """The training loop of one torchrun rank (or of a single process): setup, the step, metrics, checkpoints.
 
-Each rank runs the plain step that the threaded engine's workers run in halves (step.py: `build_masks`,
-`train_step`, `block_stats`; optim.py: `MasterAdamW`; schedule.py) on its slice `BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch;
-DDP (or FSDP2) sums the gradients (distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl
+Each rank runs the step the threaded engine's workers run in halves (step.py; optim.py; schedule.py) on its slice
+`BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch; DDP (or FSDP2) sums the gradients (distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl
 and checkpoints (dist_checkpoint.py: a torchrun checkpoint resumes in a notebook Trainer and back); every rank writes
 system.rank{R}.jsonl (gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead
 and send them to their drafter ranks. A `STOP` (or `CHECKPOINT`) file in the run directory is read by rank 0 at a
 step boundary and its decision broadcast, so every rank leaves (or saves) at the same step.
-Tests inject faults and dump gradients through fault_hooks.py.
-"""
+Tests inject faults and dump gradients via fault_hooks.py."""
 
 from __future__ import annotations
 
@@ -81,6 +79,9 @@ class RankTrainer:
         # buffers, the target and drafter CUDA graphs, the feature store); only the drafter ranks' gradient sum is
         # added. Ranks of a split layout and FSDP2 shards run the plain step (step.train_step) eagerly.
         self.uses_engine = ctx.layout.colocated and (ctx.config.parallel == "ddp" or ctx.num_drafters == 1)
+        if cfg.distill_weight > 0 and not self.uses_engine:  # the plain step's features carry no target logits
+            raise ConfigError(f"distill_weight={cfg.distill_weight} needs DDP ranks that each hold a target. Fix: "
+                              "parallel='ddp' with every rank a target, or distill_weight=0.")
         if self.uses_engine:
             self._build_engine(make_placement((str(dev),)))
         else:

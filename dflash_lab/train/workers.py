@@ -11,7 +11,7 @@ from dflash_lab.config.windows import window_masks
 from .cuda_graphs import GraphedStep, copy_into, input_mismatch
 from .feature_store import FeatureStore, window_key
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting
-from dflash_lab.drafter.step import DraftInputs, forward_backward
+from dflash_lab.drafter.step import DraftInputs, SoftTargets, forward_backward
 from dflash_lab.target.device_time import mark
 from .streams import DeviceThread, StaticBuffers, Timeline
 
@@ -42,9 +42,10 @@ class TargetReplica:
         dtype = getattr(self.extractor, "dtype", None)  # CachedFeatureExtractor: the cache's compute dtype
         return dtype if dtype is not None else self.extractor.decoder.embed_tokens.weight.dtype
 
-    def features(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None):
         """(b, S) host ids -> (b, S, n*H) on this device; in graph mode the static output (valid until next call).
-        `doc_ids` (b, S): packed windows, one more static input (None = unpacked, today's graph)."""
+        `doc_ids` (b, S): packed windows, one more static input (None = unpacked, today's graph). A distilling
+        extractor gives (features, top-k ids, top-k log-probs), and the store keeps all three."""
         def stage(name, t):
             return self.buffers.stage(name, t) if self.device.type == "cuda" else t.to(self.device)
 
@@ -71,8 +72,9 @@ class Worker:
                  head_weight: torch.Tensor, attention: str, seq_len: int, layer_types: tuple[str, ...],
                  sliding_window: int | None, chunk_size: int, cuda_graphs: bool, forward_module=None, log=None,
                  layer_windows: tuple = (), loss_weighting: LossWeighting = DECAY,
-                 label_map: torch.Tensor | None = None):
+                 label_map: torch.Tensor | None = None, distill_weight: float = 0.0):
         self.index, self.device = index, torch.device(device)
+        self.distill_weight = distill_weight  # > 0: the target hands (features, top-k ids, log-probs)
         self.loss_weighting = loss_weighting  # a constant of the captured step (its buffers hold only values)
         self.drafter, self.optimizer, self.embed, self.head_weight = drafter, optimizer, embed, head_weight
         self.label_map = label_map  # target -> draft ids with a pruned head (draft_vocab.draft_head)
@@ -173,26 +175,38 @@ class Worker:
         return out
 
     # -- the captured step ------------------------------------------------------------------------------------
-    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, **masks):
+    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, soft_ids=None,
+                          soft_logp=None, anchors=None, **masks):
         """step.forward_backward on this worker's static inputs (flat tensors: what GraphedStep captures);
-        masks: {mask key: mask}, one per distinct window."""
+        masks: {mask key: mask}, one per distinct window; soft_*: the target's top-k when distilling."""
         self.flat_grad.zero_()
+        soft = None if soft_ids is None else SoftTargets(soft_ids, soft_logp, anchors, self.distill_weight)
         # input_ids / loss_mask / anchors are not needed past this point (features and masks carry them).
         bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
                         block_size=self.block_size)
         return forward_backward(self.forward_module, self.embed, self.head_weight, features,
                                 DraftInputs(bb, masks, ctx_pos), self.chunk_size, self.loss_weighting,
-                                self.label_map)
+                                self.label_map, soft)
 
-    def forward_backward(self, part: BlockBatch, features: torch.Tensor, step: int) -> dict:
+    def forward_backward(self, part: BlockBatch, target_out, step: int) -> dict:
+        """`target_out`: the target replica's features, or (features, top-k ids, top-k log-probs) when distilling."""
         m0 = mark(self.device)
         self.attach_grads()
         t = self._stage(part)
         masks = self._masks(t["anchors"], t["anchor_valid"], t["doc_ids"])
+        soft = {}
+        if isinstance(target_out, tuple):
+            if not self.distill_weight:
+                raise ValueError("the target handed distillation targets to a worker built with distill_weight=0")
+            target_out, ids, logp = target_out
+            soft = {"soft_ids": ids, "soft_logp": logp, "anchors": t["anchors"]}
+        elif self.distill_weight:
+            raise ValueError(f"distill_weight={self.distill_weight} but the target handed features only: its "
+                             "extractor was built without soft_top_k (prepare.make_feature_extractor)")
         loss, correct, has_loss = self.graphed(
-            features=features, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
-            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **masks)
+            features=target_out, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
+            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **soft, **masks)
         out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone()}
         self.timeline.add(step, "drafter", m0, mark(self.device))
         return out
