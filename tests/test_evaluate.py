@@ -152,3 +152,17 @@ def test_an_exported_folder_is_written_into_only_with_out(tmp_path):
     assert plan.out_dir.name.endswith("-b8-t0-fp32") and not plan.out_dir.exists()
     assert ev.plan_eval(exported, target="tiny", out_dir=exported / "my-eval").out_dir == exported / "my-eval"
     assert ev.plan_eval(exported, target="tiny", dtype="bfloat16", block_size=4).out_dir.name.endswith("-b4-t0-bf16")
+
+
+def test_compare_decodes_other_runs_beside_the_trained_one_with_one_baseline():
+    """An A/B in one evaluation: the compared run's rows equal evaluating it alone (same prompts and seed, T=0), and
+    the target alone decodes once. Compared with itself under another name it must read the very same tau."""
+    run = tiny_trained_run()
+    kw = dict(prompts={"tiny-heldout": "tiny-heldout"}, n_prompts=4, max_new_tokens=24, device="cpu",
+              untrained=False, log=lambda *a: None)
+    alone = {r["decoder"]: r for r in ev.evaluate(run, **kw).rows()}
+    both = {r["decoder"]: r for r in ev.evaluate(run, compare={"again": run}, **kw).rows()}
+    assert set(both) == {"trained", "again", "target only"}
+    assert both["again"]["tau"] == both["trained"]["tau"] == alone["trained"]["tau"] > 1.0
+    with pytest.raises(ev.EvalError, match="is taken"):
+        ev.evaluate(run, compare={"trained": run}, **kw)

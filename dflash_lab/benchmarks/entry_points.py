@@ -124,10 +124,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int, default=256, help="conversations in the synthetic data file")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--compile-drafter", default="false", choices=["false", "true", "auto"])
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other TrainConfig field for every row, the value as JSON (e.g. --set distill_weight=0.5 "
+                        "--set drafter_fp8=true); repeat for several")
     p.add_argument("--label", default=None, help="a name for these rows (e.g. the commit of the tree that ran)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     args.compile_drafter = {"false": False, "true": True, "auto": "auto"}[args.compile_drafter]
+    args.extra = {}
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            p.error(f"--set {item!r}: use FIELD=VALUE, e.g. --set distill_weight=0.5")
+        try:
+            args.extra[name] = json.loads(value)
+        except json.JSONDecodeError:
+            args.extra[name] = value  # a bare string, e.g. --set lr_schedule=wsd
     return args
 
 
@@ -147,11 +159,12 @@ def main(argv=None) -> int:
                             fields = config_fields(shape, args, vocab, store, runs)
                             if batch:
                                 fields["batch_size"] = batch
+                            fields.update(args.extra)
                             head = {"entry_point": entry, "shape": shape, "batch_size": fields["batch_size"],
                                     "num_anchors": fields["num_anchors"], "seq_len": fields["seq_len"],
                                     "num_draft_layers": fields["num_draft_layers"], "draft_vocab_size": vocab or None,
                                     "feature_store_gib": store, "compile_drafter": args.compile_drafter,
-                                    "label": args.label,
+                                    "label": args.label, **({"set": args.extra} if args.extra else {}),
                                     "steps": args.steps, "warmup": args.warmup}
                             log("running", json.dumps(head))
                             try:

@@ -166,7 +166,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
              max_new_tokens: int = 128, n_prompts: int | str | None = "auto", untrained: bool = True,
              target: str | None = None, seed: int | None = None, device: str = "auto", dtype: str = "auto",
              decoding: str = "auto", out_dir: str | Path | None = None, enable_thinking: bool | None = None,
-             threads: int | None = 1, checkpoint: str | None = None, log=print) -> EvalReport:
+             threads: int | None = 1, checkpoint: str | None = None, compare: dict | None = None,
+             log=print) -> EvalReport:
     """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets.
 
     prompts: set names (general, chitchat-heldout, self-heldout, tiny-heldout, tiny-train) or JSONL files, a list
@@ -176,6 +177,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     dtype: auto (bf16 on a GPU, fp32 on the CPU) | bfloat16 | float32 (an exact lossless check).
     decoding: auto (static caches + CUDA graphs on a GPU, the dynamic loop on the CPU) | static | dynamic.
     out_dir: where report.save() writes (default: a new <run>/evals/<stamp>-b<B>-t<T>-<dtype>/).
+    compare: {decoder name: run dir} of other drafters of the same target to decode beside "trained" in this very
+    evaluation (same prompts, seed and target-alone baseline, which then runs once for all): an A/B of runs.
     threads: torch CPU threads when the device is the CPU (None = leave torch's setting). Decoding at batch size 1 is
     latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were ~10x
     slower than 1 (threads waiting for each other on every small matmul).
@@ -205,6 +208,14 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
         drafters["untrained"] = untrained_drafter(src.config, plan.seed).to(device=dev, dtype=plan.dtype)
         if src.config.draft_vocab_size is not None:  # the same draft vocabulary as the trained one
             drafters["untrained"].d2t.copy_(drafter.d2t)
+    for name, other in (compare or {}).items():
+        if name in drafters or name == BASELINE:
+            raise EvalError(f"compare name {name!r} is taken (trained, untrained, {BASELINE!r}). Fix: another name.")
+        other_src, drafters[name] = load_drafter(other, checkpoint=checkpoint)
+        if other_src.config.block_size < B:
+            raise EvalError(f"compare {name!r} ({other}) drafts blocks of {other_src.config.block_size}, fewer than "
+                            f"block_size={B}. Fix: compare runs of one block size, or set block_size.")
+        drafters[name].to(device=dev, dtype=plan.dtype)
     drafters[BASELINE] = None
     decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos, fast=fast,
                                    log=log) for name, d in drafters.items()}

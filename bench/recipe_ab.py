@@ -1,0 +1,152 @@
+"""Training settings compared on the SmolLM2 recipe's data: one data preparation, several arms, real tau for each.
+
+The recipe (dflash_lab/workflows/recipe.py) prepares the data once (model, target-written prompts, chitchat, answers
+by the target, the mix); every arm then trains on that same file with the recipe's TrainConfig plus its own
+overrides, in its own process, and every arm is measured by real speculative decoding on the same held-out sets.
+State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the same machine:
+
+    python bench/recipe_ab.py data  --work /tmp/ab --device cuda:0
+    python bench/recipe_ab.py train --work /tmp/ab --arm hard    --set steps=9000 --set draft_vocab_size=16384
+    python bench/recipe_ab.py train --work /tmp/ab --arm distill --set steps=9000 --set distill_weight=0.5 ...
+    python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
+
+`--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+STATE = "ab.json"
+
+
+def _values(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--set {item!r}: use FIELD=VALUE")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name] = value
+    return out
+
+
+def _state(work: Path) -> dict:
+    p = work / STATE
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _save(work: Path, state: dict) -> None:
+    tmp = work / (STATE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    tmp.replace(work / STATE)
+
+
+def data(args) -> None:
+    from dflash_lab.workflows.recipe import Recipe
+    from dflash_lab.workflows.recipe_config import RecipeConfig
+
+    cfg = RecipeConfig(device=args.device, work_dir=str(args.work), **_values(args.set))
+    recipe = Recipe(cfg)
+    t0 = time.perf_counter()
+    for phase in ("get_model", "self_prompts", "build_data", "regenerate", "mix_data"):
+        getattr(recipe, phase)()
+    sets, left_out = recipe.evaluation_sets()
+    state = _state(args.work)
+    state.update(recipe=cfg.to_dict(), train_data=str(recipe.train_data), heldout_data=str(recipe.heldout_data),
+                 sets=sets, sets_left_out=left_out, data_seconds=round(time.perf_counter() - t0, 1),
+                 phases={k: {f: v for f, v in dict(ph).items() if f != "curve"}
+                         for k, ph in recipe.results["phases"].items()})
+    state.setdefault("arms", {})
+    _save(args.work, state)
+    print(json.dumps({"data_seconds": state["data_seconds"], "train_data": state["train_data"], "sets": sets}))
+
+
+def train(args) -> None:
+    from dflash_lab.train.trainer import Trainer
+    from dflash_lab.workflows.recipe_config import RecipeConfig
+
+    state = _state(args.work)
+    if "train_data" not in state:
+        raise SystemExit(f"no data in {args.work / STATE}: run `data` first on this machine")
+    cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["recipe"].items()})
+    over = _values(args.set)
+    tc = cfg.train_config(Path(state["train_data"]), Path(state["heldout_data"])).replace(run_name=args.arm, **over)
+    t0 = time.perf_counter()
+    trainer = Trainer(tc)
+    try:
+        trainer.train(progress_every_s=20.0)
+        summary = trainer.finish()
+        curve = [{k: r[k] for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_chain_tau", "real_tau",
+                                    "tokens_per_s", "elapsed_s") if r.get(k) is not None}
+                 for r in trainer.history
+                 if "real_tau" in r or "val_acc" in r or ("loss" in r and r.get("step", 0) % 50 == 0)]
+    finally:
+        trainer.close()
+    state = _state(args.work)  # re-read: another arm may have written meanwhile
+    state["arms"][args.arm] = {"overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
+                               "steps": summary["steps"], "wall_s": round(time.perf_counter() - t0, 1),
+                               "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
+                               "loss_last": summary.get("loss_last"), "curve": curve}
+    _save(args.work, state)
+    print(json.dumps({k: v for k, v in state["arms"][args.arm].items() if k != "curve"}))
+
+
+def evaluate_arms(args) -> None:
+    """Every arm in ONE evaluation per temperature (evaluate(compare=...)): the same prompts, seed and target-alone
+    baseline, which then decodes once for all arms."""
+    from dflash_lab.evaluation.evaluate import evaluate
+
+    state = _state(args.work)
+    arms = {a: i for a, i in state.get("arms", {}).items() if not args.arms or a in args.arms}
+    if not arms:
+        raise SystemExit(f"no trained arm in {args.work / STATE}")
+    results = json.loads(Path(args.out).read_text()) if args.out and Path(args.out).exists() else {"rows": []}
+    first, *others = arms
+    for temperature in args.temperature:
+        if any(r["temperature"] == temperature for r in results["rows"]):
+            continue  # measured by an earlier job
+        t0 = time.perf_counter()
+        rep = evaluate(arms[first]["run_dir"], prompts=state["sets"], block_size=None, temperature=temperature,
+                       max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
+                       compare={a: arms[a]["run_dir"] for a in others})
+        for r in rep.rows():
+            arm = first if r["decoder"] == "trained" else r["decoder"]
+            results["rows"].append({"arm": arm, "temperature": temperature,
+                                    "steps": arms[arm]["steps"] if arm in arms else None,
+                                    **{k: r.get(k) for k in ("decoder", "prompt_set", "prompts", "tau", "tau_low",
+                                                             "tau_high", "tokens_per_s", "speedup")}})
+        results.setdefault("seconds", {})[str(temperature)] = round(time.perf_counter() - t0, 1)
+        print(rep.table(), flush=True)
+        if args.out:  # after every temperature: a job cut by its limit keeps what it measured
+            Path(args.out).write_text(json.dumps({**results, "arms": arms, "sets": state["sets"]}, indent=1))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/recipe_ab.py", description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["data", "train", "eval"])
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--arm", help="train: the arm's name (its run is named after it)")
+    p.add_argument("--arms", nargs="*", help="eval: only these arms")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--temperature", type=float, action="append", help="eval: repeat for several (default 0)")
+    p.add_argument("--prompts", type=int, default=64, help="eval: prompts per set")
+    p.add_argument("--out", help="eval: results file (rows appended; rerun skips what it holds)")
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.what == "train" and not args.arm:
+        p.error("train needs --arm NAME")
+    args.temperature = args.temperature or [0.0]
+    {"data": data, "train": train, "eval": evaluate_arms}[args.what](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
