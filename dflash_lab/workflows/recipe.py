@@ -1,10 +1,15 @@
 """The real-target recipe as library calls: model, own prompts, human data, answers, mix, train, evaluate, export.
 
 notebooks/recipes/smollm2.ipynb drives it (a `parameters` cell, then one call per phase); bench/recipe_smollm2.sh
-runs that notebook headless on one H200. Each phase records its wall time and figures in `<work_dir>/results.json`,
-rewritten after every phase, so a run cut short still reports what it measured. A rerun into the same work_dir
+runs that notebook headless on one H200. Each phase records its wall time and figures in `<work_dir>/results.json`
+(recipe_results.py), rewritten after every phase, so a run cut short still reports what it measured. A rerun into the same work_dir
 keeps the earlier run's phases (each marked with that run's start and the settings it ran with, where they differ)
 until its own phase of that name replaces them: a rerun cut short loses no earlier figure.
+
+A rerun also continues (recipe_reuse.py): a data phase whose files are complete for the same settings is reused
+(`reused: true`, its figures kept), training resumes the run that stopped on `train_time_budget_s` or reuses the
+one that finished, and evaluate / export wait, recording why, until training has trained every step. So the
+"long" preset (recipe_config.PRESETS) is the same command repeated with the same work_dir, one 10-minute call each.
 
     rec = Recipe(RecipeConfig(device="cuda:0"))
     rec.get_model(); rec.self_prompts(); rec.build_data(); rec.regenerate(); rec.mix_data()
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import html
 import json
 import time
 from pathlib import Path
@@ -34,28 +38,16 @@ from pathlib import Path
 import torch
 
 from dflash_lab.data import real_data
-from dflash_lab.runs.run_files import RunFileError, read_json
+from dflash_lab.runs.listing import run_metrics
+from dflash_lab.runs.run_files import read_json
 from dflash_lab.target import models
 from dflash_lab.target.load import load_tokenizer
+from . import recipe_reuse as reuse
 from .recipe_config import TINY, RecipeConfig
+from .recipe_results import PhaseFigures, earlier_phases, results_html, write_results
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
-RESULTS = "results.json"
-
-
-class PhaseFigures(dict):
-    """One phase's figures (a plain dict, saved in results.json); a notebook shows it as a compact table in which
-    long lists (curves, per-row evaluations) are summarised by their length."""
-
-    def _repr_html_(self) -> str:
-        def cell(v):
-            if isinstance(v, list) and len(v) > 4:
-                return f"{len(v)} entries (see results.json)"
-            return html.escape(json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v))
-
-        rows = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{cell(v)}</td></tr>"
-                       for k, v in self.items())
-        return f"<table>{rows}</table>"
+CONTINUE = "run the recipe again with the same work_dir to continue"
 
 
 class Recipe:
@@ -73,7 +65,7 @@ class Recipe:
                               "weights_note": _weights_note(config.model), "device": config.device,
                               "device_name": _device_name(config.device),
                               "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
-                              "phases": self._earlier_phases(config)}
+                              "phases": earlier_phases(self.dir, config.to_dict(), self.log)}
         self.run_dir: Path | None = None
         self.self_data: Path | None = None  # target-written training conversations (self_prompts)
         self.self_heldout: Path | None = None  # their held-out split: the "self-heldout" evaluation set
@@ -104,6 +96,9 @@ class Recipe:
         if c.n_self == 0:
             return self._record("self_prompts", t0, skipped="n_self=0: the chitchat-only recipe")
         paths = output_paths(self.dir / f"self-{c.n_self}.jsonl")
+        self.self_data, self.self_heldout = paths["out"], paths["heldout"]
+        if (kept := self._reuse("self_prompts")) is not None:
+            return kept
         # a user turn longer than a window's prompt room (seq_len - 2 blocks; the template not counted) would leave
         # almost no answer to train on: such turns are filtered as truncated, and 256 (USER_SAMPLING's) caps it
         user = dataclasses.replace(USER_SAMPLING, seed=c.seed,
@@ -113,7 +108,6 @@ class Recipe:
                                answer_sampling=GenerationSettings(max_new_tokens=c.regen_max_new_tokens, seed=c.seed))
         report = write_self_prompts(c.model, paths["out"], cfg, devices=(c.device,), dtype=c.regen_dtype,
                                     log=self.log)
-        self.self_data, self.self_heldout = paths["out"], paths["heldout"]
         s = report["settings"]
         return self._record("self_prompts", t0, out=str(self.self_data), heldout_out=str(self.self_heldout),
                             report=str(paths["report_json"]), sampled=report["sampled"], kept=report["kept"],
@@ -123,32 +117,37 @@ class Recipe:
                             user_tokens=report["length_tokens"], distinct=report["distinct"],
                             prompts_per_s=report["prompts_per_s"], dtype=s["dtype"], engine=s["engine"],
                             temperature=user.temperature, top_p=user.top_p, max_prompt_tokens=user.max_new_tokens,
-                            max_answer_tokens=cfg.answer_sampling.max_new_tokens)
+                            max_answer_tokens=cfg.answer_sampling.max_new_tokens,
+                            **self._made("self_prompts", paths["out"], paths["heldout"], paths["report_json"]))
 
     def build_data(self) -> dict:
         t0 = time.perf_counter()
         c = self.config
+        self.prompts = self.dir / "data" / f"prompts-{c.variant}-{c.n_train}.jsonl"
+        # "-heldout" in the name marks the file held out: evaluation leaves out the prompts the run trains on
+        self.heldout = self.dir / "data" / f"prompts-{c.heldout}-heldout.jsonl"
+        if (kept := self._reuse("build_data")) is not None:
+            return kept
         split = real_data.build_chitchat(self.dir / "data", heldout=c.heldout, log=self.log)
         limit = c.max_prompt_tokens
         tok = load_tokenizer(c.model)
         n_tokens = lambda rec: len(tok(tok.apply_chat_template(  # noqa: E731
             [m for m in rec["messages"] if m["role"] != "assistant"][:1], tokenize=False, add_generation_prompt=True),
             add_special_tokens=False)["input_ids"])
-        self.prompts, dropped = real_data.take(self.dir / "data" / f"train-{c.variant}.jsonl",
-                                               self.dir / "data" / f"prompts-{c.variant}-{c.n_train}.jsonl",
-                                               c.n_train, prompt_tokens=n_tokens, max_prompt_tokens=limit)
-        # "-heldout" in the name marks the file held out: evaluation leaves out the prompts the run trains on
-        self.heldout, held_dropped = real_data.take(self.dir / "data" / "heldout-first.jsonl",
-                                                    self.dir / "data" / f"prompts-{c.heldout}-heldout.jsonl",
-                                                    c.heldout, prompt_tokens=n_tokens, max_prompt_tokens=limit)
+        _, dropped = real_data.take(self.dir / "data" / f"train-{c.variant}.jsonl", self.prompts, c.n_train,
+                                    prompt_tokens=n_tokens, max_prompt_tokens=limit)
+        _, held_dropped = real_data.take(self.dir / "data" / "heldout-first.jsonl", self.heldout, c.heldout,
+                                         prompt_tokens=n_tokens, max_prompt_tokens=limit)
         return self._record("build_data", t0, source_sha256=split["source_sha256"], counts=split["counts"],
                             prompts=str(self.prompts), heldout_prompts=str(self.heldout),
-                            max_prompt_tokens=limit, long_prompts_left_out={"train": dropped, "heldout": held_dropped})
+                            max_prompt_tokens=limit, long_prompts_left_out={"train": dropped, "heldout": held_dropped},
+                            **self._made("build_data", self.prompts, self.heldout))
 
     def regenerate(self) -> dict:
         """The chitchat prompts (training and held-out) answered greedily by the target: the generation engine on a
         GPU (static caches, CUDA graphs), HF generate on the CPU (`backend="auto"`)."""
         from dflash_lab.data.regen_local import generation_dtype
+        from dflash_lab.data.regen_output import meta_path
         from dflash_lab.data.regenerate import regenerate
         from dflash_lab.target.sampling import GenerationSettings
 
@@ -156,20 +155,29 @@ class Recipe:
         c = self.config
         self._need("prompts", "build_data")
         self.data = self.train_data = self.dir / f"regen-{c.variant}-{c.n_train}.jsonl"
-        sampling = GenerationSettings(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
-        common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
-                      dtype=c.regen_dtype, backend="auto", log=self.log, progress_every_s=15.0)
-        stats = regenerate(self.prompts, self.data, match_check=c.match_check, **common)
         # the held-out conversations too (their answers by the same target): held-out validation during training
         # scores the drafter on text it never trained on, written the way the target writes when served
         self.heldout_data = self.dir / f"regen-heldout-first-{c.heldout}.jsonl"
+        outputs = [self.data, meta_path(self.data), self.heldout_data, meta_path(self.heldout_data)]
+        if (kept := self._reuse("regenerate")) is not None:
+            return kept
+        # answers made with other settings are written afresh (regenerate() refuses to append to them); otherwise an
+        # output cut short is continued: regenerate() keeps each complete record whose settings and prompt match,
+        # and refuses any that do not
+        earlier = self.results["phases"].get("regenerate")
+        fresh = bool(earlier) and bool(reuse.settings_differ(earlier, c.data_settings("regenerate")))
+        sampling = GenerationSettings(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
+        common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
+                      dtype=c.regen_dtype, backend="auto", overwrite=fresh, log=self.log, progress_every_s=15.0)
+        stats = regenerate(self.prompts, self.data, match_check=c.match_check, **common)
         held = regenerate(self.heldout, self.heldout_data, **common)
         return self._record("regenerate", t0, out=str(self.data), heldout_out=str(self.heldout_data),
                             heldout_conversations=held.samples, conversations=stats.samples, turns=stats.turns,
                             new_tokens=stats.new_tokens, conversations_per_s=round(stats.samples_per_s, 2),
                             new_tokens_per_s=round(stats.tokens_per_s, 1), finish_reasons=dict(stats.finish_reasons),
                             backend=stats.backend, dtype=generation_dtype((c.device,), c.regen_dtype, None),
-                            greedy_match=stats.greedy_match)
+                            greedy_match=stats.greedy_match,
+                            **self._made("regenerate", self.prompts, self.heldout, *outputs))
 
     def mix_data(self) -> dict:
         """The training file: every usable chitchat answer and every target-written conversation, shuffled together
@@ -183,50 +191,72 @@ class Recipe:
             self.train_data = self.data
             return self._record("mix_data", t0, out=str(self.data), skipped="n_self=0: chitchat answers only",
                                 counts={"chitchat": _usable(self.data)})
+        out = self.train_data = self.dir / f"mix-{c.variant}-{c.n_train}-self-{c.n_self}.jsonl"
+        if (kept := self._reuse("mix_data")) is not None:
+            return kept
         counts = {"chitchat": _usable(self.data), "self": _usable(self.self_data)}
         n = sum(counts.values())
-        out = self.dir / f"mix-{c.variant}-{c.n_train}-self-{c.n_self}.jsonl"
         report = mix([(self.data, counts["chitchat"] / n), (self.self_data, counts["self"] / n)], out, n,
                      seed=c.seed, log=self.log)
-        self.train_data = out
         return self._record("mix_data", t0, out=str(out), n=report["n"], counts=counts,
                             proportions={k: round(v / n, 6) for k, v in counts.items()},
                             sources=[{k: s[k] for k in ("label", "path", "count", "available", "skipped")}
-                                     for s in report["sources"]])
+                                     for s in report["sources"]],
+                            **self._made("mix_data", self.data, self.self_data, out,
+                                         out.with_suffix(".report.json")))
 
     def train(self) -> dict:
+        """A new run, or the newest run under work_dir/runs continued when it has the same training settings and
+        data (recipe_reuse.run_to_continue): resumed exactly when it stopped with a checkpoint (a spent
+        train_time_budget_s), reused when it finished."""
         from dflash_lab.train.trainer import Trainer
 
         t0 = time.perf_counter()
         self._need("data", "regenerate")
-        cfg = self.config.train_config(getattr(self, "train_data", None) or self.data,
-                                       getattr(self, "heldout_data", None))
-        trainer = Trainer(cfg, log=self.log)
+        data_files = [self.train_data, self.heldout_data]
+        cfg = self.config.train_config(*data_files)
+        how, run_dir = reuse.run_to_continue(cfg, data_files, self.log)
+        if how == "reuse":
+            self.run_dir = run_dir
+            self.log(f"[recipe] train: reused {run_dir}: it finished every step with these settings and data")
+            summary = read_json(run_dir / "summary.json")
+            return self._record("train", t0, **self._train_figures(summary), reused=True)
+        if how == "resume":
+            self.log(f"[recipe] train: resuming {run_dir} (same settings and data), exactly where it stopped")
+            cfg = cfg.replace(resume_from=str(run_dir))
+        # on resume the checkpoint's config is taken with the explicit fields on top: the budget is this call's
+        # (train_time_budget_s=None included), every other field equals the checkpoint's (run_to_continue checked)
+        trainer = Trainer(cfg, log=self.log, explicit={"time_budget_s"} if how == "resume" else None)
         try:
+            resumed_at = trainer.resumed_at
+            reuse.record_data(trainer.run_dir, data_files)  # what it trains on: the next call checks it
             trainer.train(progress_every_s=20.0)
             summary = trainer.finish()
-            hist = [r for r in trainer.history if "loss" in r]
-            curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau",
-                                                            "val_chain_tau", "real_tau") if r.get(k) is not None}
-                     for r in hist]
-            dc = trainer.drafter_config
         finally:
             trainer.close()
         self.run_dir = Path(summary["run_dir"])
-        report = json.loads((self.run_dir / "data_report.json").read_text())
+        if summary["status"] != "finished":
+            self.log(f"[recipe] train: {summary['status']} at step {summary['steps']} of {summary['target_steps']}: "
+                     f"{CONTINUE}")
+        return self._record("train", t0, **self._train_figures(summary), resumed_at=resumed_at)
+
+    def _train_figures(self, summary: dict) -> dict:
+        """The train phase's figures from the run dir (the same for a run trained, resumed or reused here)."""
+        report = read_json(self.run_dir / "data_report.json")
         # first turns are often greetings with short answers: conversations under 2 * block_size supervised tokens
         # are dropped, so say how much data actually trained
         data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
-        return self._record("train", t0, run_dir=str(self.run_dir), status=summary["status"], steps=summary["steps"],
-                            data=data,
-                            loss_first=summary.get("loss_first"), loss_last=summary.get("loss_last"),
-                            sim_tau_last=summary.get("sim_tau_last"),
-                            tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
-                            drafter={"hidden_size": dc.hidden_size, "num_attention_heads": dc.num_attention_heads,
-                                     "num_key_value_heads": dc.num_key_value_heads, "head_dim": dc.head_dim,
-                                     "target_layer_ids": list(dc.target_layer_ids),
-                                     "mask_token_id": dc.mask_token_id,
-                                     "tie_word_embeddings": dc.tie_word_embeddings})
+        curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau", "val_chain_tau",
+                                        "real_tau") if r.get(k) is not None}
+                 for r in run_metrics(self.run_dir) if "loss" in r]
+        dc = read_json(self.run_dir / "drafter_config.json")
+        return dict(run_dir=str(self.run_dir), status=summary["status"], steps=summary["steps"],
+                    target_steps=summary.get("target_steps"), data=data, loss_first=summary.get("loss_first"),
+                    loss_last=summary.get("loss_last"), sim_tau_last=summary.get("sim_tau_last"),
+                    tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
+                    drafter={k: dc.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                    "head_dim", "target_layer_ids", "mask_token_id",
+                                                    "tie_word_embeddings")})
 
     def training_plot(self):
         """The run's training curves as an inline image (loss, accuracy, simulated and real tau)."""
@@ -259,6 +289,8 @@ class Recipe:
         c = self.config
         self._need("run_dir", "train")
         self._need("heldout", "build_data")
+        if (why := self._training_unfinished()) is not None:
+            return self._record("evaluate", t0, skipped_because=why)
         sets, left_out = self.evaluation_sets()
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
@@ -289,7 +321,11 @@ class Recipe:
 
         t0 = time.perf_counter()
         self._need("run_dir", "train")
-        out = export_drafter(self.run_dir, self.dir / "export", log=self.log)
+        if (why := self._training_unfinished()) is not None:
+            return self._record("export", t0, skipped_because=why)
+        # work_dir/export is the recipe's own: a rerun replaces its earlier DFlash export (force never replaces a
+        # model or a run, export_dest.py)
+        out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log)
         # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
         model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
         if info["missing_keys"] or info["unexpected_keys"]:
@@ -302,27 +338,35 @@ class Recipe:
                                                         "dflash_config")})
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
-    def _earlier_phases(self, config: RecipeConfig) -> dict:
-        """The phases an earlier run recorded in this work_dir, each marked with that run's start and the settings
-        that differed; a results.json that cannot be read is moved aside (named in the log), not overwritten."""
-        path = self.dir / RESULTS
-        try:
-            earlier = read_json(path, missing={})
-        except RunFileError as e:
-            aside = path.with_name(RESULTS + ".unreadable")
-            path.replace(aside)
-            self.log(f"[recipe] {e} Kept as {aside}; this run starts a new {RESULTS}.")
-            return {}
-        before, now = earlier.get("config") or {}, config.to_dict()
-        differ = sorted(k for k in now if json.dumps(before.get(k), default=str) != json.dumps(now[k], default=str))
-        mark = {"earlier_run": earlier.get("started", "unknown"), **({"earlier_settings_differ": differ}
-                                                                    if differ else {})}
-        phases = {name: PhaseFigures({**figures, **mark}) for name, figures in (earlier.get("phases") or {}).items()
-                  if isinstance(figures, dict)}
-        if phases:
-            self.log(f"[recipe] kept {len(phases)} phase(s) of the run of {mark['earlier_run']} in {path} until this "
-                     "run replaces them" + (f" (its settings differ: {', '.join(differ)})" if differ else ""))
-        return phases
+    def _training_unfinished(self) -> str | None:
+        """Why evaluate and export wait (training stopped before its last step), logged; None when they may run:
+        training finished, or evaluate_partial=True."""
+        train = self.results["phases"].get("train") or {}
+        if train.get("status") == "finished" or self.config.evaluate_partial:
+            return None
+        why = (f"training is {train.get('status')} at step {train.get('steps')} of {train.get('target_steps')}: "
+               f"{CONTINUE} (or set evaluate_partial=True to evaluate this drafter)")
+        self.log(f"[recipe] skipped: {why}")
+        return why
+
+    def _reuse(self, phase: str) -> PhaseFigures | None:
+        """The earlier figures of a data phase whose output is complete for the same settings (recipe_reuse), kept
+        as this run's; None = run the phase (the log says why when an earlier output was there)."""
+        earlier = self.results["phases"].get(phase)
+        why = reuse.why_redo(earlier, self.config.data_settings(phase))
+        if why is not None:
+            if earlier:
+                self.log(f"[recipe] {phase}: made again ({why})")
+            return None
+        figures = self.results["phases"][phase] = PhaseFigures(reuse.reused_figures(earlier))
+        self._save()
+        self.log(f"[recipe] {phase}: reused (its files are complete and its settings unchanged; made by the run of "
+                 f"{figures['made_by_run']})")
+        return figures
+
+    def _made(self, phase: str, *files: Path) -> dict:
+        """What a data phase records so that a rerun can reuse it: its settings and the files it read and wrote."""
+        return {"settings": self.config.data_settings(phase), "files": reuse.file_identity(files)}
 
     def _need(self, attr: str, phase: str) -> None:
         """Phases run in order, in one object: say which earlier phase is missing instead of an AttributeError."""
@@ -338,36 +382,14 @@ class Recipe:
         return figures
 
     def _save(self) -> None:
-        tmp = self.dir / (RESULTS + ".tmp")
-        tmp.write_text(json.dumps(self.results, indent=1, default=str) + "\n")
-        tmp.replace(self.dir / RESULTS)
+        write_results(self.dir, self.results)
 
     def table(self) -> list[dict]:
         """One row per evaluated (decoder, block size, temperature)."""
         return self.results["phases"].get("evaluate", {}).get("rows", [])
 
     def _repr_html_(self) -> str:
-        ph = self.results["phases"]
-        e = html.escape
-        head = (f"<p><b>{e(self.results['model'])}</b> on {e(self.results['device_name'])}: "
-                f"{e(self.results['weights_note'])}.</p>")
-        times = "".join(f"<tr><td>{e(k)}{e(' (earlier run ' + v['earlier_run'] + ')') if 'earlier_run' in v else ''}"
-                        f"</td><td>{v['seconds']}</td></tr>" for k, v in ph.items())
-        rows = "".join(
-            f"<tr><td>{e(str(r['prompt_set']))}</td><td>{r['prompts']}</td><td>{e(r['decoder'])}</td>"
-            f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_fmt_tau(r)}</td>"
-            f"<td>{r['tokens_per_s']:.1f}</td><td>{_fmt_speedup(r['speedup'])}</td>"
-            f"<td>{r['identical_to_target']}</td></tr>" for r in self.table())
-        return (head + f"<table><tr><th>phase</th><th>seconds</th></tr>{times}</table>"
-                + (f"<table><tr><th>prompt set</th><th>prompts</th><th>decoder</th><th>B</th><th>T</th>"
-                   f"<th>tau [95% interval]</th><th>tok/s</th><th>speedup</th><th>identical</th></tr>{rows}</table>"
-                   if rows else ""))
-
-
-def _fmt_tau(row: dict) -> str:
-    if row.get("tau_low") is None:
-        return f"{row['tau']:.2f}"
-    return f"{row['tau']:.2f} [{row['tau_low']:.2f}, {row['tau_high']:.2f}]"
+        return results_html(self.results)
 
 
 def _usable(path: Path, *, require_assistant: bool = True) -> int:
@@ -383,10 +405,6 @@ def _weights_note(model: str) -> str:
     if model == TINY:
         return "the embedded tiny target (dflash_lab/tiny: a small Qwen3 trained on synthetic chat, for tests)"
     return models.known(model).weights_note
-
-
-def _fmt_speedup(x) -> str:
-    return "" if x is None else f"{x:.2f}x"
 
 
 def _device_name(device: str) -> str:

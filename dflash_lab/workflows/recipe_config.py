@@ -13,6 +13,20 @@ These defaults are sized for a GPU. On a CPU they would run for hours (6.4M answ
 training tokens), so a recipe on device="cpu" whose work passes CPU_LIMITS is refused before anything is written,
 unless allow_cpu_full_size=True: the CPU is for the smoke run (notebooks/recipes/smollm2.ipynb's first cell), whose
 work is ~560 answer tokens and ~200 training tokens.
+
+Presets (`RecipeConfig.from_preset(name, **settings)`, the notebook's `preset` parameter): "10min" is the defaults
+above, one 10-minute call; "long" trains 30,000 steps (20x the defaults; not measured yet) over several calls.
+Its `train_time_budget_s` of 330 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
+even the first one, which also writes the data (~150 s on the H200 with the conversion). Running the same command
+again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
+(DATA_SETTINGS says which settings each depends on), training resumes its run exactly, and evaluation and export
+wait until training has finished every step (`evaluate_partial=True` evaluates a partial drafter anyway):
+
+    KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one H200 call; repeat it
+    papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
+
+until results.json holds an `export` phase (up to ~8 calls; while the log says `[recipe] train: stopped (resumable)
+at step N of 30000: run the recipe again with the same work_dir to continue`, go on).
 """
 
 from __future__ import annotations
@@ -31,6 +45,23 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
+# Named starting points: the fields each sets on top of the defaults. "long": at the 10-minute run's rate on the H200
+# (1,500 steps in 122 s, loading and real tau included) 30,000 steps are ~41 minutes, ~8 calls of a 330 s budget at
+# most; real tau every 2,500 steps instead of 500: 12 measurements in the run, not 60.
+PRESETS: dict[str, dict] = {
+    "10min": {},
+    "long": {"steps": 30_000, "train_time_budget_s": 330.0, "real_tau_every": 2_500},
+}
+# The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
+# phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
+_SELF = ("model", "device", "seed", "n_self", "self_heldout", "self_heldout_fraction", "regen_batch_size",
+         "regen_max_new_tokens", "regen_dtype", "seq_len", "block_size")
+_BUILD = ("model", "heldout", "variant", "n_train", "seq_len", "block_size")
+_REGEN = _BUILD + ("device", "seed", "regen_batch_size", "regen_max_new_tokens", "regen_dtype", "match_check")
+DATA_SETTINGS: dict[str, tuple[str, ...]] = {
+    "self_prompts": _SELF, "build_data": _BUILD, "regenerate": _REGEN,
+    "mix_data": tuple(dict.fromkeys(_SELF + _REGEN)),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,8 +142,12 @@ class RecipeConfig:
     """torch CPU threads (None = leave torch's setting)."""
     seed: int = 0
     train_time_budget_s: float | None = None
-    """Wall-time budget of the training phase (TrainConfig.time_budget_s): when spent, training stops at a step
-    boundary with a checkpoint (resumable) and the recipe goes on with what it trained; None = train every step."""
+    """Wall-time budget of the training phase (TrainConfig.time_budget_s, loading the target included): when spent,
+    training stops at a step boundary with a checkpoint and a rerun with the same work_dir resumes it (the "long"
+    preset); None = train every step in this call."""
+    evaluate_partial: bool = False
+    """Evaluate and export a drafter whose training stopped on its budget before its last step; False skips both
+    (recorded in results.json) until a rerun with the same work_dir has trained every step."""
     allow_cpu_full_size: bool = False
     """Run on device="cpu" although the settings pass CPU_LIMITS (hours of work); False refuses such a run."""
 
@@ -162,6 +197,21 @@ class RecipeConfig:
             bad("eval_budget_s", "must be > 0", "use e.g. 180")
         if self.train_time_budget_s is not None and not self.train_time_budget_s > 0:
             bad("train_time_budget_s", "must be a positive number of seconds", "use e.g. 420, or None for no budget")
+
+    @classmethod
+    def from_preset(cls, name: str, *, explicit=None, **settings) -> RecipeConfig:
+        """The preset `name` (PRESETS) with `settings` on top. `explicit`: the names the user set (the notebook
+        passes notebook_params' set_by_user and every parameter's value); a preset's field not among them keeps the
+        preset's value. None = every name of `settings` was set."""
+        if name not in PRESETS:
+            fail("RecipeConfig", "preset", name, "unknown preset", f"use one of {sorted(PRESETS)}")
+        chosen = set(settings) if explicit is None else set(explicit)
+        preset = {k: v for k, v in PRESETS[name].items() if k not in chosen}
+        return cls(**{**settings, **preset})
+
+    def data_settings(self, phase: str) -> dict:
+        """The settings `phase`'s output depends on (DATA_SETTINGS), with their values."""
+        return {k: getattr(self, k) for k in DATA_SETTINGS[phase]}
 
     def cpu_work(self) -> dict[str, int]:
         """The work that decides whether a CPU run is a smoke run: answer tokens the target writes (every chitchat

@@ -1,0 +1,92 @@
+"""A recipe's results.json: each phase's figures, an earlier run's phases kept until replaced, and the HTML table.
+
+recipe.py rewrites `<work_dir>/results.json` after every phase (write_results: a temp file renamed into place, so a
+run cut short leaves the previous complete file). A rerun into the same work_dir starts from the phases the earlier
+run recorded (earlier_phases), each marked with that run's start and the settings that differed, until its own
+phase of that name replaces them; recipe_reuse.py decides which of them a rerun may keep as its own.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from dflash_lab.runs.run_files import RunFileError, read_json
+
+RESULTS = "results.json"
+
+
+class PhaseFigures(dict):
+    """One phase's figures (a plain dict, saved in results.json); a notebook shows it as a compact table in which
+    long lists (curves, per-row evaluations) are summarised by their length."""
+
+    def _repr_html_(self) -> str:
+        def cell(v):
+            if isinstance(v, list) and len(v) > 4:
+                return f"{len(v)} entries (see results.json)"
+            return html.escape(json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v))
+
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{cell(v)}</td></tr>"
+                       for k, v in self.items())
+        return f"<table>{rows}</table>"
+
+
+def earlier_phases(work_dir: Path, config: dict, log) -> dict:
+    """The phases an earlier run recorded in this work_dir, each marked with that run's start and the settings
+    (of `config`, this run's) that differed; a results.json that cannot be read is moved aside (named in the log),
+    not overwritten."""
+    path = Path(work_dir) / RESULTS
+    try:
+        earlier = read_json(path, missing={})
+    except RunFileError as e:
+        aside = path.with_name(RESULTS + ".unreadable")
+        path.replace(aside)
+        log(f"[recipe] {e} Kept as {aside}; this run starts a new {RESULTS}.")
+        return {}
+    before = earlier.get("config") or {}
+    differ = sorted(k for k in config if json.dumps(before.get(k), default=str) != json.dumps(config[k], default=str))
+    mark = {"earlier_run": earlier.get("started", "unknown"), **({"earlier_settings_differ": differ}
+                                                                if differ else {})}
+    phases = {name: PhaseFigures({**figures, **mark}) for name, figures in (earlier.get("phases") or {}).items()
+              if isinstance(figures, dict)}
+    if phases:
+        log(f"[recipe] kept {len(phases)} phase(s) of the run of {mark['earlier_run']} in {path} until this run "
+            "replaces them" + (f" (its settings differ: {', '.join(differ)})" if differ else ""))
+    return phases
+
+
+def write_results(work_dir: Path, results: dict) -> None:
+    tmp = Path(work_dir) / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp.replace(Path(work_dir) / RESULTS)
+
+
+def results_html(results: dict) -> str:
+    """The phases with their seconds (earlier-run and reused ones marked), then one row per evaluated decoder."""
+    ph = results["phases"]
+    e = html.escape
+    head = (f"<p><b>{e(results['model'])}</b> on {e(results['device_name'])}: "
+            f"{e(results['weights_note'])}.</p>")
+    times = "".join(f"<tr><td>{e(k)}{e(' (earlier run ' + v['earlier_run'] + ')') if 'earlier_run' in v else ''}"
+                    f"{' (reused)' if v.get('reused') else ''}</td><td>{v['seconds']}</td></tr>"
+                    for k, v in ph.items())
+    rows = "".join(
+        f"<tr><td>{e(str(r['prompt_set']))}</td><td>{r['prompts']}</td><td>{e(r['decoder'])}</td>"
+        f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_fmt_tau(r)}</td>"
+        f"<td>{r['tokens_per_s']:.1f}</td><td>{_fmt_speedup(r['speedup'])}</td>"
+        f"<td>{r['identical_to_target']}</td></tr>" for r in ph.get("evaluate", {}).get("rows", []))
+    return (head + f"<table><tr><th>phase</th><th>seconds</th></tr>{times}</table>"
+            + (f"<table><tr><th>prompt set</th><th>prompts</th><th>decoder</th><th>B</th><th>T</th>"
+               f"<th>tau [95% interval]</th><th>tok/s</th><th>speedup</th><th>identical</th></tr>{rows}</table>"
+               if rows else ""))
+
+
+def _fmt_tau(row: dict) -> str:
+    if row.get("tau_low") is None:
+        return f"{row['tau']:.2f}"
+    return f"{row['tau']:.2f} [{row['tau_low']:.2f}, {row['tau_high']:.2f}]"
+
+
+def _fmt_speedup(x) -> str:
+    return "" if x is None else f"{x:.2f}x"

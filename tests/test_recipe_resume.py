@@ -1,0 +1,229 @@
+"""A recipe longer than one job (dflash_lab/workflows/recipe_reuse.py, recipe.py, the "long" preset of
+recipe_config.py) on the tiny target: a recipe whose training stops on its time budget skips evaluation and export
+saying how to continue; run again with the same work_dir it reuses every data phase (files untouched, figures
+kept), resumes the same run to its last step, and its loss curve equals an uninterrupted recipe's number for number;
+a third run reuses the finished run. A changed data setting redoes the data it touches and trains a new run; an
+output cut short is made again. The presets and how the notebook's explicit parameters win over them."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.config import ConfigError
+from dflash_lab.train import stopping
+from dflash_lab.train.trainer import Trainer
+from dflash_lab.workflows.recipe import CONTINUE, Recipe, RecipeConfig
+from dflash_lab.workflows.recipe_config import PRESETS
+from tests.test_recipe import PHASES, TINY_SIZES
+
+pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
+
+DATA_PHASES = ["self_prompts", "build_data", "regenerate", "mix_data"]
+STEPS = 8
+BUDGET_S = 35.0  # 10 s of simulated wall time per step (the clock below): spent after step 4 of 8
+SELF = dict(n_self=24, self_heldout=3, self_heldout_fraction=0.3, eval_block_sizes=(8,), eval_temperatures=(0.0,),
+            eval_untrained=False)
+MARKS = ("reused", "made_by_run", "earlier_run", "earlier_settings_differ")
+
+
+def _config(work_dir: Path, **changes) -> RecipeConfig:
+    return RecipeConfig(**{**TINY_SIZES, **SELF, "steps": STEPS, "work_dir": str(work_dir), **changes})
+
+
+def _run(config: RecipeConfig, phases=PHASES) -> tuple[dict, list[str]]:
+    """results.json's phases (and the run's start, as "started") after `phases`, and every line logged."""
+    said: list[str] = []
+    rec = Recipe(config, log=lambda *a: said.append(" ".join(map(str, a))))
+    for phase in phases:
+        getattr(rec, phase)()
+    results = json.loads((Path(config.work_dir) / "results.json").read_text())
+    return {**results["phases"], "started": results["started"]}, said
+
+
+def _losses(figures: dict) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in figures["curve"]}
+
+
+def _stamps(figures: dict) -> dict[str, int]:
+    return {p: Path(p).stat().st_mtime_ns for p in figures["files"]}
+
+
+def _without_marks(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if k not in MARKS}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """An uninterrupted recipe, then the same recipe with a training budget over three jobs in one work_dir."""
+    root = tmp_path_factory.mktemp("resume")
+    reference, _ = _run(_config(root / "straight"))
+    clock = {"t": 0.0}  # the budget's clock: 10 s per step trained, nothing else moves it
+    plain_train = Trainer.train
+
+    def train(self, *args, callbacks=(), **kwargs):
+        tick = lambda tr: clock.__setitem__("t", clock["t"] + 10.0)  # noqa: E731
+        return plain_train(self, *args, callbacks=[*callbacks, tick], **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stopping, "now", lambda: clock["t"])
+        mp.setattr(Trainer, "train", train)
+        cfg = _config(root / "work", train_time_budget_s=BUDGET_S)
+        first, said_first = _run(cfg)
+        stamps = {ph: _stamps(first[ph]) for ph in DATA_PHASES}
+        second, said_second = _run(cfg)
+        third, said_third = _run(cfg)  # everything is there: a rerun of a complete recipe
+    return dict(root=root, reference=reference, first=first, second=second, third=third, stamps=stamps,
+                said=(said_first, said_second, said_third))
+
+
+def test_a_recipe_stopped_on_its_budget_skips_evaluation_and_export_and_says_how_to_continue(jobs):
+    first, said = jobs["first"], jobs["said"][0]
+    tr = first["train"]
+    assert (tr["status"], tr["steps"], tr["target_steps"], tr["resumed_at"]) == ("stopped (resumable)", 4, STEPS, None)
+    assert sorted(_losses(tr)) == [1, 2, 3, 4]
+    for phase in ("evaluate", "export"):
+        assert "stopped (resumable) at step 4 of 8" in first[phase]["skipped_because"]
+        assert CONTINUE in first[phase]["skipped_because"] and "rows" not in first[phase]
+    assert any(CONTINUE in line and line.startswith("[recipe] train: stopped (resumable)") for line in said)
+    assert not any(first[ph].get("reused") for ph in DATA_PHASES)  # the first job made everything
+
+
+def test_the_rerun_reuses_every_data_phase_without_touching_its_files(jobs):
+    first, second, said = jobs["first"], jobs["second"], jobs["said"][1]
+    for phase in DATA_PHASES:
+        assert second[phase]["reused"] is True, phase
+        assert _without_marks(second[phase]) == _without_marks(first[phase]), phase  # its figures are kept
+        assert second[phase]["made_by_run"] == first["started"], phase  # the job that made it
+        assert _stamps(second[phase]) == jobs["stamps"][phase], phase  # not one file written again
+        assert any(line.startswith(f"[recipe] {phase}: reused") for line in said), phase
+    assert len(first["self_prompts"]["files"]) == 3 and len(first["regenerate"]["files"]) == 6  # inputs too
+    assert second["mix_data"]["n"] == first["mix_data"]["n"] > 8
+
+
+def test_the_rerun_resumes_the_same_run_to_its_last_step_with_the_uninterrupted_curve(jobs):
+    first, second, reference = jobs["first"]["train"], jobs["second"]["train"], jobs["reference"]["train"]
+    assert second["run_dir"] == first["run_dir"]
+    assert (second["status"], second["steps"], second["resumed_at"]) == ("finished", STEPS, 4)
+    assert len(list((jobs["root"] / "work" / "runs").iterdir())) == 1  # no second run
+    assert any(line.startswith("[recipe] train: resuming") for line in jobs["said"][1])
+    got, want = _losses(second), _losses(reference)
+    assert sorted(got) == list(range(1, STEPS + 1)) == sorted(want)
+    assert got == want  # the same numbers: the resume is exact
+    assert {k: got[k] for k in (1, 2, 3, 4)} == _losses(first)
+    # the finished run is evaluated and exported in the job that finished it
+    rows = jobs["second"]["evaluate"]["rows"]
+    assert {r["prompt_set"] for r in rows} == {"chitchat-heldout", "self-heldout", "general"}
+    assert all(r["prompts"] == 2 for r in rows if r["decoder"] == "trained")
+    assert (jobs["root"] / "work" / "export" / "config.json").is_file()
+
+
+def test_a_third_run_reuses_the_finished_training_run(jobs):
+    third, second = jobs["third"], jobs["second"]
+    assert third["train"]["reused"] is True and third["train"]["run_dir"] == second["train"]["run_dir"]
+    assert _losses(third["train"]) == _losses(second["train"]) and third["train"]["status"] == "finished"
+    assert all(third[ph]["reused"] for ph in DATA_PHASES)
+    assert any(line.startswith("[recipe] train: reused") for line in jobs["said"][2])
+    assert len(list((jobs["root"] / "work" / "runs").iterdir())) == 1
+    # evaluated and exported again from the same run: the same greedy decoding, the same tau
+    assert [r["tau"] for r in third["evaluate"]["rows"]] == [r["tau"] for r in second["evaluate"]["rows"]]
+    assert third["export"]["out"] == second["export"]["out"] and third["export"]["config"] == second["export"]["config"]
+
+
+def test_a_changed_data_setting_redoes_the_data_it_touches_and_trains_a_new_run(tmp_path):
+    cfg = RecipeConfig(**{**TINY_SIZES, "n_self": 0, "steps": 2, "work_dir": str(tmp_path / "r")})
+    first, _ = _run(cfg, PHASES[:6])
+    built = _stamps(first["build_data"])
+    second, said = _run(dataclasses.replace(cfg, regen_max_new_tokens=24), PHASES[:6])
+    assert second["build_data"]["reused"] is True and _stamps(second["build_data"]) == built  # not its setting
+    regen = second["regenerate"]
+    assert "reused" not in regen and regen["settings"]["regen_max_new_tokens"] == 24
+    assert any("regenerate: made again (settings differ: regen_max_new_tokens 16 -> 24)" in s for s in said)
+    assert regen["files"][regen["out"]]["sha256"] != first["regenerate"]["files"][regen["out"]]["sha256"]
+    answers = [json.loads(ln) for ln in Path(regen["out"]).read_text().splitlines()]
+    per_answer = [sum(a["generation"]["new_tokens"]) for a in answers]  # one count per turn: one turn each here
+    assert len(answers) == 8 and 16 < max(per_answer) <= 24  # longer than the old limit allowed
+    assert regen["new_tokens"] == sum(per_answer) > first["regenerate"]["new_tokens"]
+    assert second["train"]["run_dir"] != first["train"]["run_dir"]  # trained on other data: a new run
+    assert second["train"]["status"] == "finished" and len(list((tmp_path / "r" / "runs").iterdir())) == 2
+    assert any("a new run: the newest run" in s and "trained on other data" in s for s in said)
+
+
+def test_an_output_cut_short_is_made_again_and_one_made_again_identically_leaves_its_users_reused(tmp_path):
+    cfg = _config(tmp_path / "r")
+    first, _ = _run(cfg, PHASES[:5])
+    self_out = Path(first["self_prompts"]["out"])
+    whole = self_out.read_bytes()
+    self_out.write_bytes(whole[: len(whole) // 2])  # a job killed while writing it
+    mix_out = Path(first["mix_data"]["out"])
+    mix_out.write_bytes(mix_out.read_bytes()[:-40])
+    second, said = _run(cfg, PHASES[:5])
+    assert "reused" not in second["self_prompts"] and self_out.read_bytes() == whole  # sampled again, the same
+    assert any(f"self_prompts: made again ({self_out} has {len(whole) // 2} bytes" in s for s in said)
+    assert second["self_prompts"]["train"] == first["self_prompts"]["train"]
+    assert second["build_data"]["reused"] is True and second["regenerate"]["reused"] is True
+    assert "reused" not in second["mix_data"] and second["mix_data"]["n"] == first["mix_data"]["n"]
+    assert second["mix_data"]["files"] == first["mix_data"]["files"]  # the same bytes again
+    # a phase with no record of its files (a results.json from before reuse) is made again, never trusted
+    results = tmp_path / "r" / "results.json"
+    res = json.loads(results.read_text())
+    del res["phases"]["build_data"]["files"]
+    results.write_text(json.dumps(res))
+    third, said = _run(cfg, PHASES[:3])
+    assert "reused" not in third["build_data"] and third["self_prompts"]["reused"] is True
+    assert any("build_data: made again (the earlier figures do not record" in s for s in said)
+    # answers cut short (a job killed while regenerating): the complete records are kept and the rest answered
+    regen_out = Path(first["regenerate"]["out"])
+    answers = {json.loads(ln)["id"]: json.loads(ln)["messages"] for ln in regen_out.read_text().splitlines()}
+    regen_out.write_text("".join(ln + "\n" for ln in regen_out.read_text().splitlines()[:3]))
+    fourth, said = _run(cfg, PHASES[:4])
+    assert "reused" not in fourth["regenerate"] and any("regenerate: made again" in s for s in said)
+    assert fourth["regenerate"]["conversations"] == 5  # only the 5 answers that were cut off are written again
+    assert fourth["regenerate"]["new_tokens"] < first["regenerate"]["new_tokens"]
+    again = {json.loads(ln)["id"]: json.loads(ln)["messages"] for ln in regen_out.read_text().splitlines()}
+    assert len(answers) == 8 and again == answers  # every conversation once, the same greedy answers
+
+
+def test_evaluate_partial_evaluates_a_stopped_run_instead_of_waiting(tmp_path):
+    rec = Recipe(RecipeConfig(**TINY_SIZES, n_self=0, work_dir=str(tmp_path / "r"), evaluate_partial=True),
+                 log=lambda *a: None)
+    rec.results["phases"]["train"] = {"status": "stopped (resumable)", "steps": 4, "target_steps": 8}
+    assert rec._training_unfinished() is None
+    said = []
+    waits = Recipe(RecipeConfig(**TINY_SIZES, n_self=0, work_dir=str(tmp_path / "r")), log=said.append)
+    waits.results["phases"]["train"] = {"status": "stopped (resumable)", "steps": 4, "target_steps": 8}
+    assert waits._training_unfinished().startswith("training is stopped (resumable) at step 4 of 8")
+    assert CONTINUE in said[-1]
+
+
+def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
+    assert PRESETS["10min"] == {} and RecipeConfig.from_preset("10min") == RecipeConfig()
+    long = RecipeConfig.from_preset("long", device="cuda:0")
+    assert (long.steps, long.train_time_budget_s, long.real_tau_every, long.device) == (30_000, 330.0, 2_500, "cuda:0")
+    assert dataclasses.replace(long, steps=1500, train_time_budget_s=None, real_tau_every=500,
+                               device="cpu") == RecipeConfig()  # nothing else differs from the defaults
+    assert long.train_config(Path("d.jsonl")).time_budget_s == 330.0
+    # from Python every setting passed wins; from the notebook (every parameter passed) only those the user set
+    assert RecipeConfig.from_preset("long", steps=9000).steps == 9000
+    nb = dict(steps=1500, train_time_budget_s=None, real_tau_every=500, device="cuda:0")
+    from_nb = RecipeConfig.from_preset("long", explicit=("preset", "device", "train_time_budget_s"), **nb)
+    assert (from_nb.steps, from_nb.train_time_budget_s, from_nb.real_tau_every) == (30_000, None, 2_500)
+    with pytest.raises(ConfigError) as e:
+        RecipeConfig.from_preset("1h")
+    assert "RecipeConfig.preset='1h' is invalid: unknown preset" in str(e.value) and "'long'" in str(e.value)
+
+
+@pytest.mark.slow  # a kernel's start (~5 s); it stops in the first call, before anything is written
+def test_the_notebook_takes_the_preset_with_the_parameters_set_on_top(tmp_path):
+    """`-p preset long -p batch_size 2` on the CPU: the refusal counts 30,000 steps (the preset's) of 2 windows (the
+    user's) of 320 tokens, so the notebook passed the preset and only the parameter that was set."""
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "papermill", str(repo / "notebooks" / "recipes" / "smollm2.ipynb"),
+                          str(tmp_path / "out.ipynb"), "--cwd", str(tmp_path), "--no-progress-bar", "-p", "preset",
+                          "long", "-p", "batch_size", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "allow_cpu_full_size" in out.stderr
+    assert f"{30_000 * 2 * 320:,} train tokens" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ipynb"]
