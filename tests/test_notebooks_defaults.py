@@ -123,12 +123,13 @@ def test_evaluate_runs_eval_ipynb_without_papermill_warnings(caplog, capsys):
 @pytest.mark.slow  # every phase of the recipe through a kernel (21 s on the shared 2-core machine)
 def test_recipe_notebook_runs_every_phase_at_smoke_size(tmp_path):
     """The first cell's CPU smoke run, on the embedded tiny target (the SmolLM2 wheel is not installed in tests):
-    every call of the notebook reaches its phase, and results.json holds each phase."""
+    every call of the notebook reaches its phase, and results.json holds each phase. The tiny target has 960 ids,
+    fewer than the recipe's 16,384-id draft vocabulary: 0 trains the full one."""
     pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
     from dflash_lab.tiny import ensure_tiny_target
 
     ensure_tiny_target()
-    smoke = dict(model="tiny", work_dir=str(tmp_path / "r"), n_self=8, self_heldout=2, self_heldout_fraction=0.5,
+    smoke = dict(model="tiny", draft_vocab_size=0, work_dir=str(tmp_path / "r"), n_self=8, self_heldout=2, self_heldout_fraction=0.5,
                  n_train=4, heldout=2, regen_batch_size=8, regen_max_new_tokens=16, steps=1, seq_len=96, batch_size=2,
                  num_anchors=2, block_size=8, num_draft_layers=1, real_tau_every=0, real_tau_prompts=2,
                  eval_prompts=1, eval_max_new_tokens=8, eval_block_sizes=[8], eval_temperatures=[0.0],

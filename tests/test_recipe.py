@@ -17,7 +17,7 @@ from dflash_lab.workflows.recipe_config import PRESETS
 
 pytest.importorskip("chitchat_dataset", reason="the recipe's human prompts come from the chitchat-dataset wheel")
 
-TINY_SIZES = dict(model="tiny", n_train=8, heldout=4, regen_batch_size=16, regen_max_new_tokens=16, steps=4,
+TINY_SIZES = dict(model="tiny", draft_vocab_size=None, n_train=8, heldout=4, regen_batch_size=16, regen_max_new_tokens=16, steps=4,
                   seq_len=96, batch_size=2, num_anchors=2, block_size=8, num_draft_layers=1, real_tau_every=0,
                   eval_prompts=2, eval_max_new_tokens=8, threads=1)
 PHASES = ["get_model", "self_prompts", "build_data", "regenerate", "mix_data", "train", "evaluate", "export"]
@@ -101,15 +101,16 @@ def test_defaults_are_the_data_at_scale_recipe():
     c = RecipeConfig()
     assert (c.n_self, c.self_heldout, c.regen_max_new_tokens, c.regen_dtype, c.regen_batch_size) == \
         (26000, 256, 192, "auto", 512)
-    assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (1500, 320, 32, 64, 3, 6e-4)
+    assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (6000, 320, 32, 64, 3, 6e-4)
+    assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight) == (16384, 60.0, 0.0)
     assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
-        (500, 32, 64, 128, 180.0)
+        (2000, 32, 64, 128, 180.0)
     assert c.eval_sets == ("chitchat-heldout", "self-heldout", "general")
     assert c.eval_pairs == [(16, 0.0), (16, 1.0)]
     assert (c.n_train, c.self_heldout_fraction) == (7000, 0.02)
     assert c.max_prompt_tokens == 288
     t = c.train_config(Path("d.jsonl"), Path("h.jsonl"))
-    assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts) == (1500, 320, 500, 32)
+    assert (t.steps, t.seq_len, t.real_tau_every, t.real_tau_prompts, t.draft_vocab_size) == (6000, 320, 2000, 32, 16384)
     both = dataclasses.replace(c, eval_block_sizes=(16, 8), eval_sampled_block_size=0)
     assert both.eval_pairs == [(16, 0.0), (8, 0.0), (16, 1.0), (8, 1.0)]
 
@@ -157,14 +158,14 @@ def test_a_phase_run_before_the_one_it_needs_names_that_phase(tmp_path):
 
 
 def test_full_size_settings_on_a_cpu_are_refused_before_anything_is_written(tmp_path):
-    """The defaults are sized for a GPU (6.4M answer tokens, 15.4M training tokens): on device="cpu" they are refused
+    """The defaults are sized for a GPU (6.4M answer tokens, 61M training tokens): on device="cpu" they are refused
     naming allow_cpu_full_size, and nothing is written; asked for, or on a GPU, or at smoke size, they go."""
     with pytest.raises(ConfigError) as e:
         Recipe(RecipeConfig(model="tiny", work_dir=str(tmp_path / "r")), log=lambda *a: None)
     msg = str(e.value)
-    assert "allow_cpu_full_size" in msg and "6,374,400 answer tokens" in msg and "15,360,000 train tokens" in msg
+    assert "allow_cpu_full_size" in msg and "6,374,400 answer tokens" in msg and "61,440,000 train tokens" in msg
     assert not (tmp_path / "r").exists()
-    assert RecipeConfig().cpu_work() == {"answer_tokens": (7000 + 200 + 26000) * 192, "train_tokens": 1500 * 32 * 320}
+    assert RecipeConfig().cpu_work() == {"answer_tokens": (7000 + 200 + 26000) * 192, "train_tokens": 6000 * 32 * 320}
     RecipeConfig(allow_cpu_full_size=True).check_device()
     RecipeConfig(device="cuda:0").check_device()
     RecipeConfig(**TINY_SIZES, n_self=24).check_device()  # the tests' sizes: 576 answer tokens, 768 training tokens

@@ -202,15 +202,16 @@ def test_evaluate_partial_evaluates_a_stopped_run_instead_of_waiting(tmp_path):
 def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
     assert PRESETS["10min"] == {} and RecipeConfig.from_preset("10min") == RecipeConfig()
     long = RecipeConfig.from_preset("long", device="cuda:0")
-    assert (long.steps, long.train_time_budget_s, long.real_tau_every, long.device) == (30_000, 330.0, 2_500, "cuda:0")
-    assert dataclasses.replace(long, steps=1500, train_time_budget_s=None, real_tau_every=500,
+    assert (long.steps, long.train_time_budget_s, long.real_tau_every, long.compile_drafter, long.device) == \
+        (30_000, 330.0, 5_000, True, "cuda:0")
+    assert dataclasses.replace(long, steps=6000, train_time_budget_s=None, real_tau_every=2000, compile_drafter=False,
                                device="cpu") == RecipeConfig()  # nothing else differs from the defaults
     assert long.train_config(Path("d.jsonl")).time_budget_s == 330.0
     # from Python every setting passed wins; from the notebook (every parameter passed) only those the user set
     assert RecipeConfig.from_preset("long", steps=9000).steps == 9000
-    nb = dict(steps=1500, train_time_budget_s=None, real_tau_every=500, device="cuda:0")
+    nb = dict(steps=6000, train_time_budget_s=None, real_tau_every=2000, device="cuda:0")
     from_nb = RecipeConfig.from_preset("long", explicit=("preset", "device", "train_time_budget_s"), **nb)
-    assert (from_nb.steps, from_nb.train_time_budget_s, from_nb.real_tau_every) == (30_000, None, 2_500)
+    assert (from_nb.steps, from_nb.train_time_budget_s, from_nb.real_tau_every) == (30_000, None, 5_000)
     with pytest.raises(ConfigError) as e:
         RecipeConfig.from_preset("1h")
     assert "RecipeConfig.preset='1h' is invalid: unknown preset" in str(e.value) and "'long'" in str(e.value)

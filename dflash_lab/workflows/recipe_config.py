@@ -1,21 +1,26 @@
 """Every knob of the real-target recipe (recipe.py) as one frozen, validated dataclass; the notebook's parameters.
 
-The defaults are the best configuration measured on one H200 that fits a 10-minute call (the data-scaling study,
-bench/results/2026-12-01-h200-scaling2-smollm2/): every human chitchat first turn (~6,960) plus 26,000 first turns
-the target writes itself (~23,000 kept), all answered by the target (<= 192 tokens), 1,500 steps of 32 windows of
-320 tokens, a 3-layer drafter. That point reached real tau 2.71 [2.42, 2.99] on 64 held-out chitchat prompts and
-1.66 [1.59, 1.73] on the general set (block 16, T=0, bf16), 1.58x / 1.33x over the target alone at batch 1. The
-chitchat-only recipe before it reached 1.83 and 1.19: its 4,000 mostly-greeting first turns were too few and too
-narrow. The study's training loss was still falling at step 1,500 at every size >= 10k: more steps are the next
-lever (not measured yet).
+The defaults are the best configuration measured on one H200 that fits a 10-minute call: every human chitchat first
+turn (~6,960) plus 26,000 first turns the target writes itself (~23,000 kept), all answered by the target (<= 192
+tokens; the data-scaling study, bench/results/2026-12-01-h200-scaling2-smollm2/), then 6,000 steps of 32 windows of
+320 tokens, a 3-layer drafter with a 16,384-id draft vocabulary and the feature store (~27 ms a step). The step count
+is what fits beside the data (~150 s) and the evaluation, from the measured phase times; it is the run of
+bench/results/2026-12-02-h200-distill-ab/ (4,636 steps of it trained in 195 s): real tau 2.92 [2.68, 3.19] on 64
+held-out chitchat prompts (none of them in training), 2.38 [2.24, 2.54] on held-out target-written ones and 2.01 [1.92, 2.11]
+on the general set (block 16, T=0, bf16), 2.17x / 1.83x / 1.51x over the target alone at batch 1. 1,500 steps, the
+default before, read 2.71 (chitchat, with greetings that also occur in training) and 1.66 (general). Tau still grows
+~0.2 per doubling of steps there: the "long" preset is the next lever.
 
-These defaults are sized for a GPU. On a CPU they would run for hours (6.4M answer tokens to generate, 15.4M
+These defaults are sized for a GPU. On a CPU they would run for hours (6.4M answer tokens to generate, 61M
 training tokens), so a recipe on device="cpu" whose work passes CPU_LIMITS is refused before anything is written,
 unless allow_cpu_full_size=True: the CPU is for the smoke run (notebooks/recipes/smollm2.ipynb's first cell), whose
 work is ~560 answer tokens and ~200 training tokens.
 
 Presets (`RecipeConfig.from_preset(name, **settings)`, the notebook's `preset` parameter): "10min" is the defaults
-above, one 10-minute call; "long" trains 30,000 steps (20x the defaults; not measured yet) over several calls.
+above, one 10-minute call; "long" trains 30,000 steps (5x the defaults) over several calls, with the compiled
+drafter (21.2 ms a step with the store and the 16,384-id head, against 27.1 ms uncompiled and 42.0 ms for the full
+vocabulary without the store; bench/results/2026-12-02-h200-distill-ab/): ~12 minutes of training, 3 calls; not
+yet run end to end.
 Its `train_time_budget_s` of 330 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
 even the first one, which also writes the data (~150 s on the H200 with the conversion). Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
@@ -25,7 +30,7 @@ wait until training has finished every step (`evaluate_partial=True` evaluates a
     KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one H200 call; repeat it
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
-until results.json holds an `export` phase (up to ~8 calls; while the log says `[recipe] train: stopped (resumable)
+until results.json holds an `export` phase (~3-4 calls; while the log says `[recipe] train: stopped (resumable)
 at step N of 30000: run the recipe again with the same work_dir to continue`, go on).
 """
 
@@ -45,12 +50,12 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
-# Named starting points: the fields each sets on top of the defaults. "long": at the 10-minute run's rate on the H200
-# (1,500 steps in 122 s, loading and real tau included) 30,000 steps are ~41 minutes, ~8 calls of a 330 s budget at
-# most; real tau every 2,500 steps instead of 500: 12 measurements in the run, not 60.
+# Named starting points: the fields each sets on top of the defaults. "long": at the compiled step with the store and
+# the 16,384-id head (21-27 ms on the H200, 37 s to compile in each call) 30,000 steps are ~12 minutes of training,
+# 3 calls of a 330 s budget; real tau every 5,000 steps: 6 measurements in the run.
 PRESETS: dict[str, dict] = {
     "10min": {},
-    "long": {"steps": 30_000, "train_time_budget_s": 330.0, "real_tau_every": 2_500},
+    "long": {"steps": 30_000, "train_time_budget_s": 330.0, "real_tau_every": 5_000, "compile_drafter": True},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
 # phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
@@ -101,7 +106,7 @@ class RecipeConfig:
     by default: it answers each prompt once more ALONE through HF generate (~2-3 s per 192-token answer on a GPU,
     minutes on a CPU), and in bf16 batched greedy is known to flip near-tied argmaxes, so the check would restate
     that at a cost; set e.g. 8 to measure it (float32 matched 8/8)."""
-    steps: int = 1500
+    steps: int = 6000
     seq_len: int = 320
     """Tokens per training window: a prompt (at most seq_len - 2 * block_size tokens) plus its answer (<= 192)."""
     batch_size: int = 32
@@ -109,14 +114,17 @@ class RecipeConfig:
     block_size: int = 16
     num_draft_layers: int = 3
     lr: float = 6e-4
-    draft_vocab_size: int | None = None
+    draft_vocab_size: int | None = 16384
     """Draft vocabulary (TrainConfig.draft_vocab_size): the N most frequent supervised ids; None = the full one."""
     feature_store_gib: float = 60.0
     """Device memory that keeps each training window's target features for later epochs (TrainConfig.
     feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16 on an H200; 0 = recompute."""
     compile_drafter: bool = False
     """torch.compile the drafter (TrainConfig.compile_drafter): ~30 s before the first step, then a faster step."""
-    real_tau_every: int = 500
+    distill_weight: float = 0.0
+    """TrainConfig.distill_weight: the share of each position's loss against the target's own top-16 distribution
+    at T=1 (what sampled serving accepts); 0 = the data's tokens only."""
+    real_tau_every: int = 2000
     """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
     (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out chitchat conversations."""
     real_tau_prompts: int = 32
@@ -257,4 +265,4 @@ class RecipeConfig:
                            real_tau_prompts=self.real_tau_prompts, log_every=max(1, min(50, self.steps // 20)),
                            time_budget_s=self.train_time_budget_s, draft_vocab_size=self.draft_vocab_size,
                            feature_store_gib=self.feature_store_gib if self.device != "cpu" else 0.0,
-                           compile_drafter=self.compile_drafter)
+                           compile_drafter=self.compile_drafter, distill_weight=self.distill_weight)
