@@ -1,6 +1,6 @@
 """GPU-only checks (marker `gpu`; skipped with a reason on CPU): CUDA-graph replay == eager (loss and gradients),
 flex == dense masks (forward AND gradients), the graph wrapper's fallback reason, multi-GPU == one GPU, compiled
-CE epilogue == eager, compile_drafter under our own capture."""
+CE epilogue == eager, compile_drafter under our own capture, the distilled step under capture == eager."""
 
 import pytest
 import torch
@@ -55,6 +55,23 @@ def test_graph_replay_equals_eager_loss_and_gradients():
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
     assert torch.allclose(pg, pe, rtol=1e-5, atol=1e-5)
     graph.shutdown(), eager.shutdown()
+
+
+def test_distilled_step_under_capture_equals_eager():
+    """Distillation's target top-k (every layer + LM head inside the target graph) and the soft head loss replayed
+    from CUDA graphs give the eager step's losses and gradients."""
+    graph = _engine(("cuda:0",), cuda_graphs=True, distill_weight=0.5)
+    eager = _engine(("cuda:0",), cuda_graphs=False, distill_weight=0.5)
+    hard = _engine(("cuda:0",), cuda_graphs=True)
+    lg, gg, _ = _run(graph)
+    le, ge, _ = _run(eager)
+    lh, _, _ = _run(hard)
+    assert graph.workers[0].graphed.mode == "graph" and graph.targets[0].graphed.mode == "graph"
+    assert lg == pytest.approx(le, rel=1e-5)
+    for a, b in zip(gg, ge):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
+    assert all(abs(a - b) > 1e-4 for a, b in zip(lg, lh))  # the soft term is there
+    graph.shutdown(), eager.shutdown(), hard.shutdown()
 
 
 def test_graph_wrapper_falls_back_eagerly_and_says_why():
