@@ -1,0 +1,103 @@
+"""ab_report on the committed H200 distillation A/B: the tables and the figure carry the folder's own numbers, and the
+committed result notebook shows them as static PNG and markdown outputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.config import ConfigError
+from dflash_lab.workflows import ab_report
+
+REPO = Path(__file__).resolve().parent.parent
+FOLDER = REPO / "bench" / "results" / "2026-12-02-h200-distill-ab"
+NOTEBOOK = REPO / "notebooks" / "results" / "distill-ab-smollm2-h200.ipynb"
+
+pytestmark = pytest.mark.skipif(not (FOLDER / ab_report.AB_FILE).is_file(), reason="the A/B folder is not here")
+
+
+@pytest.fixture(scope="module")
+def ab():
+    return ab_report.load_ab("bench/results/2026-12-02-h200-distill-ab")  # relative: read under the project root
+
+
+def test_final_rows_are_the_six_drafter_measurements(ab):
+    rows = ab_report.final_rows(ab)
+    assert [(r["arm"], r["prompt_set"]) for r in rows] == [
+        (arm, s) for arm in ("hard", "distill") for s in ("chitchat-heldout", "self-heldout", "general")]
+    by = {(r["arm"], r["prompt_set"]): r for r in rows}
+    assert round(by["hard", "general"]["tau"], 2) == 2.01
+    assert (round(by["hard", "chitchat-heldout"]["tau_low"], 2), round(by["hard", "chitchat-heldout"]["tau_high"], 2)
+            ) == (2.68, 3.19)
+    assert round(by["distill", "self-heldout"]["tau"], 2) == 2.34
+    assert {r["steps"] for r in rows if r["arm"] == "hard"} == {4636}
+    assert {r["steps"] for r in rows if r["arm"] == "distill"} == {3941}
+    assert round(by["hard", "chitchat-heldout"]["target_tokens_per_s"], 1) == 262.9  # the target alone, same set
+    assert all(r["not_separated_from"] == ["distill" if r["arm"] == "hard" else "hard"] for r in rows)
+    md = ab_report.final_markdown(ab)
+    assert md.count("\n") == 7 and "| hard | 4,636 | general | 64 | 2.01 [1.92, 2.11] |" in md
+    assert "2.02 [1.92, 2.12]" in md and "2.17x" in md and "no (hard)" in md
+
+
+def test_curves_minutes_and_the_arms_table(ab):
+    cs = ab_report.curves(ab)
+    assert [r["step"] for r in cs["hard"]][:2] == [1, 50] and cs["hard"][-1]["step"] == 4636
+    assert len(cs["hard"]) == 94 and len(cs["distill"]) == 80
+    assert round(cs["hard"][-1]["minutes"], 2) == 2.64 and round(cs["distill"][-1]["minutes"], 2) == 2.59
+    md = ab_report.arms_markdown(ab)
+    assert "| hard | 0.0 | stopped (resumable) | 4,636 / 6,000 | 0.63 | 2.64 |" in md
+    assert "| distill | 0.5 | stopped (resumable) | 3,941 / 6,000 | 0.82 | 2.59 |" in md
+    assert "3.15 [2.67, 3.76] n=16" in md and "3.06 [2.68, 3.47] n=16" in md
+    assert "7.94e-05" in md and "1.70e-04" in md  # neither reached the cosine's end (lr 0)
+
+
+def test_settings_differ_only_in_distill_weight(ab):
+    md = ab_report.settings_markdown(ab)
+    assert [line.split("|")[1].strip() for line in md.splitlines() if "**differs**" in line] == ["distill_weight"]
+    assert "29,677 conversations (chitchat 6,882, self 22,795)" in md
+    assert "temperatures asked [0.0, 1.0], measured [0.0]" in md and "NVIDIA H200" in md
+
+
+def test_speed_rows(ab):
+    rows = ab_report.speed_rows(ab)
+    assert [r["label"] for r in rows] == ["full", "store16k", "store16k-distill", "store16k-compile",
+                                          "store16k-compile-b64"]
+    assert rows[2]["distill_weight"] == 0.5 and rows[0]["distill_weight"] is None
+    assert "| store16k-distill | 32 | 16384 | 4 | 0.5 | False | 27.6 | 371,012 |" in ab_report.speed_markdown(ab)
+
+
+def test_training_figure_has_steps_and_minutes_rows(ab):
+    fig = ab_report.training_figure(ab)
+    axes = fig.axes
+    assert len(axes) == 6
+    assert [ax.get_xlabel() for ax in axes] == ["optimizer step"] * 3 + ["GPU wall-clock minutes since step 1"] * 3
+    for ax in (axes[0], axes[1], axes[3], axes[4]):  # loss, accuracy: raw + mean, per arm
+        assert len(ax.lines) == 4
+    loss = axes[0].lines[1]
+    assert loss.get_xdata()[-1] == 4636 and loss.get_label() == "hard (4,636 steps)"
+    assert round(axes[3].lines[3].get_xdata()[-1], 2) == 2.59  # distill's last minute
+    tau = axes[2]  # per arm: one check errorbar + one per set -> 2 * 4 containers
+    assert len(tau.containers) == 8
+    ys = sorted(round(float(c.lines[0].get_ydata()[0]), 2) for c in tau.containers)
+    assert ys == [2.01, 2.02, 2.34, 2.38, 2.85, 2.92, 3.06, 3.15]
+    assert [t.get_text() for t in tau.get_legend().get_texts()] == [
+        "training-time check (n=16)", "final eval: chitchat-heldout (n=64)",
+        "final eval: self-heldout (n=64)", "final eval: general (n=64)"]
+    assert ab_report.figure_png(fig).data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_folder_without_the_files_names_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="eval/ab.json.*Fix: pass the folder"):
+        ab_report.load_ab(tmp_path)
+
+
+def test_the_committed_notebook_shows_the_tables_and_a_png():
+    nb = json.loads(NOTEBOOK.read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    text = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "2.92 [2.68, 3.19]" in text and "2.02 [1.92, 2.12]" in text and "store16k-compile-b64" in text
+    assert "widgets" not in nb["metadata"]  # GitHub refuses some notebooks with widget state
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "276d54e" in prose and "no T=1 figure" in prose and "4,636" in prose and "3,941" in prose
