@@ -11,6 +11,8 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
 
 `--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
+An arm stopped by its `time_budget_s` is continued by the same `train` command in the next job (resume_from: the
+curve equals an uninterrupted run's), so arms of 10k+ steps run over several 10-minute jobs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 STATE = "ab.json"
+STOPPED = "stopped (resumable)"  # a run that spent its time budget (train/stopping.py)
 
 
 def _values(items: list[str]) -> dict:
@@ -78,20 +81,37 @@ def train(args) -> None:
     cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["recipe"].items()})
     over = _values(args.set)
     tc = cfg.train_config(Path(state["train_data"]), Path(state["heldout_data"])).replace(run_name=args.arm, **over)
+    before = state.get("arms", {}).get(args.arm)
+    run_dir = None
+    if before is not None and before["status"] == STOPPED:
+        # an arm longer than one job: the same command in the next job continues its run exactly
+        if {k: v for k, v in before["overrides"].items() if k != "time_budget_s"} != \
+                {k: v for k, v in over.items() if k != "time_budget_s"}:
+            raise SystemExit(f"arm {args.arm!r} stopped with other settings ({before['overrides']}); "
+                             "Fix: give the same --set values (the time budget may differ) or another --arm name")
+        tc, run_dir = tc.replace(resume_from=before["run_dir"]), before["run_dir"]
+        print(f"arm {args.arm}: resuming {run_dir} at step {before['steps']}", flush=True)
+    elif before is not None:
+        raise SystemExit(f"arm {args.arm!r} already {before['status']} ({before['run_dir']}); Fix: another --arm name")
+    every = max(1, tc.steps // 200)  # ~200 rows of the training curve kept in ab.json
     t0 = time.perf_counter()
-    trainer = Trainer(tc)
+    trainer = Trainer(tc, run_dir=run_dir)
     try:
         trainer.train(progress_every_s=20.0)
         summary = trainer.finish()
         curve = [{k: r[k] for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_chain_tau", "real_tau",
                                     "tokens_per_s", "elapsed_s") if r.get(k) is not None}
                  for r in trainer.history
-                 if "real_tau" in r or "val_acc" in r or ("loss" in r and r.get("step", 0) % 50 == 0)]
+                 if "real_tau" in r or "val_acc" in r or ("loss" in r and r.get("step", 0) % every == 0)]
+        if before is not None:  # the jobs before this one, where the resumed history does not hold them
+            have = {r["step"] for r in curve}
+            curve = [r for r in before.get("curve", []) if r["step"] not in have] + curve
     finally:
         trainer.close()
     state = _state(args.work)  # re-read: another arm may have written meanwhile
+    wall = round(time.perf_counter() - t0 + (before or {}).get("wall_s", 0.0), 1)  # over every job of the arm
     state["arms"][args.arm] = {"overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
-                               "steps": summary["steps"], "wall_s": round(time.perf_counter() - t0, 1),
+                               "steps": summary["steps"], "wall_s": wall,
                                "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
                                "loss_last": summary.get("loss_last"), "curve": curve}
     _save(args.work, state)

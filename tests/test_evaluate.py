@@ -158,7 +158,7 @@ def test_compare_decodes_other_runs_beside_the_trained_one_with_one_baseline():
     """An A/B in one evaluation: the compared run's rows equal evaluating it alone (same prompts and seed, T=0), and
     the target alone decodes once. Compared with itself under another name it must read the very same tau."""
     run = tiny_trained_run()
-    kw = dict(prompts={"tiny-heldout": "tiny-heldout"}, n_prompts=4, max_new_tokens=24, device="cpu",
+    kw = dict(prompts={"tiny-heldout": "tiny-heldout"}, n_prompts=2, max_new_tokens=16, device="cpu",
               untrained=False, log=lambda *a: None)
     alone = {r["decoder"]: r for r in ev.evaluate(run, **kw).rows()}
     both = {r["decoder"]: r for r in ev.evaluate(run, compare={"again": run}, **kw).rows()}

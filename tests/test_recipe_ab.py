@@ -1,0 +1,65 @@
+"""bench/recipe_ab.py: arms on one recipe data preparation; an arm stopped by its time budget continues exactly in
+the next job, and both arms are evaluated in one evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_lab.train import stopping
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ROOT = Path(__file__).resolve().parents[1]
+DATA = dict(model="tiny", draft_vocab_size=None, n_train=8, heldout=4, regen_batch_size=16, regen_max_new_tokens=16,
+            n_self=24, self_heldout=3, self_heldout_fraction=0.3, seq_len=96, batch_size=2, num_anchors=2,
+            block_size=8, num_draft_layers=1, real_tau_every=0, steps=8, threads=1)
+
+
+def _ab():
+    spec = importlib.util.spec_from_file_location("recipe_ab", ROOT / "bench" / "recipe_ab.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sets(d: dict) -> list[str]:
+    return [a for k, v in d.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_together(tmp_path, monkeypatch):
+    ab, work = _ab(), tmp_path / "ab"
+    ab.main(["data", "--work", str(work), "--device", "cpu", *_sets(DATA)])
+    state = json.loads((work / "ab.json").read_text())
+    assert Path(state["train_data"]).is_file() and set(state["sets"]) == {"chitchat-heldout", "self-heldout",
+                                                                          "general"}
+    ab.main(["train", "--work", str(work), "--arm", "straight", *_sets({"steps": 8})])
+    clock = {"t": 0.0}
+
+    def tick():  # 10 s a read: a 45 s budget runs out after a few steps, the same ones every time
+        clock["t"] += 10.0
+        return clock["t"]
+
+    monkeypatch.setattr(stopping, "now", tick)
+    ab.main(["train", "--work", str(work), "--arm", "split", *_sets({"steps": 8, "time_budget_s": 45})])
+    first = json.loads((work / "ab.json").read_text())["arms"]["split"]
+    assert first["status"] == "stopped (resumable)" and 0 < first["steps"] < 8
+    monkeypatch.setattr(stopping, "now", lambda: 0.0)
+    ab.main(["train", "--work", str(work), "--arm", "split", *_sets({"steps": 8, "time_budget_s": 1e6})])
+    arms = json.loads((work / "ab.json").read_text())["arms"]
+    assert arms["split"]["status"] == "finished" and arms["split"]["steps"] == 8
+    assert arms["split"]["run_dir"] == first["run_dir"]  # the same run, continued
+    loss = {a: [r["loss"] for r in arms[a]["curve"] if "loss" in r] for a in ("straight", "split")}
+    assert len(loss["straight"]) == 8 and loss["split"] == loss["straight"]
+    with pytest.raises(SystemExit, match="already finished"):
+        ab.main(["train", "--work", str(work), "--arm", "split", *_sets({"steps": 8})])
+
+    out = tmp_path / "results.json"
+    ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["arm"], r["prompt_set"]) for r in rows if r["decoder"] != "target only"} == \
+        {(a, s) for a in ("straight", "split") for s in ("chitchat-heldout", "self-heldout", "general")}
+    tau = {(r["arm"], r["prompt_set"]): r["tau"] for r in rows}
+    assert all(tau[("split", s)] == tau[("straight", s)] for s in ("chitchat-heldout", "general"))  # equal drafters
