@@ -1,8 +1,8 @@
 """Run a loaded target for the drafter: embedding + decoder layers 0..max(ids) only, features out.
 
-`FeatureExtractor` returns the concatenated OUTPUTS of `target_layer_ids` (DFlash id i = HF hidden_states[i + 1]); no
-layer above the last needed one and no LM head runs (unless distillation asks for the target's distribution), and nothing is shifted: feature t stays aligned with token t.
-Packed windows (`doc_ids`, segments.py): attention is causal AND within one conversation, and position ids
+`FeatureExtractor` returns the concatenated OUTPUTS of `target_layer_ids` (DFlash id i = HF hidden_states[i + 1]);
+no layer above the last needed one and no LM head runs (unless distillation asks for the target's distribution),
+and nothing is shifted: feature t stays aligned with token t. Packed windows (`doc_ids`, segments.py): attention is causal AND within one conversation, and position ids
 restart at 0 per conversation, so each conversation's features equal those of it run alone. Also the accessors
 the rest of the library uses on a loaded target (decoder, embedding, LM head weight). Loading it is targets.py.
 """

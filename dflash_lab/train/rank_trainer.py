@@ -1,12 +1,12 @@
 """The training loop of one torchrun rank (or of a single process): setup, the step, metrics, checkpoints.
 
 Each rank runs the step the threaded engine's workers run in halves (step.py; optim.py; schedule.py) on its slice
-`BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch; DDP (or FSDP2) sums the gradients (distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl
-and checkpoints (dist_checkpoint.py: a torchrun checkpoint resumes in a notebook Trainer and back); every rank writes
-system.rank{R}.jsonl (gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead
-and send them to their drafter ranks. A `STOP` (or `CHECKPOINT`) file in the run directory is read by rank 0 at a
-step boundary and its decision broadcast, so every rank leaves (or saves) at the same step.
-Tests inject faults and dump gradients via fault_hooks.py."""
+`BatchSampler.batch(step).split(num_drafters)[i]` of the same global batch; DDP (or FSDP2) sums the gradients
+(distributed.py). Rank 0 alone writes metrics.jsonl, status.json, events.jsonl and checkpoints (dist_checkpoint.py:
+a torchrun checkpoint resumes in a notebook Trainer and back); every rank writes system.rank{R}.jsonl
+(gpu_monitor.py). Target-only ranks (split layout) compute each step's features one step ahead and send them to
+their drafter ranks. A `STOP` (or `CHECKPOINT`) file in the run directory is read by rank 0 at a step boundary and
+its decision broadcast, so every rank leaves (or saves) at the same step. Tests inject faults via fault_hooks.py."""
 
 from __future__ import annotations
 
