@@ -133,7 +133,9 @@ def evaluate_arms(args) -> None:
         if any(r["temperature"] == temperature for r in results["rows"]):
             continue  # measured by an earlier job
         t0 = time.perf_counter()
-        rep = evaluate(arms[first]["run_dir"], prompts=state["sets"], block_size=None, temperature=temperature,
+        sets = state["sets"] if temperature == 0 or not args.sampled_sets else \
+            {k: v for k, v in state["sets"].items() if k in args.sampled_sets}
+        rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
                        max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
                        compare={a: arms[a]["run_dir"] for a in others})
         for r in rep.rows():
@@ -158,6 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--temperature", type=float, action="append", help="eval: repeat for several (default 0)")
     p.add_argument("--prompts", type=int, default=64, help="eval: prompts per set")
+    p.add_argument("--sampled-sets", nargs="*", default=["chitchat-heldout"],
+                   help="eval: the sets also decoded at temperatures above 0 (none given: every set)")
     p.add_argument("--out", help="eval: results file (rows appended; rerun skips what it holds)")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -73,8 +73,12 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     # T=0 at every block size, T=1 at the sampled block size only
     assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
     trained = [r for r in rows if r["decoder"] == "trained"]
-    assert len(trained) == 3 * 3 and all(r["prompts"] == 2 for r in trained)
-    assert sum(r["decoder"] == "untrained" for r in rows) == 3 * 3  # the floor, on by default
+    # T=0 on the three sets at both block sizes, T=1 on eval_sampled_sets (held-out chitchat) only
+    assert sorted((r["eval_block_size"], r["temperature"], r["prompt_set"]) for r in trained) == sorted(
+        [(B, 0.0, s) for B in (4, 8) for s in ("chitchat-heldout", "self-heldout", "general")]
+        + [(8, 1.0, "chitchat-heldout")])
+    assert all(r["prompts"] == 2 for r in trained)
+    assert not any(r["decoder"] == "untrained" for r in rows)  # the floor is off by default (eval_untrained)
     assert all(r["tau_low"] is None is r["tau_high"] for r in trained)  # 2 prompts: no interval (MIN_PROMPTS 5)
     assert all(len(r["prompt_set_sha256"]) == 64 for r in trained)
     page = rec._repr_html_()

@@ -300,7 +300,12 @@ class Recipe:
                 skipped.append({"block_size": B, "temperature": temperature})
                 continue
             t1 = time.perf_counter()
-            rep = evaluate(self.run_dir, prompts=sets, block_size=B, temperature=temperature,
+            chosen = sets if temperature == 0 or not c.eval_sampled_sets else \
+                {k: v for k, v in sets.items() if k in c.eval_sampled_sets}
+            if not chosen:  # the sampled sets were left out (e.g. no self-heldout file)
+                skipped.append({"block_size": B, "temperature": temperature, "why": "no eval_sampled_sets left"})
+                continue
+            rep = evaluate(self.run_dir, prompts=chosen, block_size=B, temperature=temperature,
                            max_new_tokens=c.eval_max_new_tokens, n_prompts=c.eval_prompts, device=c.device,
                            threads=c.threads, untrained=c.eval_untrained, log=self.log)
             for r in rep.rows():
