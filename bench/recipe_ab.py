@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 STATE = "ab.json"
-STOPPED = "stopped (resumable)"  # a run that spent its time budget (train/stopping.py)
 
 
 def _values(items: list[str]) -> dict:
@@ -72,6 +71,7 @@ def data(args) -> None:
 
 
 def train(args) -> None:
+    from dflash_lab.runs.run_state import STOPPED_RESUMABLE
     from dflash_lab.train.trainer import Trainer
     from dflash_lab.workflows.recipe_config import RecipeConfig
 
@@ -83,7 +83,7 @@ def train(args) -> None:
     tc = cfg.train_config(Path(state["train_data"]), Path(state["heldout_data"])).replace(run_name=args.arm, **over)
     before = state.get("arms", {}).get(args.arm)
     run_dir = None
-    if before is not None and before["status"] == STOPPED:
+    if before is not None and before["status"] == STOPPED_RESUMABLE:
         # an arm longer than one job: the same command in the next job continues its run exactly
         if {k: v for k, v in before["overrides"].items() if k != "time_budget_s"} != \
                 {k: v for k, v in over.items() if k != "time_budget_s"}:

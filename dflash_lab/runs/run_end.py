@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from . import rundir
 from .checkpoint import CheckpointError, checkpoint_step, list_checkpoints, respect_umask
 from .plots import plot_training
+from .run_state import STOPPED_RESUMABLE
 
 
 def save_drafter(drafter, path: Path, step: int) -> Path:
@@ -49,7 +50,7 @@ def finish_run(trainer) -> dict:
     resumable = trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step_count
     status = "diverged" if trainer.diverged_at is not None else (
         "finished" if trainer.step_count >= trainer.config.steps else
-        "stopped (resumable)" if resumable else "stopped")
+        STOPPED_RESUMABLE if resumable else "stopped")
     summary = {"status": status, "steps": trainer.step_count, "target_steps": trainer.config.steps,
                "run_dir": str(trainer.run_dir) if trainer.run_dir else None,
                "last_checkpoint": str(trainer.last_checkpoint) if trainer.last_checkpoint else None,

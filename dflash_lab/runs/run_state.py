@@ -19,6 +19,9 @@ from pathlib import Path
 from . import lock as run_lock, rundir
 from .run_files import RunFileError, read_json
 
+# a run stopped at a step boundary with a checkpoint (time budget, STOP file): resume_from continues it
+STOPPED_RESUMABLE = "stopped (resumable)"
+
 LIVE_WINDOW_S = 120.0  # without a usable lock: a run whose metrics/events changed this recently counts as running
 _ENDS = {"stopped", "interrupted", "finished", "finish", "failed", "diverged"}
 _STARTS = {"start", "resumed"}
@@ -87,7 +90,7 @@ def _ended(run_dir: Path, events: list[dict]) -> str:
         return "finished"
     ckpt = f"ckpt @{checkpoint_step}" if checkpoint_step is not None else "no ckpt"
     if kind == "stopped":
-        return "stopped (resumable)" if last.get("resumable", checkpoint_step is not None) else "stopped"
+        return STOPPED_RESUMABLE if last.get("resumable", checkpoint_step is not None) else "stopped"
     if kind in ("finished", "finish"):
         return "finished"
     if kind in ("failed", "diverged"):

@@ -23,13 +23,13 @@ from pathlib import Path
 from dflash_lab.config import TrainConfig
 from dflash_lab.runs.listing import list_runs, run_config
 from dflash_lab.runs.run_files import RunFileError, read_json
-from dflash_lab.runs.run_state import run_status
+from dflash_lab.runs.run_state import STOPPED_RESUMABLE, run_status
 from dflash_lab.runs.rundir import write_json
 
 IDENTITY_FILE = "recipe_data.json"  # in a run dir: {"data": file_identity(the files it trains on)}
 NOT_THE_RUN = ("resume_from", "time_budget_s")  # TrainConfig fields that may change between the calls of one run
 EARLIER_MARKS = ("earlier_run", "earlier_settings_differ")  # recipe_results.earlier_phases' marks
-FINISHED, STOPPED = "finished", "stopped (resumable)"
+FINISHED, STOPPED = "finished", STOPPED_RESUMABLE
 CUT_WITH_CHECKPOINT = ("interrupted (ckpt @", "killed (ckpt @")  # run_state's names of a run cut after a checkpoint
 
 

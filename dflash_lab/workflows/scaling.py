@@ -43,6 +43,7 @@ from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs.checkpoint import latest_checkpoint
 from dflash_lab.runs.rundir import new_run_dir, write_json
 from dflash_lab.runs.run_files import RunFileError, read_json
+from dflash_lab.runs.run_state import STOPPED_RESUMABLE
 from dflash_lab.train.controls import STOP_FILE
 
 from .children import child_env, die_with_parent
@@ -276,7 +277,7 @@ def _collect(row: dict, rc: int) -> None:
     if rc == 0 and "evals" in found:
         row["status"] = "finished"
     elif rc == STOPPED_RC:
-        row["status"] = "stopped (resumable)"
+        row["status"] = STOPPED_RESUMABLE
     else:
         tail = (run_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()[-3:]
         row["status"] = "failed"

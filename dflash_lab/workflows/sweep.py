@@ -46,6 +46,7 @@ from dflash_lab.config import ConfigError, TrainConfig
 from dflash_lab.runs import lock as run_lock
 from dflash_lab.runs.rundir import new_run_dir, resolve_runs_dir, write_json
 from dflash_lab.runs.run_files import RunFileError
+from dflash_lab.runs.run_state import STOPPED_RESUMABLE
 from dflash_lab.train.validation import heldout_source
 from .children import child_env, die_with_parent
 from .sweep_results import SWEEP_FILE, read_sweep, write_results
@@ -57,7 +58,7 @@ MEASUREMENT_FIELDS = ("heldout_data", "real_tau_prompts", "real_tau_new_tokens",
 SWEEP_OWNED_FIELDS = ("run_name", "runs_dir", "devices", "target_devices", "resume_from")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STAMP = r"\d{8}T\d{6}Z-"
-STOPPED = "stopped (resumable)"  # a variant whose run spent its time budget: the next run of the sweep resumes it
+STOPPED = STOPPED_RESUMABLE  # a variant whose run spent its time budget: the next run of the sweep resumes it
 NOT_THE_VARIANT = SWEEP_OWNED_FIELDS + ("time_budget_s",)  # differ between reruns of one variant
 
 
