@@ -66,11 +66,12 @@ def config_fields(shape: str, args, draft_vocab: int, store_gib: float, runs_dir
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def read_row(run_dir: Path, warmup: int) -> dict:
-    """Median step time after `warmup` steps and the last row's engine fields, from a run's metrics.jsonl."""
+def read_row(run_dir: Path, warmup: int, last: int | None = None) -> dict:
+    """Median step time of steps warmup+1..last (default: all after `warmup`) and the last row's engine fields, from
+    a run's metrics.jsonl."""
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().split("\n") if ln.strip()]
     rows = [r for r in rows if "step_time_s" in r]
-    timed = [r["step_time_s"] for r in rows if r["step"] > warmup]
+    timed = [r["step_time_s"] for r in rows if r["step"] > warmup and (last is None or r["step"] <= last)]
     if not timed:
         raise RuntimeError(f"{run_dir}: no step after the {warmup} warm-up steps in metrics.jsonl")
     last, ms = rows[-1], statistics.median(timed) * 1e3
@@ -82,19 +83,71 @@ def read_row(run_dir: Path, warmup: int) -> dict:
             **{k: v for k, v in last.items() if k.startswith(("graph/", "peak_mem_gb/"))}}
 
 
-def run_notebook(fields: dict, data: Path, device: str, warmup: int) -> dict:
+def run_notebook(fields: dict, data: Path, device: str, warmup: int, profile_steps: int = 0) -> dict:
     from dflash_lab.config import TrainConfig
     from dflash_lab.train.trainer import Trainer
 
     cfg = TrainConfig(**fields, data=str(data), devices=(device,), run_name="bench-notebook")
     t0 = time.perf_counter()
     trainer = Trainer(cfg, log=lambda *a: None)
+    profile = None
     try:
-        trainer.train(progress_every_s=1e9)
+        if profile_steps:  # the last steps under the profiler; their times stay out of the median (see read_row)
+            trainer.step(cfg.steps - profile_steps)
+            profile = profiled(lambda: trainer.step(profile_steps), profile_steps)
+        else:
+            trainer.train(progress_every_s=1e9)
         run_dir = trainer.run_dir
     finally:
         trainer.close()
-    return {**read_row(run_dir, warmup), "wall_s": round(time.perf_counter() - t0, 1)}
+    row = read_row(run_dir, warmup, last=cfg.steps - profile_steps)
+    return {**row, "wall_s": round(time.perf_counter() - t0, 1), **({"profile": profile} if profile else {})}
+
+
+# Kernel families by name, for the profile's summary: what a drafter step spends its device time on.
+KERNEL_FAMILIES = (
+    ("flex attention backward", ("flex_attention_backward", "flex_backward")),
+    ("flex attention forward", ("flex_attention", "flex_decoding")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "sm90_", "sm100_", "cublas", "xmma", "splitk", "fused_mm", "addmm",
+                "bmm")),
+    ("LM head CE epilogue", ("_ce_", "cross_entropy", "log_softmax", "logsumexp")),
+    ("norms", ("rms_norm", "rmsnorm", "layer_norm")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "clip")),
+    ("fused elementwise (triton)", ("triton_",)),  # inductor's fusions (their names list the ops they fuse)
+    ("copies and gathers", ("copy", "memcpy", "memset", "gather", "index", "scatter", "cat")),
+    ("elementwise (eager)", ("elementwise", "vectorized", "reduce")),
+)
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    for family, keys in KERNEL_FAMILIES:
+        if any(k in low for k in keys):
+            return family
+    return "other"
+
+
+def profiled(fn, steps: int, top: int = 40) -> dict:
+    """Run `fn` (which trains `steps` steps) under torch.profiler: device ms per step by kernel family, the top
+    kernels, and the step's device-busy time (the sum of kernel times: the rest of the wall time is idle GPU)."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+    kernels = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t and e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.append((e.key, t / 1e3 / steps, e.count / steps))
+    families: dict[str, float] = {}
+    for name, ms, _ in kernels:
+        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + ms
+    kernels.sort(key=lambda k: -k[1])
+    return {"steps": steps, "device_busy_ms_per_step": round(sum(k[1] for k in kernels), 3),
+            "families_ms_per_step": {f: round(ms, 3) for f, ms in sorted(families.items(), key=lambda x: -x[1])},
+            "top_kernels": [{"name": n[:160], "ms_per_step": round(ms, 4), "calls_per_step": round(c, 2)}
+                            for n, ms, c in kernels[:top]]}
 
 
 def run_cli(fields: dict, data: Path, device: str, warmup: int) -> dict:
@@ -128,8 +181,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="any other TrainConfig field for every row, the value as JSON (e.g. --set distill_weight=0.5 "
                         "--set drafter_fp8=true); repeat for several")
     p.add_argument("--label", default=None, help="a name for these rows (e.g. the commit of the tree that ran)")
+    p.add_argument("--profile-steps", type=int, default=0, help="notebook rows: profile the last K steps "
+                   "(torch.profiler: device ms per kernel family and the top kernels, in the row's 'profile')")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = p.parse_args(argv)
+    if args.profile_steps and args.steps - args.profile_steps <= args.warmup:
+        p.error(f"--profile-steps {args.profile_steps} leaves no timed step after --warmup {args.warmup} of "
+                f"--steps {args.steps}: raise --steps")
     args.compile_drafter = {"false": False, "true": True, "auto": "auto"}[args.compile_drafter]
     args.extra = {}
     for item in args.set:
@@ -168,8 +226,11 @@ def main(argv=None) -> int:
                                     "steps": args.steps, "warmup": args.warmup}
                             log("running", json.dumps(head))
                             try:
-                                run = run_notebook if entry == "notebook" else run_cli
-                                row = {**head, **run(fields, data, args.device, args.warmup)}
+                                if entry == "notebook":
+                                    out = run_notebook(fields, data, args.device, args.warmup, args.profile_steps)
+                                else:
+                                    out = run_cli(fields, data, args.device, args.warmup)
+                                row = {**head, **out}
                             except Exception as e:  # noqa: BLE001 - one failing configuration must not stop the rest
                                 failures += 1
                                 row = {**head, "error": f"{type(e).__name__}: {e}"[-3000:]}
