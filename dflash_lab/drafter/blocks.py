@@ -1,13 +1,9 @@
 """Anchors, block inputs, position ids, labels, loss weights and the DFlash attention mask (flex and dense).
 
 One forward pass trains all N blocks of a sequence. The key/value sequence is
-    KV = [block_0 | ... | block_{N-1} | context (S target features)]   (N*B + S keys)
-and the queries are the N*B block slots. Block keys come first so that they line up with the queries: FlexAttention
-works in 128 x 128 tiles, and a tile of 128 queries (8 blocks of 16) then finds its own blocks' keys in ONE key
-tile; behind S context keys they straddle two (at S = 320: 5 key tiles per query tile instead of 4).
-
-A query of block b sees context positions kv < p_b (STRICTLY less: the anchor's own features do not exist yet at
-inference) and the slots of its own block; nothing of other blocks.
+    KV = [context (S target features) | block_0 | ... | block_{N-1}]   (S + N*B keys)
+and the queries are the N*B block slots. A query of block b sees context positions kv < p_b (STRICTLY less: the
+anchor's own features do not exist yet at inference) and the slots of its own block; nothing of other blocks.
 Visibility is by absolute position, so overlapping blocks cannot leak future features into each other
 (SpecForge#470). Padding blocks see nothing and carry no loss.
 
@@ -169,8 +165,7 @@ def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_vali
 
 def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """(b, 1, N*B, N*B + S) bool mask (block keys, then context). Memory is O(N*B*(S+N*B)): use for small shapes
-    and tests only.
+    """(b, 1, N*B, S + N*B) bool mask. Memory is O(N*B*(S+N*B)): use for small shapes and tests only.
     `doc_ids` (b, S), packed: a block sees only context of its anchor's document."""
     b, N = anchors.shape
     B, S = block_size, seq_len
@@ -191,7 +186,7 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
         ctx = ctx & (q_pos[:, :, None] - kv_ctx[None, None, :] < sliding_window)
         own = own & (kv_slot[None, :] <= q_slot[:, None])  # causal inside the block
     own = own[None].expand(b, -1, -1)
-    mask = torch.cat([own, ctx], dim=2) & valid[:, :, None]
+    mask = torch.cat([ctx, own], dim=2) & valid[:, :, None]
     return mask[:, None]  # (b, 1, Q, KV)
 
 
@@ -202,23 +197,23 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
     The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
     layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
     all windows instead of once per distinct window (the recompiles of a per-layer window value)."""
-    S, B, NB = seq_len, block_size, anchors.shape[1] * block_size
+    S, B = seq_len, block_size
     if sliding_window is not None:
         sliding_window = torch.tensor(sliding_window, device=anchors.device, dtype=torch.long)
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_block = q_idx // B
         p = anchors[b, q_block]
-        is_ctx = kv_idx >= NB
-        c = kv_idx - NB  # context position of a context key (negative for block keys, which `is_ctx` drops)
-        ctx = is_ctx & (c < p)
-        if doc_ids is not None:  # block keys are clamped to a valid index; `is_ctx` drops them anyway
-            ctx = ctx & (doc_ids[b, torch.clamp(c, min=0, max=S - 1)] == doc_ids[b, p])
-        own = (~is_ctx) & (kv_idx // B == q_block)
+        is_ctx = kv_idx < S
+        ctx = is_ctx & (kv_idx < p)
+        if doc_ids is not None:  # kv_idx >= S (block keys) is clamped to a valid index; `is_ctx` drops it anyway
+            ctx = ctx & (doc_ids[b, torch.clamp(kv_idx, max=S - 1)] == doc_ids[b, p])
+        kv_block = (kv_idx - S) // B
+        own = (~is_ctx) & (kv_block == q_block)
         if sliding_window is not None:
             q_pos = p + q_idx % B
-            ctx = ctx & (q_pos - c < sliding_window)
-            own = own & (kv_idx % B <= q_idx % B)
+            ctx = ctx & (q_pos - kv_idx < sliding_window)
+            own = own & ((kv_idx - S) % B <= q_idx % B)
         return (ctx | own) & anchor_valid[b, q_block]
 
     return mask_mod

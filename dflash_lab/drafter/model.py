@@ -94,7 +94,7 @@ def flex_attention(q, k, v, *, block_mask, enable_gqa):
 
 
 class DFlashAttention(nn.Module):
-    """GQA attention whose keys/values are [draft stream | context]; queries come from the draft stream only."""
+    """GQA attention whose keys/values are [context | draft stream]; queries come from the draft stream only."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -122,9 +122,8 @@ class DFlashAttention(nn.Module):
         k_draft, v_draft = self.project_kv(hidden, *draft_rope)
         if context_kv is None:
             context_kv = self.project_kv(context, *context_rope)  # same k_proj/v_proj as the draft stream
-        # Draft keys first (blocks.py): each 128-query tile's own blocks are then one 128-key tile of FlexAttention
-        k = torch.cat([k_draft, context_kv[0]], dim=2)  # (b, kvh, Q + S, d)
-        v = torch.cat([v_draft, context_kv[1]], dim=2)
+        k = torch.cat([context_kv[0], k_draft], dim=2)  # (b, kvh, S + Q, d)
+        v = torch.cat([context_kv[1], v_draft], dim=2)
         out = attend(q, k, v, mask)  # (b, h, Q, d)
         return self.o_proj(out.transpose(1, 2).reshape(b, Q, -1))
 

@@ -274,8 +274,7 @@ class SpeculativeDecoder:
 
     def _block_masks(self, p: int, dev) -> dict:
         """Block queries see all context < p and the whole block (full attention); sliding layers: context within
-        the window, causal inside the block. Dense bool (1, 1, B, B + p): block keys first, as the drafter orders
-        them."""
+        the window, causal inside the block. Dense bool (1, 1, B, p + B)."""
         B = self.block_size
         masks = {"full_attention": torch.ones(1, 1, B, p + B, dtype=torch.bool, device=dev)}
         cfg = self.drafter.config
@@ -285,7 +284,7 @@ class SpeculativeDecoder:
             q = torch.arange(p, p + B, device=dev)[:, None]
             ctx = (q - torch.arange(p, device=dev)[None]) < window
             own = torch.arange(B, device=dev)[None] <= torch.arange(B, device=dev)[:, None]
-            masks[key] = torch.cat([own, ctx], dim=1)[None, None]
+            masks[key] = torch.cat([ctx, own], dim=1)[None, None]
         return masks
 
     # ---------------------------------------------------------------------------------------------------------
