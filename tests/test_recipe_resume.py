@@ -15,7 +15,7 @@ import pytest
 
 from dflash_lab.config import ConfigError
 from dflash_lab.train import stopping
-from dflash_lab.train.trainer import Trainer
+from dflash_lab.train import trainer as trainer_module
 from dflash_lab.workflows.recipe import CONTINUE, Recipe, RecipeConfig
 from dflash_lab.workflows.recipe_config import PRESETS
 from tests.test_recipe import PHASES, TINY_SIZES
@@ -61,16 +61,16 @@ def jobs(tmp_path_factory):
     """An uninterrupted recipe, then the same recipe with a training budget over three jobs in one work_dir."""
     root = tmp_path_factory.mktemp("resume")
     reference, _ = _run(_config(root / "straight"))
-    clock = {"t": 0.0}  # the budget's clock: 10 s per step trained, nothing else moves it
-    plain_train = Trainer.train
+    clock = {"t": 0.0}  # the budget's clock: 10 s per step started on the device, nothing else moves it
+    plain_launch = trainer_module.launch
 
-    def train(self, *args, callbacks=(), **kwargs):
-        tick = lambda tr: clock.__setitem__("t", clock["t"] + 10.0)  # noqa: E731
-        return plain_train(self, *args, callbacks=[*callbacks, tick], **kwargs)
+    def launch(trainer, index):
+        clock["t"] += 10.0
+        return plain_launch(trainer, index)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stopping, "now", lambda: clock["t"])
-        mp.setattr(Trainer, "train", train)
+        mp.setattr(trainer_module, "launch", launch)
         cfg = _config(root / "work", train_time_budget_s=BUDGET_S)
         first, said_first = _run(cfg)
         stamps = {ph: _stamps(first[ph]) for ph in DATA_PHASES}

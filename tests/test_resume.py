@@ -116,7 +116,8 @@ def test_incompatible_resume_names_each_difference(tmp_path, data_file, referenc
 
 
 def test_interrupts_between_and_during_steps_leave_the_trainer_usable(tmp_path, data_file, reference):
-    t = Trainer(_config(tmp_path, data_file, checkpoint_every=0), log=lambda *a: None)
+    # one step at a time: "between steps" is a moment when nothing runs (overlapped steps: the test below)
+    t = Trainer(_config(tmp_path, data_file, checkpoint_every=0, overlap_steps=False), log=lambda *a: None)
 
     def interrupt_at_3(tr):
         if tr.step_count == 3:
@@ -148,6 +149,33 @@ def test_interrupts_between_and_during_steps_leave_the_trainer_usable(tmp_path, 
         signal.signal(signal.SIGINT, previous)
     handle.remove()
     assert fired and t.step_count == 6  # the interrupted step completed and was counted
+    t.train()
+    t.close()
+    assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
+
+
+def test_overlapped_steps_give_the_same_curve_and_an_interrupt_books_the_started_step(tmp_path, data_file,
+                                                                                      reference):
+    serial = Trainer(_config(tmp_path / "serial", data_file, overlap_steps=False), log=lambda *a: None)
+    serial.train()
+    serial.close()
+    assert _losses(serial.run_dir) == {s: reference[s] for s in _losses(serial.run_dir)}  # bitwise, every step
+
+    t = Trainer(_config(tmp_path, data_file, checkpoint_every=0), log=lambda *a: None)
+    assert t.config.overlap_steps
+    seen = []
+
+    def interrupt_at_3(tr):
+        seen.append((tr.step_count, tr._ahead is not None))
+        if tr.step_count == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        t.train(callbacks=[interrupt_at_3])
+    # step 4 had started on the device when the callback of step 3 ran: it is booked, then checkpointed
+    assert seen == [(1, True), (2, True), (3, True)]
+    assert t.step_count == 4 and t.phase == "interrupted" and t._ahead is None
+    assert checkpoint.latest_checkpoint(t.run_dir).name == "step-0000004"
     t.train()
     t.close()
     assert [_losses(t.run_dir)[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]

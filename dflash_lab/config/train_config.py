@@ -104,6 +104,12 @@ class TrainConfig:
     workers only (the CPU path stays eager)."""
     cuda_graphs: bool = True
     """Capture the drafter step as a CUDA graph on GPU workers (ignored on CPU)."""
+    overlap_steps: bool = True
+    """Start step k+1 on the device before step k's bookkeeping (metrics record, logging, dashboard) runs on the
+    host, so the GPU does not idle through it (~3 ms of an 18 ms recipe-shape step on an H200). Steps that
+    checkpoint, validate, evaluate, pause or stop are booked before the next one starts; the numbers are the same
+    either way. A `train(callbacks=...)` callback runs while the next step is on the device: one that reads the
+    weights calls `trainer.save_checkpoint()` or sets this False. False: one step at a time."""
     log_every: int = 10
     """Write metrics.jsonl every N steps."""
     checkpoint_every: int = 0

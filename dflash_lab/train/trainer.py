@@ -23,7 +23,7 @@ from pathlib import Path
 from dflash_lab.runs import checkpoint, lock as run_lock, rundir
 from . import resume as resume_state, stopping
 from dflash_lab.config import TrainConfig
-from .controls import CONTROL_EVENT, LR_OVERRIDE_EVENT, STOP_FILE, Controls, counted_loop
+from .controls import CONTROL_EVENT, STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
@@ -32,7 +32,8 @@ from .progress import device_memory, progress_line
 from dflash_lab.runs.run_end import finish_run, refinish_if_stale, save_drafter
 from dflash_lab.runs.sinks import with_sinks
 from dflash_lab.target.load import load_targets
-from .validation import Validator, tau_gap_event, validation_line
+from .step_overlap import Launched, launch, may_start_next, read_step_values
+from .validation import Validator, validate_when_due
 
 
 class TrainingDiverged(RuntimeError):
@@ -108,6 +109,8 @@ class Trainer:
         self._recent_losses: list[float] = []
         self._driver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-step")
         self._inflight: cf.Future | None = None
+        self._ahead: Launched | None = None  # a step started on the device, not booked yet (config.overlap_steps)
+        self._ahead_until: int | None = None  # the step count the running loop trains to: nothing starts beyond it
         self._logged_step = 0  # last step written to metrics.jsonl
         self.monitor = None
         self.validator: Validator | None = None  # made at the first step; reads the held-out set when first due
@@ -130,10 +133,12 @@ class Trainer:
     def history(self) -> list[dict]:
         return self.metrics.ring.snapshot()
 
-    def current_lr(self) -> float:
+    def current_lr(self, step: int | None = None) -> float:
+        """The lr of step index `step` (default: the next one, `step_count`): the dashboard's override or the
+        schedule."""
         if self.controls.new_lr is not None:
             return self.controls.new_lr
-        return self.schedule.lr(self.step_count)
+        return self.schedule.lr(self.step_count if step is None else step)
 
     @counted_loop
     def step(self, n: int = 1) -> dict:
@@ -152,19 +157,28 @@ class Trainer:
                      "(or call trainer.controls.stopped.clear()) to train further")
             return self.last_metrics
         self.phase = "training"
-        for _ in range(n):
-            self._inflight = self._driver.submit(self._one_step)
-            self._wait(self._inflight)
+        if outermost:
+            self._ahead_until = self.step_count + n
+        try:
+            for _ in range(n):
+                self._inflight = self._driver.submit(self._one_step)
+                self._wait(self._inflight)
+        finally:
+            if outermost:
+                self._ahead_until = None
         if outermost:  # hand steps are over: nothing trains now (no ETA, no "training" on a dashboard)
             self.phase = "finished" if self.step_count >= self.config.steps else "idle"
             refinish_if_stale(self)
         return self.last_metrics
 
     def _settle(self) -> None:
-        """Wait for a step still running on the driver thread (an interrupt can land between submit and wait)."""
+        """Wait for a step still running on the driver thread (an interrupt can land between submit and wait), then
+        book a step started ahead (overlap_steps): afterwards the weights are those of step `step_count`."""
         fut = self._inflight
         if fut is not None and not fut.done():
             cf.wait([fut])
+        if self._ahead is not None:
+            self._driver.submit(self._one_step, False).result()
 
     def _wait(self, fut: cf.Future):
         """Wait for the driver thread; an interrupt here waits for the step to finish, then re-raises."""
@@ -178,38 +192,42 @@ class Trainer:
                     self.log(f"interrupt: finishing step {self.step_count + 1} so the trainer stays consistent ...")
                 interrupted = True
         if interrupted:
+            self._settle()  # a step started ahead is booked too: nothing is left running on the device
             self.phase = "interrupted"
             raise KeyboardInterrupt(f"interrupted after step {self.step_count}; the trainer is consistent; "
                                     + stopping.after_interrupt(self.run_dir, "call step() or train() to continue"))
         return result
 
-    def _one_step(self) -> dict:
-        """One optimizer step and its bookkeeping, on the driver thread (never split by an interrupt)."""
-        cfg = self.config
-        pre, self._prefetched = self._prefetched, None
-        batch = pre[1] if pre is not None and pre[0] == self.step_count else self.sampler.batch(self.step_count)
+    def _one_step(self, start_next: bool = True) -> dict:
+        """Book one optimizer step, on the driver thread (never split by an interrupt): the step started ahead by the
+        previous call if any, else a new one. With config.overlap_steps the following step is started on the device
+        before this one's bookkeeping (`start_next`; step_overlap.may_start_next)."""
+        launched = self._ahead if self._ahead is not None else launch(self, self.step_count)
+        self._ahead = None
+        values = read_step_values(launched.out)  # the one host sync of the step
+        dt = time.perf_counter() - launched.t0
+        ahead_error = None
+        if start_next and may_start_next(self, values):
+            try:
+                self._ahead = launch(self, self.step_count + 1)
+            except BaseException as e:  # noqa: BLE001 - book the finished step first, then raise
+                ahead_error = e
+        record = self._book(launched, values, dt)
+        if ahead_error is not None:
+            raise ahead_error
+        return record
+
+    def _book(self, launched: Launched, values: dict, dt: float) -> dict:
+        """The host side of a finished step: throughput, the metrics record, validation when due, logging, the
+        divergence check."""
+        cfg, batch, loss = self.config, launched.batch, values["loss"]
         self.last_batch = batch
-        lr = self.current_lr()
-        if self.controls.new_lr is not None and self.controls.new_lr != self._lr_override_logged:
-            self._lr_override_logged = self.controls.new_lr  # the first step that uses it: lr_history rebuilds on it
-            self._event(LR_OVERRIDE_EVENT, step=self.step_count + 1, lr=lr)
-        # Split placements: the target side computes the next batch's features while the drafters train on this one.
-        nxt = self.sampler.batch(self.step_count + 1) if self.engine.prefetches else None
-        t0 = time.perf_counter()
-        out = self.engine.step(batch, step=self.step_count, lr=lr, next_batch=nxt)
-        if nxt is None and self.step_count + 1 < cfg.steps:  # host work of the next batch while the device runs
-            nxt = self.sampler.batch(self.step_count + 1)
-        if nxt is not None:
-            self._prefetched = (self.step_count + 1, nxt)
-        loss = out["loss"].item()  # .item() syncs: the step time below is real device time
-        dt = time.perf_counter() - t0
         tokens = batch.input_ids.numel()
         self.throughput.update(dt, tokens)
         self.step_count += 1
         record = {
-            "step": self.step_count, "loss": loss, "lr": lr, "grad_norm": float(out["grad_norm"]),
-            "acc": float(out["acc"]), "sim_tau": float(out["sim_tau"]),
-            "slot_acc": [round(float(a), 4) for a in out["slot_acc"]],
+            "step": self.step_count, "loss": loss, "lr": launched.lr, "grad_norm": values["grad_norm"],
+            "acc": values["acc"], "sim_tau": values["sim_tau"], "slot_acc": values["slot_acc"],
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
@@ -223,7 +241,7 @@ class Trainer:
             self.phase, record["eval_tau"] = "evaluating", heldout_tau(self)
             self.phase = "training"
         if finite:
-            self._validate(record)  # held-out validation / real tau on their steps (validation.py)
+            validate_when_due(self, record)  # held-out validation / real tau on their steps (validation.py)
         self.last_metrics = record
         if (not finite or self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps or self.step_count == 1
                 or "eval_tau" in record or "val_acc" in record or "real_tau" in record):
@@ -239,27 +257,6 @@ class Trainer:
             raise TrainingDiverged(self._diverged_message())
         self._recent_losses = (self._recent_losses + [loss])[-100:]
         return record
-
-    def _validate(self, record: dict) -> None:
-        """Held-out validation and real tau when due (validation.Validator); warns when sim and real tau part ways."""
-        if self.validator is None:
-            self.validator = Validator(self)
-        if not any(self.validator.due(self.step_count, self.config.steps)):
-            return
-        phase, self.phase = self.phase, "validating"
-        try:
-            out = self.validator.run(self, record)
-        finally:
-            self.phase = phase
-        if not out:  # e.g. no held-out data (the validator said so once)
-            return
-        self.log(validation_line(record))
-        gap = tau_gap_event(record, self.history)
-        if gap:
-            self._event("tau_gap", **gap)
-            self.log(f"WARNING: tau gap at step {gap['step']}: simulated tau {gap['sim_tau']:.2f} (training) vs REAL "
-                     f"tau {gap['real_tau']:.2f} on held-out prompts; the training metric overstates acceptance, "
-                     "trust real_tau (docs/tau-gap.md)")
 
     def _diverged_message(self) -> str:
         m = self.last_metrics or {}
@@ -301,11 +298,13 @@ class Trainer:
         self.log(f"training from step {self.step_count} to {target}"
                  + (f" | run dir {self.run_dir}" if self.run_dir else "")
                  + (f" | touch {self.run_dir / STOP_FILE} to stop after a checkpoint" if self.run_dir else ""))
+        self._ahead_until = target  # steps may start ahead of their bookkeeping up to here (overlap_steps)
         try:
             while self.step_count < target:
                 if (stop_reason := stopping.stop_reason(self)) is not None:
                     break
                 if self.controls.pause.is_set() and not self.controls.take_paused_step():
+                    self._settle()  # paused with the weights of a booked step, nothing running
                     self.phase = "paused"
                     if self.run_dir and self.controls.checkpoint.is_set():  # "Checkpoint now" acts while paused
                         self._checkpoint_or_warn("requested")
@@ -324,9 +323,14 @@ class Trainer:
                         or (progress_every_steps and self.step_count % progress_every_steps == 0)):
                     last_print = now
                     self.log(self.progress_line(target))
+            self._settle()  # a step started ahead is booked before the end (stop or target) is handled
         except KeyboardInterrupt:
             stopping.end_interrupted(self)
             raise
+        finally:
+            self._ahead_until = None
+            if self._ahead is not None:  # an error between steps (e.g. in a callback): book the started step
+                self._settle()
         if self.step_count >= target:
             self.phase = "finished"
             if self.step_count >= cfg.steps and self.run_dir:

@@ -350,3 +350,25 @@ def validation_line(record: dict) -> str:
         parts.append(f"REAL tau {record['real_tau']:.2f}{ci} ({record['real_tau_prompts']} held-out prompts, 95% "
                      "interval)")
     return " | ".join(parts)
+
+
+def validate_when_due(trainer, record: dict) -> None:
+    """Held-out validation and real tau when due (Validator), into `record`; warns when sim and real tau part ways."""
+    if trainer.validator is None:
+        trainer.validator = Validator(trainer)
+    if not any(trainer.validator.due(trainer.step_count, trainer.config.steps)):
+        return
+    phase, trainer.phase = trainer.phase, "validating"
+    try:
+        out = trainer.validator.run(trainer, record)
+    finally:
+        trainer.phase = phase
+    if not out:  # e.g. no held-out data (the validator said so once)
+        return
+    trainer.log(validation_line(record))
+    gap = tau_gap_event(record, trainer.history)
+    if gap:
+        trainer._event("tau_gap", **gap)
+        trainer.log(f"WARNING: tau gap at step {gap['step']}: simulated tau {gap['sim_tau']:.2f} (training) vs REAL "
+                    f"tau {gap['real_tau']:.2f} on held-out prompts; the training metric overstates acceptance, "
+                    "trust real_tau (docs/tau-gap.md)")
