@@ -242,7 +242,16 @@ def run() -> int:
     summary names the rank that died first and why."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(main)()
+    code = record(main)()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Every file is written and closed and the process group is destroyed by now. What is left is the C++
+        # teardown at interpreter exit, where a gloo/c10d helper thread still joinable aborts the process now and
+        # then ("terminate called without an active exception", SIGABRT) AFTER a finished run; torchrun would report
+        # that finished rank as the job's root cause. Ending the process here skips that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
