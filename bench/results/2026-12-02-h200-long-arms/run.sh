@@ -20,8 +20,10 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 STAGE=/tmp/recipe-smollm2; WORK=${WORK:-/tmp/ab-work}
 GGUF=$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-COMMON="--set steps=10000 --set compile_drafter=true --set real_tau_every=2500"
-ARMS=${ARMS:-"hard10k:$COMMON;distill10k:$COMMON --set distill_weight=0.5"}
+COMMON="--set compile_drafter=true"
+B32="$COMMON --set steps=10000 --set real_tau_every=2500"
+B64="$COMMON --set steps=5000 --set batch_size=64 --set lr=8.5e-4 --set real_tau_every=1250"  # equal tokens, lr x sqrt 2
+ARMS=${ARMS:-"distill-b64x5k:$B64 --set distill_weight=0.5"}  # the device time of this session: one arm
 CALL_S=${CALL_S:-590}  # the job's limit, minus a margin
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false DFLASH_LAB_CACHE=/tmp/dflash-cache
 export PYTHONPATH=$PWD:/tmp/site
