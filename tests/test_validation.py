@@ -13,7 +13,8 @@ from dflash_lab.evaluation.speculative import SpeculativeDecoder
 from dflash_lab.target.features import FeatureExtractor, embedding_of, lm_head_weight
 from dflash_lab.tiny import tiny_heldout_path
 from dflash_lab.train.validation import (acceptance_lengths, all_anchors, chain_tau, due, heldout_source,
-                                   real_tau_interval, tau_gap, tau_gap_event, teacher_forced, val_interval)
+                                   real_tau_interval, tau_gap, tau_gap_event, teacher_forced, val_interval,
+                                   validate_when_due)
 
 TINY = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
             num_draft_layers=2, lr=3e-3, seed=0, log_every=5)
@@ -190,7 +191,7 @@ def test_tau_gap_warning_reaches_events_and_progress(tmp_path):
         tr.step(1)
         record = {**tr.last_metrics, "step": 2, "sim_tau": 7.5}  # what a memorising drafter shows in training
         tr.step_count = 2
-        tr._validate(record)
+        validate_when_due(tr, record)
     finally:
         tr.close()
     assert record["real_tau"] < 2.0  # one step of training: real acceptance is ~1
