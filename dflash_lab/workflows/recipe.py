@@ -87,7 +87,8 @@ class Recipe:
 
     def self_prompts(self) -> dict:
         """`n_self` first user turns written by the target (sampled from its chat template after the user header,
-        T and top-p of SelfPromptConfig), cleaned, split, answered greedily: data/self_prompts.py."""
+        T and top-p of SelfPromptConfig), cleaned, split, answered by the target at `regen_temperature` (0:
+        greedily): data/self_prompts.py."""
         from dflash_lab.data.self_prompts import USER_SAMPLING, SelfPromptConfig, output_paths, write_self_prompts
         from dflash_lab.target.sampling import GenerationSettings
 
@@ -105,7 +106,8 @@ class Recipe:
                                    max_new_tokens=min(USER_SAMPLING.max_new_tokens, c.max_prompt_tokens))
         cfg = SelfPromptConfig(n=c.n_self, user_sampling=user, heldout=c.self_heldout,
                                heldout_fraction=c.self_heldout_fraction, batch_size=c.regen_batch_size,
-                               answer_sampling=GenerationSettings(max_new_tokens=c.regen_max_new_tokens, seed=c.seed))
+                               answer_sampling=GenerationSettings(max_new_tokens=c.regen_max_new_tokens,
+                                                                  temperature=c.regen_temperature, seed=c.seed))
         report = write_self_prompts(c.model, paths["out"], cfg, devices=(c.device,), dtype=c.regen_dtype,
                                     log=self.log)
         s = report["settings"]
@@ -144,8 +146,9 @@ class Recipe:
                             **self._made("build_data", self.prompts, self.heldout))
 
     def regenerate(self) -> dict:
-        """The chitchat prompts (training and held-out) answered greedily by the target: the generation engine on a
-        GPU (static caches, CUDA graphs), HF generate on the CPU (`backend="auto"`)."""
+        """The chitchat prompts answered by the target, the training ones at `regen_temperature` (0: greedily), the
+        held-out ones greedily: the generation engine on a GPU (static caches, CUDA graphs), HF generate on the CPU
+        (`backend="auto"`)."""
         from dflash_lab.data.regen_local import generation_dtype
         from dflash_lab.data.regen_output import meta_path
         from dflash_lab.data.regenerate import regenerate
@@ -166,11 +169,12 @@ class Recipe:
         # and refuses any that do not
         earlier = self.results["phases"].get("regenerate")
         fresh = bool(earlier) and bool(reuse.settings_differ(earlier, c.data_settings("regenerate")))
-        sampling = GenerationSettings(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
-        common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, sampling=sampling,
-                      dtype=c.regen_dtype, backend="auto", overwrite=fresh, log=self.log, progress_every_s=15.0)
-        stats = regenerate(self.prompts, self.data, match_check=c.match_check, **common)
-        held = regenerate(self.heldout, self.heldout_data, **common)
+        greedy = GenerationSettings(temperature=0.0, max_new_tokens=c.regen_max_new_tokens, seed=c.seed)
+        common = dict(target=c.model, devices=(c.device,), batch_size=c.regen_batch_size, dtype=c.regen_dtype,
+                      backend="auto", overwrite=fresh, log=self.log, progress_every_s=15.0)
+        stats = regenerate(self.prompts, self.data, match_check=c.match_check,
+                           sampling=dataclasses.replace(greedy, temperature=c.regen_temperature), **common)
+        held = regenerate(self.heldout, self.heldout_data, sampling=greedy, **common)
         return self._record("regenerate", t0, out=str(self.data), heldout_out=str(self.heldout_data),
                             heldout_conversations=held.samples, conversations=stats.samples, turns=stats.turns,
                             new_tokens=stats.new_tokens, conversations_per_s=round(stats.samples_per_s, 2),

@@ -17,10 +17,13 @@ unless allow_cpu_full_size=True: the CPU is for the smoke run (notebooks/recipes
 work is ~560 answer tokens and ~200 training tokens.
 
 Presets (`RecipeConfig.from_preset(name, **settings)`, the notebook's `preset` parameter): "10min" is the defaults
-above, one 10-minute call; "long" trains 30,000 steps (5x the defaults) over several calls, with the compiled
-drafter (21.2 ms a step with the store and the 16,384-id head, against 27.1 ms uncompiled and 42.0 ms for the full
-vocabulary without the store; bench/results/2026-12-02-h200-distill-ab/): ~12 minutes of training, 3 calls; not
-yet run end to end.
+above, one 10-minute call; "long" trains 15,000 steps of 64 windows (the tokens of 30,000 steps of 32, 5x the
+defaults) over several calls, with the compiled drafter and lr 8.5e-4 (6e-4 x sqrt 2). Batch 64 is the faster step
+per token (571.8k tokens/s against 505.4k at batch 32, and 248.3k for the engine before the store; one H200,
+bench/results/2026-12-02-h200-long-arms/), and at equal tokens it trained as well: 5,000 steps of 64 read 3.02 /
+2.48 / 2.11 (held-out chitchat / target-written / general, T=0) against 2.99 / 2.51 / 2.14 for 9,000 steps of 32.
+~9 minutes of training, 3 calls; not yet run end to end as a preset. The 10-minute defaults stay at batch 32
+uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
 Its `train_time_budget_s` of 330 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
 even the first one, which also writes the data (~150 s on the H200 with the conversion). Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
@@ -31,7 +34,7 @@ wait until training has finished every step (`evaluate_partial=True` evaluates a
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
 until results.json holds an `export` phase (~3-4 calls; while the log says `[recipe] train: stopped (resumable)
-at step N of 30000: run the recipe again with the same work_dir to continue`, go on).
+at step N of 15000: run the recipe again with the same work_dir to continue`, go on).
 """
 
 from __future__ import annotations
@@ -50,19 +53,21 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
-# Named starting points: the fields each sets on top of the defaults. "long": at the compiled step with the store and
-# the 16,384-id head (21-27 ms on the H200, 37 s to compile in each call) 30,000 steps are ~12 minutes of training,
-# 3 calls of a 330 s budget; real tau every 5,000 steps: 6 measurements in the run.
+# Named starting points: the fields each sets on top of the defaults. "long": at the compiled batch-64 step with the
+# store and the 16,384-id head (35.8 ms on the H200, ~40 s to compile in each call) 15,000 steps are ~9 minutes of
+# training, 2-3 calls of a 330 s budget; real tau every 2,500 steps: 6 measurements in the run.
 PRESETS: dict[str, dict] = {
     "10min": {},
-    "long": {"steps": 30_000, "train_time_budget_s": 330.0, "real_tau_every": 5_000, "compile_drafter": True},
+    "long": {"steps": 15_000, "batch_size": 64, "lr": 8.5e-4, "train_time_budget_s": 330.0, "real_tau_every": 2_500,
+             "compile_drafter": True},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
 # phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
 _SELF = ("model", "device", "seed", "n_self", "self_heldout", "self_heldout_fraction", "regen_batch_size",
-         "regen_max_new_tokens", "regen_dtype", "seq_len", "block_size")
+         "regen_max_new_tokens", "regen_temperature", "regen_dtype", "seq_len", "block_size")
 _BUILD = ("model", "heldout", "variant", "n_train", "seq_len", "block_size")
-_REGEN = _BUILD + ("device", "seed", "regen_batch_size", "regen_max_new_tokens", "regen_dtype", "match_check")
+_REGEN = _BUILD + ("device", "seed", "regen_batch_size", "regen_max_new_tokens", "regen_temperature", "regen_dtype",
+                   "match_check")
 DATA_SETTINGS: dict[str, tuple[str, ...]] = {
     "self_prompts": _SELF, "build_data": _BUILD, "regenerate": _REGEN,
     "mix_data": tuple(dict.fromkeys(_SELF + _REGEN)),
@@ -98,6 +103,11 @@ class RecipeConfig:
     """Rows the generation engine (or HF generate on the CPU) runs at once, for answers and target-written turns."""
     regen_max_new_tokens: int = 192
     """Longest answer, chitchat and target-written alike."""
+    regen_temperature: float = 0.0
+    """Temperature of the target's answers that TRAIN (chitchat and target-written; top-p and top-k off): 0 =
+    greedy, the continuation T=0 serving accepts; 1.0 = the continuations the target samples when served at T=1, so
+    the drafter learns the distribution sampled acceptance is judged against. The held-out chitchat answers stay
+    greedy (they feed the teacher-forced validation); sampled answers are seeded per conversation (reproducible)."""
     regen_dtype: str = "auto"
     """"auto" = bfloat16 on CUDA (the precision the drafter is served against; the engine writes ~100k new tokens/s
     on an H200), float32 on the CPU; or "float32" / "bfloat16"."""
@@ -185,6 +195,9 @@ class RecipeConfig:
                           ("eval_sampled_block_size", "use 0 (every block size) or e.g. 16")):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0", fix)
+        if not 0 <= self.regen_temperature <= 2:
+            bad("regen_temperature", "must be in [0, 2]", "use 0 (greedy answers) or the serving temperature, e.g. 1.0")
+        object.__setattr__(self, "regen_temperature", float(self.regen_temperature))
         if not 0 < self.self_heldout_fraction < 1:
             bad("self_heldout_fraction", "must be in (0, 1)", "use e.g. 0.01 (0.3 for a tiny n_self)")
         if not self.lr > 0:
