@@ -1,0 +1,190 @@
+"""How much acceptance sampled serving leaves to any drafter that drafts argmax tokens: the sampled-tau ceiling.
+
+    python -m dflash_lab.evaluation.sampling_ceiling --target smollm2-135m-instruct --prompts chitchat-heldout general \
+        --n-prompts 32 --temperature 1.0 --block-size 16 --max-new-tokens 128 --out ceiling.json
+
+Serving stacks draft argmax tokens at every temperature (vLLM, SGLang and TensorRT-LLM by default; our evaluator,
+speculative.py, the same): the draft's q is one-hot, so draft x is accepted with probability p_T(x), the target's
+probability of x at temperature T. The best such drafter drafts the target's own greedy continuation (a perfect
+T=0 drafter: what training on greedy answers aims for), and its acceptance is bounded by how peaked the target's
+distribution is at T, whatever the drafter. This module measures that bound by running the evaluator's loop with
+that oracle as the drafter: each block drafts the target's greedy chain from the current text, the target's
+T-probabilities at those positions decide acceptance (speculative.speculative_accept, the same function the
+evaluator uses), and the text continues with what was accepted; tau is counted exactly as the evaluator counts it
+(finish_result: cut at eos and at max_new_tokens), with its 95% bootstrap interval over prompts.
+
+Beside the realised tau each block's EXPECTED accepted length is summed from the same probabilities (1 + the sum
+over k of the product of the first k drafts' p_T), a lower-variance figure of the same quantity. A trained
+drafter's sampled tau on the same prompts, target, T and block size sits below the realised ceiling; an aim above
+the ceiling needs drafts sampled from a coherent draft distribution, not a better argmax drafter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .intervals import tau_interval
+from .speculative import GenerationResult, finish_result, speculative_accept
+
+
+@dataclass
+class CeilingResult:
+    """One prompt: the oracle's generation (its tau as the evaluator counts it) and each block's expected length."""
+
+    result: GenerationResult
+    expected: list[float] = field(default_factory=list)  # per block: 1 + sum_k prod_{j<k} p_T(draft_j)
+    first_p: list[float] = field(default_factory=list)  # per block: p_T of the first draft (the target's top-1 mass)
+
+
+def eos_ids_of(model) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return set([eos] if isinstance(eos, int) else (eos or []))
+
+
+@torch.no_grad()
+def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature: float, max_new_tokens: int,
+                  generator: torch.Generator, eos_ids: set[int]) -> CeilingResult:
+    """Speculative sampling at `temperature` with the target's greedy chain as the (argmax) drafter, one prompt.
+
+    The target's cache holds the prompt and every emitted token but the last; each block feeds the last token and
+    then its own greedy choices one by one (block_size forwards), which gives the block_size probability rows the
+    verification needs (row j: the distribution after the last token and the first j drafts)."""
+    from transformers import DynamicCache
+
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: the ceiling is for sampled serving (T > 0); at T=0 the oracle "
+                         f"accepts every draft and tau is the block size ({block_size}).")
+    if block_size < 2:
+        raise ValueError(f"block_size={block_size}: a block needs at least one draft (use e.g. 16).")
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    cache = DynamicCache(config=model.config)
+    logits = model(torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
+    out = [int(torch.multinomial(torch.softmax(logits.float().cpu() / temperature, -1), 1, generator=generator))]
+    t1 = time.perf_counter()
+    accepted, expected, first_p = [], [], []
+    done = out[-1] in eos_ids
+    while len(out) < max_new_tokens and not done:
+        rows, chain = [], []
+        token = out[-1]
+        for j in range(block_size):
+            logits = model(torch.tensor([[token]], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
+            rows.append(logits.float().cpu())
+            if j < block_size - 1:
+                token = int(rows[-1].argmax())
+                chain.append(token)
+        probs = torch.softmax(torch.stack(rows) / temperature, dim=-1)
+        p_drafts = probs[torch.arange(len(chain)), torch.tensor(chain)]
+        expected.append(1.0 + float(torch.cumprod(p_drafts, 0).sum()))
+        first_p.append(float(p_drafts[0]))
+        a, nxt = speculative_accept(probs, chain, generator)
+        accepted.append(a)
+        keep = len(prompt_ids) + len(out) + a  # prompt, the emitted tokens, the accepted drafts: all verified
+        cache.crop(keep - cache.get_seq_length())  # negative: the rejected drafts' entries go
+        out.extend(chain[:a])
+        out.append(nxt)
+        done = any(t in eos_ids for t in out[-(a + 1):])
+    t2 = time.perf_counter()
+    result = finish_result(len(prompt_ids), out, accepted, block_size, t1 - t0, t2 - t1, eos_ids, max_new_tokens,
+                           [], [], [])
+    return CeilingResult(result, expected[: result.iterations], first_p[: result.iterations])
+
+
+@dataclass(frozen=True)
+class CeilingRow:
+    """One prompt set's ceiling: tau as the evaluator counts it, its interval, and the lower-variance figures."""
+
+    prompt_set: str
+    prompts: int
+    sha256: str
+    temperature: float
+    block_size: int
+    max_new_tokens: int
+    tau: float
+    tau_low: float | None
+    tau_high: float | None
+    expected_tau: float  # mean over blocks of the expected accepted length + 1
+    first_draft_p: float  # mean p_T of the first draft: the top-1 mass of the target at T
+    seconds: float
+
+    def line(self) -> str:
+        ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
+        return (f"{self.prompt_set:<18} {self.prompts:>4}  T={self.temperature:g}  B={self.block_size}  "
+                f"ceiling tau {self.tau:.2f} {ci}  expected {self.expected_tau:.2f}  top-1 mass "
+                f"{self.first_draft_p:.3f}  ({self.seconds:.0f} s)")
+
+
+def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, temperature: float, block_size: int,
+            max_new_tokens: int, seed: int = 0, log=print) -> CeilingRow:
+    """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
+    from .prompt_sets import info_of
+    from .prompts import load_prompts, select_prompts
+
+    chosen = select_prompts(path, n_prompts)
+    info = info_of(name, path, chosen)
+    ids = load_prompts(path, tokenizer, messages=chosen.messages)
+    generator = torch.Generator().manual_seed(seed)
+    eos = eos_ids_of(model)
+    results, t0, last = [], time.perf_counter(), 0.0
+    for i, prompt in enumerate(ids, 1):
+        results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
+                                     max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos))
+        now = time.perf_counter()
+        if now - last >= 15 or i == len(ids):
+            last = now
+            running = tau_interval([r.result for r in results])
+            log(f"[ceiling] {name}: {i}/{len(ids)} prompts, tau so far {running.tau:.2f}, {now - t0:.0f} s")
+    interval = tau_interval([r.result for r in results])
+    blocks = [e for r in results for e in r.expected]
+    firsts = [p for r in results for p in r.first_p]
+    return CeilingRow(name, info.prompts, info.sha256, temperature, block_size, max_new_tokens, interval.tau,
+                      interval.low, interval.high, sum(blocks) / max(1, len(blocks)),
+                      sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.sampling_ceiling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="a target name (e.g. smollm2-135m-instruct, tiny) or folder")
+    p.add_argument("--prompts", nargs="+", default=["general"], help="prompt set names or JSONL files")
+    p.add_argument("--n-prompts", type=int, default=32)
+    p.add_argument("--temperature", type=float, nargs="+", default=[1.0])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = p.parse_args(argv)
+    if a.n_prompts < 1 or a.max_new_tokens < 1 or any(t <= 0 for t in a.temperature):
+        p.error("--n-prompts and --max-new-tokens must be >= 1 and every --temperature > 0 (at T=0 the oracle "
+                "accepts every draft)")
+    from dflash_lab.target.load import load_target, load_tokenizer
+    from .prompt_sets import named_set_path
+
+    model = load_target(a.target, device=a.device, dtype=getattr(torch, a.dtype)).eval()
+    tokenizer = load_tokenizer(a.target)
+    rows = []
+    for t in a.temperature:
+        for s in a.prompts:
+            path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
+            rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
+                                block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed))
+            print(rows[-1].line(), flush=True)
+            if a.out:  # after every row: a run cut short keeps what it measured
+                Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
+                                                   "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
