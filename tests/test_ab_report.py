@@ -35,7 +35,7 @@ def test_final_rows_are_the_six_drafter_measurements(ab):
     assert round(by["hard", "chitchat-heldout"]["target_tokens_per_s"], 1) == 262.9  # the target alone, same set
     assert all(r["not_separated_from"] == ["distill" if r["arm"] == "hard" else "hard"] for r in rows)
     md = ab_report.final_markdown(ab)
-    assert md.count("\n") == 7 and "| hard | 4,636 | general | 64 | 2.01 [1.92, 2.11] |" in md
+    assert md.count("\n") == 7 and "| hard | 4,636 | general | 0 | 64 | 2.01 [1.92, 2.11] |" in md
     assert "2.02 [1.92, 2.12]" in md and "2.17x" in md and "no (hard)" in md
 
 
@@ -101,3 +101,16 @@ def test_the_committed_notebook_shows_the_tables_and_a_png():
     assert "widgets" not in nb["metadata"]  # GitHub refuses some notebooks with widget state
     prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert "276d54e" in prose and "no T=1 figure" in prose and "4,636" in prose and "3,941" in prose
+
+
+def test_one_arm_at_two_temperatures_reads_each_baseline_at_its_own_temperature():
+    long = ab_report.load_ab("bench/results/2026-12-02-h200-long-arms")
+    by = {(r["prompt_set"], r["temperature"]): r for r in ab_report.final_rows(long)}
+    assert sorted(by) == [("chitchat-heldout", 0.0), ("chitchat-heldout", 1.0), ("general", 0.0),
+                          ("self-heldout", 0.0)]
+    assert round(by["chitchat-heldout", 0.0]["target_tokens_per_s"], 1) == 276.7  # not the T=1 baseline's 205.0
+    assert round(by["chitchat-heldout", 1.0]["target_tokens_per_s"], 1) == 205.0
+    assert round(by["chitchat-heldout", 1.0]["tau"], 2) == 1.25 and round(by["general", 0.0]["tau"], 2) == 2.11
+    assert all(r["not_separated_from"] is None for r in by.values())  # one arm: nothing to tell apart
+    md = ab_report.final_markdown(long)
+    assert "| distill-b64x5k | 5,000 | chitchat-heldout | 1 | 64 | 1.25 [1.22, 1.27] | 205.1 | 205.0 | 1.00x | - |" in md

@@ -84,21 +84,25 @@ def settings_markdown(data: dict) -> str:
 
 
 def final_rows(data: dict) -> list[dict]:
-    """One row per (drafter arm, prompt set) of the final evaluation: steps, prompts, tau and its interval,
-    tokens/s, the target alone's tokens/s on the same prompts, speedup, and the other arms whose interval on that
-    set overlaps this one (`not_separated_from`)."""
+    """One row per (drafter arm, prompt set, temperature) of the final evaluation: steps, prompts, tau and its
+    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature, speedup, and the
+    other arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
+    evaluation has one arm: nothing to separate)."""
     rows = data["results"]["rows"]
-    base = {r["prompt_set"]: r for r in rows if r["decoder"] == BASELINE}
+    key = lambda r: (r["prompt_set"], r.get("temperature", 0.0))  # noqa: E731
+    base = {key(r): r for r in rows if r["decoder"] == BASELINE}
     drafters = [r for r in rows if r["decoder"] != BASELINE]
+    several = len({r["arm"] for r in drafters}) > 1
     overlap = {}
-    for s in dict.fromkeys(r["prompt_set"] for r in drafters):
-        overlap[s] = not_separated({r["arm"]: stored_interval(r["tau"], r.get("tau_low"), r.get("tau_high"),
+    for k in dict.fromkeys(key(r) for r in drafters):
+        overlap[k] = not_separated({r["arm"]: stored_interval(r["tau"], r.get("tau_low"), r.get("tau_high"),
                                                               r.get("prompts"))
-                                    for r in drafters if r["prompt_set"] == s})
-    return [{"arm": r["arm"], "temperature": r["temperature"], "steps": r["steps"], "prompt_set": r["prompt_set"],
-             "prompts": r["prompts"], "tau": r["tau"], "tau_low": r.get("tau_low"), "tau_high": r.get("tau_high"),
-             "tokens_per_s": r["tokens_per_s"], "target_tokens_per_s": base.get(r["prompt_set"], {}).get(
-                 "tokens_per_s"), "speedup": r["speedup"], "not_separated_from": overlap[r["prompt_set"]][r["arm"]]}
+                                    for r in drafters if key(r) == k})
+    return [{"arm": r["arm"], "temperature": r.get("temperature", 0.0), "steps": r["steps"],
+             "prompt_set": r["prompt_set"], "prompts": r["prompts"], "tau": r["tau"], "tau_low": r.get("tau_low"),
+             "tau_high": r.get("tau_high"), "tokens_per_s": r["tokens_per_s"],
+             "target_tokens_per_s": base.get(key(r), {}).get("tokens_per_s"), "speedup": r["speedup"],
+             "not_separated_from": overlap[key(r)][r["arm"]] if several else None}
             for r in drafters]
 
 
@@ -114,13 +118,17 @@ def _markdown(head: list[str], rows: list[list]) -> str:
 def final_markdown(data: dict) -> str:
     """final_rows as a markdown table: `tau [low, high]` (95% bootstrap over prompts), speedup over the target
     alone, and whether the arms' intervals on that set are apart."""
-    rows = [[r["arm"], f"{r['steps']:,}", r["prompt_set"], r["prompts"],
+    def separated(r):
+        if r["not_separated_from"] is None:
+            return "-"
+        return "yes" if not r["not_separated_from"] else f"no ({', '.join(r['not_separated_from'])})"
+
+    rows = [[r["arm"], f"{r['steps']:,}", r["prompt_set"], f"{r['temperature']:g}", r["prompts"],
              f"{_f(r['tau'])} [{_f(r['tau_low'])}, {_f(r['tau_high'])}]", _f(r["tokens_per_s"], ".1f"),
-             _f(r["target_tokens_per_s"], ".1f"), f"{_f(r['speedup'])}x",
-             "yes" if not r["not_separated_from"] else f"no ({', '.join(r['not_separated_from'])})"]
+             _f(r["target_tokens_per_s"], ".1f"), f"{_f(r['speedup'])}x", separated(r)]
             for r in final_rows(data)]
-    return _markdown(["arm", "steps", "prompt set", "prompts", "real tau [95%]", "tokens/s", "target alone tokens/s",
-                      "speedup", "separated"], rows)
+    return _markdown(["arm", "steps", "prompt set", "T", "prompts", "real tau [95%]", "tokens/s",
+                      "target alone tokens/s", "speedup", "separated"], rows)
 
 
 def curves(data: dict) -> dict[str, list[dict]]:
