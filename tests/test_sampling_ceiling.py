@@ -29,7 +29,7 @@ def test_realised_blocks_match_their_expected_length(tiny):
     realised, expected, shifted = [], [], []
     for ids in prompts:
         r = oracle_decode(model, ids, block_size=6, temperature=1.6, max_new_tokens=96, generator=g,
-                          eos_ids=set())  # no eos: every prompt runs its whole budget
+                          eos_ids=set(), full_chain=True)  # no eos: every prompt runs its whole budget
         full = r.result.accepted[:-1]  # the last block is cut by the budget
         realised += [a + 1 for a in full]
         expected += r.expected[: len(full)]
@@ -40,9 +40,20 @@ def test_realised_blocks_match_their_expected_length(tiny):
     assert abs(mean_r - mean_e) < 4 * math.sqrt(var / n), (mean_r, mean_e)
     for ids in prompts[:4]:  # the same probabilities summed one draft short: 1 + sum_k prod_{j<=k-1}
         r = oracle_decode(model, ids, block_size=6, temperature=1.6, max_new_tokens=96,
-                          generator=torch.Generator().manual_seed(2), eos_ids=set())
+                          generator=torch.Generator().manual_seed(2), eos_ids=set(), full_chain=True)
         shifted += [e - 1 for e in r.expected]  # the expected accepted drafts, without the bonus token
     assert sum(shifted) / len(shifted) < mean_r - 0.5
+
+
+def test_drafting_only_what_may_be_accepted_gives_the_same_tokens(tiny):
+    """The default computes a draft only once the previous one is accepted; with the random draws in
+    speculative_accept's order the output equals the full-chain run's token for token."""
+    model, _, prompts = tiny
+    for ids in prompts[:4]:
+        lazy, full = (oracle_decode(model, ids, block_size=6, temperature=1.6, max_new_tokens=64, eos_ids=set(),
+                                    generator=torch.Generator().manual_seed(3), full_chain=f) for f in (False, True))
+        assert lazy.result.output_ids == full.result.output_ids and lazy.result.accepted == full.result.accepted
+        assert lazy.first_p == pytest.approx(full.first_p) and lazy.expected == [] and len(full.expected) > 0
 
 
 def test_near_greedy_the_oracle_accepts_every_draft(tiny):
@@ -57,7 +68,7 @@ def test_a_set_row_and_the_command(tiny, tmp_path, capsys):
     model, tok, _ = tiny
     row = ceiling(model, tok, "tiny-heldout", tiny_heldout_path(), n_prompts=6, temperature=1.0, block_size=8,
                   max_new_tokens=32, log=lambda *a: None)
-    assert row.prompts == 6 and len(row.sha256) == 64 and 1.0 <= row.tau <= 8.0
+    assert row.prompts == 6 and len(row.sha256) == 64 and 1.0 <= row.tau <= 8.0 and row.expected_tau is None
     assert row.tau_low <= row.tau <= row.tau_high and 0.0 < row.first_draft_p <= 1.0
     out = tmp_path / "c.json"
     assert main(["--target", "tiny", "--prompts", "tiny-heldout", "--n-prompts", "6", "--block-size", "8",

@@ -13,8 +13,8 @@ T-probabilities at those positions decide acceptance (speculative.speculative_ac
 evaluator uses), and the text continues with what was accepted; tau is counted exactly as the evaluator counts it
 (finish_result: cut at eos and at max_new_tokens), with its 95% bootstrap interval over prompts.
 
-Beside the realised tau each block's EXPECTED accepted length is summed from the same probabilities (1 + the sum
-over k of the product of the first k drafts' p_T), a lower-variance figure of the same quantity. A trained
+With --full-chain each block's EXPECTED accepted length is summed beside it from the same probabilities (1 + the
+sum over k of the product of the first k drafts' p_T), a lower-variance figure of the same quantity. A trained
 drafter's sampled tau on the same prompts, target, T and block size sits below the realised ceiling; an aim above
 the ceiling needs drafts sampled from a coherent draft distribution, not a better argmax drafter.
 """
@@ -52,12 +52,16 @@ def eos_ids_of(model) -> set[int]:
 
 @torch.no_grad()
 def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature: float, max_new_tokens: int,
-                  generator: torch.Generator, eos_ids: set[int]) -> CeilingResult:
+                  generator: torch.Generator, eos_ids: set[int], full_chain: bool = False) -> CeilingResult:
     """Speculative sampling at `temperature` with the target's greedy chain as the (argmax) drafter, one prompt.
 
-    The target's cache holds the prompt and every emitted token but the last; each block feeds the last token and
-    then its own greedy choices one by one (block_size forwards), which gives the block_size probability rows the
-    verification needs (row j: the distribution after the last token and the first j drafts)."""
+    The target's cache holds the prompt and every emitted token but the last. A block feeds the last token, then its
+    own greedy choices one by one; row k (the distribution after the last token and the first k drafts) decides
+    draft k exactly as speculative_accept does (u < p_T(draft k), else a draw from p_T without it; the bonus token
+    from the last row), with the random draws in the same order. By default a draft is only computed once the
+    previous one is accepted (~tau forwards a block instead of block_size: the output is the same token for token);
+    `full_chain` computes every block's whole chain, which the expected length (1 + sum_k prod_{j<k} p_T(draft j))
+    needs."""
     from transformers import DynamicCache
 
     if temperature <= 0:
@@ -66,30 +70,48 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
     if block_size < 2:
         raise ValueError(f"block_size={block_size}: a block needs at least one draft (use e.g. 16).")
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
     cache = DynamicCache(config=model.config)
-    logits = model(torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
-    out = [int(torch.multinomial(torch.softmax(logits.float().cpu() / temperature, -1), 1, generator=generator))]
+
+    def step(tokens: list[int]) -> torch.Tensor:  # p_T after feeding `tokens` (cached)
+        logits = model(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
+        return torch.softmax(logits.float().cpu() / temperature, dim=-1)
+
+    t0 = time.perf_counter()
+    out = [int(torch.multinomial(step(prompt_ids), 1, generator=generator))]
     t1 = time.perf_counter()
     accepted, expected, first_p = [], [], []
     done = out[-1] in eos_ids
     while len(out) < max_new_tokens and not done:
-        rows, chain = [], []
-        token = out[-1]
-        for j in range(block_size):
-            logits = model(torch.tensor([[token]], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
-            rows.append(logits.float().cpu())
-            if j < block_size - 1:
-                token = int(rows[-1].argmax())
-                chain.append(token)
-        probs = torch.softmax(torch.stack(rows) / temperature, dim=-1)
-        p_drafts = probs[torch.arange(len(chain)), torch.tensor(chain)]
-        expected.append(1.0 + float(torch.cumprod(p_drafts, 0).sum()))
-        first_p.append(float(p_drafts[0]))
-        a, nxt = speculative_accept(probs, chain, generator)
+        if full_chain:
+            rows, chain, token = [], [], out[-1]
+            for j in range(block_size):
+                rows.append(step([token]))
+                if j < block_size - 1:
+                    token = int(rows[-1].argmax())
+                    chain.append(token)
+            probs = torch.stack(rows)
+            p_drafts = probs[torch.arange(len(chain)), torch.tensor(chain)]
+            expected.append(1.0 + float(torch.cumprod(p_drafts, 0).sum()))
+            first_p.append(float(p_drafts[0]))
+            a, nxt = speculative_accept(probs, chain, generator)
+            keep = len(prompt_ids) + len(out) + a  # prompt, the emitted tokens, the accepted drafts: all verified
+            cache.crop(keep - cache.get_seq_length())  # negative: the rejected drafts' entries go
+        else:
+            chain, row, nxt = [], step([out[-1]]), None
+            first_p.append(float(row.max()))
+            while len(chain) < block_size - 1:
+                x = int(row.argmax())
+                if not torch.rand((), generator=generator) < row[x]:  # rejected: the residual p_T without x
+                    residual = row.clone()
+                    residual[x] = 0.0
+                    nxt = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+                    break
+                chain.append(x)
+                row = step([x])
+            if nxt is None:  # every draft accepted: the bonus token from the last row
+                nxt = int(torch.multinomial(row, 1, generator=generator))
+            a = len(chain)
         accepted.append(a)
-        keep = len(prompt_ids) + len(out) + a  # prompt, the emitted tokens, the accepted drafts: all verified
-        cache.crop(keep - cache.get_seq_length())  # negative: the rejected drafts' entries go
         out.extend(chain[:a])
         out.append(nxt)
         done = any(t in eos_ids for t in out[-(a + 1):])
@@ -112,19 +134,20 @@ class CeilingRow:
     tau: float
     tau_low: float | None
     tau_high: float | None
-    expected_tau: float  # mean over blocks of the expected accepted length + 1
+    expected_tau: float | None  # mean over blocks of the expected accepted length + 1 (full chains only)
     first_draft_p: float  # mean p_T of the first draft: the top-1 mass of the target at T
     seconds: float
 
     def line(self) -> str:
         ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
+        exp = f"  expected {self.expected_tau:.2f}" if self.expected_tau is not None else ""
         return (f"{self.prompt_set:<18} {self.prompts:>4}  T={self.temperature:g}  B={self.block_size}  "
-                f"ceiling tau {self.tau:.2f} {ci}  expected {self.expected_tau:.2f}  top-1 mass "
-                f"{self.first_draft_p:.3f}  ({self.seconds:.0f} s)")
+                f"ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
+                f"({self.seconds:.0f} s)")
 
 
 def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, temperature: float, block_size: int,
-            max_new_tokens: int, seed: int = 0, log=print) -> CeilingRow:
+            max_new_tokens: int, seed: int = 0, full_chain: bool = False, log=print) -> CeilingRow:
     """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
     from .prompt_sets import info_of
     from .prompts import load_prompts, select_prompts
@@ -137,7 +160,8 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     results, t0, last = [], time.perf_counter(), 0.0
     for i, prompt in enumerate(ids, 1):
         results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
-                                     max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos))
+                                     max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
+                                     full_chain=full_chain))
         now = time.perf_counter()
         if now - last >= 15 or i == len(ids):
             last = now
@@ -147,7 +171,7 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     blocks = [e for r in results for e in r.expected]
     firsts = [p for r in results for p in r.first_p]
     return CeilingRow(name, info.prompts, info.sha256, temperature, block_size, max_new_tokens, interval.tau,
-                      interval.low, interval.high, sum(blocks) / max(1, len(blocks)),
+                      interval.low, interval.high, sum(blocks) / len(blocks) if blocks else None,
                       sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0)
 
 
@@ -163,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--full-chain", action="store_true", help="draft every block's whole chain (block_size forwards "
+                   "a block instead of ~tau) for the expected length beside the realised tau")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
     if a.n_prompts < 1 or a.max_new_tokens < 1 or any(t <= 0 for t in a.temperature):
@@ -178,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in a.prompts:
             path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
             rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
-                                block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed))
+                                block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed,
+                                full_chain=a.full_chain))
             print(rows[-1].line(), flush=True)
             if a.out:  # after every row: a run cut short keeps what it measured
                 Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
