@@ -112,5 +112,19 @@ def test_one_arm_at_two_temperatures_reads_each_baseline_at_its_own_temperature(
     assert round(by["chitchat-heldout", 1.0]["target_tokens_per_s"], 1) == 205.0
     assert round(by["chitchat-heldout", 1.0]["tau"], 2) == 1.25 and round(by["general", 0.0]["tau"], 2) == 2.11
     assert all(r["not_separated_from"] is None for r in by.values())  # one arm: nothing to tell apart
+    tau = ab_report.training_figure(long).axes[2]  # T=0 panel: the three T=0 sets and the check, not the T=1 row
+    ys = sorted(round(float(c.lines[0].get_ydata()[0]), 2) for c in tau.containers)
+    assert ys == [2.11, 2.48, 2.87, 3.02]
     md = ab_report.final_markdown(long)
     assert "| distill-b64x5k | 5,000 | chitchat-heldout | 1 | 64 | 1.25 [1.22, 1.27] | 205.1 | 205.0 | 1.00x | - |" in md
+
+
+def test_the_committed_long_arm_notebook_shows_both_temperatures_and_a_png():
+    nb = json.loads((REPO / "notebooks" / "results" / "long-arm-b64-smollm2-h200.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1 and "widgets" not in nb["metadata"]
+    text = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "3.02 [2.77, 3.29]" in text and "| 1 | 64 | 1.25 [1.22, 1.27] |" in text and "store16k-compile-overlap" in text
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "1.52 [1.48, 1.57]" in prose and "7728dd4" in prose and "571.8k" in prose

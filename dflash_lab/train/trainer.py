@@ -10,7 +10,8 @@ logic of its own (that lives in step.py and engine.py). The loop around the step
 `checkpoint_every` steps and on stop/finish (checkpoint.py), exact resume (`resume_from`), the STOP file, a NaN/inf
 guard, and interrupts: each step runs on a small driver thread while the calling thread waits, so a Ctrl-C / kernel
 interrupt lands in the wait, the step in flight completes and is booked, and only then is KeyboardInterrupt raised:
-the trainer is never left between "weights updated" and "step counted".
+the trainer is never left between "weights updated" and "step counted". With config.overlap_steps the next step
+starts on the device before the finished one is booked (step_overlap.py); an interrupt books both.
 """
 
 from __future__ import annotations

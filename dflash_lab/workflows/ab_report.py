@@ -205,7 +205,8 @@ def training_figure(data: dict):
 
     fig = Figure(figsize=(15, 8), layout="constrained")
     axes = fig.subplots(2, 3, sharex="row")
-    cs, finals = curves(data), final_rows(data)
+    cs = curves(data)
+    finals = [r for r in final_rows(data) if r["temperature"] == 0]  # the panel is T=0 real tau, as in training
     sets = list(dict.fromkeys(r["prompt_set"] for r in finals))
     for row, (xkey, xlabel) in zip(axes, XAXES):
         for i, (arm, rs) in enumerate(cs.items()):
