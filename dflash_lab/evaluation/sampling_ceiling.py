@@ -5,9 +5,9 @@
 
 Serving stacks draft argmax tokens at every temperature (vLLM, SGLang and TensorRT-LLM by default; our evaluator,
 speculative.py, the same): the draft's q is one-hot, so draft x is accepted with probability p_T(x), the target's
-probability of x at temperature T. The best such drafter drafts the target's own greedy continuation (a perfect
-T=0 drafter: what training on greedy answers aims for), and its acceptance is bounded by how peaked the target's
-distribution is at T, whatever the drafter. This module measures that bound by running the evaluator's loop with
+probability of x at temperature T. A drafter trained to predict the target's tokens at best drafts the target's
+own greedy continuation (a perfect T=0 drafter: each draft the most acceptable one given the drafts before it), and
+its acceptance is then bounded by how peaked the target's distribution is at T. This module measures that bound by running the evaluator's loop with
 that oracle as the drafter: each block drafts the target's greedy chain from the current text, the target's
 T-probabilities at those positions decide acceptance (speculative.speculative_accept, the same function the
 evaluator uses), and the text continues with what was accepted; tau is counted exactly as the evaluator counts it
