@@ -37,14 +37,16 @@ class PngImage:
         return f"PngImage({len(self.data)} bytes{', ' + str(self.path) if self.path else ''})"
 
 
-def _figure(width: float, height: float, ncols: int):
+def new_figure(width: float, height: float, ncols: int):
+    """A matplotlib Figure (no pyplot state) and its row of `ncols` axes."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height))
     return fig, fig.subplots(1, ncols)
 
 
-def _png(fig, out: str | Path | None, dpi: int = 90) -> PngImage:
+def save_png(fig, out: str | Path | None, dpi: int = 90) -> PngImage:
+    """The figure as a PngImage, also written to `out` when given."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     img = PngImage(buf.getvalue())
@@ -65,7 +67,7 @@ def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path | 
     if not rows:
         return None
     steps = [r["step"] for r in rows]
-    fig, axes = _figure(16, 3.4, 4)
+    fig, axes = new_figure(16, 3.4, 4)
     panels = [("loss", "training loss (decayed CE)"), ("lr", "learning rate"),
               ("sim_tau", "simulated acceptance length"), ("tokens_per_s", "sequence tokens/s")]
     for ax, (key, title) in zip(axes, panels):
@@ -75,7 +77,7 @@ def plot_training(run_dir: str | Path, out: str | Path | None = None) -> Path | 
         ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out) if out else Path(run_dir) / "plots" / "training.png"
-    return _png(fig, out).path
+    return save_png(fig, out).path
 
 
 def training_image(run_dir: str | Path) -> PngImage | None:
@@ -91,7 +93,7 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
 
     `smooth` > 1 applies a rolling mean over that many logged points per run (loss and tokens/s are noisy).
     """
-    fig, axes = _figure(18, 3.8, len(COMPARE_PANELS))
+    fig, axes = new_figure(18, 3.8, len(COMPARE_PANELS))
     labels = list(dict.fromkeys(frame["label"])) if len(frame) else []
     for ax, (key, title, unit) in zip(axes, COMPARE_PANELS):
         for label in labels:
@@ -115,12 +117,12 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
     else:
         axes[0].text(0.5, 0.5, "no logged steps", ha="center", va="center", transform=axes[0].transAxes)
     fig.tight_layout()
-    return _png(fig, out)
+    return save_png(fig, out)
 
 
 def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
     """Final figures per run as bars (runs.runs_table): last loss, steady tokens/s, peak memory, simulated tau."""
-    fig, axes = _figure(18, 3.2, 4)
+    fig, axes = new_figure(18, 3.2, 4)
     names = [str(i) for i in table.index] if len(table) else []
     short = [n[17:] if len(n) > 17 else n for n in names]  # drop the UTC stamp for the axis labels
     for ax, (key, title) in zip(axes, (("loss", "last loss"), ("tokens_per_s", "tokens/s (steady)"),
@@ -133,4 +135,4 @@ def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
         ax.grid(alpha=0.3, axis="x")
         ax.invert_yaxis()
     fig.tight_layout()
-    return _png(fig, out)
+    return save_png(fig, out)

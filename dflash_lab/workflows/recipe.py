@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from dflash_lab.data import real_data
+from dflash_lab.runs.generalisation import checks_table, held_out_stopped_at
 from dflash_lab.runs.listing import run_metrics
 from dflash_lab.runs.run_files import read_json
 from dflash_lab.target import models
@@ -254,7 +255,14 @@ class Recipe:
                                         "real_tau") if r.get(k) is not None}
                  for r in run_metrics(self.run_dir) if "loss" in r]
         dc = read_json(self.run_dir / "drafter_config.json")
+        # past some epochs training accuracy keeps rising while held-out accuracy stops: more steps on these data
+        # then buy nothing, more data (n_self) or fewer steps do
+        stopped = held_out_stopped_at(checks_table(run_metrics(self.run_dir)))
+        if stopped is not None:
+            self.log(f"[recipe] train: held-out accuracy stopped rising at step {stopped} while training accuracy "
+                     "kept rising: the run is data-limited from there (raise n_self rather than steps)")
         return dict(run_dir=str(self.run_dir), status=summary["status"], steps=summary["steps"],
+                    held_out_stopped_at=stopped,
                     target_steps=summary.get("target_steps"), data=data, loss_first=summary.get("loss_first"),
                     loss_last=summary.get("loss_last"), sim_tau_last=summary.get("sim_tau_last"),
                     tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
