@@ -22,8 +22,13 @@ defaults) over several calls, with the compiled drafter and lr 8.5e-4 (6e-4 x sq
 per token (571.8k tokens/s against 505.4k at batch 32, and 248.3k for the engine before the store; one H200,
 bench/results/2026-12-02-h200-long-arms/), and at equal tokens it trained as well: 5,000 steps of 64 read 3.02 /
 2.48 / 2.11 (held-out chitchat / target-written / general, T=0) against 2.99 / 2.51 / 2.14 for 9,000 steps of 32.
-~9 minutes of training, 3 calls; not yet run end to end as a preset. The 10-minute defaults stay at batch 32
-uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
+~9 minutes of training, 3 calls. Run as a preset on one H200 (bench/results/2026-12-02-h200-long-preset/: two
+calls, exact resume at step 7,018, 583k tokens/s) it showed that on the default data more steps stop paying: held-out
+accuracy stays at ~0.37 from step 5,000 (11 epochs of 26,799 windows) while training accuracy climbs to 0.51, and
+real tau on 32 held-out chitchat prompts peaks at 3.31 there and drifts to 3.00 by step 12,500; the recipe logs the
+step where held-out stopped rising (`held_out_stopped_at`). The lever past that point is more target-written data
+(n_self; the feature store needs ~1.8 MiB a window, so ~60k windows fit an H200). The 10-minute defaults stay at
+batch 32 uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
 Its `train_time_budget_s` of 330 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
 even the first one, which also writes the data (~150 s on the H200 with the conversion). Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
