@@ -69,3 +69,19 @@ def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
     steps_per_epoch = windows // 4
     assert last[0.01]["feature_store_hit_rate"] == pytest.approx((9 - steps_per_epoch) / 9, abs=1e-4)
     assert "feature_store_hit_rate" not in last[0.0]
+
+
+def test_store_bytes_never_count_more_rows_than_the_data_has_windows():
+    from dflash_lab.train.feature_store import GIB, row_bytes, store_bytes
+
+    # SmolLM2-135M features (5 layers x 576) at seq 320 in bf16: 1,843,200 bytes a window
+    shape = dict(seq_len=320, width=5 * 576, dtype=torch.bfloat16)
+    assert row_bytes(**shape) == 1_843_200
+    assert row_bytes(**shape, soft_top_k=16) == 1_843_200 + 320 * 16 * 8
+    # the H200 run with 59,453 conversations (55,809 windows): 100 GiB and 115 GiB asked both take 95.8 GiB, so a
+    # placement check must not count the 115
+    for gib in (100, 115):
+        assert store_bytes(gib=gib, windows=55_809, **shape) == 55_809 * 1_843_200
+    assert round(store_bytes(gib=115, windows=55_809, **shape) / GIB, 2) == 95.80
+    assert store_bytes(gib=60, windows=None, **shape) == int(60 * GIB // 1_843_200) * 1_843_200  # 34,952 rows
+    assert store_bytes(gib=0, windows=100, **shape) == 0

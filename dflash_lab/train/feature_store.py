@@ -33,6 +33,20 @@ def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
     return row_hash(input_ids, doc_ids)
 
 
+def row_bytes(*, seq_len: int, width: int, dtype: torch.dtype, soft_top_k: int = 0) -> int:
+    """Bytes one stored window takes: its features, and its top-k ids (int32) and log-probabilities (fp32)."""
+    return seq_len * (width * torch.empty((), dtype=dtype).element_size() + 8 * soft_top_k)
+
+
+def store_bytes(*, gib: float, seq_len: int, width: int, dtype: torch.dtype, windows: int | None = None,
+                soft_top_k: int = 0) -> int:
+    """Device memory a store of `gib` takes: whole rows, never more rows than the data has windows (so a generous
+    feature_store_gib on a small data set costs only what the data needs; the placement check counts this)."""
+    per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k)
+    rows = int(gib * GIB // per_row)
+    return per_row * (rows if windows is None else min(rows, windows))
+
+
 class FeatureStore:
     """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
 
@@ -41,7 +55,7 @@ class FeatureStore:
         """`soft_top_k` > 0: each window also keeps the target's top-k next-token ids (int32) and log-probabilities
         (fp32) of every position (distillation's targets, target/soft_labels.py); get and put then take and give
         (features, ids, log-probs)."""
-        per_row = seq_len * (width * torch.empty((), dtype=dtype).element_size() + 8 * soft_top_k)
+        per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k)
         rows = int(gib * GIB // per_row)
         if max_rows is not None:
             rows = min(rows, max_rows)  # no more rows than the data has windows

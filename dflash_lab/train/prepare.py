@@ -27,6 +27,7 @@ from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
+from .feature_store import store_bytes
 from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
@@ -137,12 +138,6 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
     placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
     check_distill_placement(cfg, placement)
-    memory = {}
-    if check_memory:
-        memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
-                                 seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
-                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
-                                 feature_store_bytes=int(cfg.feature_store_gib * 2**30))
     plans = {d: plan_device(cfg, d) for d in placement.devices}
     if cfg.feature_cache:  # a wrong cache (layers, path) fails now, not after the target loaded
         CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids)
@@ -160,6 +155,16 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         if log is not None:
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
+    memory = {}
+    if check_memory:  # after the data (tokens only, no weights yet): the store never takes more rows than windows
+        memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
+                                 seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
+                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                                 feature_store_bytes=store_bytes(
+                                     gib=cfg.feature_store_gib, seq_len=cfg.seq_len,
+                                     width=drafter_config.num_target_features * drafter_config.hidden_size,
+                                     dtype=plan_device(cfg, placement.target_devices[0]).dtype, windows=len(data),
+                                     soft_top_k=distill_top_k(cfg)))
     draft_vocab = None
     if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
