@@ -202,17 +202,19 @@ def test_evaluate_partial_evaluates_a_stopped_run_instead_of_waiting(tmp_path):
 def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
     assert PRESETS["10min"] == {} and RecipeConfig.from_preset("10min") == RecipeConfig()
     long = RecipeConfig.from_preset("long", device="cuda:0")
-    assert (long.steps, long.batch_size, long.lr, long.train_time_budget_s, long.real_tau_every, long.compile_drafter,
-            long.device) == (15_000, 64, 8.5e-4, 330.0, 2_500, True, "cuda:0")
-    assert long.steps * long.batch_size == 5 * RecipeConfig().steps * RecipeConfig().batch_size  # 5x the tokens
-    assert dataclasses.replace(long, steps=6000, batch_size=32, lr=6e-4, train_time_budget_s=None, real_tau_every=2000,
-                               compile_drafter=False, device="cpu") == RecipeConfig()  # nothing else differs
-    assert long.train_config(Path("d.jsonl")).time_budget_s == 330.0
+    assert (long.n_self, long.feature_store_gib, long.steps, long.batch_size, long.lr, long.train_time_budget_s,
+            long.real_tau_every, long.compile_drafter, long.device) == (
+        60_000, 100.0, 7_500, 64, 8.5e-4, 270.0, 2_500, True, "cuda:0")
+    assert long.steps * long.batch_size == 2.5 * RecipeConfig().steps * RecipeConfig().batch_size  # 2.5x the tokens
+    assert dataclasses.replace(long, n_self=26000, feature_store_gib=60.0, steps=6000, batch_size=32, lr=6e-4,
+                               train_time_budget_s=None, real_tau_every=2000, compile_drafter=False,
+                               device="cpu") == RecipeConfig()  # nothing else differs
+    assert long.train_config(Path("d.jsonl")).time_budget_s == 270.0
     # from Python every setting passed wins; from the notebook (every parameter passed) only those the user set
     assert RecipeConfig.from_preset("long", steps=9000).steps == 9000
     nb = dict(steps=6000, train_time_budget_s=None, real_tau_every=2000, device="cuda:0")
     from_nb = RecipeConfig.from_preset("long", explicit=("preset", "device", "train_time_budget_s"), **nb)
-    assert (from_nb.steps, from_nb.train_time_budget_s, from_nb.real_tau_every) == (15_000, None, 2_500)
+    assert (from_nb.steps, from_nb.train_time_budget_s, from_nb.real_tau_every) == (7_500, None, 2_500)
     with pytest.raises(ConfigError) as e:
         RecipeConfig.from_preset("1h")
     assert "RecipeConfig.preset='1h' is invalid: unknown preset" in str(e.value) and "'long'" in str(e.value)
@@ -220,14 +222,14 @@ def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
 
 @pytest.mark.slow  # a kernel's start (~5 s); it stops in the first call, before anything is written
 def test_the_notebook_takes_the_preset_with_the_parameters_set_on_top(tmp_path):
-    """`-p preset long -p batch_size 2` on the CPU: the refusal counts 15,000 steps (the preset's) of 2 windows (the
+    """`-p preset long -p batch_size 2` on the CPU: the refusal counts 7,500 steps (the preset's) of 2 windows (the
     user's) of 320 tokens, so the notebook passed the preset and only the parameter that was set."""
     repo = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-m", "papermill", str(repo / "notebooks" / "recipes" / "smollm2.ipynb"),
                           str(tmp_path / "out.ipynb"), "--cwd", str(tmp_path), "--no-progress-bar", "-p", "preset",
                           "long", "-p", "batch_size", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "allow_cpu_full_size" in out.stderr
-    assert f"{15_000 * 2 * 320:,} train tokens" in out.stderr
+    assert f"{7_500 * 2 * 320:,} train tokens" in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ipynb"]
 
 

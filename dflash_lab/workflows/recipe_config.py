@@ -17,20 +17,25 @@ unless allow_cpu_full_size=True: the CPU is for the smoke run (notebooks/recipes
 work is ~560 answer tokens and ~200 training tokens.
 
 Presets (`RecipeConfig.from_preset(name, **settings)`, the notebook's `preset` parameter): "10min" is the defaults
-above, one 10-minute call; "long" trains 15,000 steps of 64 windows (the tokens of 30,000 steps of 32, 5x the
-defaults) over several calls, with the compiled drafter and lr 8.5e-4 (6e-4 x sqrt 2). Batch 64 is the faster step
-per token (571.8k tokens/s against 505.4k at batch 32, and 248.3k for the engine before the store; one H200,
-bench/results/2026-12-02-h200-long-arms/), and at equal tokens it trained as well: 5,000 steps of 64 read 3.02 /
-2.48 / 2.11 (held-out chitchat / target-written / general, T=0) against 2.99 / 2.51 / 2.14 for 9,000 steps of 32.
-~9 minutes of training, 3 calls. Run as a preset on one H200 (bench/results/2026-12-02-h200-long-preset/: two
-calls, exact resume at step 7,018, 583k tokens/s) it showed that on the default data more steps stop paying: held-out
+above, one 10-minute call; "long" writes twice the target-written data (n_self 60,000) and trains 7,500 steps of
+64 windows (2.5x the defaults' tokens) over several calls, with the compiled drafter and lr 8.5e-4 (6e-4 x sqrt 2).
+It was 15,000 steps on the defaults' data until that run (below) showed those steps bought nothing past 5,000.
+Batch 64 is the faster step per token (571.8k tokens/s against 505.4k at batch 32, and 248.3k for the engine
+before the store; one H200, bench/results/2026-12-02-h200-long-arms/), and at equal tokens it trained as well:
+5,000 steps of 64 read 3.02 / 2.48 / 2.11 (held-out chitchat / target-written / general, T=0) against 2.99 / 2.51 /
+2.14 for 9,000 steps of 32. The 15,000-step version, run as a preset on one H200
+(bench/results/2026-12-02-h200-long-preset/: two calls, exact resume at step 7,018, 583k tokens/s), showed that on
+the default data more steps stop paying: held-out
 accuracy stays at ~0.37 from step 5,000 (11 epochs of 26,799 windows) while training accuracy climbs to 0.51, and
 real tau on 32 held-out chitchat prompts peaks at 3.31 there and drifts to 3.00 by step 12,500; the recipe logs the
 step where held-out stopped rising (`held_out_stopped_at`). The lever past that point is more target-written data
-(n_self; the feature store needs ~1.8 MiB a window, so ~60k windows fit an H200). The 10-minute defaults stay at
+(n_self; the feature store needs ~1.8 MiB a window, so ~60k windows fit an H200): with 59,453 conversations and
+7,500 steps held-out accuracy still rose at the end (0.325 / 0.385 / 0.403 at 2,500 / 5,000 / 7,500) and the final
+evaluation read 3.08 / 2.64 / 2.20 (held-out chitchat / target-written / general, T=0, 64 prompts each;
+bench/results/2026-12-03-h200-long-data/), the preset since. The 10-minute defaults stay at
 batch 32 uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
-Its `train_time_budget_s` of 330 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
-even the first one, which also writes the data (~150 s on the H200 with the conversion). Running the same command
+Its `train_time_budget_s` of 270 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
+even the first one, which also writes the data (~250 s on the H200). Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
 (DATA_SETTINGS says which settings each depends on), training resumes its run exactly, and evaluation and export
 wait until training has finished every step (`evaluate_partial=True` evaluates a partial drafter anyway):
@@ -38,7 +43,7 @@ wait until training has finished every step (`evaluate_partial=True` evaluates a
     KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one H200 call; repeat it
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
-until results.json holds an `export` phase (~3-4 calls; while the log says `[recipe] train: stopped (resumable)
+until results.json holds an `export` phase (~2-3 calls; while the log says `[recipe] train: stopped (resumable)
 at step N of 15000: run the recipe again with the same work_dir to continue`, go on).
 """
 
@@ -58,13 +63,15 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
-# Named starting points: the fields each sets on top of the defaults. "long": at the compiled batch-64 step with the
-# store and the 16,384-id head (35.8 ms on the H200, ~40 s to compile in each call) 15,000 steps are ~9 minutes of
-# training, 2-3 calls of a 330 s budget; real tau every 2,500 steps: 6 measurements in the run.
+# Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
+# conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
+# with the store (~100 GiB for its ~56k windows) and the 16,384-id head: ~6 minutes of training over 2-3 calls of a
+# 270 s budget (the first call also writes the data); real tau every 2,500 steps. Measured as it stands in
+# bench/results/2026-12-03-h200-long-data/ (held-out accuracy still rising at its last step).
 PRESETS: dict[str, dict] = {
     "10min": {},
-    "long": {"steps": 15_000, "batch_size": 64, "lr": 8.5e-4, "train_time_budget_s": 330.0, "real_tau_every": 2_500,
-             "compile_drafter": True},
+    "long": {"n_self": 60_000, "feature_store_gib": 100.0, "steps": 7_500, "batch_size": 64, "lr": 8.5e-4,
+             "train_time_budget_s": 270.0, "real_tau_every": 2_500, "compile_drafter": True},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
 # phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
