@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The SmolLM2 recipe notebook with `-p preset long` (15,000 steps of 64 windows, 330 s of training per call) run
-# headless on one H200 over several 10-minute calls, the same command each time, as the README tells a user to:
+# The SmolLM2 recipe notebook with `-p preset long` (15,000 steps of 64, 330 s a call at tree a078c53; now see
+# recipe_config.PRESETS) run headless on one H200 over several 10-minute calls, the same command each time:
 #   bash run.sh stage    carry [".recipe/x1"]  GGUF part 1 (xz) to /tmp/recipe-smollm2
 #   bash run.sh model    carry [".recipe/x2"]  GGUF part 2 + the gguf wheel: join, check, decompress, convert
 #   bash run.sh recipe   carry [".recipe/x3"]  chitchat + papermill wheels, then the notebook (data phases, training
