@@ -14,7 +14,7 @@ from .muon import make_optimizer
 from .prepare import check_distill_placement, distill_top_k, make_feature_extractor, plan_device
 from dflash_lab.target.features import embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
-from .feature_store import FeatureStore
+from .feature_store import FeatureStore, feature_width
 from .workers import TargetReplica, Worker
 
 
@@ -43,9 +43,8 @@ def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -
     """The device-resident store of a target replica (feature_store.py), or None when cfg.feature_store_gib is 0."""
     if not cfg.feature_store_gib:
         return None
-    width = drafter_config.num_target_features * drafter_config.hidden_size
-    return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=width, dtype=dtype,
-                        device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg))
+    return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(drafter_config),
+                        dtype=dtype, device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg))
 
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,

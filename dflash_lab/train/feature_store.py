@@ -33,6 +33,11 @@ def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
     return row_hash(input_ids, doc_ids)
 
 
+def feature_width(drafter_config) -> int:
+    """Features a window keeps per position: the target layers the drafter reads, side by side."""
+    return drafter_config.num_target_features * drafter_config.hidden_size
+
+
 def row_bytes(*, seq_len: int, width: int, dtype: torch.dtype, soft_top_k: int = 0) -> int:
     """Bytes one stored window takes: its features, and its top-k ids (int32) and log-probabilities (fp32)."""
     return seq_len * (width * torch.empty((), dtype=dtype).element_size() + 8 * soft_top_k)

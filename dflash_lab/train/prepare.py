@@ -27,7 +27,7 @@ from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
-from .feature_store import store_bytes
+from .feature_store import feature_width, store_bytes
 from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
@@ -162,7 +162,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                                  chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
                                  feature_store_bytes=store_bytes(
                                      gib=cfg.feature_store_gib, seq_len=cfg.seq_len,
-                                     width=drafter_config.num_target_features * drafter_config.hidden_size,
+                                     width=feature_width(drafter_config),
                                      dtype=plan_device(cfg, placement.target_devices[0]).dtype, windows=len(data),
                                      soft_top_k=distill_top_k(cfg)))
     draft_vocab = None

@@ -251,13 +251,14 @@ class Recipe:
         # first turns are often greetings with short answers: conversations under 2 * block_size supervised tokens
         # are dropped, so say how much data actually trained
         data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
+        rows = run_metrics(self.run_dir)
         curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau", "val_chain_tau",
                                         "real_tau") if r.get(k) is not None}
-                 for r in run_metrics(self.run_dir) if "loss" in r]
+                 for r in rows if "loss" in r]
         dc = read_json(self.run_dir / "drafter_config.json")
         # past some epochs training accuracy keeps rising while held-out accuracy stops: more steps on these data
         # then buy nothing, more data (n_self) or fewer steps do
-        stopped = held_out_stopped_at(checks_table(run_metrics(self.run_dir)))
+        stopped = held_out_stopped_at(checks_table(rows))
         if stopped is not None:
             self.log(f"[recipe] train: held-out accuracy stopped rising at step {stopped} while training accuracy "
                      "kept rising: the run is data-limited from there (raise n_self rather than steps)")
