@@ -18,6 +18,8 @@ curve equals an uninterrupted run's), so arms of 10k+ steps run over several 10-
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import sys
 import time
@@ -50,6 +52,17 @@ def _save(work: Path, state: dict) -> None:
     tmp.replace(work / STATE)
 
 
+@contextlib.contextmanager
+def _updating(work: Path):
+    """The state, read and written back under an exclusive lock: arms trained side by side on one GPU finish in
+    any order, and each must add its own entry to what the other wrote."""
+    with open(work / (STATE + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _state(work)
+        yield state
+        _save(work, state)
+
+
 def data(args) -> None:
     from dflash_lab.workflows.recipe import Recipe
     from dflash_lab.workflows.recipe_config import RecipeConfig
@@ -60,13 +73,12 @@ def data(args) -> None:
     for phase in ("get_model", "self_prompts", "build_data", "regenerate", "mix_data"):
         getattr(recipe, phase)()
     sets, left_out = recipe.evaluation_sets()
-    state = _state(args.work)
-    state.update(recipe=cfg.to_dict(), train_data=str(recipe.train_data), heldout_data=str(recipe.heldout_data),
-                 sets=sets, sets_left_out=left_out, data_seconds=round(time.perf_counter() - t0, 1),
-                 phases={k: {f: v for f, v in dict(ph).items() if f != "curve"}
-                         for k, ph in recipe.results["phases"].items()})
-    state.setdefault("arms", {})
-    _save(args.work, state)
+    with _updating(args.work) as state:
+        state.update(recipe=cfg.to_dict(), train_data=str(recipe.train_data), heldout_data=str(recipe.heldout_data),
+                     sets=sets, sets_left_out=left_out, data_seconds=round(time.perf_counter() - t0, 1),
+                     phases={k: {f: v for f, v in dict(ph).items() if f != "curve"}
+                             for k, ph in recipe.results["phases"].items()})
+        state.setdefault("arms", {})
     print(json.dumps({"data_seconds": state["data_seconds"], "train_data": state["train_data"], "sets": sets}))
 
 
@@ -108,13 +120,12 @@ def train(args) -> None:
             curve = [r for r in before.get("curve", []) if r["step"] not in have] + curve
     finally:
         trainer.close()
-    state = _state(args.work)  # re-read: another arm may have written meanwhile
     wall = round(time.perf_counter() - t0 + (before or {}).get("wall_s", 0.0), 1)  # over every job of the arm
-    state["arms"][args.arm] = {"overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
-                               "steps": summary["steps"], "wall_s": wall,
-                               "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
-                               "loss_last": summary.get("loss_last"), "curve": curve}
-    _save(args.work, state)
+    with _updating(args.work) as state:  # re-read: another arm may have written meanwhile
+        state["arms"][args.arm] = {"overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
+                                   "steps": summary["steps"], "wall_s": wall,
+                                   "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
+                                   "loss_last": summary.get("loss_last"), "curve": curve}
     print(json.dumps({k: v for k, v in state["arms"][args.arm].items() if k != "curve"}))
 
 

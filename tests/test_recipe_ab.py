@@ -63,3 +63,26 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
         {(a, s) for a in ("straight", "split") for s in ("chitchat-heldout", "self-heldout", "general")}
     tau = {(r["arm"], r["prompt_set"]): r["tau"] for r in rows}
     assert all(tau[("split", s)] == tau[("straight", s)] for s in ("chitchat-heldout", "general"))  # equal drafters
+
+
+def test_arms_finishing_side_by_side_each_keep_their_entry(tmp_path):
+    """Two arms trained side by side on one GPU finish in any order: every update re-reads what the other wrote."""
+    import threading
+    import time
+
+    ab, work = _ab(), tmp_path / "ab"
+    work.mkdir()
+    with ab._updating(work) as state:
+        state["arms"] = {}
+
+    def finish(name):
+        with ab._updating(work) as state:
+            time.sleep(0.02)  # without the lock, every thread would read the empty state and one entry would win
+            state["arms"][name] = {"status": "finished"}
+
+    threads = [threading.Thread(target=finish, args=(f"arm{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(json.loads((work / "ab.json").read_text())["arms"]) == [f"arm{i}" for i in range(6)]
