@@ -45,7 +45,7 @@ def test_curves_minutes_and_the_arms_table(ab):
     assert len(cs["hard"]) == 94 and len(cs["distill"]) == 80
     assert round(cs["hard"][-1]["minutes"], 2) == 2.64 and round(cs["distill"][-1]["minutes"], 2) == 2.59
     md = ab_report.arms_markdown(ab)
-    assert "| hard | 0.0 | stopped (resumable) | 4,636 / 6,000 | 0.63 | 2.64 |" in md
+    assert "| hard | 0 | stopped (resumable) | 4,636 / 6,000 | 0.63 | 2.64 |" in md
     assert "| distill | 0.5 | stopped (resumable) | 3,941 / 6,000 | 0.82 | 2.59 |" in md
     assert "3.15 [2.67, 3.76] n=16" in md and "3.06 [2.68, 3.47] n=16" in md
     assert "7.94e-05" in md and "1.70e-04" in md  # neither reached the cosine's end (lr 0)
@@ -69,14 +69,18 @@ def test_speed_rows(ab):
 def test_training_figure_has_steps_and_minutes_rows(ab):
     fig = ab_report.training_figure(ab)
     axes = fig.axes
-    assert len(axes) == 6
-    assert [ax.get_xlabel() for ax in axes] == ["optimizer step"] * 3 + ["GPU wall-clock minutes since step 1"] * 3
-    for ax in (axes[0], axes[1], axes[3], axes[4]):  # loss, accuracy: raw + mean, per arm
+    assert len(axes) == 8
+    assert [ax.get_xlabel() for ax in axes] == ["optimizer step"] * 4 + ["GPU wall-clock minutes since step 1"] * 4
+    for ax in (axes[0], axes[1], axes[4], axes[5]):  # loss, accuracy: raw + mean, per arm
         assert len(ax.lines) == 4
     loss = axes[0].lines[1]
     assert loss.get_xdata()[-1] == 4636 and loss.get_label() == "hard (4,636 steps)"
-    assert round(axes[3].lines[3].get_xdata()[-1], 2) == 2.59  # distill's last minute
-    tau = axes[2]  # per arm: one check errorbar + one per set -> 2 * 4 containers
+    assert round(axes[4].lines[3].get_xdata()[-1], 2) == 2.59  # distill's last minute
+    held_out = {line.get_label(): (int(line.get_xdata()[0]), round(float(line.get_ydata()[0]), 3))
+                for line in axes[2].lines}
+    assert held_out == {"hard": (3000, 0.28), "distill": (3000, 0.296)}  # one validation check each
+    assert ab_report.differing_settings(ab) == ["distill_weight"]
+    tau = axes[3]  # per arm: one check errorbar + one per set -> 2 * 4 containers
     assert len(tau.containers) == 8
     ys = sorted(round(float(c.lines[0].get_ydata()[0]), 2) for c in tau.containers)
     assert ys == [2.01, 2.02, 2.34, 2.38, 2.85, 2.92, 3.06, 3.15]
@@ -112,7 +116,7 @@ def test_one_arm_at_two_temperatures_reads_each_baseline_at_its_own_temperature(
     assert round(by["chitchat-heldout", 1.0]["target_tokens_per_s"], 1) == 205.0
     assert round(by["chitchat-heldout", 1.0]["tau"], 2) == 1.25 and round(by["general", 0.0]["tau"], 2) == 2.11
     assert all(r["not_separated_from"] is None for r in by.values())  # one arm: nothing to tell apart
-    tau = ab_report.training_figure(long).axes[2]  # T=0 panel: the three T=0 sets and the check, not the T=1 row
+    tau = ab_report.training_figure(long).axes[3]  # T=0 panel: the three T=0 sets and the check, not the T=1 row
     ys = sorted(round(float(c.lines[0].get_ydata()[0]), 2) for c in tau.containers)
     assert ys == [2.11, 2.48, 2.87, 3.02]
     md = ab_report.final_markdown(long)
@@ -128,3 +132,26 @@ def test_the_committed_long_arm_notebook_shows_both_temperatures_and_a_png():
     assert "3.02 [2.77, 3.29]" in text and "| 1 | 64 | 1.25 [1.22, 1.27] |" in text and "store16k-compile-overlap" in text
     prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert "1.52 [1.48, 1.57]" in prose and "7728dd4" in prose and "571.8k" in prose
+
+
+def test_the_knob_grid_folder_reads_back_with_its_figures():
+    grid = ab_report.load_ab("bench/results/2026-12-03-h200-knob-grid")
+    assert ab_report.differing_settings(grid) == ["num_draft_layers", "loss_weighting"]  # not the time budget
+    by = {(r["arm"], r["prompt_set"]): r for r in ab_report.final_rows(grid)}
+    assert sorted({a for a, _ in by}) == ["base", "dpace"]  # layers5 stopped before its evaluation
+    assert [round(by["dpace", s]["tau"] - by["base", s]["tau"], 2) for s in ("chitchat-heldout", "self-heldout",
+                                                                              "general")] == [0.19, 0.11, 0.10]  # unrounded taus
+    assert all(r["speedup"] is None and r["tokens_per_s"] is None for r in by.values())  # measured beside others
+    md = ab_report.final_markdown(grid)
+    assert "| dpace | 10,000 | chitchat-heldout | 0 | 64 | 3.20 [2.92, 3.51] | - | - | - | no (base) |" in md
+    arms = ab_report.arms_markdown(grid)
+    assert "| layers5 | 5 / decay | stopped (resumable) | 9,650 / 10,000 |" in arms
+    assert "| dpace | 3 / dpace | finished | 10,000 / 10,000 |" in arms and "3.56 [3.10, 4.13] n=32" in arms
+    speed = {r["label"]: r for r in ab_report.speed_rows(grid)}
+    assert round(speed["b128-dpace"]["tokens_per_s"] / speed["issue-engine"]["tokens_per_s"], 2) == 2.50
+    nb = json.loads((REPO / "notebooks" / "results" / "knob-grid-smollm2-h200.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"] and "widgets" not in nb["metadata"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    text = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "3.00 [2.74, 3.30]" in text and "618,481" in text

@@ -106,7 +106,9 @@ def test_defaults_are_the_data_at_scale_recipe():
     assert (c.n_self, c.self_heldout, c.regen_max_new_tokens, c.regen_dtype, c.regen_batch_size) == \
         (26000, 256, 192, "auto", 512)
     assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (6000, 320, 32, 64, 3, 6e-4)
-    assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight) == (16384, 60.0, 0.0)
+    assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight, c.loss_weighting) == \
+        (16384, 60.0, 0.0, "dpace")
+    assert c.train_config(Path("d.jsonl")).loss_weighting == "dpace"
     assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
         (2000, 32, 64, 128, 180.0)
     assert c.eval_sets == ("chitchat-heldout", "self-heldout", "general")

@@ -47,7 +47,7 @@ def load_ab(folder: str | Path) -> dict:
                           "bench/results/2026-12-02-h200-distill-ab.")
     ab = read_json(p / AB_FILE)
     out = {"folder": p, "ab": ab, "results": read_json(p / RESULTS_FILE), "metrics": {}, "configs": {},
-           "summaries": {}, "speed": list(read_jsonl(p / SPEED_FILE)),
+           "summaries": {}, "speed": list(read_jsonl(p / SPEED_FILE)) if (p / SPEED_FILE).is_file() else [],
            "env": (p / ENV_FILE).read_text().splitlines() if (p / ENV_FILE).is_file() else []}
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(p / METRICS_TGZ) as tgz:
         tgz.extractall(tmp, filter="data")
@@ -81,6 +81,13 @@ def settings_markdown(data: dict) -> str:
              f" temperatures asked {asked}, measured {measured}"]
     lines += [f"- machine: {line}" for line in data["env"][:2]]
     return "\n".join(lines)
+
+
+def differing_settings(data: dict) -> list[str]:
+    """The SETTINGS whose value is not the same in every arm's config.json: what the A/B compares. The time budget
+    is left out: it decides where a job stops, not the curve (a stopped arm resumes exactly)."""
+    cfgs = list(data["configs"].values())
+    return [k for k in SETTINGS if k != "time_budget_s" and len({repr(c.get(k)) for c in cfgs}) > 1]
 
 
 def final_rows(data: dict) -> list[dict]:
@@ -125,7 +132,7 @@ def final_markdown(data: dict) -> str:
 
     rows = [[r["arm"], f"{r['steps']:,}", r["prompt_set"], f"{r['temperature']:g}", r["prompts"],
              f"{_f(r['tau'])} [{_f(r['tau_low'])}, {_f(r['tau_high'])}]", _f(r["tokens_per_s"], ".1f"),
-             _f(r["target_tokens_per_s"], ".1f"), f"{_f(r['speedup'])}x", separated(r)]
+             _f(r["target_tokens_per_s"], ".1f"), "-" if r["speedup"] is None else f"{_f(r['speedup'])}x", separated(r)]
             for r in final_rows(data)]
     return _markdown(["arm", "steps", "prompt set", "T", "prompts", "real tau [95%]", "tokens/s",
                       "target alone tokens/s", "speedup", "separated"], rows)
@@ -143,24 +150,25 @@ def curves(data: dict) -> dict[str, list[dict]]:
 
 
 def arms_markdown(data: dict) -> str:
-    """One row per arm and held-out check: distill_weight, status, steps of the asked steps, GPU minutes (curves)
+    """One row per arm and held-out check: the settings that differ between the arms (none: no column), status,
+    steps of the asked steps, GPU minutes (curves)
     at the last logged row of epoch 0 (the epoch that fills the feature store) and at the last step, wall_s of the
     arm's process, steady tokens/s, the last learning rate (0 at the cosine's end), last loss and accuracy, and the
     check's figures on the run's heldout_data (validation accuracy, chain tau, real tau with its interval and
     prompts; the recipe's held-out split may share prompts with the training data, so read them as a curve)."""
-    rows = []
+    rows, knobs = [], differing_settings(data)
     for arm, cs in curves(data).items():
         state, cfg, last = data["ab"]["arms"][arm], data["configs"][arm], cs[-1]
         first_epoch = max((r["minutes"] for r in cs if r.get("epoch") == 0), default=None)
         for check in (r for r in cs if r.get("real_tau") is not None):
             tau = (f"{_f(check['real_tau'])} [{_f(check.get('real_tau_low'))}, {_f(check.get('real_tau_high'))}] "
                    f"n={check.get('real_tau_prompts')}")
-            rows.append([arm, _f(cfg.get("distill_weight"), ".1f"), state["status"],
+            rows.append([arm, *([" / ".join(_f(cfg.get(k), "g") for k in knobs)] if knobs else []), state["status"],
                          f"{state['steps']:,} / {cfg.get('steps', 0):,}", _f(first_epoch), _f(last["minutes"]),
                          _f(state["wall_s"], ".1f"), _f(state["steady_tokens_per_s"], ",.0f"),
                          _f(last["lr"], ".2e"), _f(last["loss"], ".3f"), _f(last["acc"], ".3f"),
                          f"{check['step']:,}", _f(check.get("val_acc"), ".3f"), _f(check.get("val_chain_tau")), tau])
-    return _markdown(["arm", "distill_weight", "status", "steps", "GPU min, epoch 0 last row", "GPU min", "wall s",
+    return _markdown(["arm", *([" / ".join(knobs)] if knobs else []), "status", "steps", "GPU min, epoch 0 last row", "GPU min", "wall s",
                       "steady tokens/s", "last lr", "last loss", "last acc", "check at step", "val acc",
                       "val chain tau", "training-time real tau"], rows)
 
@@ -190,21 +198,24 @@ def _smooth(ys: list[float], n: int = SMOOTH) -> list[float]:
 
 PANELS = (("loss", "training loss, one batch (distill: vs the mixed target)"),
           ("acc", "training accuracy on the data's tokens"),
+          ("val_acc", "held-out accuracy (the run's validation sequences)"),
           ("real_tau", "real tau at T=0, block 16 (95% bootstrap intervals)"))
 XAXES = (("step", "optimizer step"), ("minutes", "GPU wall-clock minutes since step 1"))
 
 
 def training_figure(data: dict):
-    """Two rows of three panels: loss, training accuracy and real tau against optimizer steps (top) and against
-    GPU wall-clock minutes (bottom, see curves); x shared along a row. Loss and accuracy: raw rows (faint) and a
-    rolling mean of SMOOTH rows; the first row's loss (~47) is left off the scale. Real tau: the check while training
+    """Two rows of four panels: loss, training accuracy, held-out accuracy and real tau against optimizer steps
+    (top) and against GPU wall-clock minutes (bottom, see curves); x shared along a row. Loss and accuracy: raw
+    rows (faint) and a rolling mean of SMOOTH rows; the first row's loss (~47) is left off the scale. Held-out
+    accuracy: one marker per validation check (a loss weighting other than the paper's changes the loss's scale,
+    not this one's). Real tau: the check while training
     (a few prompts of the run's heldout_data, filled) and the final evaluation (one hollow marker per prompt set) at
     the arm's last step / minute. Colour = arm, marker = prompt set."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(15, 8), layout="constrained")
-    axes = fig.subplots(2, 3, sharex="row")
+    fig = Figure(figsize=(20, 8), layout="constrained")
+    axes = fig.subplots(2, 4, sharex="row")
     cs = curves(data)
     finals = [r for r in final_rows(data) if r["temperature"] == 0]  # the panel is T=0 real tau, as in training
     sets = list(dict.fromkeys(r["prompt_set"] for r in finals))
@@ -215,14 +226,16 @@ def training_figure(data: dict):
                 xs, ys = zip(*[(r[xkey], r[key]) for r in rs if r.get(key) is not None and r["step"] > 1])
                 ax.plot(xs, ys, lw=0.7, alpha=0.35, color=color)
                 ax.plot(xs, _smooth(list(ys)), lw=1.6, color=color, label=f"{arm} ({rs[-1]['step']:,} steps)")
+            val = [r for r in rs if r.get("val_acc") is not None]
+            row[2].plot([r[xkey] for r in val], [r["val_acc"] for r in val], "o--", ms=4, color=color, label=arm)
             checks = [r for r in rs if r.get("real_tau") is not None]
-            row[2].errorbar([r[xkey] for r in checks], [r["real_tau"] for r in checks], color=color, fmt="o--",
+            row[3].errorbar([r[xkey] for r in checks], [r["real_tau"] for r in checks], color=color, fmt="o--",
                             yerr=_yerr(checks, "real_tau", "real_tau_low", "real_tau_high"), capsize=3)
             end = rs[-1][xkey]
             for k, s in enumerate(sets):
                 mine = [r for r in finals if r["arm"] == arm and r["prompt_set"] == s]
                 shift = (k - (len(sets) - 1) / 2) * 0.005 * end  # one arm's sets side by side at its last x
-                row[2].errorbar([end + shift for _ in mine], [r["tau"] for r in mine], color=color, mfc="white",
+                row[3].errorbar([end + shift for _ in mine], [r["tau"] for r in mine], color=color, mfc="white",
                                 yerr=_yerr(mine, "tau", "tau_low", "tau_high"), fmt=SET_MARKERS[k % len(SET_MARKERS)],
                                 capsize=3)
         for ax, (_, title) in zip(row, PANELS):
@@ -230,13 +243,14 @@ def training_figure(data: dict):
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=8)
+        row[2].legend(fontsize=8)
         n_check = next((r.get("real_tau_prompts") for rs in cs.values() for r in rs if r.get("real_tau")), None)
         n_final = finals[0]["prompts"] if finals else None
         keys = [Line2D([], [], color="grey", marker="o", ls="--", label=f"training-time check "
                        f"(n={n_check})")]
         keys += [Line2D([], [], color="grey", marker=SET_MARKERS[k % len(SET_MARKERS)], mfc="white", ls="",
                         label=f"final eval: {s} (n={n_final})") for k, s in enumerate(sets)]
-        row[2].legend(handles=keys, fontsize=8, loc="lower left")
+        row[3].legend(handles=keys, fontsize=8, loc="lower left")
     return fig
 
 
