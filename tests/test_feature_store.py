@@ -46,8 +46,9 @@ def test_store_size_errors_name_the_fix():
         TrainConfig(feature_store_gib=1.0, feature_cache="cache/")
 
 
-def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
-    """12 conversations, batch 4: epoch 1 (3 steps) runs the target, later epochs read the store; same losses."""
+def _tiny_losses(tmp_path, variants: dict[str, dict]) -> tuple[dict, dict, int]:
+    """9 steps of batch 4 on 12 tiny conversations per variant (TrainConfig overrides): the losses, the last
+    metrics, and the windows of the data (epoch 1 is windows // 4 steps and runs the target)."""
     from dflash_lab.tiny import tiny_data_path
     from dflash_lab.train.trainer import Trainer
 
@@ -56,19 +57,24 @@ def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
     cfg = TrainConfig(target="tiny", data=str(data), seq_len=64, batch_size=4, block_size=8, num_anchors=4,
                       num_draft_layers=1, steps=9, seed=0, checkpoint_every=0, eval_every=0)
     curves, last = {}, {}
-    for gib in (0.0, 0.01):
-        trainer = Trainer(cfg.replace(feature_store_gib=gib), write_run_dir=False, log=lambda *a: None)
+    for name, over in variants.items():
+        trainer = Trainer(cfg.replace(**over), write_run_dir=False, log=lambda *a: None)
         try:
-            curves[gib] = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
-            last[gib] = trainer.last_metrics
+            curves[name] = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
+            last[name] = trainer.last_metrics
         finally:
             trainer.close()
-    assert curves[0.01] == pytest.approx(curves[0.0], rel=1e-6, abs=1e-6)
-    windows = len(trainer.data)
-    assert last[0.01]["feature_store_stored"] == windows == last[0.01]["feature_store_rows"]  # sized to the data
+    return curves, last, len(trainer.data)
+
+
+def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
+    """12 conversations, batch 4: epoch 1 (3 steps) runs the target, later epochs read the store; same losses."""
+    curves, last, windows = _tiny_losses(tmp_path, {"none": {}, "store": dict(feature_store_gib=0.01)})
+    assert curves["store"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    assert last["store"]["feature_store_stored"] == windows == last["store"]["feature_store_rows"]  # sized to the data
     steps_per_epoch = windows // 4
-    assert last[0.01]["feature_store_hit_rate"] == pytest.approx((9 - steps_per_epoch) / 9, abs=1e-4)
-    assert "feature_store_hit_rate" not in last[0.0]
+    assert last["store"]["feature_store_hit_rate"] == pytest.approx((9 - steps_per_epoch) / 9, abs=1e-4)
+    assert "feature_store_hit_rate" not in last["none"]
 
 
 def test_store_bytes_never_count_more_rows_than_the_data_has_windows():
@@ -85,3 +91,47 @@ def test_store_bytes_never_count_more_rows_than_the_data_has_windows():
     assert round(store_bytes(gib=115, windows=55_809, **shape) / GIB, 2) == 95.80
     assert store_bytes(gib=60, windows=None, **shape) == int(60 * GIB // 1_843_200) * 1_843_200  # 34,952 rows
     assert store_bytes(gib=0, windows=100, **shape) == 0
+
+
+def test_float8_storage_halves_a_window_and_rounds_each_element_to_3_mantissa_bits():
+    from dflash_lab.train.feature_store import row_bytes
+
+    shape = dict(seq_len=320, width=5 * 576, dtype=torch.bfloat16)
+    assert row_bytes(**shape, storage="float8", groups=5) == 320 * (2880 + 5 * 4)  # 928,000: 0.503 of bf16's
+    S, groups, H = 6, 3, 64
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(2, S, groups * H, generator=g)
+    feats[..., 5] *= 300.0  # a massive-activation channel in layer 0: its scale must not flatten layer 1 and 2
+    feats[0, 1] = 0.0  # an all-zero position (padding): no division by zero
+    per_row = S * (groups * H + 4 * groups)
+    store = FeatureStore(gib=2 * per_row / 2**30, seq_len=S, width=groups * H, dtype=torch.float32,
+                         device=torch.device("cpu"), storage="float8", groups=groups)
+    assert store.rows == 2 and store.features.dtype == torch.uint8 and store.features.element_size() == 1
+    store.put([b"a", b"b"], feats)
+    back = store.gather(store.lookup([b"a", b"b"]))
+    assert back.dtype == torch.float32 and back.shape == feats.shape
+    scale = feats.view(2, S, groups, H).abs().amax(-1, keepdim=True) / 448.0
+    bound = feats.abs() / 16 + (scale * 2**-10).expand(2, S, groups, H).reshape(feats.shape)
+    err = (back - feats).abs()
+    assert bool((err <= bound * (1 + 1e-6) + 1e-30).all())
+    assert torch.equal(back[0, 1], torch.zeros(groups * H))
+    rel = (err / feats.abs().clamp(min=1e-3)).median().item()
+    assert 1e-3 < rel < 0.04  # rounded (not a bf16 copy), within E4M3's half-ulp of 1/16
+    with pytest.raises(ValueError, match="width 10 is not 3 target layers"):
+        FeatureStore(gib=1.0, seq_len=S, width=10, dtype=torch.float32, device=torch.device("cpu"),
+                     storage="float8", groups=3)
+    with pytest.raises(ConfigError, match="feature_store_dtype.*feature_store_gib > 0"):
+        TrainConfig(feature_store_dtype="float8")
+    with pytest.raises(ConfigError, match="feature_store_dtype"):
+        TrainConfig(feature_store_gib=1.0, feature_store_dtype="fp4")
+
+
+def test_trainer_with_a_float8_store_trains_its_first_epoch_exactly_and_later_ones_closely(tmp_path):
+    curves, last, windows = _tiny_losses(tmp_path, {
+        "none": {}, "float8": dict(feature_store_gib=0.01, feature_store_dtype="float8")})
+    epoch = windows // 4
+    assert curves["float8"][:epoch] == pytest.approx(curves["none"][:epoch], rel=1e-6, abs=1e-6)  # target features
+    later = list(zip(curves["float8"][epoch:], curves["none"][epoch:]))
+    assert any(a != b for a, b in later)  # rounded features from the store
+    assert all(abs(a - b) <= 0.02 * abs(b) for a, b in later)
+    assert last["float8"]["feature_store_stored"] == windows and last["float8"]["feature_store_storage"] == "float8"

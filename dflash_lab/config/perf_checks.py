@@ -47,6 +47,12 @@ def check_perf_fields(cfg) -> None:
     if isinstance(store, bool) or not isinstance(store, (int, float)) or not store >= 0:
         fail(c, "feature_store_gib", store, "must be a number of GiB >= 0",
              "use 0 (recompute the features every step) or e.g. 40 on an H200")
+    if cfg.feature_store_dtype not in ("auto", "float8"):
+        fail(c, "feature_store_dtype", cfg.feature_store_dtype, "unknown storage",
+             'use "auto" (the features\' own dtype) or "float8" (half the memory)')
+    if cfg.feature_store_dtype != "auto" and not store:
+        fail(c, "feature_store_dtype", cfg.feature_store_dtype, "applies only to a feature store",
+             "set feature_store_gib > 0 as well, or leave feature_store_dtype=\"auto\"")
     if store and cfg.feature_cache:
         fail(c, "feature_store_gib", store, "with a feature_cache the features are read from disk, not computed",
              "set feature_store_gib=0, or feature_cache=None to keep online features in device memory")

@@ -194,6 +194,10 @@ class TrainConfig:
     """GiB of device memory (per target replica) that keep each training window's target features once computed, so
     the frozen target runs once per window instead of once per epoch (train/feature_store.py). 0 = recompute every
     step. The store never holds more rows than the data has windows; the hit rate is logged."""
+    feature_store_dtype: str = "auto"
+    """How the store keeps features: "auto" = their own dtype (bf16 on a GPU: exactly what the target computed);
+    "float8" = E4M3 with one scale per position and target layer, half the memory (twice the windows in the same
+    GiB), each element rounded to 3 mantissa bits (train/feature_store.py)."""
 
     # distillation: the target's own next-token distribution as a second training target
     distill_weight: float = 0.0

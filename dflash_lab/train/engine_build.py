@@ -44,7 +44,8 @@ def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -
     if not cfg.feature_store_gib:
         return None
     return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(drafter_config),
-                        dtype=dtype, device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg))
+                        dtype=dtype, device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg),
+                        storage=cfg.feature_store_dtype, groups=drafter_config.num_target_features)
 
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,

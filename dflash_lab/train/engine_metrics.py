@@ -64,6 +64,7 @@ def engine_metrics(engine, tokens_per_s: float | None = None) -> dict:
         m.update({k: sum(r[k] for r in reports) for k in ("feature_store_rows", "feature_store_stored")})
         m["feature_store_gib"] = round(sum(r["feature_store_gib"] for r in reports), 3)
         m["feature_store_hit_rate"] = round(statistics.mean(r["feature_store_hit_rate"] for r in reports), 4)
+        m["feature_store_storage"] = reports[0]["feature_store_storage"]  # one TrainConfig: alike on every replica
     now = dynamo_counts()
     if now:
         m["compiled_graphs"] = now["graphs"] - engine.dynamo_start["graphs"]

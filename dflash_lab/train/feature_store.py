@@ -15,6 +15,12 @@ until that replica holds it too.
 Size: rows = gib / (S * n*H * bytes). SmolLM2-135M features (5 layers x 576, bf16) at S=320 are 1.8 MiB a window,
 so 30k windows need 53 GiB, which an H200 holds beside the drafter; a 8B target (5 x 4096) at S=3072 is 120 MiB a
 window: there only small data sets fit, and the offline disk cache (data/feature_cache.py) is the tool.
+
+FP8 storage (`storage="float8"`) halves a window: each position's features of each target layer are kept as
+float8_e4m3fn scaled by their own absolute maximum (one fp32 scale per position and layer, +0.7% at 576 wide) and
+come back in the features' dtype on gather. E4M3 keeps 3 mantissa bits, so an element is off by at most 1/16 of
+its own size (and by at most 1/16 of 2^-6 of its row's maximum near zero): the drafter reads slightly rounded
+features after their first epoch, where bf16 storage (the default) gives back exactly what the target computed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from dflash_lab.data.feature_cache import row_hash
 
 GIB = 2**30
 RESERVE_BYTES = 4 * GIB  # device memory a store leaves free for the step's activations and the allocator
+STORAGE = ("auto", "float8")  # the features' own dtype, or E4M3 with a scale per position and target layer
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite E4M3 value: a row's maximum maps onto it
 
 
 def window_key(input_ids: torch.Tensor, doc_ids: torch.Tensor | None) -> bytes:
@@ -38,16 +47,23 @@ def feature_width(drafter_config) -> int:
     return drafter_config.num_target_features * drafter_config.hidden_size
 
 
-def row_bytes(*, seq_len: int, width: int, dtype: torch.dtype, soft_top_k: int = 0) -> int:
-    """Bytes one stored window takes: its features, and its top-k ids (int32) and log-probabilities (fp32)."""
+def row_bytes(*, seq_len: int, width: int, dtype: torch.dtype, soft_top_k: int = 0, storage: str = "auto",
+              groups: int = 1) -> int:
+    """Bytes one stored window takes: its features (float8: 1 byte each + one fp32 scale per position and each of
+    `groups` target layers), and its top-k ids (int32) and log-probabilities (fp32)."""
+    if storage not in STORAGE:
+        raise ValueError(f"feature store storage={storage!r} is not one of {STORAGE}")
+    if storage == "float8":
+        return seq_len * (width + 4 * groups + 8 * soft_top_k)
     return seq_len * (width * torch.empty((), dtype=dtype).element_size() + 8 * soft_top_k)
 
 
 def store_bytes(*, gib: float, seq_len: int, width: int, dtype: torch.dtype, windows: int | None = None,
-                soft_top_k: int = 0) -> int:
+                soft_top_k: int = 0, storage: str = "auto", groups: int = 1) -> int:
     """Device memory a store of `gib` takes: whole rows, never more rows than the data has windows (so a generous
     feature_store_gib on a small data set costs only what the data needs; the placement check counts this)."""
-    per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k)
+    per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k, storage=storage,
+                        groups=groups)
     rows = int(gib * GIB // per_row)
     return per_row * (rows if windows is None else min(rows, windows))
 
@@ -56,11 +72,16 @@ class FeatureStore:
     """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
 
     def __init__(self, *, gib: float, seq_len: int, width: int, dtype: torch.dtype, device: torch.device,
-                 max_rows: int | None = None, soft_top_k: int = 0):
+                 max_rows: int | None = None, soft_top_k: int = 0, storage: str = "auto", groups: int = 1):
         """`soft_top_k` > 0: each window also keeps the target's top-k next-token ids (int32) and log-probabilities
         (fp32) of every position (distillation's targets, target/soft_labels.py); get and put then take and give
-        (features, ids, log-probs)."""
-        per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k)
+        (features, ids, log-probs). `storage="float8"`: features kept in E4M3 (module docstring), scaled per
+        position and per each of the `groups` target layers side by side in `width` (the drafter's
+        num_target_features)."""
+        if storage == "float8" and width % groups:
+            raise ValueError(f"feature store width {width} is not {groups} target layers of equal size")
+        per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k, storage=storage,
+                            groups=groups)
         rows = int(gib * GIB // per_row)
         if max_rows is not None:
             rows = min(rows, max_rows)  # no more rows than the data has windows
@@ -69,6 +90,7 @@ class FeatureStore:
                              f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
                              f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
         self.device, self.rows, self.row_bytes = torch.device(device), rows, per_row
+        self.dtype, self.storage, self.groups = dtype, storage, groups
         if self.device.type == "cuda":  # the store comes on top of the run's estimate: refuse it before it OOMs
             free, _ = torch.cuda.mem_get_info(self.device)
             need = rows * per_row
@@ -77,8 +99,13 @@ class FeatureStore:
                                  f"windows, but {free / GIB:.1f} GiB are free there (and {RESERVE_BYTES / GIB:.0f} "
                                  "GiB are kept for the step). Fix: set feature_store_gib to at most "
                                  f"{max(0.0, (free - RESERVE_BYTES) / GIB):.0f} (windows beyond it are recomputed).")
-        self.features = torch.empty(rows, seq_len, width, dtype=dtype, device=self.device)
+        fp8 = storage == "float8"
+        # float8 rows are kept as their bytes (uint8): index_select / index_copy_ have no float8 kernels
+        self.features = torch.empty(rows, seq_len, width, dtype=torch.uint8 if fp8 else dtype, device=self.device)
         self.columns = [self.features]  # everything a window keeps, row-aligned
+        self.scales = torch.empty(rows, seq_len, groups, dtype=torch.float32, device=self.device) if fp8 else None
+        if fp8:
+            self.columns.append(self.scales)
         if soft_top_k:
             self.columns += [torch.empty(rows, seq_len, soft_top_k, dtype=torch.int32, device=self.device),
                              torch.empty(rows, seq_len, soft_top_k, dtype=torch.float32, device=self.device)]
@@ -112,15 +139,36 @@ class FeatureStore:
         if self._out is None or self._out[0].shape[0] != len(slots):
             self._out = [torch.empty((len(slots),) + tuple(c.shape[1:]), dtype=c.dtype, device=self.device)
                          for c in self.columns]
+            if self.scales is not None:  # where the float8 rows come back in the features' dtype
+                self._features_out = torch.empty(self._out[0].shape, dtype=self.dtype, device=self.device)
         out = [torch.index_select(c, 0, index, out=o) for c, o in zip(self.columns, self._out)]
+        if self.scales is not None:
+            (q, scale), out = out[:2], out[2:]
+            out = [self._dequantize(q, scale), *out]
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _quantize(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, S, width) features -> E4M3 values (as bytes) and the fp32 scale of each position's slice of each
+        layer."""
+        b, s, w = features.shape
+        x = features.float().view(b, s, self.groups, w // self.groups)
+        scale = x.abs().amax(dim=-1).div_(FP8_MAX).clamp_(min=torch.finfo(torch.float32).tiny)
+        return (x / scale.unsqueeze(-1)).to(FP8).view(b, s, w).view(torch.uint8), scale
+
+    def _dequantize(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        b, s, w = q.shape
+        x = q.view(FP8).view(b, s, self.groups, w // self.groups).float().mul_(scale.unsqueeze(-1))
+        return self._features_out.copy_(x.view(b, s, w))
 
     def put(self, keys: list[bytes], outputs) -> None:
         """Keep the rows of `outputs` (features (b, S, width), or the tuple `gather` gives) whose windows are new,
         while free rows remain."""
         outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        if self.scales is not None:
+            outputs = (*self._quantize(outputs[0]), *outputs[1:])
         if len(outputs) != len(self.columns):
-            raise ValueError(f"the store keeps {len(self.columns)} tensors per window, got {len(outputs)}")
+            raise ValueError(f"the store keeps {len(self.columns) - (self.scales is not None)} tensors per window, "
+                             f"got {len(outputs) - (self.scales is not None)}")
         new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
         free = self.rows - len(self._slots)
         new = new[:free]
@@ -142,5 +190,5 @@ class FeatureStore:
         """What the store did so far: its size, how full it is, and the share of windows it served."""
         seen = self.hits + self.misses
         return {"feature_store_rows": self.rows, "feature_store_stored": self.stored,
-                "feature_store_gib": round(self.gib, 3),
+                "feature_store_gib": round(self.gib, 3), "feature_store_storage": self.storage,
                 "feature_store_hit_rate": round(self.hits / seen, 4) if seen else 0.0}

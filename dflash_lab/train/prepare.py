@@ -164,7 +164,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                                      gib=cfg.feature_store_gib, seq_len=cfg.seq_len,
                                      width=feature_width(drafter_config),
                                      dtype=plan_device(cfg, placement.target_devices[0]).dtype, windows=len(data),
-                                     soft_top_k=distill_top_k(cfg)))
+                                     soft_top_k=distill_top_k(cfg), storage=cfg.feature_store_dtype,
+                                     groups=drafter_config.num_target_features))
     draft_vocab = None
     if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
