@@ -278,3 +278,23 @@ def test_compiled_target_under_capture_matches_eager_target():
     assert m["recompiles_after_first_step"] == 0 and m["graph_breaks"] == 0, m
     assert lc == pytest.approx(lp, rel=1e-2)
     eng.shutdown()
+
+
+def test_float8_feature_store_round_trip_on_the_gpu():
+    """bf16 features of the SmolLM2 width through an E4M3 store on CUDA: the bytes-as-uint8 copies and the
+    dequantisation run there, and each element comes back within E4M3's half-ulp (1/16) of itself."""
+    from dflash_lab.train.feature_store import FeatureStore
+
+    dev = torch.device("cuda:0")
+    S_, groups, H = 320, 5, 576
+    store = FeatureStore(gib=0.01, seq_len=S_, width=groups * H, dtype=torch.bfloat16, device=dev, storage="float8",
+                         groups=groups)
+    feats = (torch.randn(4, S_, groups * H, device=dev) * 3).to(torch.bfloat16)
+    keys = [bytes([i]) * 16 for i in range(4)]
+    store.put(keys, feats)
+    back = store.gather(store.lookup(keys))
+    assert back.dtype == torch.bfloat16 and back.device == feats.device
+    x = feats.float()
+    scale = x.view(4, S_, groups, H).abs().amax(-1, keepdim=True) / 448.0
+    bound = x.abs() / 16 + (scale * 2**-10).expand(4, S_, groups, H).reshape(x.shape) + x.abs() / 128  # + bf16's
+    assert bool(((back.float() - x).abs() <= bound).all())
