@@ -139,8 +139,8 @@ def test_the_knob_grid_folder_reads_back_with_its_figures():
     assert ab_report.differing_settings(grid) == ["num_draft_layers", "loss_weighting"]  # not the time budget
     by = {(r["arm"], r["prompt_set"]): r for r in ab_report.final_rows(grid)}
     assert sorted({a for a, _ in by}) == ["base", "dpace"]  # layers5 stopped before its evaluation
-    assert [round(by["dpace", s]["tau"] - by["base", s]["tau"], 2) for s in ("chitchat-heldout", "self-heldout",
-                                                                              "general")] == [0.19, 0.11, 0.10]  # unrounded taus
+    sets = ("chitchat-heldout", "self-heldout", "general")
+    assert [round(by["dpace", s]["tau"] - by["base", s]["tau"], 2) for s in sets] == [0.19, 0.11, 0.10]  # unrounded
     assert all(r["speedup"] is None and r["tokens_per_s"] is None for r in by.values())  # measured beside others
     md = ab_report.final_markdown(grid)
     assert "| dpace | 10,000 | chitchat-heldout | 0 | 64 | 3.20 [2.92, 3.51] | - | - | - | no (base) |" in md

@@ -151,24 +151,26 @@ def curves(data: dict) -> dict[str, list[dict]]:
 
 def arms_markdown(data: dict) -> str:
     """One row per arm and held-out check: the settings that differ between the arms (none: no column), status,
-    steps of the asked steps, GPU minutes (curves)
-    at the last logged row of epoch 0 (the epoch that fills the feature store) and at the last step, wall_s of the
-    arm's process, steady tokens/s, the last learning rate (0 at the cosine's end), last loss and accuracy, and the
-    check's figures on the run's heldout_data (validation accuracy, chain tau, real tau with its interval and
-    prompts; the recipe's held-out split may share prompts with the training data, so read them as a curve)."""
+    steps of the asked steps, GPU minutes (curves) at the last logged row of epoch 0 (the epoch that fills the
+    feature store) and at the last step, wall_s of the arm's process, steady tokens/s, the last learning rate (0 at
+    the cosine's end), last loss and accuracy, and the check's figures on the run's heldout_data (validation
+    accuracy, chain tau, real tau with its interval and prompts; the recipe's held-out split may share prompts with
+    the training data, so read them as a curve)."""
     rows, knobs = [], differing_settings(data)
+    knob_head = [" / ".join(knobs)] if knobs else []
     for arm, cs in curves(data).items():
         state, cfg, last = data["ab"]["arms"][arm], data["configs"][arm], cs[-1]
         first_epoch = max((r["minutes"] for r in cs if r.get("epoch") == 0), default=None)
         for check in (r for r in cs if r.get("real_tau") is not None):
             tau = (f"{_f(check['real_tau'])} [{_f(check.get('real_tau_low'))}, {_f(check.get('real_tau_high'))}] "
                    f"n={check.get('real_tau_prompts')}")
-            rows.append([arm, *([" / ".join(_f(cfg.get(k), "g") for k in knobs)] if knobs else []), state["status"],
+            values = [" / ".join(_f(cfg.get(k), "g") for k in knobs)] if knobs else []
+            rows.append([arm, *values, state["status"],
                          f"{state['steps']:,} / {cfg.get('steps', 0):,}", _f(first_epoch), _f(last["minutes"]),
                          _f(state["wall_s"], ".1f"), _f(state["steady_tokens_per_s"], ",.0f"),
                          _f(last["lr"], ".2e"), _f(last["loss"], ".3f"), _f(last["acc"], ".3f"),
                          f"{check['step']:,}", _f(check.get("val_acc"), ".3f"), _f(check.get("val_chain_tau")), tau])
-    return _markdown(["arm", *([" / ".join(knobs)] if knobs else []), "status", "steps", "GPU min, epoch 0 last row", "GPU min", "wall s",
+    return _markdown(["arm", *knob_head, "status", "steps", "GPU min, epoch 0 last row", "GPU min", "wall s",
                       "steady tokens/s", "last lr", "last loss", "last acc", "check at step", "val acc",
                       "val chain tau", "training-time real tau"], rows)
 
@@ -208,9 +210,9 @@ def training_figure(data: dict):
     (top) and against GPU wall-clock minutes (bottom, see curves); x shared along a row. Loss and accuracy: raw
     rows (faint) and a rolling mean of SMOOTH rows; the first row's loss (~47) is left off the scale. Held-out
     accuracy: one marker per validation check (a loss weighting other than the paper's changes the loss's scale,
-    not this one's). Real tau: the check while training
-    (a few prompts of the run's heldout_data, filled) and the final evaluation (one hollow marker per prompt set) at
-    the arm's last step / minute. Colour = arm, marker = prompt set."""
+    not this one's). Real tau: the check while training (a few prompts of the run's heldout_data, filled) and the
+    final evaluation (one hollow marker per prompt set) at the arm's last step / minute. Colour = arm, marker =
+    prompt set."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
