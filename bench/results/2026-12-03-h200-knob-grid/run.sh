@@ -21,14 +21,20 @@ CALL_S=${CALL_S:-585}  # the call's limit, minus a margin
 # held-out chitchat prompts) at 5,000 and 10,000; then one knob changed per arm.
 COMMON=${COMMON:-"--set compile_drafter=true --set steps=10000 --set val_every=1000 --set real_tau_every=5000"}
 DEVICE=${DEVICE:-cuda:0}  # cpu: a smoke run of this script with the tiny target (DATA_SETS, COMMON)
-spec() {
+spec() {  # the weighting is named in every arm: the recipe's default changed to D-PACE after this grid
+  D='--set loss_weighting="decay"'; P='--set loss_weighting="dpace"'
   case "$1" in
-    base) echo "" ;;
-    dpace) echo "--set loss_weighting=\"dpace\"" ;;
-    layers5) echo "--set num_draft_layers=5" ;;
-    vocab-full) echo "--set draft_vocab_size=null" ;;
-    wsd) echo "--set lr_schedule=\"wsd\"" ;;
-    anchors128) echo "--set num_anchors=128" ;;
+    base) echo "$D" ;;
+    dpace) echo "$P" ;;
+    layers5) echo "$D --set num_draft_layers=5" ;;
+    # the grid's next arms, on top of the winner (D-PACE)
+    layers5-dpace) echo "$P --set num_draft_layers=5" ;;
+    vocab-full-dpace) echo "$P --set draft_vocab_size=null" ;;
+    wsd-dpace) echo "$P --set lr_schedule=\"wsd\"" ;;
+    anchors128-dpace) echo "$P --set num_anchors=128" ;;
+    # batch 128 at equal tokens (2,500 steps), lr x 2 (sqrt of 4), checks at the same tokens as the others
+    b128-dpace) echo "$P --set batch_size=128 --set steps=2500 --set lr=1.2e-3 --set val_every=250 --set real_tau_every=1250" ;;
+    float8-dpace) echo "$P --set feature_store_dtype=\"float8\"" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
 }
