@@ -139,6 +139,9 @@ def evaluate_arms(args) -> None:
     if not arms:
         raise SystemExit(f"no trained arm in {args.work / STATE}")
     results = json.loads(Path(args.out).read_text()) if args.out and Path(args.out).exists() else {"rows": []}
+    if "rows" not in results:  # e.g. the recipe's own results.json in the work dir
+        raise SystemExit(f"--out {args.out} holds no evaluation rows of this script (keys {sorted(results)[:6]}); "
+                         "Fix: name another file, e.g. <work>/ab-results.json")
     first, *others = arms
     for temperature in args.temperature:
         if any(r["temperature"] == temperature for r in results["rows"]):

@@ -61,6 +61,10 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     rows = json.loads(out.read_text())["rows"]
     assert {(r["arm"], r["prompt_set"]) for r in rows if r["decoder"] != "target only"} == \
         {(a, s) for a in ("straight", "split") for s in ("chitchat-heldout", "self-heldout", "general")}
+    foreign = tmp_path / "recipe-results.json"  # e.g. the recipe's own results.json in its work dir
+    foreign.write_text(json.dumps({"phases": {}}))
+    with pytest.raises(SystemExit, match="holds no evaluation rows.*Fix: name another file"):
+        ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(foreign)])
     tau = {(r["arm"], r["prompt_set"]): r["tau"] for r in rows}
     assert all(tau[("split", s)] == tau[("straight", s)] for s in ("chitchat-heldout", "general"))  # equal drafters
 
