@@ -143,7 +143,9 @@ class RecipeConfig:
     feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16 on an H200; 0 = recompute."""
     feature_store_dtype: str = "auto"
     """TrainConfig.feature_store_dtype: "auto" keeps the features in bf16; "float8" halves a window (0.89 MiB at
-    seq 320), so ~110k windows fit in 95 GiB of an H200 where bf16 holds ~55k; unmeasured on tau so far."""
+    seq 320), so ~110k windows fit in 95 GiB of an H200 where bf16 holds ~55k. It rounds SmolLM2's features by
+    2.2% (relative L2) and cost the tiny target's drafter 0.02 held-out accuracy after ~80 epochs
+    (bench/results/2026-12-03-cpu-fp8-features/); its tau effect on SmolLM2 is not measured yet."""
     compile_drafter: bool = False
     """torch.compile the drafter (TrainConfig.compile_drafter): ~30 s before the first step, then a faster step."""
     loss_weighting: str = "dpace"
