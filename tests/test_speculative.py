@@ -15,7 +15,8 @@ from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
-                                    SpeculativeDecoder, check_compatible, speculative_accept)
+                                    SpeculativeDecoder, check_compatible, speculative_accept,
+                                    speculative_accept_sampled)
 from dflash_lab.target.features import FeatureExtractor, embedding_of
 from tests.conftest import make_tiny_qwen3
 
@@ -201,14 +202,9 @@ def test_speculative_accept_emits_tokens_with_the_target_distribution():
     assert 0.5 * float((torch.eye(6)[0] - probs[0]).abs().sum()) > 10 * tv1
 
 
-def test_sampled_speculative_decoding_matches_target_distribution():
-    """End to end on the tiny target at T=1.3: the joint distribution of the first two generated tokens over 400
-    runs matches the exact target distribution p(t1) p(t2 | t1) (TV within 3x sampling noise + 0.02)."""
-    target, tok, drafter = tiny_models()
-    ids = heldout_prompt_ids(tok, 3)[2]
-    T = 1.3
-    dec = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id)
-    n = 400
+def _first_two_tokens_tv(dec, ids: list[int], T: float, n: int = 400) -> tuple[float, float, int]:
+    """(TV between the first two generated tokens over n seeded runs and the exact p(t1) p(t2 | t1) of the
+    decoder's target at temperature T, its expected sampling noise, drafts accepted in all)."""
     counts: dict[tuple[int, int], int] = {}
     g = torch.Generator().manual_seed(1)
     accepted = 0
@@ -217,19 +213,69 @@ def test_sampled_speculative_decoding_matches_target_distribution():
         key = tuple(res.output_ids[:2])
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(res.accepted)
-    assert accepted > 0  # drafts were accepted, so the acceptance rule is in play
     with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([ids])).logits[0, -1] / T, -1)
+        p1 = torch.softmax(dec.target(torch.tensor([ids])).logits[0, -1] / T, -1)
         top = torch.nonzero(p1 > 1e-4).flatten()
-        batch = torch.tensor([ids + [int(t)] for t in top])
-        p2 = torch.softmax(target(batch).logits[:, -1] / T, -1)  # (k, V)
+        p2 = torch.softmax(dec.target(torch.tensor([ids + [int(t)] for t in top])).logits[:, -1] / T, -1)
     joint = (p1[top, None] * p2).flatten()
     V = p2.shape[1]
     exact = {(int(top[i // V]), i % V): float(joint[i]) for i in torch.nonzero(joint > 1e-6).flatten().tolist()}
-    keys = set(exact) | set(counts)
-    tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in keys)
-    expected = _expected_tv(torch.tensor(list(exact.values())), n)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in set(exact) | set(counts))
+    return tv, _expected_tv(torch.tensor(list(exact.values())), n), accepted
+
+
+def test_sampled_speculative_decoding_matches_target_distribution():
+    """End to end on the tiny target at T=1.3: the joint distribution of the first two generated tokens over 400
+    runs matches the exact target distribution p(t1) p(t2 | t1) (TV within 3x sampling noise + 0.02)."""
+    target, tok, drafter = tiny_models()
+    ids = heldout_prompt_ids(tok, 3)[2]
+    tv, expected, accepted = _first_two_tokens_tv(SpeculativeDecoder(target, drafter, block_size=8,
+                                                                     eos_token_id=tok.eos_token_id), ids, 1.3)
+    assert accepted > 0  # drafts were accepted, so the acceptance rule is in play
     assert tv < 3 * expected + 0.02, (tv, expected)
+
+
+def test_sampled_drafts_are_accepted_with_the_overlap_of_p_and_q_and_emit_the_target_distribution():
+    """Drafts drawn from q: the first emitted token follows p[0], slot 0 is accepted with probability
+    sum min(p0, q0), and a q equal to p is always accepted; argmax drafts of the same q would be accepted with
+    p0[argmax q0] only (the ceiling sampled drafts go past)."""
+    probs = torch.tensor([[0.40, 0.30, 0.15, 0.10, 0.05, 0.00],
+                          [0.05, 0.10, 0.60, 0.20, 0.05, 0.00],
+                          [0.20, 0.20, 0.20, 0.20, 0.10, 0.10]])
+    q = torch.tensor([[0.30, 0.35, 0.10, 0.10, 0.05, 0.10],
+                      [0.05, 0.10, 0.60, 0.20, 0.05, 0.00]])  # slot 1: q == p
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    first = torch.zeros(6)
+    took0 = took1 = 0
+    for _ in range(n):
+        drafts = [int(torch.multinomial(q[k], 1, generator=g)) for k in range(2)]
+        a, nxt = speculative_accept_sampled(probs, q, drafts, g)
+        first[(drafts[:a] + [nxt])[0]] += 1
+        took0 += a >= 1
+        took1 += a >= 2
+    tv1 = 0.5 * float((first / n - probs[0]).abs().sum())
+    assert tv1 < 3 * _expected_tv(probs[0], n), tv1
+    overlap = float(torch.minimum(probs[0], q[0]).sum())  # 0.85
+    assert abs(took0 / n - overlap) < 0.015
+    assert took1 == took0  # slot 1's q equals p there: every draft that reaches it is accepted
+    assert overlap > float(probs[0][q[0].argmax()]) + 0.5  # argmax of q (id 1): accepted with p = 0.30
+
+
+def test_sampled_drafts_end_to_end_keep_the_target_distribution_and_greedy_output():
+    """The tiny target at T=1.3 with drafts sampled from the drafter: the first two tokens' joint distribution
+    over 400 runs is the target's (as for argmax drafts above); at T=0 the output is the argmax drafts' output."""
+    target, tok, drafter = tiny_models()
+    ids = heldout_prompt_ids(tok, 3)[2]
+    T = 1.3
+    dec = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id, sample_drafts=True)
+    greedy = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id)
+    assert dec.generate(ids, max_new_tokens=24).output_ids == greedy.generate(ids, max_new_tokens=24).output_ids
+    tv, expected, accepted = _first_two_tokens_tv(dec, ids, T)
+    assert accepted > 0 and tv < 3 * expected + 0.02, (tv, expected)
+    a = dec.generate(ids, max_new_tokens=16, temperature=T, generator=torch.Generator().manual_seed(5))
+    b = dec.generate(ids, max_new_tokens=16, temperature=T, generator=torch.Generator().manual_seed(5))
+    assert a.output_ids == b.output_ids and a.accepted == b.accepted  # seeded: reproducible
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,9 +13,17 @@ block ever needs cropping there; the target cache is cropped to p + accepted + 1
 Block size 1 is the plain target-only loop (no drafter call, one token per target forward): the speedup baseline.
 
 tau = mean over iterations of (accepted + 1), 1 <= tau <= B. At temperature 0 the output equals the target's own
-greedy `generate()` (tests/test_speculative.py checks it token for token). For T > 0 the draft is deterministic
-(the drafter's argmax), so draft token x is accepted with probability p_target(x) and a rejection resamples from
-p_target with x removed: the output distribution is exactly the target's.
+greedy `generate()` (tests/test_speculative.py checks it token for token). For T > 0 the draft is by default
+deterministic (the drafter's argmax), so draft token x is accepted with probability p_target(x) and a rejection
+resamples from p_target with x removed: the output distribution is exactly the target's, and no argmax drafter
+can be accepted more often than the target's own top-1 probability allows (evaluation/sampling_ceiling.py).
+
+`sample_drafts=True` draws each slot's draft from the drafter's own distribution q_k at the same temperature
+instead. The block's slots are drafted in one pass from MASK inputs, so x_k ~ q_k does not depend on the drafts
+before it, which is all speculative sampling needs: x_k is accepted with probability min(1, p_k(x_k) / q_k(x_k))
+(p_k: the target at slot k given the drafts before it) and a rejection samples from max(0, p_k - q_k), normalised.
+The output is again distributed exactly as the target's samples, and a slot is accepted with probability
+sum_x min(p_k, q_k): up to 1 where the drafter's distribution matches the target's, above the argmax ceiling.
 """
 
 from __future__ import annotations
@@ -163,9 +171,13 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
-                 mask_token_id: int | None = None, eos_token_id: int | list[int] | None = None):
+                 mask_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
+                 sample_drafts: bool = False):
+        """sample_drafts: at temperature > 0, draw each draft from the drafter's distribution (module docstring)
+        instead of taking its argmax; no effect at temperature 0."""
         self.target = target
         self.drafter = drafter
+        self.sample_drafts = sample_drafts
         cfg = drafter.config if drafter is not None else None
         if cfg is not None:
             check_compatible(target, cfg)
@@ -244,6 +256,19 @@ class SpeculativeDecoder:
         logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # slot k predicts pos p + k
         return to_target_ids(self.drafter, logits.argmax(-1)).tolist()
 
+    def _sampled_draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int, p: int,
+                       temperature: float, generator) -> tuple[list[int], torch.Tensor]:
+        """The B-1 drafts drawn from the drafter's distribution at `temperature`, and that distribution over the
+        target's vocabulary (B-1, V) fp32 on the CPU (zero outside a pruned draft vocabulary)."""
+        hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]
+        logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # (B-1, Vd)
+        q_draft = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+        picks = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # one draw per slot, independent
+        ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1])).cpu()  # draft id -> target id
+        q = torch.zeros(q_draft.shape[0], self.head.shape[0], dtype=torch.float32)
+        q[:, ids] = q_draft
+        return ids[picks].tolist(), q
+
     def draft_hidden(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                      p: int) -> torch.Tensor:
         """Extend the drafter's context cache with `new_feats` (target features of positions ctx_start..p-1) and
@@ -316,13 +341,23 @@ class SpeculativeDecoder:
         accepted: list[int] = []
         p = n  # position of the last accepted token (out[-1]); the target cache holds positions < p
         done = out[-1] in self.eos_ids
+        sampled = self.sample_drafts and temperature > 0
         while len(out) < max_new_tokens and not done:
             last = out[-1]
-            drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
+            q = None
+            if B > 1 and sampled:
+                drafts, q = self._sampled_draft(draft_cache, pending, draft_cache.length, last, p, temperature,
+                                                generator)
+            else:
+                drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
             block = torch.tensor([[last, *drafts]], dtype=torch.long, device=self.target_device)  # (1, B)
             logits, feats = self._target_forward(block, cache)  # logits[i] = next-token dist after block[i]
             ti, tv = self._topk(logits)
-            a, nxt = self._accept(drafts, logits, [r[0] for r in ti], temperature, generator)
+            if q is not None:
+                probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+                a, nxt = speculative_accept_sampled(probs, q, drafts, generator)
+            else:
+                a, nxt = self._accept(drafts, logits, [r[0] for r in ti], temperature, generator)
             accepted.append(a)
             refs += self._ref_logits(logits, reference, len(out), a + 1)
             out.extend(drafts[:a])
@@ -382,6 +417,28 @@ def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_si
                             accepted_past_budget=sum(accepted) - sum(counted), topk_ids=topk_ids[:n],
                             topk_logits=[[round(v, 5) for v in row] for row in topk_logits[:n]],
                             ref_logits=[None if v is None else round(v, 5) for v in ref_logits[:n]])
+
+
+def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: list[int],
+                               generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Speculative sampling for drafts DRAWN from the drafter's distributions q (len(drafts), V), one per slot.
+
+    probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
+    min(1, p_k(x_k) / q_k(x_k)); on the first rejection the next token is sampled from max(0, p_k - q_k)
+    normalised. If every draft is accepted, the bonus token is sampled from the last row. The emitted tokens are
+    distributed exactly as the target's own samples. Returns (accepted count, next token).
+    """
+    for k, x in enumerate(drafts):
+        p, qk = probs[k], q[k]
+        u = torch.rand((), generator=generator)
+        if u * qk[x] < p[x]:  # u < p / q without dividing (q[x] > 0: x was drawn from q_k)
+            continue
+        residual = (p - qk).clamp_(min=0.0)
+        total = residual.sum()
+        if total <= 0:  # p <= q everywhere means p == q, where every draft is accepted; rounding guard
+            return k, int(torch.multinomial(p, 1, generator=generator))
+        return k, int(torch.multinomial(residual / total, 1, generator=generator))
+    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))
 
 
 def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None
