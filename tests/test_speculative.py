@@ -14,9 +14,9 @@ import torch
 from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.evaluation.acceptance import speculative_accept, speculative_accept_sampled
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
-                                    SpeculativeDecoder, check_compatible, speculative_accept,
-                                    speculative_accept_sampled)
+                                    SpeculativeDecoder, check_compatible)
 from dflash_lab.target.features import FeatureExtractor, embedding_of
 from tests.conftest import make_tiny_qwen3
 

@@ -9,7 +9,7 @@ probability of x at temperature T. A drafter trained to predict the target's tok
 own greedy continuation (a perfect T=0 drafter: each draft the most acceptable one given the drafts before it), and
 its acceptance is then bounded by how peaked the target's distribution is at T. This module measures that bound by running the evaluator's loop with
 that oracle as the drafter: each block drafts the target's greedy chain from the current text, the target's
-T-probabilities at those positions decide acceptance (speculative.speculative_accept, the same function the
+T-probabilities at those positions decide acceptance (acceptance.speculative_accept, the same function the
 evaluator uses), and the text continues with what was accepted; tau is counted exactly as the evaluator counts it
 (finish_result: cut at eos and at max_new_tokens), with its 95% bootstrap interval over prompts.
 
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from .acceptance import speculative_accept
 from .intervals import tau_interval
-from .speculative import GenerationResult, finish_result, speculative_accept
+from .speculative import GenerationResult, finish_result
 
 
 @dataclass

@@ -39,6 +39,8 @@ from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, to_target_ids
 
+from .acceptance import speculative_accept, speculative_accept_sampled
+
 
 class DrafterMismatchError(ValueError):
     """The drafter does not fit the target (hidden size, layer ids, vocabulary, MASK id)."""
@@ -417,49 +419,3 @@ def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_si
                             accepted_past_budget=sum(accepted) - sum(counted), topk_ids=topk_ids[:n],
                             topk_logits=[[round(v, 5) for v in row] for row in topk_logits[:n]],
                             ref_logits=[None if v is None else round(v, 5) for v in ref_logits[:n]])
-
-
-def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: list[int],
-                               generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Speculative sampling for drafts DRAWN from the drafter's distributions q (len(drafts), V), one per slot.
-
-    probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
-    min(1, p_k(x_k) / q_k(x_k)); on the first rejection the next token is sampled from max(0, p_k - q_k)
-    normalised. If every draft is accepted, the bonus token is sampled from the last row. The emitted tokens are
-    distributed exactly as the target's own samples. Returns (accepted count, next token).
-    """
-    for k, x in enumerate(drafts):
-        p, qk = probs[k], q[k]
-        u = torch.rand((), generator=generator)
-        if u * qk[x] < p[x]:  # u < p / q without dividing (q[x] > 0: x was drawn from q_k)
-            continue
-        residual = (p - qk).clamp_(min=0.0)
-        total = residual.sum()
-        if total <= 0:  # p <= q everywhere means p == q, where every draft is accepted; rounding guard
-            return k, int(torch.multinomial(p, 1, generator=generator))
-        return k, int(torch.multinomial(residual / total, 1, generator=generator))
-    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))
-
-
-def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None
-                       ) -> tuple[int, int]:
-    """Speculative sampling for a DETERMINISTIC draft (the drafter's q is one-hot at each draft token).
-
-    probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
-    min(1, p(x_k) / q(x_k)) = p(x_k); on the first rejection the next token is sampled from the residual
-    max(0, p - q) normalised = p with x_k removed. If every draft is accepted, the bonus token is sampled from the
-    last row. The emitted tokens are then distributed exactly as the target's own samples.
-    Returns (accepted count, next token).
-    """
-    for k, x in enumerate(drafts):
-        p = probs[k]
-        u = torch.rand((), generator=generator)
-        if u < p[x]:
-            continue
-        residual = p.clone()
-        residual[x] = 0.0
-        total = residual.sum()
-        if total <= 0:  # p is one-hot at x but u >= 1 cannot happen; keep the guard for rounding
-            return k, x
-        return k, int(torch.multinomial(residual / total, 1, generator=generator))
-    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))

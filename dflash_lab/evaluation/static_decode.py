@@ -42,10 +42,10 @@ from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
 from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder
+from .acceptance import speculative_accept
 from .batched_decode import BatchedSpeculativeDecoder, static_path_problem
 from .intervals import TauInterval, tau_interval
-from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, speculative_accept, \
-    target_text_config
+from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
 
 STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
 
