@@ -14,7 +14,7 @@ import torch
 from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
-from dflash_lab.evaluation.acceptance import speculative_accept, speculative_accept_sampled
+from dflash_lab.evaluation.acceptance import coupled_drafts, speculative_accept, speculative_accept_sampled
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible)
 from dflash_lab.target.features import FeatureExtractor, embedding_of
@@ -262,13 +262,69 @@ def test_sampled_drafts_are_accepted_with_the_overlap_of_p_and_q_and_emit_the_ta
     assert overlap > float(probs[0][q[0].argmax()]) + 0.5  # argmax of q (id 1): accepted with p = 0.30
 
 
-def test_sampled_drafts_end_to_end_keep_the_target_distribution_and_greedy_output():
-    """The tiny target at T=1.3 with drafts sampled from the drafter: the first two tokens' joint distribution
-    over 400 runs is the target's (as for argmax drafts above); at T=0 the output is the argmax drafts' output."""
+def test_coupled_drafts_keep_each_slots_marginal_and_report_the_exact_conditional_proposal():
+    """One shared uniform: each slot's drafts follow its q_k, slot 2's drafts given slot 1's follow the proposal
+    coupled_drafts returns for it, and two slots with the same q always agree (independent draws: 0.46 of the
+    time); with those proposals speculative sampling emits the target's distribution, with slot 2's marginal q it
+    does not."""
+    q = torch.tensor([[0.50, 0.25, 0.15, 0.10, 0.00],
+                      [0.10, 0.60, 0.20, 0.05, 0.05],
+                      [0.50, 0.25, 0.15, 0.10, 0.00]])
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    counts = torch.zeros(3, 5)
+    given: dict[int, torch.Tensor] = {}
+    proposal_of: dict[int, torch.Tensor] = {}
+    agree = 0
+    for _ in range(n):
+        drafts, prop = coupled_drafts(q, g)
+        assert torch.allclose(prop.sum(-1), torch.ones(3), atol=1e-6) and bool((prop[torch.arange(3), drafts] > 0).all())
+        for k, x in enumerate(drafts):
+            counts[k, x] += 1
+        given.setdefault(drafts[0], torch.zeros(5))[drafts[1]] += 1
+        if drafts[0] in proposal_of:
+            assert torch.equal(proposal_of[drafts[0]], prop[1])  # the proposal depends on slot 1's draft only
+        proposal_of[drafts[0]] = prop[1]
+        agree += drafts[0] == drafts[2]
+    for k in range(3):
+        assert 0.5 * float((counts[k] / n - q[k]).abs().sum()) < 3 * _expected_tv(q[k], n)
+    for x1, c in given.items():
+        m = int(c.sum())
+        assert 0.5 * float((c / m - proposal_of[x1]).abs().sum()) < 3 * _expected_tv(proposal_of[x1], m) + 1e-3
+    assert agree == n
+    # slot 1 took id 0: u < 0.5, inside slot 2's top interval [0, 0.6) (id 1); id 1: u in [0.5, 0.75), which
+    # slot 2 splits into [0.5, 0.6) (id 1) and [0.6, 0.75) (id 2, its second)
+    assert torch.allclose(proposal_of[0], torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0]))
+    assert torch.allclose(proposal_of[1], torch.tensor([0.0, 0.4, 0.6, 0.0, 0.0]))
+    probs = torch.tensor([[0.30, 0.30, 0.20, 0.10, 0.10],
+                          [0.40, 0.10, 0.10, 0.30, 0.10],
+                          [0.20, 0.20, 0.20, 0.20, 0.20]])
+
+    def second_token_tv(use_marginal: bool) -> tuple[float, float]:
+        second, g2 = torch.zeros(5), torch.Generator().manual_seed(1)
+        for _ in range(n):
+            drafts, prop = coupled_drafts(q[:2], g2)
+            a, nxt = speculative_accept_sampled(probs, q[:2] if use_marginal else prop, drafts, g2)
+            if a >= 1:
+                second[(drafts[:a] + [nxt])[1]] += 1
+        m = int(second.sum())
+        return 0.5 * float((second / m - probs[1]).abs().sum()), _expected_tv(probs[1], m)
+
+    tv, noise = second_token_tv(False)
+    assert tv < 3 * noise, (tv, noise)
+    tv_wrong, _ = second_token_tv(True)
+    assert tv_wrong > 5 * noise, (tv_wrong, noise)  # 0.032 against noise 0.006
+
+
+@pytest.mark.parametrize("mode", ["sample", "coupled"])
+def test_sampled_drafts_end_to_end_keep_the_target_distribution_and_greedy_output(mode):
+    """The tiny target at T=1.3 with drafts sampled from the drafter (each slot independently, or the block from
+    one shared uniform): the first two tokens' joint distribution over 400 runs is the target's (as for argmax
+    drafts above); at T=0 the output is the argmax drafts' output."""
     target, tok, drafter = tiny_models()
     ids = heldout_prompt_ids(tok, 3)[2]
     T = 1.3
-    dec = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id, sample_drafts=True)
+    dec = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id, draft_sampling=mode)
     greedy = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=tok.eos_token_id)
     assert dec.generate(ids, max_new_tokens=24).output_ids == greedy.generate(ids, max_new_tokens=24).output_ids
     tv, expected, accepted = _first_two_tokens_tv(dec, ids, T)

@@ -1,15 +1,19 @@
 """The acceptance rules of speculative sampling at T > 0: which drafted tokens the target keeps, and what it emits
 at the first rejection, so that the emitted tokens are distributed exactly as the target's own samples.
 
-Two drafts are verified: the drafter's argmax (deterministic, q one-hot: a draft is kept with the target's
-probability of it) and a draft drawn from the drafter's own distribution q at the serving temperature (kept with
-probability min(1, p/q), up to 1 where q matches the target). Every decoder (dynamic, static, the sampling
-ceiling) calls these two functions, so one lossless test covers them all.
+Three drafts are verified (DRAFT_SAMPLING): the drafter's argmax (deterministic, q one-hot: a draft is kept with
+the target's probability of it), a draft drawn from the drafter's own distribution q at the serving temperature,
+each slot independently (kept with probability min(1, p/q), up to 1 where q matches the target), and the block's
+drafts drawn from q with one shared uniform (coupled_drafts: verified against each slot's proposal given the drafts
+before it). Every decoder (dynamic, static, the sampling ceiling) calls these functions, so the lossless tests of
+them cover every decoder.
 """
 
 from __future__ import annotations
 
 import torch
+
+DRAFT_SAMPLING = ("argmax", "sample", "coupled")
 
 
 def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: list[int],
@@ -56,3 +60,30 @@ def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.
             return k, x
         return k, int(torch.multinomial(residual / total, 1, generator=generator))
     return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))
+
+
+def coupled_drafts(q: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor]:
+    """Drafts for all slots from ONE uniform u, and each slot's proposal given the drafts before it.
+
+    q: (K, V) the drafter's per-slot distributions, each drafted from MASK inputs, so independent draws from them
+    are rarely one continuation. Here every slot lays its tokens on [0, 1) in descending order of q_k and takes the
+    token whose interval holds the same u: where slot 1 takes its top token, the later slots lean to theirs, as an
+    argmax block would, and each slot's marginal is still q_k. Speculative sampling needs the proposal of slot k
+    GIVEN the drafts before it: knowing them says only that u lies in the intersection I of their intervals, so
+    that proposal is q~_k(x) = |I ∩ J_k(x)| / |I| (J_k(x): x's interval at slot k), which is exact and positive at
+    the drawn token. Pass the returned (K, V) proposals to speculative_accept_sampled. Computed on q's device.
+    """
+    order = q.argsort(dim=-1, descending=True)
+    hi_edge = q.gather(-1, order).double().cumsum(-1)
+    hi_edge = hi_edge / hi_edge[:, -1:]  # the last edge exactly 1, so every u in [0, 1) falls in some interval
+    lo_edge = torch.cat([torch.zeros_like(hi_edge[:, :1]), hi_edge[:, :-1]], dim=1)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    lo, hi = 0.0, 1.0
+    drafts, proposals = [], torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for k in range(q.shape[0]):
+        width = (hi_edge[k].clamp(max=hi) - lo_edge[k].clamp(min=lo)).clamp_(min=0.0) / (hi - lo)
+        proposals[k].scatter_(0, order[k], width.float())
+        r = min(int(torch.searchsorted(hi_edge[k], u.to(hi_edge.device), right=True)), q.shape[1] - 1)
+        drafts.append(int(order[k, r]))
+        lo, hi = max(lo, float(lo_edge[k, r])), min(hi, float(hi_edge[k, r]))
+    return drafts, proposals

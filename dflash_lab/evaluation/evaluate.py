@@ -2,7 +2,7 @@
 
     python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts NAME|FILE ...]
         [--checkpoint best|latest|step-N] [--block-size B] [--temperature T] [--max-new-tokens N] [--n-prompts K]
-        [--dtype auto|bfloat16|float32] [--decoding auto|static|dynamic] [--draft-sampling argmax|sample]
+        [--dtype auto|bfloat16|float32] [--decoding auto|static|dynamic] [--draft-sampling argmax|sample|coupled]
         [--out DIR] [--no-untrained] [--no-notebook]
 
 checks every setting first (a bad one is one line with the fix, and nothing is written), then runs
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .acceptance import DRAFT_SAMPLING
 from .measure import heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401 (public names)
 from .prompt_sets import info_of, is_heldout_file, read_training_prompts, resolve_sets
 from .prompts import EvalError, load_prompts, select_prompts
@@ -182,7 +183,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     evaluation (same prompts, seed and target-alone baseline, which then runs once for all): an A/B of runs.
     draft_sampling: at temperature > 0, "argmax" drafts the drafter's top-1 (accepted with the target's probability
     of it: at most the argmax ceiling), "sample" draws each draft from the drafter's own distribution and verifies
-    by speculative sampling against it (speculative.py; lossless either way); runs on the dynamic loop.
+    by speculative sampling against it, "coupled" draws the block's drafts from one shared uniform (acceptance.py;
+    lossless every way); the sampled modes run on the dynamic loop.
     threads: torch CPU threads when the device is the CPU (None = leave torch's setting). Decoding at batch size 1 is
     latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were ~10x
     slower than 1 (threads waiting for each other on every small matmul).
@@ -192,11 +194,11 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
 
     if decoding not in DECODING:
         raise EvalError(f"decoding={decoding!r} is not one of {sorted(DECODING)}.")
-    if draft_sampling not in ("argmax", "sample"):
-        raise EvalError(f"draft_sampling={draft_sampling!r} is not one of ['argmax', 'sample'].")
-    if draft_sampling == "sample" and decoding == "static":
-        raise EvalError("draft_sampling='sample' runs on the dynamic loop (the captured static step drafts argmax). "
-                        "Fix: decoding='auto' or 'dynamic'.")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise EvalError(f"draft_sampling={draft_sampling!r} is not one of {list(DRAFT_SAMPLING)}.")
+    if draft_sampling != "argmax" and decoding == "static":
+        raise EvalError(f"draft_sampling={draft_sampling!r} runs on the dynamic loop (the captured static step drafts "
+                        "argmax). Fix: decoding='auto' or 'dynamic'.")
     plan = plan_eval(run, prompts=prompts, block_size=block_size, temperature=temperature,
                      max_new_tokens=max_new_tokens, n_prompts=n_prompts, target=target, seed=seed, device=device,
                      dtype=dtype, out_dir=out_dir, checkpoint=checkpoint)
@@ -226,9 +228,9 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                             f"block_size={B}. Fix: compare runs of one block size, or set block_size.")
         drafters[name].to(device=dev, dtype=plan.dtype)
     drafters[BASELINE] = None
-    sample = draft_sampling == "sample" and temperature > 0
+    sampling = draft_sampling if temperature > 0 else "argmax"
     decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos,
-                                   fast=False if sample else fast, log=log, sample_drafts=sample)
+                                   fast=False if sampling != "argmax" else fast, log=log, draft_sampling=sampling)
                 for name, d in drafters.items()}
     _check_lengths(decoders["trained"], sets, files, max_new_tokens)
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
@@ -238,8 +240,10 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     results = run_decoders(tgt, decoders, sets, max_new_tokens=max_new_tokens, temperature=temperature,
                            seed=plan.seed, log=log)
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
-    if sample:
-        how += f"; drafts sampled from the drafter at T={temperature} (speculative sampling against its q)"
+    if sampling != "argmax":
+        how += (f"; drafts sampled from the drafter at T={temperature}, "
+                f"{'from one shared uniform' if sampling == 'coupled' else 'each slot independently'} "
+                "(speculative sampling against the proposal)")
     return EvalReport(run_dir=str(src.run_dir), weights=str(src.weights), step=src.step, target=plan.target,
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
@@ -359,9 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto = bf16 on a GPU, fp32 on the CPU; float32 = exact lossless check")
     ap.add_argument("--decoding", default="auto", choices=sorted(DECODING),
                     help="auto = static caches + CUDA graphs on a GPU, the dynamic loop on the CPU")
-    ap.add_argument("--draft-sampling", default="argmax", choices=["argmax", "sample"],
-                    help="at temperature > 0: argmax drafts (accepted with the target's probability of them) or "
-                         "drafts sampled from the drafter and verified by speculative sampling (the dynamic loop)")
+    ap.add_argument("--draft-sampling", default="argmax", choices=list(DRAFT_SAMPLING),
+                    help="at temperature > 0: argmax drafts (accepted with the target's probability of them), or "
+                         "drafts sampled from the drafter, each slot independently (sample) or from one shared "
+                         "uniform (coupled), verified by speculative sampling (the dynamic loop)")
     ap.add_argument("--out", default=None, help="evaluation folder (default: a new <run>/evals/<stamp>-b<B>-t<T>-"
                     "<dtype>/; for an exported folder runs/exports/<name>/evals/...: an export is written into "
                     "only with --out)")

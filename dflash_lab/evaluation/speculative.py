@@ -18,12 +18,14 @@ deterministic (the drafter's argmax), so draft token x is accepted with probabil
 resamples from p_target with x removed: the output distribution is exactly the target's, and no argmax drafter
 can be accepted more often than the target's own top-1 probability allows (evaluation/sampling_ceiling.py).
 
-`sample_drafts=True` draws each slot's draft from the drafter's own distribution q_k at the same temperature
+`draft_sampling="sample"` draws each slot's draft from the drafter's own distribution q_k at the same temperature
 instead. The block's slots are drafted in one pass from MASK inputs, so x_k ~ q_k does not depend on the drafts
 before it, which is all speculative sampling needs: x_k is accepted with probability min(1, p_k(x_k) / q_k(x_k))
 (p_k: the target at slot k given the drafts before it) and a rejection samples from max(0, p_k - q_k), normalised.
 The output is again distributed exactly as the target's samples, and a slot is accepted with probability
 sum_x min(p_k, q_k): up to 1 where the drafter's distribution matches the target's, above the argmax ceiling.
+`draft_sampling="coupled"` draws every slot from one shared uniform instead (acceptance.coupled_drafts), so a
+sampled block is more often one continuation, and verifies each slot against its proposal given the drafts before.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, to_target_ids
 
-from .acceptance import speculative_accept, speculative_accept_sampled
+from .acceptance import DRAFT_SAMPLING, coupled_drafts, speculative_accept, speculative_accept_sampled
 
 
 class DrafterMismatchError(ValueError):
@@ -174,12 +176,15 @@ class SpeculativeDecoder:
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
                  mask_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
-                 sample_drafts: bool = False):
-        """sample_drafts: at temperature > 0, draw each draft from the drafter's distribution (module docstring)
-        instead of taking its argmax; no effect at temperature 0."""
+                 draft_sampling: str = "argmax"):
+        """draft_sampling: at temperature > 0, "argmax" drafts the drafter's top-1; "sample" draws each draft from
+        the drafter's distribution, "coupled" draws the block's drafts from one shared uniform (module docstring);
+        no effect at temperature 0."""
+        if draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"draft_sampling={draft_sampling!r} is not one of {list(DRAFT_SAMPLING)}.")
         self.target = target
         self.drafter = drafter
-        self.sample_drafts = sample_drafts
+        self.draft_sampling = draft_sampling
         cfg = drafter.config if drafter is not None else None
         if cfg is not None:
             check_compatible(target, cfg)
@@ -260,12 +265,18 @@ class SpeculativeDecoder:
 
     def _sampled_draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int, p: int,
                        temperature: float, generator) -> tuple[list[int], torch.Tensor]:
-        """The B-1 drafts drawn from the drafter's distribution at `temperature`, and that distribution over the
-        target's vocabulary (B-1, V) fp32 on the CPU (zero outside a pruned draft vocabulary)."""
+        """The B-1 drafts drawn from the drafter's distribution at `temperature`, and each slot's proposal over the
+        target's vocabulary (B-1, V) fp32 on the CPU (zero outside a pruned draft vocabulary): q_k itself for
+        independent draws, q_k given the drafts before it for coupled ones."""
         hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]
         logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # (B-1, Vd)
-        q_draft = torch.softmax(logits.float() / temperature, dim=-1).cpu()
-        picks = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # one draw per slot, independent
+        q_draft = torch.softmax(logits.float() / temperature, dim=-1)
+        if self.draft_sampling == "coupled":
+            picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts
+            picks, q_draft = torch.tensor(picks), q_draft.cpu()
+        else:
+            q_draft = q_draft.cpu()
+            picks = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # one draw per slot, independent
         ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1])).cpu()  # draft id -> target id
         q = torch.zeros(q_draft.shape[0], self.head.shape[0], dtype=torch.float32)
         q[:, ids] = q_draft
@@ -343,7 +354,7 @@ class SpeculativeDecoder:
         accepted: list[int] = []
         p = n  # position of the last accepted token (out[-1]); the target cache holds positions < p
         done = out[-1] in self.eos_ids
-        sampled = self.sample_drafts and temperature > 0
+        sampled = self.draft_sampling != "argmax" and temperature > 0
         while len(out) < max_new_tokens and not done:
             last = out[-1]
             q = None

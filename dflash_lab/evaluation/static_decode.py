@@ -318,16 +318,17 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
 
 
 def make_decoder(target, drafter: DFlashDrafter | None, *, block_size: int | None = None, eos_token_id=None,
-                 fast: str | bool = "auto", log=None, sample_drafts: bool = False) -> SpeculativeDecoder:
+                 fast: str | bool = "auto", log=None, draft_sampling: str = "argmax") -> SpeculativeDecoder:
     """The decoder to measure with: static caches + CUDA graphs on CUDA (fast="auto" or True), the dynamic loop on
-    the CPU or for a target the static path cannot run (said through `log`). sample_drafts (drafts drawn from the
-    drafter's distribution at T > 0, speculative.py) runs on the dynamic loop: the captured step drafts argmax."""
-    if sample_drafts and drafter is not None:
+    the CPU or for a target the static path cannot run (said through `log`). Drafts drawn from the drafter's
+    distribution at T > 0 (draft_sampling "sample" or "coupled", speculative.py) run on the dynamic loop: the
+    captured step drafts argmax."""
+    if draft_sampling != "argmax" and drafter is not None:
         if fast is True:
             raise ValueError("sampled drafts run on the dynamic loop only (the static path's captured step drafts "
                              "argmax). Fix: decoding='dynamic' (or 'auto'), or argmax drafts.")
         return SpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
-                                  sample_drafts=True)
+                                  draft_sampling=draft_sampling)
     on_cuda = next(target.parameters()).device.type == "cuda"
     if fast is True or (fast == "auto" and on_cuda):
         problem = static_path_problem(target, drafter)
