@@ -3,7 +3,7 @@
     python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts NAME|FILE ...]
         [--checkpoint best|latest|step-N] [--block-size B] [--temperature T] [--max-new-tokens N] [--n-prompts K]
         [--dtype auto|bfloat16|float32] [--decoding auto|static|dynamic] [--draft-sampling argmax|sample|coupled]
-        [--out DIR] [--no-untrained] [--no-notebook]
+        [--seed N] [--out DIR] [--no-untrained] [--no-notebook]
 
 checks every setting first (a bad one is one line with the fix, and nothing is written), then runs
 notebooks/eval.ipynb with papermill into a NEW folder <run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/ (eval.ipynb,
@@ -370,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="evaluation folder (default: a new <run>/evals/<stamp>-b<B>-t<T>-"
                     "<dtype>/; for an exported folder runs/exports/<name>/evals/...: an export is written into "
                     "only with --out)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="seed of the sampling at T > 0 and of the untrained drafter (default: the run's seed); "
+                         "several seeds average out the draws of a sampled evaluation")
     ap.add_argument("--threads", type=threads_arg, default=1, help="torch CPU threads on the CPU, 0..cores (default "
                     "1: fastest for small targets at batch size 1; 0 = torch's default)")
     ap.add_argument("--notebook", action=argparse.BooleanOptionalAction, default=True,
@@ -380,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = {"prompts": args.prompts, "block_size": args.block_size, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "n_prompts": args.n_prompts, "target": args.target,
-                "device": args.device, "dtype": args.dtype, "checkpoint": args.checkpoint}
+                "device": args.device, "dtype": args.dtype, "checkpoint": args.checkpoint, "seed": args.seed}
     try:
         plan = plan_eval(args.run, **settings, out_dir=args.out)  # every expected error, before anything is written
         params = {"run": str(args.run), **settings, "untrained": args.untrained, "decoding": args.decoding,
