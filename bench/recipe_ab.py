@@ -9,6 +9,7 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py train --work /tmp/ab --arm hard    --set steps=9000 --set draft_vocab_size=16384
     python bench/recipe_ab.py train --work /tmp/ab --arm distill --set steps=9000 --set distill_weight=0.5 ...
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
+    python bench/recipe_ab.py eval  --work /tmp/ab --temperature 1 --draft-sampling sample --out results.json
 
 `--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
 An arm stopped by its `time_budget_s` is continued by the same `train` command in the next job (resume_from: the
@@ -130,10 +131,8 @@ def train(args) -> None:
 
 
 def evaluate_arms(args) -> None:
-    """Every arm in ONE evaluation per temperature (evaluate(compare=...)): the same prompts, seed and target-alone
-    baseline, which then decodes once for all arms."""
-    from dflash_lab.evaluation.evaluate import evaluate
-
+    """Every arm in ONE evaluation per temperature and, above 0, per draft mode (evaluate(compare=...)): the same
+    prompts, seed and target-alone baseline, which then decodes once for all arms."""
     state = _state(args.work)
     arms = {a: i for a, i in state.get("arms", {}).items() if not args.arms or a in args.arms}
     if not arms:
@@ -144,24 +143,34 @@ def evaluate_arms(args) -> None:
                          "Fix: name another file, e.g. <work>/ab-results.json")
     first, *others = arms
     for temperature in args.temperature:
-        if any(r["temperature"] == temperature for r in results["rows"]):
-            continue  # measured by an earlier job
-        t0 = time.perf_counter()
-        sets = state["sets"] if temperature == 0 or not args.sampled_sets else \
-            {k: v for k, v in state["sets"].items() if k in args.sampled_sets}
-        rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
-                       max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
-                       compare={a: arms[a]["run_dir"] for a in others})
-        for r in rep.rows():
-            arm = first if r["decoder"] == "trained" else r["decoder"]
-            results["rows"].append({"arm": arm, "temperature": temperature,
-                                    "steps": arms[arm]["steps"] if arm in arms else None,
-                                    **{k: r.get(k) for k in ("decoder", "prompt_set", "prompts", "tau", "tau_low",
-                                                             "tau_high", "tokens_per_s", "speedup")}})
-        results.setdefault("seconds", {})[str(temperature)] = round(time.perf_counter() - t0, 1)
-        print(rep.table(), flush=True)
-        if args.out:  # after every temperature: a job cut by its limit keeps what it measured
-            Path(args.out).write_text(json.dumps({**results, "arms": arms, "sets": state["sets"]}, indent=1))
+        for sampling in args.draft_sampling if temperature > 0 else ["argmax"]:  # at T=0 every mode drafts argmax
+            if any(r["temperature"] == temperature and r.get("draft_sampling", "argmax") == sampling
+                   for r in results["rows"]):
+                continue  # measured by an earlier job
+            _evaluate_once(args, state, arms, first, others, temperature, sampling, results)
+
+
+def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str], temperature: float, sampling: str,
+                   results: dict) -> None:
+    from dflash_lab.evaluation.evaluate import evaluate
+
+    t0 = time.perf_counter()
+    sets = state["sets"] if temperature == 0 or not args.sampled_sets else \
+        {k: v for k, v in state["sets"].items() if k in args.sampled_sets}
+    rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
+                   max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
+                   compare={a: arms[a]["run_dir"] for a in others}, draft_sampling=sampling)
+    for r in rep.rows():
+        arm = first if r["decoder"] == "trained" else r["decoder"]
+        results["rows"].append({"arm": arm, "temperature": temperature, "draft_sampling": sampling,
+                                "steps": arms[arm]["steps"] if arm in arms else None,
+                                **{k: r.get(k) for k in ("decoder", "prompt_set", "prompts", "tau", "tau_low",
+                                                         "tau_high", "tokens_per_s", "speedup")}})
+    label = str(temperature) if sampling == "argmax" else f"{temperature} {sampling}"
+    results.setdefault("seconds", {})[label] = round(time.perf_counter() - t0, 1)
+    print(rep.table(), flush=True)
+    if args.out:  # after every evaluation: a job cut by its limit keeps what it measured
+        Path(args.out).write_text(json.dumps({**results, "arms": arms, "sets": state["sets"]}, indent=1))
 
 
 def main(argv=None) -> int:
@@ -173,6 +182,8 @@ def main(argv=None) -> int:
     p.add_argument("--arms", nargs="*", help="eval: only these arms")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--temperature", type=float, action="append", help="eval: repeat for several (default 0)")
+    p.add_argument("--draft-sampling", action="append", choices=["argmax", "sample", "coupled"],
+                   help="eval at temperatures above 0: repeat for several draft modes (default argmax)")
     p.add_argument("--prompts", type=int, default=64, help="eval: prompts per set")
     p.add_argument("--sampled-sets", nargs="*", default=["chitchat-heldout"],
                    help="eval: the sets also decoded at temperatures above 0 (none given: every set)")
@@ -182,6 +193,7 @@ def main(argv=None) -> int:
     if args.what == "train" and not args.arm:
         p.error("train needs --arm NAME")
     args.temperature = args.temperature or [0.0]
+    args.draft_sampling = args.draft_sampling or ["argmax"]
     {"data": data, "train": train, "eval": evaluate_arms}[args.what](args)
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflash_lab.train import stopping
+from dflash_lab.workflows import ab_report
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +68,18 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
         ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(foreign)])
     tau = {(r["arm"], r["prompt_set"]): r["tau"] for r in rows}
     assert all(tau[("split", s)] == tau[("straight", s)] for s in ("chitchat-heldout", "general"))  # equal drafters
+
+    sampled = ["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(out), "--arms",
+               "straight", "--temperature", "1", "--draft-sampling", "argmax", "--draft-sampling", "coupled"]
+    ab.main(sampled)
+    rows = json.loads(out.read_text())["rows"]
+    hot = {(r["draft_sampling"], r["decoder"], r["prompt_set"]) for r in rows if r["temperature"] == 1.0}
+    assert hot == {(m, d, "chitchat-heldout") for m in ("argmax", "coupled") for d in ("trained", "target only")}
+    ab.main(sampled)  # a rerun (the next job) skips what the file holds
+    assert len(json.loads(out.read_text())["rows"]) == len(rows)
+    report = {"results": {"rows": rows}}
+    labels = {r["arm"] for r in ab_report.final_rows(report) if r["temperature"] == 1.0}
+    assert labels == {"straight", "straight (coupled drafts)"}
 
 
 def test_arms_finishing_side_by_side_each_keep_their_entry(tmp_path):

@@ -99,18 +99,25 @@ def final_rows(data: dict) -> list[dict]:
     key = lambda r: (r["prompt_set"], r.get("temperature", 0.0))  # noqa: E731
     base = {key(r): r for r in rows if r["decoder"] == BASELINE}
     drafters = [r for r in rows if r["decoder"] != BASELINE]
-    several = len({r["arm"] for r in drafters}) > 1
+    several = len({_label(r) for r in drafters}) > 1
     overlap = {}
     for k in dict.fromkeys(key(r) for r in drafters):
-        overlap[k] = not_separated({r["arm"]: stored_interval(r["tau"], r.get("tau_low"), r.get("tau_high"),
-                                                              r.get("prompts"))
+        overlap[k] = not_separated({_label(r): stored_interval(r["tau"], r.get("tau_low"), r.get("tau_high"),
+                                                               r.get("prompts"))
                                     for r in drafters if key(r) == k})
-    return [{"arm": r["arm"], "temperature": r.get("temperature", 0.0), "steps": r["steps"],
+    return [{"arm": _label(r), "temperature": r.get("temperature", 0.0), "steps": r["steps"],
              "prompt_set": r["prompt_set"], "prompts": r["prompts"], "tau": r["tau"], "tau_low": r.get("tau_low"),
              "tau_high": r.get("tau_high"), "tokens_per_s": r["tokens_per_s"],
              "target_tokens_per_s": base.get(key(r), {}).get("tokens_per_s"), "speedup": r["speedup"],
-             "not_separated_from": overlap[key(r)][r["arm"]] if several else None}
+             "not_separated_from": overlap[key(r)][_label(r)] if several else None}
             for r in drafters]
+
+
+def _label(row: dict) -> str:
+    """The arm, and how it drafted where that was not its argmax (sampled drafts at T > 0 are another decoder of
+    the same drafter, compared on the same prompts)."""
+    mode = row.get("draft_sampling", "argmax")
+    return row["arm"] if mode == "argmax" else f"{row['arm']} ({mode} drafts)"
 
 
 def _f(v, spec: str = ".2f") -> str:

@@ -9,6 +9,7 @@
 #   bash run.sh data    carry [".recipe/x3"]  the chitchat wheel, then the recipe's data phases (bench/recipe_ab.py)
 #   TRAIN="base dpace" EVAL="" bash run.sh go   train the named arms side by side (each stopped by its time budget
 #                        continues exactly in the next call), evaluate the named finished arms beside them
+#                        (TEMPS="0 1": temperatures; SAMPLING="argmax sample coupled": draft modes at T > 0)
 # .recipe/x1, x2: see bench/smollm2_model.sh; .recipe/x3: the chitchat_dataset-0.9.0 wheel (+ papermill's).
 set -u
 MODE=${1:?stage, model, data or go}
@@ -35,6 +36,8 @@ spec() {  # the weighting is named in every arm: the recipe's default changed to
     # batch 128 at equal tokens (2,500 steps), lr x 2 (sqrt of 4), checks at the same tokens as the others
     b128-dpace) echo "$P --set batch_size=128 --set steps=2500 --set lr=1.2e-3 --set val_every=250 --set real_tau_every=1250" ;;
     float8-dpace) echo "$P --set feature_store_dtype=\"float8\"" ;;
+    # for sampled serving: the target's top-16 at T=1 as the label (half the loss), evaluated with SAMPLING
+    distill-dpace) echo "$P --set distill_weight=0.5" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
 }
