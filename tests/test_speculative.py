@@ -278,7 +278,8 @@ def test_coupled_drafts_keep_each_slots_marginal_and_report_the_exact_conditiona
     agree = 0
     for _ in range(n):
         drafts, prop = coupled_drafts(q, g)
-        assert torch.allclose(prop.sum(-1), torch.ones(3), atol=1e-6) and bool((prop[torch.arange(3), drafts] > 0).all())
+        assert torch.allclose(prop.sum(-1), torch.ones(3), atol=1e-6)
+        assert bool((prop[torch.arange(3), drafts] > 0).all())  # the drawn tokens are possible under their proposals
         for k, x in enumerate(drafts):
             counts[k, x] += 1
         given.setdefault(drafts[0], torch.zeros(5))[drafts[1]] += 1

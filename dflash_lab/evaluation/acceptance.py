@@ -18,7 +18,8 @@ DRAFT_SAMPLING = ("argmax", "sample", "coupled")
 
 def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: list[int],
                                generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Speculative sampling for drafts DRAWN from the drafter's distributions q (len(drafts), V), one per slot.
+    """Speculative sampling for drafts DRAWN from proposals q (len(drafts), V): row k is the distribution x_k was
+    drawn from given the drafts before it (q_k itself for independent draws, coupled_drafts' rows for coupled ones).
 
     probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
     min(1, p_k(x_k) / q_k(x_k)); on the first rejection the next token is sampled from max(0, p_k - q_k)

@@ -20,8 +20,9 @@ can be accepted more often than the target's own top-1 probability allows (evalu
 
 `draft_sampling="sample"` draws each slot's draft from the drafter's own distribution q_k at the same temperature
 instead. The block's slots are drafted in one pass from MASK inputs, so x_k ~ q_k does not depend on the drafts
-before it, which is all speculative sampling needs: x_k is accepted with probability min(1, p_k(x_k) / q_k(x_k))
-(p_k: the target at slot k given the drafts before it) and a rejection samples from max(0, p_k - q_k), normalised.
+before it and its proposal given them is q_k itself, which is what speculative sampling must know: x_k is
+accepted with probability min(1, p_k(x_k) / q_k(x_k)) (p_k: the target at slot k given the drafts before it) and a
+rejection samples from max(0, p_k - q_k), normalised.
 The output is again distributed exactly as the target's samples, and a slot is accepted with probability
 sum_x min(p_k, q_k): up to 1 where the drafter's distribution matches the target's, above the argmax ceiling.
 `draft_sampling="coupled"` draws every slot from one shared uniform instead (acceptance.coupled_drafts), so a
