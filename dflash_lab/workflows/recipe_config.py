@@ -6,10 +6,10 @@ tokens; the data-scaling study, bench/results/2026-12-01-h200-scaling2-smollm2/)
 320 tokens, a 3-layer drafter with a 16,384-id draft vocabulary and the feature store (~27 ms a step). The step count
 is what fits beside the data (~150 s) and the evaluation, from the measured phase times; it is the run of
 bench/results/2026-12-02-h200-distill-ab/ (4,636 steps of it trained in 195 s): real tau 2.92 [2.68, 3.19] on 64
-held-out chitchat prompts (none of them in training), 2.38 [2.24, 2.54] on held-out target-written ones and 2.01 [1.92, 2.11]
-on the general set (block 16, T=0, bf16), 2.17x / 1.83x / 1.51x over the target alone at batch 1. 1,500 steps, the
-default before, read 2.71 (chitchat, with greetings that also occur in training) and 1.66 (general). Tau still grows
-~0.2 per doubling of steps there: the "long" preset is the next lever.
+held-out chitchat prompts (none of them in training), 2.38 [2.24, 2.54] on held-out target-written ones and 2.01
+[1.92, 2.11] on the general set (block 16, T=0, bf16), 2.17x / 1.83x / 1.51x over the target alone at batch 1.
+1,500 steps, the default before, read 2.71 (chitchat, with greetings that also occur in training) and 1.66
+(general). Tau still grows ~0.2 per doubling of steps there: the "long" preset is the next lever.
 
 These defaults are sized for a GPU. On a CPU they would run for hours (6.4M answer tokens to generate, 61M
 training tokens), so a recipe on device="cpu" whose work passes CPU_LIMITS is refused before anything is written,
@@ -119,7 +119,9 @@ class RecipeConfig:
     """Temperature of the target's answers that TRAIN (chitchat and target-written; top-p and top-k off): 0 =
     greedy, the continuation T=0 serving accepts; 1.0 = the continuations the target samples when served at T=1, so
     the drafter learns the distribution sampled acceptance is judged against. The held-out chitchat answers stay
-    greedy (they feed the teacher-forced validation); sampled answers are seeded per conversation (reproducible)."""
+    greedy (they feed the teacher-forced validation); sampled answers are seeded per conversation (reproducible).
+    Measured on SmolLM2 at 3,000 steps (bench/results/2026-12-04-h200-sampled-answers/): T=1 answers cost T=0 tau
+    (held-out chitchat 2.03 against 2.62); their effect at T=1 there is not yet measured, so greedy stays default."""
     regen_dtype: str = "auto"
     """"auto" = bfloat16 on CUDA (the precision the drafter is served against; the engine writes ~100k new tokens/s
     on an H200), float32 on the CPU; or "float32" / "bfloat16"."""
