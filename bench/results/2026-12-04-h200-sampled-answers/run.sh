@@ -24,6 +24,8 @@ DATA_SETS=${DATA_SETS:-}  # e.g. a CPU smoke run with the tiny target
 PROMPTS=${PROMPTS:-64}
 SAMPLING=${SAMPLING:-"argmax coupled"}
 SAMPLED_SETS=${SAMPLED_SETS:-"chitchat-heldout general"}
+EVAL_T0=${EVAL_T0:-1}  # 0: T=1 only
+EVAL_THREADS=${EVAL_THREADS:-3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 export PYTHONPATH=$PWD:/tmp/site
 T0=$(date +%s)
@@ -78,14 +80,20 @@ go)
   python3 bench/results/2026-12-04-h200-sampled-answers/same_prompts.py $GREEDY $SAMPLED --merge $BOTH || exit 6
   pids=()
   say "eval T=0"
-  timeout $(left) $AB eval --work $BOTH --device $DEVICE --prompts $PROMPTS --temperature 0 --out $BOTH/eval-t0.json \
+  [ "$EVAL_T0" = 1 ] && OMP_NUM_THREADS=$EVAL_THREADS timeout $(left) $AB eval --work $BOTH --device $DEVICE \
+    --prompts $PROMPTS --temperature 0 --out $BOTH/eval-t0.json \
     > "$OUT/eval-t0.log" 2>&1 &
   pids+=($!)
+  # one process per (draft mode, set): a process cut by the call's limit loses only its own set; each process
+  # gets a few CPU threads, since the T=1 acceptance runs on the CPU and 16-thread processes side by side stall
   for s in $SAMPLING; do
-    say "eval T=1 $s on $SAMPLED_SETS"
-    timeout $(left) $AB eval --work $BOTH --device $DEVICE --prompts $PROMPTS --temperature 1 --draft-sampling $s \
-      --sampled-sets $SAMPLED_SETS --out $BOTH/eval-t1-$s.json > "$OUT/eval-t1-$s.log" 2>&1 &
-    pids+=($!)
+    for ps in $SAMPLED_SETS; do
+      say "eval T=1 $s on $ps"
+      OMP_NUM_THREADS=$EVAL_THREADS timeout $(left) $AB eval --work $BOTH --device $DEVICE --prompts $PROMPTS \
+        --temperature 1 --draft-sampling $s --sampled-sets $ps --out $BOTH/eval-t1-$s-$ps.json \
+        > "$OUT/eval-t1-$s-$ps.log" 2>&1 &
+      pids+=($!)
+    done
   done
   for p in "${pids[@]}"; do wait $p; say "eval process $p rc=$?"; done
   for f in "$OUT"/eval-*.log; do say "$(basename $f):"; grep -v "^eval " "$f" | tail -8 | cut -c1-200; done
