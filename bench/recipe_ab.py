@@ -159,7 +159,8 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
         {k: v for k, v in state["sets"].items() if k in args.sampled_sets}
     rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
                    max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
-                   compare={a: arms[a]["run_dir"] for a in others}, draft_sampling=sampling)
+                   compare={a: arms[a]["run_dir"] for a in others}, draft_sampling=sampling,
+                   time_budget_s=args.time_budget_s)
     for r in rep.rows():
         arm = first if r["decoder"] == "trained" else r["decoder"]
         results["rows"].append({"arm": arm, "temperature": temperature, "draft_sampling": sampling,
@@ -168,6 +169,9 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
                                                          "tau_high", "tokens_per_s", "speedup")}})
     label = str(temperature) if sampling == "argmax" else f"{temperature} {sampling}"
     results.setdefault("seconds", {})[label] = round(time.perf_counter() - t0, 1)
+    if rep.stopped:  # the rows' `prompts` count what was decoded; these say which sets were cut
+        results.setdefault("stopped", {})[label] = rep.stopped
+        results.setdefault("prompt_sets", {})[label] = rep.prompt_sets
     print(rep.table(), flush=True)
     if args.out:  # after every evaluation: a job cut by its limit keeps what it measured
         Path(args.out).write_text(json.dumps({**results, "arms": arms, "sets": state["sets"]}, indent=1))
@@ -187,6 +191,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=64, help="eval: prompts per set")
     p.add_argument("--sampled-sets", nargs="*", default=["chitchat-heldout"],
                    help="eval: the sets also decoded at temperatures above 0 (none given: every set)")
+    p.add_argument("--time-budget-s", type=float, help="eval: seconds for each evaluation; it stops before a prompt "
+                   "that would end past them and keeps the prompts decoded (default: none)")
     p.add_argument("--out", help="eval: results file (rows appended; rerun skips what it holds)")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -166,3 +166,66 @@ def test_compare_decodes_other_runs_beside_the_trained_one_with_one_baseline():
     assert both["again"]["tau"] == both["trained"]["tau"] == alone["trained"]["tau"] > 1.0
     with pytest.raises(ev.EvalError, match="is taken"):
         ev.evaluate(run, compare={"trained": run}, **kw)
+
+
+def test_a_time_budget_keeps_whole_prompts_and_describes_the_cut_sets_by_them(monkeypatch):
+    """A deadline stops before a prompt that would end past it (judged by the longest so far); the cut set is then
+    described by exactly the prompts decoded (count and sha256 of that prefix), a set never reached is dropped, and
+    the report says why. The clock is virtual (10 s per trained decode) so the cut falls at the same prompt on any
+    machine; the decoding is real."""
+    import types
+
+    from dflash_lab.evaluation import measure
+    from dflash_lab.evaluation.prompt_sets import prompts_sha256
+    from dflash_lab.evaluation.prompts import load_prompts
+    from dflash_lab.evaluation.report import EvalReport
+    from dflash_lab.evaluation.static_decode import make_decoder
+
+    run = tiny_trained_run()
+    target, tok, drafter = tiny_models()
+    plan = ev.plan_eval(run, prompts={"tiny-heldout": "tiny-heldout", "tiny-train": "tiny-train"}, n_prompts=3,
+                        device="cpu")
+    sets = {s: load_prompts(f, tok, messages=plan.selections[s].messages) for s, f in plan.prompt_files.items()}
+    decoders = {name: make_decoder(target, d, block_size=8 if d is not None else 1, eos_token_id=tok.eos_token_id)
+                for name, d in (("target only", None), ("trained", drafter))}
+    clock = types.SimpleNamespace(now=0.0)
+    real = decoders["trained"].generate
+
+    def generate(*a, **kw):
+        clock.now += 10.0
+        return real(*a, **kw)
+
+    monkeypatch.setattr(decoders["trained"], "generate", generate)
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    said = []
+    # warm-up: 10 s; prompt 1 starts at 10 and takes 10; prompt 2 starts at 20 (20 + 10 <= 35); prompt 3 would
+    # start at 30 and end at 40 > 35: not started
+    results = measure.run_decoders(target, decoders, sets, max_new_tokens=12, temperature=0.0, log=said.append,
+                                   progress_every_s=1e9, deadline=35.0)
+    assert {n: {s: len(r) for s, r in per.items()} for n, per in results.items()} == \
+        {n: {"tiny-heldout": 2, "tiny-train": 0} for n in decoders}
+    assert said == ["eval stopped by its time budget after 2 of 6 prompts: the next one would end 5 s past it "
+                    "(the longest so far took 10.0 s)"]
+    kept, infos, cut = measure.cut_to_measured(results, plan.selections, plan.prompt_sets)
+    assert cut == {"tiny-heldout": (2, 3), "tiny-train": (0, 3)} and list(infos) == ["tiny-heldout"]
+    assert kept == {n: {"tiny-heldout": results[n]["tiny-heldout"]} for n in decoders}
+    info, planned = infos["tiny-heldout"], plan.prompt_sets["tiny-heldout"]
+    assert (info.prompts, planned.prompts, info.file_prompts) == (2, 3, planned.file_prompts)
+    assert info.sha256 == prompts_sha256(plan.selections["tiny-heldout"].messages[:2]) != planned.sha256
+    rep = EvalReport(run_dir=str(run), weights="", step=20, target="tiny", block_size=8, temperature=0.0,
+                     max_new_tokens=12, results=kept, prompt_sets={"tiny-heldout": info.to_dict()},
+                     stopped="stopped by its time budget of 35 s: tiny-heldout 2 of 3 prompts")
+    assert [r["prompts"] for r in rep.rows()] == [2, 2]
+    assert rep.table().endswith("NOTE: stopped by its time budget of 35 s: tiny-heldout 2 of 3 prompts")
+    assert EvalReport.from_dict(rep.to_dict()).stopped == rep.stopped
+
+
+def test_a_time_budget_spent_before_the_first_prompt_is_one_error_with_the_fix(capsys):
+    with pytest.raises(ev.EvalError, match=r"time_budget_s=1e-06 was spent before the first prompt .* Fix: a larger"):
+        ev.evaluate(tiny_trained_run(), prompts="tiny-heldout", n_prompts=2, max_new_tokens=8, device="cpu",
+                    untrained=False, time_budget_s=1e-6, log=lambda *a: None)
+    with pytest.raises(ev.EvalError, match=r"time_budget_s=0 must be > 0 seconds"):
+        ev.evaluate(tiny_trained_run(), time_budget_s=0, log=lambda *a: None)
+    with pytest.raises(SystemExit):
+        ev.main([str(tiny_trained_run()), "--time-budget-s", "-3", "--no-notebook"])
+    assert "'-3' is not a number of seconds above 0" in capsys.readouterr().err

@@ -37,3 +37,18 @@ def test_the_range_is_zero_to_the_cores_this_process_may_use(monkeypatch):
     assert cpu_cores() == 3 and [threads_arg(v) for v in ("0", "1", "3")] == [0, 1, 3]
     with pytest.raises(Exception, match=r"--threads 4 is invalid: this machine has 3 CPU core\(s\)"):
         threads_arg("4")
+
+
+def test_torch_threads_holds_inside_the_block_and_restores_after_even_on_an_error():
+    import torch
+
+    from dflash_lab.config.threads import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="boom"), torch_threads(1):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == before

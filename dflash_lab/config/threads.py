@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import contextmanager
 
 
 def cpu_cores() -> int:
@@ -32,3 +33,18 @@ def threads_arg(text: str) -> int:
             f"--threads {text} is invalid: this machine has {cores} CPU core(s) for this process. Fix: 1..{cores} "
             "(1 is fastest for small models on the CPU), or 0 for torch's default")
     return n
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op CPU threads set to n inside the block (None or 0: left as they are), restored after, so an
+    evaluation in a notebook's kernel leaves training beside it as it found it."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

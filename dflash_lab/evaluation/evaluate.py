@@ -3,7 +3,7 @@
     python -m dflash_lab.evaluation.evaluate <run dir | checkpoint | export> [--prompts NAME|FILE ...]
         [--checkpoint best|latest|step-N] [--block-size B] [--temperature T] [--max-new-tokens N] [--n-prompts K]
         [--dtype auto|bfloat16|float32] [--decoding auto|static|dynamic] [--draft-sampling argmax|sample|coupled]
-        [--seed N] [--out DIR] [--no-untrained] [--no-notebook]
+        [--seed N] [--time-budget-s S] [--out DIR] [--no-untrained] [--no-notebook]
 
 checks every setting first (a bad one is one line with the fix, and nothing is written), then runs
 notebooks/eval.ipynb with papermill into a NEW folder <run>/evals/<UTC stamp>-b<B>-t<T>-<dtype>/ (eval.ipynb,
@@ -28,19 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .acceptance import DRAFT_SAMPLING
-from .measure import heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401 (public names)
+from .measure import cut_to_measured, heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401
 from .prompt_sets import info_of, is_heldout_file, read_training_prompts, resolve_sets
 from .prompts import EvalError, load_prompts, select_prompts
 from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
-from dflash_lab.config.threads import threads_arg
+from dflash_lab.config.threads import threads_arg, torch_threads
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
@@ -169,7 +170,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
              target: str | None = None, seed: int | None = None, device: str = "auto", dtype: str = "auto",
              decoding: str = "auto", out_dir: str | Path | None = None, enable_thinking: bool | None = None,
              threads: int | None = 1, checkpoint: str | None = None, compare: dict | None = None,
-             draft_sampling: str = "argmax", log=print) -> EvalReport:
+             draft_sampling: str = "argmax", time_budget_s: float | None = None, log=print) -> EvalReport:
     """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets.
 
     prompts: set names (general, chitchat-heldout, self-heldout, tiny-heldout, tiny-train) or JSONL files, a list
@@ -185,9 +186,12 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     of it: at most the argmax ceiling), "sample" draws each draft from the drafter's own distribution and verifies
     by speculative sampling against it, "coupled" draws the block's drafts from one shared uniform (acceptance.py;
     lossless every way); the sampled modes run on the dynamic loop.
-    threads: torch CPU threads when the device is the CPU (None = leave torch's setting). Decoding at batch size 1 is
-    latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were ~10x
-    slower than 1 (threads waiting for each other on every small matmul).
+    threads: torch CPU threads while decoding, on every device (None = torch's setting; restored after). Decoding at
+    batch size 1 is latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were
+    ~10x slower than 1 (threads waiting for each other on every small matmul); on a GPU the acceptance at T > 0
+    runs on the CPU, where evaluations side by side at torch's default (every core each) wait for each other alike.
+    time_budget_s: seconds for the whole evaluation, loading included; it stops before a prompt that would end past
+    them and reports the prompts decoded (a cut set's count and sha256 are of those; `stopped` says so).
     """
     from .export import load_drafter
     from dflash_lab.target.load import load_target, load_tokenizer
@@ -196,6 +200,11 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
         raise EvalError(f"decoding={decoding!r} is not one of {sorted(DECODING)}.")
     if draft_sampling not in DRAFT_SAMPLING:
         raise EvalError(f"draft_sampling={draft_sampling!r} is not one of {list(DRAFT_SAMPLING)}.")
+    deadline = None
+    if time_budget_s is not None:
+        if not time_budget_s > 0:
+            raise EvalError(f"time_budget_s={time_budget_s} must be > 0 seconds (None: no budget).")
+        deadline = time.monotonic() + time_budget_s
     if draft_sampling != "argmax" and decoding == "static":
         raise EvalError(f"draft_sampling={draft_sampling!r} runs on the dynamic loop (the captured static step drafts "
                         "argmax). Fix: decoding='auto' or 'dynamic'.")
@@ -203,8 +212,6 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                      max_new_tokens=max_new_tokens, n_prompts=n_prompts, target=target, seed=seed, device=device,
                      dtype=dtype, out_dir=out_dir, checkpoint=checkpoint)
     dev, B = plan.device, plan.block_size
-    if dev.type == "cpu" and threads:
-        torch.set_num_threads(threads)
     src, drafter = load_drafter(run, checkpoint=checkpoint)
     log(f"loading target {plan.target!r} on {dev} ({plan.dtype}) and drafter {src.weights} (step {src.step})")
     tok = load_tokenizer(plan.target)
@@ -237,8 +244,15 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     log(f"prompt sets: {'; '.join(plan.prompt_sets[s].text() for s in sets)}; block size {B}, "
         f"temperature {temperature}, max_new_tokens {max_new_tokens}; decoding: "
         f"{type(decoders['trained']).__name__} ({how})")
-    results = run_decoders(tgt, decoders, sets, max_new_tokens=max_new_tokens, temperature=temperature,
-                           seed=plan.seed, log=log)
+    with torch_threads(threads):
+        results = run_decoders(tgt, decoders, sets, max_new_tokens=max_new_tokens, temperature=temperature,
+                               seed=plan.seed, log=log, deadline=deadline)
+    results, infos, cut = cut_to_measured(results, plan.selections, plan.prompt_sets)
+    if not infos:
+        raise EvalError(f"time_budget_s={time_budget_s} was spent before the first prompt was decoded (loading and "
+                        "warm-up took it). Fix: a larger budget.")
+    stopped = "" if not cut else (f"stopped by its time budget of {time_budget_s:g} s: " + ", ".join(
+        f"{s} {n} of {planned} prompts" for s, (n, planned) in cut.items()))
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
     if sampling != "argmax":
         how += (f"; drafts sampled from the drafter at T={temperature}, "
@@ -248,7 +262,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
                       decoding=f"{type(decoders['trained']).__name__}: {how}", seed=plan.seed,
-                      prompt_sets={k: v.to_dict() for k, v in plan.prompt_sets.items()})
+                      prompt_sets={k: v.to_dict() for k, v in infos.items()}, stopped=stopped)
 
 
 def load_report(path: str | Path) -> dict:
@@ -340,6 +354,15 @@ def _n_prompts(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number, auto or all") from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        if float(text) > 0:
+            return float(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.evaluate", description=__doc__.split("\n")[0])
     ap.add_argument("run", help="run directory, checkpoint directory, exported directory or drafter .safetensors")
@@ -373,8 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None,
                     help="seed of the sampling at T > 0 and of the untrained drafter (default: the run's seed); "
                          "several seeds average out the draws of a sampled evaluation")
-    ap.add_argument("--threads", type=threads_arg, default=1, help="torch CPU threads on the CPU, 0..cores (default "
-                    "1: fastest for small targets at batch size 1; 0 = torch's default)")
+    ap.add_argument("--threads", type=threads_arg, default=1, help="torch CPU threads, 0..cores (default 1: fastest "
+                    "for small targets at batch size 1, and on a GPU for the acceptance at T > 0; 0 = torch's default)")
+    ap.add_argument("--time-budget-s", type=_seconds, default=None, help="seconds for the whole evaluation: it stops "
+                    "before a prompt that would end past them and reports the prompts decoded (default: no budget)")
     ap.add_argument("--notebook", action=argparse.BooleanOptionalAction, default=True,
                     help="execute notebooks/eval.ipynb into the evaluation folder (default on); --no-notebook "
                          "evaluates in this process")
@@ -387,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = plan_eval(args.run, **settings, out_dir=args.out)  # every expected error, before anything is written
         params = {"run": str(args.run), **settings, "untrained": args.untrained, "decoding": args.decoding,
-                  "threads": args.threads or None, "draft_sampling": args.draft_sampling}
+                  "threads": args.threads or None, "draft_sampling": args.draft_sampling,
+                  "time_budget_s": args.time_budget_s}
         nb = None
         if args.notebook:
             nb = run_notebook(params, plan.out_dir)

@@ -2,19 +2,21 @@
 
 `run_decoders` interleaves the decoders per prompt (fair timing on a shared machine) and runs the target alone
 first, so that at temperature 0 each drafter decodes with the target-only output as its reference and a differing
-output gets both computations' logits at the first differing token (verdicts.py). `heldout_run` / `heldout_tau`
-are the cheap version the Trainer calls while training.
+output gets both computations' logits at the first differing token (verdicts.py); with a deadline it stops
+before a prompt that would run past it, and `cut_to_measured` then says exactly which prompts were measured.
+`heldout_run` / `heldout_tau` are the cheap version the Trainer calls while training.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dflash_lab.drafter.model import DFlashDrafter
-from .prompt_sets import default_sets, is_heldout_file, read_training_prompts, resolve_sets
+from .prompt_sets import default_sets, info_of, is_heldout_file, read_training_prompts, resolve_sets
 from .prompts import EvalError, load_prompts, select_prompts
 from .report import BASELINE, pooled_tau
 from .speculative import GenerationResult, SpeculativeDecoder
@@ -30,15 +32,18 @@ def untrained_drafter(config, seed: int) -> DFlashDrafter:
 
 
 def run_decoders(target, decoders: dict[str, SpeculativeDecoder], prompt_sets: dict[str, list[list[int]]], *,
-                 max_new_tokens: int, temperature: float, seed: int = 0, log=print, progress_every_s: float = 10.0
-                 ) -> dict:
+                 max_new_tokens: int, temperature: float, seed: int = 0, log=print, progress_every_s: float = 10.0,
+                 deadline: float | None = None) -> dict:
     """Every decoder on every prompt, interleaved per prompt (fair timing on a shared machine).
 
     The target alone decodes each prompt first; at temperature 0 every drafter then decodes with its output as the
     reference (recording its own logit of the target-only token at every position), and a drafter whose output
     differs gets a `divergence` record: both computations' logits of both tokens at the first differing one (the
     target-only decoding is repeated up to that token with the drafter's output as reference, untimed).
-    Returns {decoder: {set: [result dict with output_ids (and divergence for drafters)]}}."""
+    deadline: a time.monotonic() value; no prompt is started that would end after it, judged by the longest prompt
+    so far (every decoder of it), so a job under a hard time limit keeps whole prompts instead of losing them all.
+    Returns {decoder: {set: [result dict with output_ids (and divergence for drafters)]}}: every decoder has the
+    same prompts, the first ones of each set, fewer than given when the deadline stopped it."""
     first = next(iter(prompt_sets.values()))[0]
     for dec in decoders.values():  # warm-up: first calls allocate / pick kernels
         dec.generate(first, max_new_tokens=min(8, max_new_tokens), temperature=0.0)
@@ -46,9 +51,14 @@ def run_decoders(target, decoders: dict[str, SpeculativeDecoder], prompt_sets: d
     order = ([BASELINE] if BASELINE in decoders else []) + [n for n in names if n != BASELINE]
     results = {name: {s: [] for s in prompt_sets} for name in decoders}
     total = sum(len(v) for v in prompt_sets.values())
-    done, last = 0, time.monotonic()
+    done, last, longest = 0, time.monotonic(), 0.0
     for sname, prompts in prompt_sets.items():
         for i, ids in enumerate(prompts):
+            started = time.monotonic()
+            if deadline is not None and started + longest > deadline:
+                log(f"eval stopped by its time budget after {done} of {total} prompts: the next one would end "
+                    f"{started + longest - deadline:.0f} s past it (the longest so far took {longest:.1f} s)")
+                return results
             base = None
             for name in order:
                 g = torch.Generator().manual_seed(seed * 1_000_003 + i * 101 + names.index(name))
@@ -62,12 +72,28 @@ def run_decoders(target, decoders: dict[str, SpeculativeDecoder], prompt_sets: d
                     row["divergence"] = _divergence(decoders[BASELINE], ids, r, base)
                 results[name][sname].append(row)
             done += 1
+            longest = max(longest, time.monotonic() - started)
             if time.monotonic() - last >= progress_every_s or done == total:
                 last = time.monotonic()
                 taus = " | ".join(f"{n} tau {pooled_tau([x for v in results[n].values() for x in v]):.2f}"
                                   for n in decoders if n != BASELINE)
                 log(f"eval {done}/{total} prompts | {taus}")
     return results
+
+
+def cut_to_measured(results: dict, selections: dict, infos: dict) -> tuple[dict, dict, dict]:
+    """What a run_decoders stopped by its deadline measured: the results without the sets it never reached, and
+    each set's PromptSetInfo for exactly its prompts decoded (count and sha256 of that prefix), so that a figure of
+    a cut set is compared only with figures on the same prompts. selections / infos: {set: PromptSelection /
+    PromptSetInfo} of the planned evaluation. Returns (results, infos, {set: (measured, planned)} of the cut sets)."""
+    measured = {s: min(len(per_set.get(s, [])) for per_set in results.values()) for s in infos}
+    cut = {s: (n, infos[s].prompts) for s, n in measured.items() if n < infos[s].prompts}
+    kept = {name: {s: rows[: measured[s]] for s, rows in per_set.items() if measured.get(s)}
+            for name, per_set in results.items()}
+    new_infos = {s: info if s not in cut else
+                 info_of(s, info.path, replace(selections[s], messages=selections[s].messages[: measured[s]]))
+                 for s, info in infos.items() if measured[s]}
+    return kept, new_infos, cut
 
 
 def _divergence(baseline: SpeculativeDecoder, ids: list[int], spec: GenerationResult, base: GenerationResult

@@ -43,11 +43,13 @@ class EvalReport:
     out_dir: str = ""  # where save() writes by default ("" = a new folder under <run>/evals/)
     prompt_sets: dict = field(default_factory=dict)  # {set name: PromptSetInfo.to_dict()}: file, size, sha256
     seed: int = 0  # of the bootstrap resampling
+    stopped: str = ""  # why fewer prompts were decoded than planned (a time budget), "" when every one was
 
     @classmethod
     def from_dict(cls, d: dict) -> "EvalReport":
         keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
-        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets") if k in d}
+        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets", "stopped")
+                 if k in d}
         if "interval" in d:
             extra["seed"] = d["interval"].get("seed", 0)
         return cls(**{k: d[k] for k in keys}, **extra)
@@ -127,7 +129,7 @@ class EvalReport:
             lines.append(f"{r['decoder']:<13}{r['prompt_set'][:17]:<18}{r['block_size']:>3}{r['prompts']:>5}"
                          f"{tau:>20}{r['tokens_per_s']:>9.1f}{sp:>9}{same:>10}{ties:>6}{real:>6}")
         lines += [f"prompt set {self._set_text(name)}" for name in self._set_names()]
-        return "\n".join(lines)
+        return "\n".join(lines + ([f"NOTE: {self.stopped}"] if self.stopped else []))
 
     def _set_names(self) -> list[str]:
         return list(dict.fromkeys(s for sets in self.results.values() for s in sets))
@@ -167,7 +169,8 @@ class EvalReport:
                 f"max_new_tokens={self.max_new_tokens}; {html.escape(self.decoding)}; tau_low / tau_high: "
                 f"{LEVEL:.0%} bootstrap interval over prompts</p><table><tr>"
                 + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{body}</table><p>prompt sets:</p><ul>{sets}</ul>"
-                + (f"<p>outputs that differ from the target's:</p><ul>{diffs}</ul>" if diffs else ""))
+                + (f"<p>outputs that differ from the target's:</p><ul>{diffs}</ul>" if diffs else "")
+                + (f"<p><b>{html.escape(self.stopped)}</b></p>" if self.stopped else ""))
 
     def __repr__(self) -> str:
         return self.table()
@@ -187,6 +190,7 @@ class EvalReport:
                 "block_size": self.block_size, "temperature": self.temperature,
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
                 "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "prompt_sets": self.prompt_sets,
+                "stopped": self.stopped,
                 "interval": {"level": LEVEL, "resamples": RESAMPLES, "seed": self.seed,
                              "method": "bootstrap over prompts, pooled tau (accepted / iterations + 1) per resample"},
                 "summary": self.rows(), "verdicts": self.verdicts(),

@@ -25,7 +25,6 @@ PROMPTS=${PROMPTS:-64}
 SAMPLING=${SAMPLING:-"argmax coupled"}
 SAMPLED_SETS=${SAMPLED_SETS:-"chitchat-heldout general"}
 EVAL_T0=${EVAL_T0:-1}  # 0: T=1 only
-EVAL_THREADS=${EVAL_THREADS:-3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 export PYTHONPATH=$PWD:/tmp/site
 T0=$(date +%s)
@@ -80,17 +79,18 @@ go)
   python3 bench/results/2026-12-04-h200-sampled-answers/same_prompts.py $GREEDY $SAMPLED --merge $BOTH || exit 6
   pids=()
   say "eval T=0"
-  [ "$EVAL_T0" = 1 ] && OMP_NUM_THREADS=$EVAL_THREADS timeout $(left) $AB eval --work $BOTH --device $DEVICE \
-    --prompts $PROMPTS --temperature 0 --out $BOTH/eval-t0.json \
+  [ "$EVAL_T0" = 1 ] && timeout $(left) $AB eval --work $BOTH --device $DEVICE \
+    --prompts $PROMPTS --temperature 0 --time-budget-s $(( $(left) - 20 )) --out $BOTH/eval-t0.json \
     > "$OUT/eval-t0.log" 2>&1 &
   pids+=($!)
-  # one process per (draft mode, set): a process cut by the call's limit loses only its own set; each process
-  # gets a few CPU threads, since the T=1 acceptance runs on the CPU and 16-thread processes side by side stall
+  # one process per (draft mode, set), each stopping before a prompt that would end past the call's budget (the
+  # evaluation runs torch on one CPU thread: the T=1 acceptance runs on the CPU, beside the other processes)
   for s in $SAMPLING; do
     for ps in $SAMPLED_SETS; do
       say "eval T=1 $s on $ps"
-      OMP_NUM_THREADS=$EVAL_THREADS timeout $(left) $AB eval --work $BOTH --device $DEVICE --prompts $PROMPTS \
-        --temperature 1 --draft-sampling $s --sampled-sets $ps --out $BOTH/eval-t1-$s-$ps.json \
+      timeout $(left) $AB eval --work $BOTH --device $DEVICE --prompts $PROMPTS \
+        --temperature 1 --draft-sampling $s --sampled-sets $ps --time-budget-s $(( $(left) - 20 )) \
+        --out $BOTH/eval-t1-$s-$ps.json \
         > "$OUT/eval-t1-$s-$ps.log" 2>&1 &
       pids+=($!)
     done
