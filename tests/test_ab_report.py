@@ -21,6 +21,16 @@ def ab():
     return ab_report.load_ab("bench/results/2026-12-02-h200-distill-ab")  # relative: read under the project root
 
 
+def _static_outputs(name: str) -> str:
+    """A committed result notebook's markdown outputs, after checking what GitHub needs to render it: no error
+    output, one PNG, no widget state (GitHub refuses some notebooks with it)."""
+    nb = json.loads((REPO / "notebooks" / "results" / name).read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"] and "widgets" not in nb["metadata"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    return "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+
+
 def test_final_rows_are_the_six_drafter_measurements(ab):
     rows = ab_report.final_rows(ab)
     assert [(r["arm"], r["prompt_set"]) for r in rows] == [
@@ -149,9 +159,26 @@ def test_the_knob_grid_folder_reads_back_with_its_figures():
     assert "| dpace | 3 / dpace | finished | 10,000 / 10,000 |" in arms and "3.56 [3.10, 4.13] n=32" in arms
     speed = {r["label"]: r for r in ab_report.speed_rows(grid)}
     assert round(speed["b128-dpace"]["tokens_per_s"] / speed["issue-engine"]["tokens_per_s"], 2) == 2.50
-    nb = json.loads((REPO / "notebooks" / "results" / "knob-grid-smollm2-h200.ipynb").read_text())
-    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o["output_type"] == "error"] and "widgets" not in nb["metadata"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
-    text = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    text = _static_outputs("knob-grid-smollm2-h200.ipynb")
     assert "3.00 [2.74, 3.30]" in text and "618,481" in text
+
+
+def test_the_sampled_answers_folder_reads_back_with_its_figures():
+    """Two pools differing in their training answers only (greedy / sampled at T=1): the same TrainConfig in both
+    arms (the time budget where each call stopped aside), T=0 only, 24 prompts a set."""
+    sa = ab_report.load_ab("bench/results/2026-12-04-h200-sampled-answers")
+    assert ab_report.differing_settings(sa) == []
+    by = {(r["arm"], r["prompt_set"]): r for r in ab_report.final_rows(sa)}
+    sets = ("chitchat-heldout", "self-heldout", "general")
+    assert [round(by["dpace-sa-t1", s]["tau"] - by["dpace-sa-greedy", s]["tau"], 2) for s in sets] == \
+        [-0.59, -0.44, -0.16]
+    assert {r["temperature"] for r in by.values()} == {0.0} and {r["prompts"] for r in by.values()} == {24}
+    md = ab_report.final_markdown(sa)
+    assert "| dpace-sa-greedy | 3,000 | chitchat-heldout | 0 | 24 | 2.62 [2.32, 3.04] | - | - | - | yes |" in md
+    assert "| dpace-sa-t1 | 3,000 | general | 0 | 24 | 1.74 [1.65, 1.85] | - | - | - | no (dpace-sa-greedy) |" in md
+    assert "24 prompts per set" in ab_report.settings_markdown(sa)
+    val = {arm: [round(r["val_acc"], 3) for r in rs if r.get("val_acc") is not None]
+           for arm, rs in ab_report.curves(sa).items()}
+    assert val == {"dpace-sa-greedy": [0.262, 0.294, 0.336], "dpace-sa-t1": [0.145, 0.156, 0.156]}
+    text = _static_outputs("sampled-answers-smollm2-h200.ipynb")
+    assert "2.03 [1.91, 2.18]" in text and "1.93 [1.81, 2.07]" in text

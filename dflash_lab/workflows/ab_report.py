@@ -63,21 +63,20 @@ def load_ab(folder: str | Path) -> dict:
 
 
 def settings_markdown(data: dict) -> str:
-    """The arms' training settings (their config.json) side by side, the ones that differ marked, then the data
-    mix, the evaluation asked and measured, and the machine (env.txt)."""
-    cfgs = data["configs"]
-    rows = []
-    for k in SETTINGS:
-        values = [_f(c.get(k), "g") for c in cfgs.values()]
-        rows.append([k, *values, "**differs**" if len(set(values)) > 1 else ""])
+    """The arms' training settings (their config.json) side by side, the ones that differ marked (differing_settings:
+    the time budget is not), then the data mix, the evaluation asked and measured, and the machine (env.txt)."""
+    cfgs, differ = data["configs"], differing_settings(data)
+    rows = [[k, *(_f(c.get(k), "g") for c in cfgs.values()), "**differs**" if k in differ else ""] for k in SETTINGS]
     recipe, mix = data["ab"]["recipe"], data["ab"]["phases"]["mix_data"]
     asked = recipe.get("eval_temperatures", [])
-    measured = sorted({r["temperature"] for r in data["results"]["rows"]})
+    res = data["results"]["rows"]
+    measured = sorted({r["temperature"] for r in res})
+    counts = "/".join(str(n) for n in sorted({r["prompts"] for r in res})) or "no"  # as decoded, not as asked
     lines = [_markdown(["setting", *cfgs, ""], rows), "",
              f"- training data: {mix['n']:,} conversations ("
              + ", ".join(f"{k} {v:,}" for k, v in mix["counts"].items()) + ")",
-             f"- evaluation: block sizes {recipe.get('eval_block_sizes')}, {recipe.get('eval_prompts')} prompts per "
-             f"set, {recipe.get('eval_max_new_tokens')} new tokens, sets {', '.join(data['results'].get('sets', {}))};"
+             f"- evaluation: block sizes {recipe.get('eval_block_sizes')}, {counts} prompts per set, "
+             f"{recipe.get('eval_max_new_tokens')} new tokens, sets {', '.join(data['results'].get('sets', {}))};"
              f" temperatures asked {asked}, measured {measured}"]
     lines += [f"- machine: {line}" for line in data["env"][:2]]
     return "\n".join(lines)
@@ -255,8 +254,8 @@ def training_figure(data: dict):
         row[2].legend(fontsize=8)
         n_check = next((r.get("real_tau_prompts") for rs in cs.values() for r in rs if r.get("real_tau")), None)
         n_final = finals[0]["prompts"] if finals else None
-        keys = [Line2D([], [], color="grey", marker="o", ls="--", label=f"training-time check "
-                       f"(n={n_check})")]
+        keys = [Line2D([], [], color="grey", marker="o", ls="--", label=f"training-time check (n={n_check})")
+                for _ in range(n_check is not None)]  # no legend entry for checks no arm made
         keys += [Line2D([], [], color="grey", marker=SET_MARKERS[k % len(SET_MARKERS)], mfc="white", ls="",
                         label=f"final eval: {s} (n={n_final})") for k, s in enumerate(sets)]
         row[3].legend(handles=keys, fontsize=8, loc="lower left")
