@@ -186,10 +186,10 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     of it: at most the argmax ceiling), "sample" draws each draft from the drafter's own distribution and verifies
     by speculative sampling against it, "coupled" draws the block's drafts from one shared uniform (acceptance.py;
     lossless every way); the sampled modes run on the dynamic loop.
-    threads: torch CPU threads while decoding, on every device (None = torch's setting; restored after). Decoding at
-    batch size 1 is latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2 threads were
-    ~10x slower than 1 (threads waiting for each other on every small matmul); on a GPU the acceptance at T > 0
-    runs on the CPU, where evaluations side by side at torch's default (every core each) wait for each other alike.
+    threads: torch CPU threads while decoding, on every device (None = torch's setting; restored after). Decoding
+    at batch size 1 is latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2
+    threads were ~10x slower than 1 (threads waiting for each other on every small matmul); on a GPU the acceptance
+    at T > 0 runs on the CPU, where evaluations side by side at torch's default (every core each) wait alike.
     time_budget_s: seconds for the whole evaluation, loading included; it stops before a prompt that would end past
     them and reports the prompts decoded (a cut set's count and sha256 are of those; `stopped` says so).
     """

@@ -22,7 +22,7 @@ only reads that folder, through `dflash_lab.workflows.ab_report`, and was execut
 - **Two arms side by side on the one GPU** (each its own process and ~47 GiB feature store): tau does not depend
   on that; tokens/s and speedups do, so none is quoted. The sampled pool keeps 27,278 windows against 26,799; its
   16,384-id head covers 96.67% of the supervised tokens against 99.45%."""),
-    code('results: str = "bench/results/2026-12-04-h200-sampled-answers"  # the folder; relative: from the project root'),
+    code('results: str = "bench/results/2026-12-04-h200-sampled-answers"  # relative: from the project root'),
     code("""from IPython.display import Markdown, display
 
 from dflash_lab.workflows.ab_report import final_markdown, load_ab, settings_markdown, training_png
