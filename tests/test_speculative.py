@@ -427,6 +427,31 @@ def test_static_decoder_equals_dynamic_loop_and_greedy_on_cpu():
     assert a.output_ids == b.output_ids
 
 
+@pytest.mark.parametrize("mode", ["sample", "coupled"])
+def test_static_decoder_draws_sampled_drafts_exactly_as_the_dynamic_loop(mode):
+    """Sampled drafts on the static path (the draft stage, the draws on the host, then verify; eager on the CPU,
+    attention buckets crossed): the same generator stream gives the very same tokens and accepted counts as the
+    dynamic loop at T=1, and argmax drafts (lossless greedy output) at T=0; make_decoder takes it when asked."""
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder, make_decoder
+
+    target, tok, drafter = tiny_models()
+    eos = tok.eos_token_id
+    dyn = SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, draft_sampling=mode)
+    static = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, max_length=32, min_bucket=8,
+                                      draft_sampling=mode)
+    accepted = []
+    for i, ids in enumerate(heldout_prompt_ids(tok, 4)):
+        a, b = (d.generate(ids, max_new_tokens=40, temperature=1.0, generator=torch.Generator().manual_seed(i))
+                for d in (dyn, static))
+        assert b.output_ids == a.output_ids and b.accepted == a.accepted
+        accepted += b.accepted
+        greedy = static.generate(ids, max_new_tokens=24, temperature=0.0)
+        assert greedy.output_ids == _greedy(target, ids, 24, eos)
+    assert sum(accepted) > 0 and static.sampled
+    made = make_decoder(target, drafter, block_size=8, eos_token_id=eos, fast=True, draft_sampling=mode)
+    assert isinstance(made, StaticSpeculativeDecoder) and made.draft_sampling == mode
+
+
 def test_batched_decoding_gives_every_prompt_its_batch_1_tokens_and_tau():
     """7 prompts of different lengths through 3 rows (rows refilled as prompts finish, some at eos): each prompt's
     tokens and accepted counts are those of batch-1 decoding, so tau is too."""
@@ -492,6 +517,31 @@ def test_cuda_graph_path_equals_eager_path_and_is_lossless_in_fp32(dtype):
     finally:
         target.to("cpu", torch.float32)
         drafter.to("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sample", "coupled"])
+def test_cuda_graphs_with_sampled_drafts_equal_the_eager_static_step_in_fp32(mode):
+    """On the GPU, sampled drafts between two graphs (draft stage | verify): token for token the eager static step
+    with the same generator stream at T=1, both graphs captured."""
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
+
+    target, tok, drafter = tiny_models()
+    target, drafter = target.to("cuda"), drafter.to("cuda")
+    eos = tok.eos_token_id
+    kw = dict(block_size=8, eos_token_id=eos, draft_sampling=mode)
+    graphed = StaticSpeculativeDecoder(target, drafter, graphs=True, **kw)
+    eager = StaticSpeculativeDecoder(target, drafter, graphs=False, **kw)
+    try:
+        for i, ids in enumerate(heldout_prompt_ids(tok, 6)):
+            g, e = (d.generate(ids, max_new_tokens=48, temperature=1.0, generator=torch.Generator().manual_seed(i))
+                    for d in (graphed, eager))
+            assert g.output_ids == e.output_ids and g.accepted == e.accepted
+        assert graphed.graph_status.startswith("graphs: captured") and "drafts sampled" in graphed.graph_status
+        assert set(graphed._draft_graphs) == set(graphed._graphs)
+    finally:
+        target.to("cpu")
+        drafter.to("cpu")
 
 
 @pytest.mark.gpu

@@ -185,7 +185,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     draft_sampling: at temperature > 0, "argmax" drafts the drafter's top-1 (accepted with the target's probability
     of it: at most the argmax ceiling), "sample" draws each draft from the drafter's own distribution and verifies
     by speculative sampling against it, "coupled" draws the block's drafts from one shared uniform (acceptance.py;
-    lossless every way); the sampled modes run on the dynamic loop.
+    lossless every way); on a GPU the sampled modes draw between two CUDA graphs (static_decode.py).
     threads: torch CPU threads while decoding, on every device (None = torch's setting; restored after). Decoding
     at batch size 1 is latency-bound: for small targets 1 thread is the fastest, and on a busy 2-core machine 2
     threads were ~10x slower than 1 (threads waiting for each other on every small matmul); on a GPU the acceptance
@@ -205,9 +205,6 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
         if not time_budget_s > 0:
             raise EvalError(f"time_budget_s={time_budget_s} must be > 0 seconds (None: no budget).")
         deadline = time.monotonic() + time_budget_s
-    if draft_sampling != "argmax" and decoding == "static":
-        raise EvalError(f"draft_sampling={draft_sampling!r} runs on the dynamic loop (the captured static step drafts "
-                        "argmax). Fix: decoding='auto' or 'dynamic'.")
     plan = plan_eval(run, prompts=prompts, block_size=block_size, temperature=temperature,
                      max_new_tokens=max_new_tokens, n_prompts=n_prompts, target=target, seed=seed, device=device,
                      dtype=dtype, out_dir=out_dir, checkpoint=checkpoint)
@@ -237,7 +234,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     drafters[BASELINE] = None
     sampling = draft_sampling if temperature > 0 else "argmax"
     decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos,
-                                   fast=False if sampling != "argmax" else fast, log=log, draft_sampling=sampling)
+                                   fast=fast, log=log, draft_sampling=sampling)
                 for name, d in drafters.items()}
     _check_lengths(decoders["trained"], sets, files, max_new_tokens)
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
@@ -389,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-sampling", default="argmax", choices=list(DRAFT_SAMPLING),
                     help="at temperature > 0: argmax drafts (accepted with the target's probability of them), or "
                          "drafts sampled from the drafter, each slot independently (sample) or from one shared "
-                         "uniform (coupled), verified by speculative sampling (the dynamic loop)")
+                         "uniform (coupled), verified by speculative sampling")
     ap.add_argument("--out", default=None, help="evaluation folder (default: a new <run>/evals/<stamp>-b<B>-t<T>-"
                     "<dtype>/; for an exported folder runs/exports/<name>/evals/...: an export is written into "
                     "only with --out)")

@@ -270,7 +270,12 @@ class SpeculativeDecoder:
         target's vocabulary (B-1, V) fp32 on the CPU (zero outside a pruned draft vocabulary): q_k itself for
         independent draws, q_k given the drafts before it for coupled ones."""
         hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]
-        logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # (B-1, Vd)
+        return self.draw_drafts(hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t(), temperature,
+                                generator)
+
+    def draw_drafts(self, logits: torch.Tensor, temperature: float, generator) -> tuple[list[int], torch.Tensor]:
+        """_sampled_draft's drafts and proposals from the drafter's logits (B-1, Vd) over its draft vocabulary (the
+        static decoder computes them in its captured draft stage and draws here, the same generator stream)."""
         q_draft = torch.softmax(logits.float() / temperature, dim=-1)
         if self.draft_sampling == "coupled":
             picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts

@@ -21,6 +21,10 @@ prefix are never read and need no cropping: the next iteration overwrites them. 
 reimplemented: its decoder layers run with our positioned cache (the `update(k, v, layer_idx)` contract of a
 Hugging Face Cache), so Llama and Qwen3 targets work alike.
 
+Drafts sampled from the drafter at T > 0 (draft_sampling "sample" / "coupled") split the iteration in two graphs:
+ingest + draft (the drafter's logits into a static buffer), the draws on the host with the dynamic loop's very
+code and generator stream, then verify + the top-k rows; the acceptance of speculative sampling runs on the host.
+
 Prefill stays eager (one variable-length forward per prompt). `graphs=False` runs the very same step eagerly:
 tests/test_speculative.py checks graphs == eager token for token and lossless vs greedy.
 
@@ -35,17 +39,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dataclasses import dataclass
-
 from dflash_lab.config.windows import window_masks
 from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
 from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder
-from .acceptance import speculative_accept
+from .acceptance import speculative_accept, speculative_accept_sampled
 from .batched_decode import BatchedSpeculativeDecoder, static_path_problem
-from .intervals import TauInterval, tau_interval
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
+from .speculative_run import SpeculativeRun
 
 STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
 
@@ -55,14 +57,16 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
     results.
 
     graphs: capture the iteration as CUDA graphs (CUDA only); False runs the same fixed-shape step eagerly.
+    draft_sampling: as SpeculativeDecoder's; "sample" / "coupled" draft in a graph of their own (module docstring).
     max_length: initial cache length in positions (grown to fit prompt + max_new_tokens + 2 blocks).
     min_bucket: the shortest attention length (tests use a small one to cross buckets with short prompts)."""
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
                  mask_token_id: int | None = None, eos_token_id=None, graphs: bool = True, max_length: int = 1024,
-                 min_bucket: int = MIN_SPAN):
+                 min_bucket: int = MIN_SPAN, draft_sampling: str = "argmax"):
         super().__init__(target, drafter, block_size=block_size, mask_token_id=mask_token_id,
-                         eos_token_id=eos_token_id)
+                         eos_token_id=eos_token_id, draft_sampling=draft_sampling)
+        self.sampled = draft_sampling != "argmax" and drafter is not None and self.block_size > 1
         problem = static_path_problem(target, drafter)
         if problem:
             raise ValueError(f"static decoding cannot run this target: {problem}. Fix: use SpeculativeDecoder "
@@ -78,6 +82,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.dtype = self.embed.weight.dtype
         self.length, self.min_bucket = 0, min_bucket
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._draft_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # sampled drafts: the draft stage alone
         self.capture_s = 0.0
         self.graph_status = "graphs: not captured yet" if self.graphs else "eager: graphs off"
         if drafter is not None:
@@ -92,7 +97,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         length = -(-length // 64) * 64  # a multiple of 64: attention kernels take masks of aligned length unpadded
         self.length, self.k = length, K
         self.buckets = doubling_ladder(length, self.min_bucket)
-        self._graphs = {}
+        self._graphs, self._draft_graphs = {}, {}
         self.cache = RowKVCache(self.n_layers, self.kv_heads, 1, length, self.head_dim, self.dtype, dev)
         self.kv_pos = torch.arange(length, device=dev)  # (L,)
         self.offsets = torch.arange(B, device=dev)  # (B,)
@@ -110,6 +115,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             self.ctx_values = [mk() for _ in d.layers]
             self.feats = torch.zeros(1, B, len(self.layer_ids) * d.config.hidden_size, dtype=self.dtype, device=dev)
             self.mask_ids = torch.full((B - 1,), self.mask_token_id, dtype=torch.long, device=dev)
+            # sampled drafts: the drafter's logits out of the draft stage, the drafts drawn on the host back in
+            self.draft_logits = torch.zeros(B - 1, self.draft_head.shape[0], dtype=self.head.dtype, device=dev)
+            self.drafts_in = torch.zeros(B - 1, dtype=torch.long, device=dev)
 
     def bucket(self, need: int) -> int:
         """The attention length of an iteration whose block ends before position `need`."""
@@ -194,13 +202,25 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return d.norm(hidden)[0, 1:]
 
+    def _draft_stage(self, live: int) -> None:
+        """Sampled drafts, the first graph of an iteration: ingest the previous verify's features and write the
+        drafter's logits of slots 1..B-1 (over its draft vocabulary) into `draft_logits`, as the dynamic loop
+        computes them."""
+        last, p_prev, p = self.state[0:1], self.state[1], self.state[2]
+        ctx = self.drafter.fuse_context(self.feats.to(self.drafter_dtype))  # (1, B, H)
+        hidden = self._draft_hidden(ctx, last, p_prev, p, live)
+        self.draft_logits.copy_(hidden.to(self.head.dtype) @ self.draft_head.t())
+
     def _step(self, live: int, upto: str = "accept") -> None:
         """One iteration, fixed shapes, no host sync: reads `state` and `feats`, writes `out`, `out_logits` and the
-        next `state` (greedy acceptance). `upto` stops after that stage (decode_bench times the stages)."""
+        next `state` (greedy acceptance). `upto` stops after that stage (decode_bench times the stages). With
+        sampled drafts the drafts are `drafts_in`, drawn on the host after _draft_stage."""
         B, stop = self.block_size, STAGES.index(upto)
         last, p_prev, p = self.state[0:1], self.state[1], self.state[2]
         drafts = self.offsets[:0]
-        if B > 1:
+        if self.sampled:
+            drafts = self.drafts_in
+        elif B > 1:
             ctx = self.drafter.fuse_context(self.feats.to(self.drafter_dtype))  # (1, B, H)
             if stop < 1:
                 return
@@ -226,31 +246,46 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.state.copy_(torch.stack([nxt, p, p + a + 1]))
 
     def _capture(self, live: int) -> None:
-        """Warm the step up on a side stream, then capture it. Its writes land at positions a prefill overwrites or
-        no query reads before a verify rewrites them, and generate() sets the state after its prefill."""
+        """Warm the step up on a side stream, then capture it (with sampled drafts: the draft stage first, then the
+        step). Its writes land at positions a prefill overwrites or no query reads before a verify rewrites them,
+        and generate() sets the state after its prefill."""
+        if self.sampled and live not in self._draft_graphs:
+            graph = self._captured(lambda: self._draft_stage(live))
+            if graph is None:
+                return
+            self._draft_graphs[live] = graph
+        graph = self._captured(lambda: self._step(live))
+        if graph is not None:
+            self._graphs[live] = graph
+            self.graph_status = (f"graphs: captured at block {self.block_size}, attention buckets "
+                                 f"{sorted(self._graphs)}, cache length {self.length}"
+                                 + (f", drafts sampled ({self.draft_sampling}) between two graphs" if self.sampled
+                                    else ""))
+
+    def _captured(self, fn) -> torch.cuda.CUDAGraph | None:
+        """fn warmed up twice on a side stream, then captured; None (graphs off, status says why) if it cannot be."""
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(device=self.target_device)
         stream.wait_stream(torch.cuda.current_stream(self.target_device))
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self.state.zero_()
-                self._step(live)
+                fn()
         torch.cuda.current_stream(self.target_device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         self.state.zero_()
         try:
             # thread_local: another thread (a training worker) may keep launching on its GPU during the capture.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._step(live)
+                fn()
         except RuntimeError as e:  # an op that cannot be captured: stay correct, say why it is slow
             self.graphs = False
             self.graph_status = f"eager: CUDA graph capture failed ({str(e).splitlines()[0]})"
-            return
+            self._graphs, self._draft_graphs = {}, {}
+            return None
         torch.cuda.synchronize(self.target_device)
-        self._graphs[live] = graph
         self.capture_s += time.perf_counter() - t0
-        self.graph_status = (f"graphs: captured at block {self.block_size}, attention buckets "
-                             f"{sorted(self._graphs)}, cache length {self.length}")
+        return graph
 
     # ---------------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -289,11 +324,19 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         while len(out) < max_new_tokens and not done:
             live = self.bucket(p + B)
             graph = self._graphs.get(live)
+            q = None
+            if self.sampled:  # draft stage, the drafts drawn on the host (argmax at T=0, as in every mode), verify
+                self._draft_stage(live) if graph is None else self._draft_graphs[live].replay()
+                if temperature > 0:
+                    drawn, q = self.draw_drafts(self.draft_logits, temperature, generator)
+                    self.drafts_in.copy_(torch.tensor(drawn))
+                else:
+                    self.drafts_in.copy_(to_target_ids(self.drafter, self.draft_logits.argmax(-1)))
             if graph is not None:
                 graph.replay()
             else:
                 self._step(live)
-            rows = self.out.tolist()  # syncs: the only device->host copy of an iteration
+            rows = self.out.tolist()  # syncs: the only device->host copy of an argmax iteration
             ti = [[int(x) for x in r[:K]] for r in rows]
             drafts = [int(r[2 * K]) for r in rows[: B - 1]]
             if temperature == 0:
@@ -301,7 +344,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
                 nxt = ti[a][0]
             else:
                 probs = torch.softmax(self.out_logits / temperature, dim=-1).cpu()
-                a, nxt = speculative_accept(probs, drafts, generator)
+                a, nxt = speculative_accept(probs, drafts, generator) if q is None else \
+                    speculative_accept_sampled(probs, q, drafts, generator)
+            if temperature > 0:  # the step's own next state is the greedy acceptance's
                 self.state.copy_(torch.tensor([nxt, p, p + a + 1]))
             accepted.append(a)
             refs += [rows[i][2 * K + 1] if len(out) + i < len(ref) else None for i in range(a + 1)]
@@ -320,55 +365,18 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
 def make_decoder(target, drafter: DFlashDrafter | None, *, block_size: int | None = None, eos_token_id=None,
                  fast: str | bool = "auto", log=None, draft_sampling: str = "argmax") -> SpeculativeDecoder:
     """The decoder to measure with: static caches + CUDA graphs on CUDA (fast="auto" or True), the dynamic loop on
-    the CPU or for a target the static path cannot run (said through `log`). Drafts drawn from the drafter's
-    distribution at T > 0 (draft_sampling "sample" or "coupled", speculative.py) run on the dynamic loop: the
-    captured step drafts argmax."""
-    if draft_sampling != "argmax" and drafter is not None:
-        if fast is True:
-            raise ValueError("sampled drafts run on the dynamic loop only (the static path's captured step drafts "
-                             "argmax). Fix: decoding='dynamic' (or 'auto'), or argmax drafts.")
-        return SpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
-                                  draft_sampling=draft_sampling)
+    the CPU or for a target the static path cannot run (said through `log`). Drafts drawn from the drafter at T > 0
+    (draft_sampling "sample" or "coupled", speculative.py) run on both, with the same draws."""
     on_cuda = next(target.parameters()).device.type == "cuda"
     if fast is True or (fast == "auto" and on_cuda):
         problem = static_path_problem(target, drafter)
         if problem is None:
             return StaticSpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
-                                            graphs=on_cuda)
+                                            graphs=on_cuda, draft_sampling=draft_sampling)
         if log:
             log(f"decoding with the dynamic loop: {problem}")
-    return SpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id)
-
-
-@dataclass
-class SpeculativeRun:
-    """Results of speculative_generate: one GenerationResult per prompt, pooled tau, its interval and throughput."""
-
-    results: list[GenerationResult]
-
-    @property
-    def tau(self) -> float:
-        """Mean accepted + 1 over all iterations of all prompts (pooled)."""
-        acc = [a for r in self.results for a in r.accepted]
-        return sum(acc) / len(acc) + 1.0 if acc else 1.0
-
-    def interval(self, seed: int = 0) -> TauInterval | None:
-        """The 95% bootstrap interval of the pooled tau over the prompts (intervals.py)."""
-        return tau_interval(self.results, seed=seed)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(r.output_ids) for r in self.results)
-
-    @property
-    def tokens_per_s(self) -> float:
-        secs = sum(r.total_s for r in self.results)
-        return self.new_tokens / secs if secs > 0 else 0.0
-
-    @property
-    def ms_per_iteration(self) -> float:
-        its = sum(r.iterations for r in self.results)
-        return 1e3 * sum(r.decode_s for r in self.results) / its if its else 0.0
+    return SpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
+                              draft_sampling=draft_sampling)
 
 
 @torch.no_grad()
