@@ -254,8 +254,8 @@ def training_figure(data: dict):
         row[2].legend(fontsize=8)
         n_check = next((r.get("real_tau_prompts") for rs in cs.values() for r in rs if r.get("real_tau")), None)
         n_final = finals[0]["prompts"] if finals else None
-        keys = [Line2D([], [], color="grey", marker="o", ls="--", label=f"training-time check (n={n_check})")
-                for _ in range(n_check is not None)]  # no legend entry for checks no arm made
+        keys = [] if n_check is None else [  # no legend entry for checks no arm made
+            Line2D([], [], color="grey", marker="o", ls="--", label=f"training-time check (n={n_check})")]
         keys += [Line2D([], [], color="grey", marker=SET_MARKERS[k % len(SET_MARKERS)], mfc="white", ls="",
                         label=f"final eval: {s} (n={n_final})") for k, s in enumerate(sets)]
         row[3].legend(handles=keys, fontsize=8, loc="lower left")
