@@ -116,3 +116,27 @@ def test_export_and_evaluate_read_a_run_while_it_trains(tmp_path):
         stop.set()
         t.join()
     assert errors == []
+
+
+def test_a_listing_that_crosses_a_rotation_is_read_again(tmp_path, monkeypatch):
+    """The folder is read (step-1 there), then the run saves step 2 and rotates step 1 away before step-1/ is looked
+    into: that listing finds no weights at all; reading the folder again finds step 2."""
+    dc, d = _drafter(seed=0)
+    run = _run(tmp_path / "run", dc)
+    _save_step(run, d, 1)
+    real_glob, calls = type(run).glob, []
+
+    def glob_crossing_a_rotation(self, pattern):
+        if not pattern.endswith(".safetensors"):  # the writer's own listings
+            return real_glob(self, pattern)
+        calls.append(pattern)
+        if len(calls) == 1:
+            _save_step(run, d, 2, keep=1)
+            return iter([])  # what glob returns when step-1/ vanished between its listing and its look inside
+        return real_glob(self, pattern)
+
+    monkeypatch.setattr(type(run), "glob", glob_crossing_a_rotation)
+    found = export.checkpoint_candidates(run)
+    assert [p.parent.name for p in found] == ["step-0000002"] and len(calls) == 2
+    src, loaded = export.load_drafter(run, log=lambda *a: None)
+    assert src.step == 2 and _same(loaded, d)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 import shutil
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -126,12 +128,28 @@ def _run_of(config_dir: Path) -> Path:
     return config_dir
 
 
+def _entries(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+
+
 def checkpoint_candidates(run_dir: Path) -> list[Path]:
-    """Weights files of a run, newest first: step-N/ or checkpoints/drafter.safetensors (best/ only by name)."""
+    """Weights files of a run, newest first: step-N/ or checkpoints/drafter.safetensors (best/ only by name).
+
+    A run still training renames step-N+1.tmp into place and step-N to step-N.deleting between our reading of the
+    folder and our look inside step-N: that listing would find no weights at all although the run always has one.
+    The folder is listed again until it reads the same before and after (a rotation per save; a few tries)."""
     ck = run_dir / "checkpoints"
-    rest = [p for p in ck.glob(f"step-*/{WEIGHTS}") if STEP_DIR.match(p.parent.name)]
-    if (ck / WEIGHTS).is_file():
-        rest.append(ck / WEIGHTS)
+    for attempt in range(weights.ROTATION_RETRIES + 1):
+        before = _entries(ck)
+        rest = [p for p in ck.glob(f"step-*/{WEIGHTS}") if STEP_DIR.match(p.parent.name)]
+        if (ck / WEIGHTS).is_file():
+            rest.append(ck / WEIGHTS)
+        if _entries(ck) == before:
+            break
+        time.sleep(0.01 * (attempt + 1))
     # newest by step; the final save_drafter() file wins a tie with the step dir of the same step
     rest.sort(key=lambda p: ((_step_of(p) or -1), p.parent == ck), reverse=True)
     return rest
