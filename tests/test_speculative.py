@@ -317,6 +317,59 @@ def test_coupled_drafts_keep_each_slots_marginal_and_report_the_exact_conditiona
     assert tv_wrong > 5 * noise, (tv_wrong, noise)  # 0.032 against noise 0.006
 
 
+def _coupled_drafts_loop(q: torch.Tensor, generator: torch.Generator | None = None
+                         ) -> tuple[list[int], torch.Tensor]:
+    """coupled_drafts as first written, slot by slot (about three host syncs a slot when q is on a GPU): the
+    reference the batched form must equal bit for bit."""
+    order = q.argsort(dim=-1, descending=True)
+    hi_edge = q.gather(-1, order).double().cumsum(-1)
+    hi_edge = hi_edge / hi_edge[:, -1:]
+    lo_edge = torch.cat([torch.zeros_like(hi_edge[:, :1]), hi_edge[:, :-1]], dim=1)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    lo, hi = 0.0, 1.0
+    drafts, proposals = [], torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for k in range(q.shape[0]):
+        width = (hi_edge[k].clamp(max=hi) - lo_edge[k].clamp(min=lo)).clamp_(min=0.0) / (hi - lo)
+        proposals[k].scatter_(0, order[k], width.float())
+        r = min(int(torch.searchsorted(hi_edge[k], u.to(hi_edge.device), right=True)), q.shape[1] - 1)
+        drafts.append(int(order[k, r]))
+        lo, hi = max(lo, float(lo_edge[k, r])), min(hi, float(hi_edge[k, r]))
+    return drafts, proposals
+
+
+@pytest.mark.parametrize("V", [7, 960, 16384])
+@pytest.mark.parametrize("K", [1, 4, 15])
+def test_coupled_drafts_equal_the_slot_by_slot_loop_bit_for_bit(K, V):
+    """All slots searched at once (no per-slot host syncs) gives the slot-by-slot loop's drafts and exactly its
+    proposals from the same generator state: peaked and flat q, q with exact ties and zeros (the last slot one-hot),
+    a uniform q (every token tied), and a u that lands exactly on an interval's edge."""
+    for seed in range(3):
+        make = torch.Generator().manual_seed(100 + seed)
+        ties = torch.randint(0, 3, (K, V), generator=make).float()  # a third of the tokens at q = 0
+        ties[:, V // 2] += 1.0
+        ties[-1] = 0.0
+        ties[-1, V // 3] = 1.0
+        qs = {"peaked": torch.softmax(8.0 * torch.randn(K, V, generator=make), dim=-1),
+              "flat": torch.softmax(0.05 * torch.randn(K, V, generator=make), dim=-1),
+              "ties and zeros": ties / ties.sum(-1, keepdim=True),
+              "uniform": torch.full((K, V), 1.0 / V)}
+        for kind, q in qs.items():
+            g_new, g_old = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            for _ in range(4):
+                drafts, prop = coupled_drafts(q, g_new)
+                want_drafts, want_prop = _coupled_drafts_loop(q, g_old)
+                assert drafts == want_drafts, (kind, seed)
+                assert prop.dtype == torch.float32 and torch.equal(prop, want_prop), (kind, seed)
+    # u exactly on every slot's first edge: it belongs to the interval above it, in both forms
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(5), dtype=torch.float64))
+    assert u >= 0.5  # so [u, 1 - u] keeps u first and its first edge is exactly u
+    q = torch.zeros(K, V, dtype=torch.float64)
+    q[:, 0], q[:, V - 1] = u, 1.0 - u
+    drafts, prop = coupled_drafts(q, torch.Generator().manual_seed(5))
+    want_drafts, want_prop = _coupled_drafts_loop(q, torch.Generator().manual_seed(5))
+    assert drafts == want_drafts == [V - 1] * K and torch.equal(prop, want_prop)
+
+
 @pytest.mark.parametrize("mode", ["sample", "coupled"])
 def test_sampled_drafts_end_to_end_keep_the_target_distribution_and_greedy_output(mode):
     """The tiny target at T=1.3 with drafts sampled from the drafter (each slot independently, or the block from

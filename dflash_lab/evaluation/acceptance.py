@@ -72,19 +72,20 @@ def coupled_drafts(q: torch.Tensor, generator: torch.Generator | None = None) ->
     argmax block would, and each slot's marginal is still q_k. Speculative sampling needs the proposal of slot k
     GIVEN the drafts before it: knowing them says only that u lies in the intersection I of their intervals, so
     that proposal is q~_k(x) = |I ∩ J_k(x)| / |I| (J_k(x): x's interval at slot k), which is exact and positive at
-    the drawn token. Pass the returned (K, V) proposals to speculative_accept_sampled. Computed on q's device.
+    the drawn token. Pass the returned (K, V) proposals to speculative_accept_sampled. Computed on q's device, with
+    no per-slot host syncs: only the drafts come back to the host, once.
     """
     order = q.argsort(dim=-1, descending=True)
     hi_edge = q.gather(-1, order).double().cumsum(-1)
     hi_edge = hi_edge / hi_edge[:, -1:]  # the last edge exactly 1, so every u in [0, 1) falls in some interval
     lo_edge = torch.cat([torch.zeros_like(hi_edge[:, :1]), hi_edge[:, :-1]], dim=1)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    lo, hi = 0.0, 1.0
-    drafts, proposals = [], torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for k in range(q.shape[0]):
-        width = (hi_edge[k].clamp(max=hi) - lo_edge[k].clamp(min=lo)).clamp_(min=0.0) / (hi - lo)
-        proposals[k].scatter_(0, order[k], width.float())
-        r = min(int(torch.searchsorted(hi_edge[k], u.to(hi_edge.device), right=True)), q.shape[1] - 1)
-        drafts.append(int(order[k, r]))
-        lo, hi = max(lo, float(lo_edge[k, r])), min(hi, float(hi_edge[k, r]))
-    return drafts, proposals
+    u = torch.rand((), generator=generator, dtype=torch.float64)  # on the generator's (host) device
+    # every slot takes the token whose interval holds the same u: one search over all slots at once
+    at_u = torch.full_like(hi_edge[:, :1], float(u))
+    r = torch.searchsorted(hi_edge, at_u, right=True).clamp_(max=q.shape[1] - 1)  # (K, 1)
+    # I_{k-1} = [lo, hi): where the drafts before slot k leave u, all of [0, 1) before slot 0
+    lo = torch.cat([torch.zeros_like(at_u[:1]), lo_edge.gather(1, r)]).cummax(0).values[:-1]
+    hi = torch.cat([torch.ones_like(at_u[:1]), hi_edge.gather(1, r)]).cummin(0).values[:-1]
+    width = hi_edge.clamp_(max=hi).sub_(lo_edge.clamp_(min=lo)).clamp_(min=0.0).div_(hi - lo)  # |I ∩ J_k(x)| / |I|
+    proposals = torch.zeros(q.shape, dtype=torch.float32, device=q.device).scatter_(1, order, width.float())
+    return order.gather(1, r)[:, 0].tolist(), proposals
