@@ -77,6 +77,21 @@ def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
     assert "feature_store_hit_rate" not in last["none"]
 
 
+def test_a_store_fitted_to_fewer_windows_than_the_data_keeps_those_and_trains_exactly(tmp_path, monkeypatch):
+    """The placement check found room for 5 of the 12 windows (on a GPU it reads free memory; here its answer is
+    given): the run says so, its store keeps 5 rows, and the losses are those of a run without a store."""
+    import dflash_lab.train.prepare as prepare
+
+    said = []
+    monkeypatch.setattr(prepare, "check_placement", lambda placement, **kw: {"cpu": {"feature_store_rows": 5}})
+    real_note = prepare.store_fit_note
+    monkeypatch.setattr(prepare, "store_fit_note", lambda *a: said.append(a) or real_note(*a))
+    curves, last, windows = _tiny_losses(tmp_path, {"none": {}, "store": dict(feature_store_gib=0.01)})
+    assert curves["store"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    assert last["store"]["feature_store_rows"] == last["store"]["feature_store_stored"] == 5 < windows
+    assert [a[:2] for a in said] == [(windows, 5)]  # asked every window, holds 5: said once, by the store's run
+
+
 def test_store_bytes_never_count_more_rows_than_the_data_has_windows():
     from dflash_lab.train.feature_store import GIB, row_bytes, store_bytes
 

@@ -99,3 +99,43 @@ def test_a_feature_store_counts_on_the_target_device(two_fake_gpus):
     assert stored["cuda:1"]["need_gb"] == base["cuda:1"]["need_gb"]
     with pytest.raises(PlacementError, match="cuda:0 needs ~.*lower feature_store_gib"):
         check_placement(make_placement(("cuda:1",), ("cuda:0",)), feature_store_bytes=130 * 2**30, **kw)
+
+
+def test_a_feature_store_larger_than_the_room_is_fitted_not_refused(two_fake_gpus):
+    """A run asks more windows than its GPU holds beside everything else (the long recipe's ~56k SmolLM2 windows,
+    ~96 GiB, on an 80 GB card): it keeps as many whole windows as fit with RESERVE_BYTES to spare, the same on every
+    target replica, and runs; a store that fits keeps every window; no room at all leaves no store."""
+    from dflash_lab.train.feature_store import RESERVE_BYTES, row_bytes
+    from dflash_lab.train.prepare import store_fit_note
+
+    tc = load_target_config("bench:qwen3-8b")
+    dc = DrafterConfig.from_target(tc)
+    row = row_bytes(seq_len=320, width=5 * 576, dtype=torch.bfloat16)
+    assert row == 1_843_200  # 1.76 MiB: SmolLM2's five target layers x 576 at seq 320
+    kw = dict(target_config=tc, drafter_config=dc, seq_len=320, num_anchors=64, batch_size=2, store_row_bytes=row)
+    free = {"cuda:0": 80e9, "cuda:1": 70e9}
+    info = lambda d: (free[d], 81e9)  # noqa: E731
+    rest = check_placement(make_placement(("cuda:0", "cuda:1")), mem_get_info=lambda d: (1e12, 1e12),
+                           **{k: v for k, v in kw.items() if k != "store_row_bytes"})
+    report = check_placement(make_placement(("cuda:0", "cuda:1")), feature_store_bytes=56_000 * row,
+                             mem_get_info=info, **kw)
+    rows = report["cuda:0"]["feature_store_rows"]
+    assert rows == report["cuda:1"]["feature_store_rows"]  # the GPU with less room sets both
+    room = 70e9 - rest["cuda:1"]["need_gb"] * 1e9 - RESERVE_BYTES  # need_gb is rounded to 0.1 GB
+    assert abs(rows - room / row) < 0.06e9 / row + 1 and 0 < rows < 56_000
+    assert report["cuda:1"]["need_gb"] * 1e9 <= 70e9 - RESERVE_BYTES + 0.06e9  # fits with the reserve to spare
+    fits = check_placement(make_placement(("cuda:0",)), feature_store_bytes=10_000 * row, mem_get_info=info, **kw)
+    assert fits["cuda:0"]["feature_store_rows"] == 10_000
+    alone = check_placement(make_placement(("cuda:0",)), mem_get_info=lambda d: (1e12, 1e12),
+                            **{k: v for k, v in kw.items() if k != "store_row_bytes"})["cuda:0"]["need_gb"] * 1e9
+    none = check_placement(make_placement(("cuda:0",)), feature_store_bytes=10_000 * row,
+                           mem_get_info=lambda d: (alone + 2**30, 81e9), **kw)
+    assert none["cuda:0"]["feature_store_rows"] == 0  # the run itself still fits: it runs without a store
+    note = store_fit_note(56_000, 34_567, row, ("cuda:0", "cuda:1"), row_bytes(seq_len=320, width=5 * 576,
+                                                                              dtype=torch.bfloat16, storage="float8"))
+    assert note == ("WARNING: feature store: room for 34,567 of the 56,000 windows asked (59.3 of 96.1 GiB) beside "
+                    "the run on cuda:0, cuda:1; the other 21,433 are computed by the target each time they come back "
+                    "(the store's hit rate says how often). feature_store_dtype=\"float8\" would hold 56,000 in that "
+                    "room.")
+    assert "no room on cuda:0 beside the run for one window of 1.8 MiB" in store_fit_note(56_000, 0, row,
+                                                                                         ("cuda:0",), 0)

@@ -101,3 +101,24 @@ def test_benchmarked_tokens_per_s_gives_the_eta(tiny_cfg):
     assert p.tokens_per_s > 0 and p.tokens_per_s_source == "benchmarked, 4 steps"
     assert p.eta_seconds == pytest.approx(50 * 2 * 128 / p.tokens_per_s)
     assert "(benchmarked, 4 steps)" in str(p)
+
+
+def test_a_feature_store_counts_the_datas_windows_and_one_beyond_the_room_is_fitted_not_a_failure():
+    """The store is counted as the data's windows (not the GiB asked); one larger than the room beside the run
+    is a warning with the GiB the run will keep, and the plan still fits."""
+    from dflash_lab.train.feature_store import RESERVE_BYTES, row_bytes
+
+    cfg = TrainConfig(**{**PAPER, "seq_len": 512, "num_anchors": 64, "feature_store_gib": 500.0})
+    row = row_bytes(seq_len=512, width=5 * 4096, dtype=torch.bfloat16)  # 20 MiB a window at this width
+    small = estimate(cfg, data=fake_data(100, 512, 400, 200), target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
+    (gpu,) = small.devices
+    assert gpu.store == 100 * row and gpu.store_kept == 100 * row and small.fits and not small.warnings
+    big = estimate(cfg, data=fake_data(6000, 512, 400, 200), target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
+    (gpu,) = big.devices
+    rest = gpu.total - gpu.store
+    assert gpu.store == 6000 * row and gpu.store_kept == int(139.8 * GIB) - RESERVE_BYTES - rest
+    assert big.fits and len(big.warnings) == 1
+    assert big.warnings[0].startswith(f"cuda:0: the feature store ({6000 * row / GIB:.1f} GiB for every window) "
+                                      f"does not fit beside the run in 139.8 GiB: the run keeps "
+                                      f"~{gpu.store_kept / GIB:.1f} GiB of windows")
+    assert f"[ok, the feature store kept to {gpu.store_kept / GIB:.2f} GiB]" in str(big)

@@ -193,7 +193,9 @@ class TrainConfig:
     feature_store_gib: float = 0.0
     """GiB of device memory (per target replica) that keep each training window's target features once computed, so
     the frozen target runs once per window instead of once per epoch (train/feature_store.py). 0 = recompute every
-    step. The store never holds more rows than the data has windows; the hit rate is logged."""
+    step. The store never holds more rows than the data has windows, nor more than fit on the GPU beside the run
+    (the memory model's need and 4 GiB to spare, read before anything loads: a WARNING line names the windows held
+    and those computed each time); the hit rate is logged."""
     feature_store_dtype: str = "auto"
     """How the store keeps features: "auto" = their own dtype (bf16 on a GPU: exactly what the target computed);
     "float8" = E4M3 with one scale per position and target layer, half the memory (twice the windows in the same

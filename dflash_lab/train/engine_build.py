@@ -40,8 +40,9 @@ def initial_drafter(drafter_config, seed: int, device: torch.device) -> DFlashDr
 
 
 def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -> FeatureStore | None:
-    """The device-resident store of a target replica (feature_store.py), or None when cfg.feature_store_gib is 0."""
-    if not cfg.feature_store_gib:
+    """The device-resident store of a target replica (feature_store.py) of at most `windows` rows, or None when
+    cfg.feature_store_gib is 0 or the GPU has no room for a window (windows == 0: prepare.py said so)."""
+    if not cfg.feature_store_gib or windows == 0:
         return None
     return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(drafter_config),
                         dtype=dtype, device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg),
@@ -50,12 +51,13 @@ def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
                  compile_backend: str = "inductor", compile_mode: str | None = None, draft_vocab=None,
-                 data_windows: int | None = None, grad_reducer=None) -> Engine:
+                 store_rows: int | None = None, grad_reducer=None) -> Engine:
     """Drafter replicas (identical init), target replicas and worker threads for `placement`.
 
     `targets`: loaded target models aligned with placement.target_devices (targets.load_targets). With
     config.compile_drafter each replica's forward is torch.compile(dynamic=False, mode=compile_mode): inductor
-    kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step.
+    kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step. `store_rows`: the most
+    windows each replica's feature store keeps (prepare.py: the data's windows, or what fits beside the run).
     """
     cfg = config
     check_distill_placement(cfg, placement)
@@ -67,7 +69,7 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
     replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
                               cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache, log=log,
-                              store=feature_store_for(cfg, drafter_config, d, plan_device(cfg, d).dtype, data_windows))
+                              store=feature_store_for(cfg, drafter_config, d, plan_device(cfg, d).dtype, store_rows))
                 for i, (d, m) in enumerate(zip(placement.target_devices, targets))]
     workers = []
     for i, name in enumerate(placement.drafter_devices):

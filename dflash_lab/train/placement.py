@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dflash_lab.config import ConfigError
+from .feature_store import RESERVE_BYTES
 from .memory_model import device_memory
 from dflash_lab.config.model_size import drafter_parameters, target_parameters
 
@@ -177,12 +178,18 @@ def device_plan(device: str | torch.device, *, dtype: str = "auto", attention: s
 
 def check_placement(placement: Placement, *, target_config, drafter_config, seq_len: int, num_anchors: int,
                     batch_size: int, chunk_size: int = 4096, mem_get_info=None, plan=None,
-                    feature_store_bytes: int = 0) -> dict[str, dict]:
+                    feature_store_bytes: int = 0, store_row_bytes: int = 0) -> dict[str, dict]:
     """Batch divisibility and free memory per GPU, before loading. Returns {device: {need_gb, free_gb, ...}}.
 
     The need per device is memory_model.device_memory's (the model preflight shows item by item). `plan(device)`:
     the DevicePlan to assume (default: device_plan, bf16 + flex on GPUs). `mem_get_info(device) -> (free, total)`
     defaults to torch.cuda.mem_get_info (tests pass a fake).
+
+    `store_row_bytes` > 0: the feature store (`feature_store_bytes` asked, whole windows of `store_row_bytes`) is
+    fitted to the room the target GPUs have beside the run (their free memory less everything else the model counts
+    and RESERVE_BYTES) instead of refusing the run; each target device's report then says the windows it holds
+    (`feature_store_rows`), the same on every replica. A store is only ever a speed-up: windows it cannot hold are
+    computed by the target each time they come back.
     """
     T, D = len(placement.target_devices), len(placement.drafter_devices)
     for n, what in ((D, "drafter workers"), (T, "target replicas")):
@@ -193,12 +200,22 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
     if not placement.is_cuda:
         return report
     mem_get_info = mem_get_info or (lambda dev: torch.cuda.mem_get_info(torch.device(dev)))
-    items = device_memory(drafter_devices=placement.drafter_devices, target_devices=placement.target_devices,
-                          target_config=target_config, drafter_config=drafter_config,
-                          target_params=target_parameters(target_config),
-                          drafter_params=drafter_parameters(drafter_config), seq_len=seq_len,
-                          num_anchors=num_anchors, batch_size=batch_size, chunk_size=chunk_size,
-                          plan=plan or device_plan, feature_store_bytes=feature_store_bytes)
+
+    def need(store: int) -> dict[str, dict[str, int]]:
+        return device_memory(drafter_devices=placement.drafter_devices, target_devices=placement.target_devices,
+                             target_config=target_config, drafter_config=drafter_config,
+                             target_params=target_parameters(target_config),
+                             drafter_params=drafter_parameters(drafter_config), seq_len=seq_len,
+                             num_anchors=num_anchors, batch_size=batch_size, chunk_size=chunk_size,
+                             plan=plan or device_plan, feature_store_bytes=store)
+
+    fitted = None
+    if feature_store_bytes and store_row_bytes:
+        rest, free_of = need(0), {d: mem_get_info(d)[0] for d in dict.fromkeys(placement.target_devices)}
+        room = min(free_of[d] - sum(rest[d].values()) - RESERVE_BYTES for d in free_of)
+        fitted = max(0, min(feature_store_bytes // store_row_bytes, room // store_row_bytes))
+        feature_store_bytes = fitted * store_row_bytes
+    items = need(feature_store_bytes)
     for dev in placement.devices:
         parts = {"target": sum(v for k, v in items[dev].items() if k.startswith("target")),
                  "drafter": sum(v for k, v in items[dev].items() if k.startswith(("drafter", "fp32", "features",
@@ -208,6 +225,8 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
         free, total = mem_get_info(dev)
         report[dev] = {"need_gb": round(need / 1e9, 1), "free_gb": round(free / 1e9, 1),
                        "total_gb": round(total / 1e9, 1), **{f"{k}_gb": round(v / 1e9, 1) for k, v in parts.items()}}
+        if fitted is not None and dev in placement.target_devices:
+            report[dev]["feature_store_rows"] = fitted
         if need > free:
             what = " + ".join(f"{k} ~{v / 1e9:.0f} GB" for k, v in parts.items())
             hints = []

@@ -27,7 +27,7 @@ from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
-from .feature_store import feature_width, store_bytes
+from .feature_store import GIB, feature_width, row_bytes, store_bytes
 from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
@@ -64,6 +64,20 @@ def distill_top_k(config: TrainConfig) -> int:
     return config.distill_top_k if config.distill_weight > 0 else 0
 
 
+def store_fit_note(asked: int, rows: int, per_row: int, devices, fp8_row: int) -> str:
+    """The line a run logs when its feature store holds fewer windows than asked, with what would hold more."""
+    where = ", ".join(dict.fromkeys(devices))
+    if not rows:
+        return (f"WARNING: feature store: no room on {where} beside the run for one window of "
+                f"{per_row / 2**20:.1f} MiB, so the target computes every window at every step. Fix: free GPU "
+                "memory, lower batch_size / num_anchors, or put the target on its own GPU (target_devices).")
+    more = (f" feature_store_dtype=\"float8\" would hold {min(asked, rows * per_row // fp8_row):,} in that room."
+            if fp8_row else "")
+    return (f"WARNING: feature store: room for {rows:,} of the {asked:,} windows asked ({rows * per_row / GIB:.1f} "
+            f"of {asked * per_row / GIB:.1f} GiB) beside the run on {where}; the other {asked - rows:,} are computed "
+            f"by the target each time they come back (the store's hit rate says how often).{more}")
+
+
 @dataclass(frozen=True)
 class PreparedRun:
     """Everything a run needs before it loads a model; identical for the notebook and torchrun paths."""
@@ -81,6 +95,9 @@ class PreparedRun:
     resume: checkpoint.Checkpoint | None = None
     overrides: tuple[Override, ...] = field(default=())
     draft_vocab: DraftVocab | None = None  # None = the full target vocabulary
+    # windows each target replica's feature store may keep: the data's windows, or fewer where the GPU has no room
+    # for more beside the run (check_placement fits it; 0 = no store)
+    feature_store_rows: int = 0
 
     def plan(self, device: str | torch.device) -> DevicePlan:
         key = str(torch.device(device))
@@ -156,16 +173,23 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
     memory = {}
-    if check_memory:  # after the data (tokens only, no weights yet): the store never takes more rows than windows
+    store_rows = len(data)  # the store never takes more rows than the data has windows
+    if check_memory:  # after the data (tokens only, no weights yet)
+        row = dict(seq_len=cfg.seq_len, width=feature_width(drafter_config),
+                   dtype=plan_device(cfg, placement.target_devices[0]).dtype, soft_top_k=distill_top_k(cfg),
+                   groups=drafter_config.num_target_features)
+        per_row = row_bytes(**row, storage=cfg.feature_store_dtype)
+        asked = store_bytes(gib=cfg.feature_store_gib, windows=len(data), storage=cfg.feature_store_dtype, **row)
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
                                  seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
                                  chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
-                                 feature_store_bytes=store_bytes(
-                                     gib=cfg.feature_store_gib, seq_len=cfg.seq_len,
-                                     width=feature_width(drafter_config),
-                                     dtype=plan_device(cfg, placement.target_devices[0]).dtype, windows=len(data),
-                                     soft_top_k=distill_top_k(cfg), storage=cfg.feature_store_dtype,
-                                     groups=drafter_config.num_target_features))
+                                 feature_store_bytes=asked, store_row_bytes=per_row)
+        fitted = [r["feature_store_rows"] for r in memory.values() if "feature_store_rows" in r]
+        if fitted and fitted[0] < asked // per_row:
+            store_rows = fitted[0]
+            if log is not None:
+                log(store_fit_note(asked // per_row, store_rows, per_row, placement.target_devices,
+                                   row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0))
     draft_vocab = None
     if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
@@ -182,4 +206,5 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         check_same_vocab(resume.drafter.get("d2t"), draft_vocab, resume.path)
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
+                       feature_store_rows=store_rows if cfg.feature_store_gib else 0,
                        schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides, draft_vocab=draft_vocab)

@@ -139,9 +139,9 @@ class RankTrainer:
         if ctx.distributed and ctx.num_drafters > 1:
             group = ctx.drafter_group
             reducer = lambda flat: torch.distributed.all_reduce(flat, group=group)  # noqa: E731
-        self.engine = build_engine(self.cfg, placement, [self.target], self.drafter_config,
+        self.engine = build_engine(self.cfg, placement, [self.target], self.drafter_config, grad_reducer=reducer,
                                    target_config=prep.target_config, log=self.log if ctx.is_main else None,
-                                   draft_vocab=prep.draft_vocab, data_windows=len(self.data), grad_reducer=reducer)
+                                   draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows)
         w = self.engine.workers[0]
         self.extractor = w.target.extractor  # the one the engine's target replica runs (online or cached)
         self.drafter, self.optimizer, self.model = w.drafter, w.optimizer, w.forward_module

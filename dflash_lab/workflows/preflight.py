@@ -31,8 +31,10 @@ from dflash_lab.config.model_size import drafter_parameters, target_parameters
 from dflash_lab.train.placement import Placement
 
 config_param_count = target_parameters  # the parameter model is model_size.py's (kept name for callers)
-from dflash_lab.train.memory_model import CUDA_OVERHEAD_BYTES, GIB, device_memory  # noqa: F401 (re-exported)
-from dflash_lab.train.prepare import plan_device, prepare_run
+from dflash_lab.train.feature_store import RESERVE_BYTES, feature_width, store_bytes
+from dflash_lab.train.memory_model import (CUDA_OVERHEAD_BYTES, GIB, STORE_ITEM,  # noqa: F401 (re-exported)
+                                           device_memory)
+from dflash_lab.train.prepare import distill_top_k, plan_device, prepare_run
 from dflash_lab.target.load import load_target_config, resolve_target_path
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -74,8 +76,22 @@ class DeviceEstimate:
         return sum(self.items.values())
 
     @property
+    def store(self) -> int:
+        """Bytes of the feature store counted here (the data's windows, at most feature_store_gib)."""
+        return self.items.get(STORE_ITEM, 0)
+
+    @property
     def fits(self) -> bool | None:
-        return None if self.capacity is None else self.total <= self.capacity
+        """Whether the run fits; a feature store beyond the room left is fitted to it when the run starts
+        (placement.check_placement), so only the rest must fit."""
+        return None if self.capacity is None else self.total - self.store <= self.capacity
+
+    @property
+    def store_kept(self) -> int | None:
+        """Bytes of the store a run keeps here: all of it, or the room left beside the run and RESERVE_BYTES."""
+        if self.capacity is None or not self.store:
+            return None
+        return max(0, min(self.store, self.capacity - RESERVE_BYTES - (self.total - self.store)))
 
 
 @dataclass
@@ -126,6 +142,8 @@ class Preflight:
         for d in self.devices:
             cap = "capacity unknown" if d.capacity is None else f"of {d.capacity / GIB:.1f} GiB"
             flag = {True: "ok", False: "DOES NOT FIT", None: "?"}[d.fits]
+            if d.fits and d.store_kept is not None and d.store_kept < d.store:
+                flag = f"ok, the feature store kept to {d.store_kept / GIB:.2f} GiB"
             parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items.items())
             out.append(f"  {d.device}: {d.total / GIB:.2f} GiB {cap} [{flag}] ({parts})")
         out.append(f"data: {self.samples:,} samples, {self.tokens_per_epoch:,} tokens/epoch "
@@ -212,11 +230,21 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
         drafter_devices=tuple(cfg.devices), target_devices=tuple(cfg.target_devices or cfg.devices),
         target_config=tc, drafter_config=dc, target_params=target_params, drafter_params=drafter_params,
         seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size,
-        plan=lambda d: plan_device(cfg, d), feature_store_bytes=int(cfg.feature_store_gib * GIB)).items()}
+        plan=lambda d: plan_device(cfg, d), feature_store_bytes=store_bytes(
+            gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(dc),
+            dtype=plan_device(cfg, (cfg.target_devices or cfg.devices)[0]).dtype, windows=len(data),
+            soft_top_k=distill_top_k(cfg), storage=cfg.feature_store_dtype,
+            groups=dc.num_target_features)).items()}
     n = len(dc.target_layer_ids)
 
     warnings = []
     for d in per.values():
+        if d.store_kept is not None and d.store_kept < d.store and d.fits:
+            warnings.append(
+                f"{d.device}: the feature store ({d.store / GIB:.1f} GiB for every window) does not fit beside the "
+                f"run in {d.capacity / GIB:.1f} GiB: the run keeps ~{d.store_kept / GIB:.1f} GiB of windows and the "
+                "target recomputes the others each time they come back. Fix, if that costs too much: "
+                'feature_store_dtype="float8" (half a window), or a GPU with more memory.')
         if d.fits is False:
             warnings.append(
                 f"{d.device} needs ~{d.total / GIB:.1f} GiB but has {d.capacity / GIB:.1f} GiB: the plan will not fit. "

@@ -142,7 +142,8 @@ class RecipeConfig:
     """Draft vocabulary (TrainConfig.draft_vocab_size): the N most frequent supervised ids; None = the full one."""
     feature_store_gib: float = 60.0
     """Device memory that keeps each training window's target features for later epochs (TrainConfig.
-    feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16 on an H200; 0 = recompute."""
+    feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16; 0 = recompute. On a GPU with
+    less room the store keeps the windows that fit and says so (the long preset's ~56k windows on an 80 GB card)."""
     feature_store_dtype: str = "auto"
     """TrainConfig.feature_store_dtype: "auto" keeps the features in bf16; "float8" halves a window (0.89 MiB at
     seq 320), so ~110k windows fit in 95 GiB of an H200 where bf16 holds ~55k. It rounds SmolLM2's features by
