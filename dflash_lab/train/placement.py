@@ -213,7 +213,7 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
     if feature_store_bytes and store_row_bytes:
         rest, free_of = need(0), {d: mem_get_info(d)[0] for d in dict.fromkeys(placement.target_devices)}
         room = min(free_of[d] - sum(rest[d].values()) - RESERVE_BYTES for d in free_of)
-        fitted = max(0, min(feature_store_bytes // store_row_bytes, room // store_row_bytes))
+        fitted = max(0, min(feature_store_bytes // store_row_bytes, int(room // store_row_bytes)))
         feature_store_bytes = fitted * store_row_bytes
     items = need(feature_store_bytes)
     for dev in placement.devices:
