@@ -44,9 +44,13 @@ def test_store_size_errors_name_the_fix():
         TrainConfig(feature_store_gib=-1.0)
     with pytest.raises(ConfigError, match="feature_cache=None"):
         TrainConfig(feature_store_gib=1.0, feature_cache="cache/")
+    with pytest.raises(ConfigError, match=r"feature_store_host_gib=-2\.0 .*must be a number of GiB >= 0"):
+        TrainConfig(feature_store_gib=1.0, feature_store_host_gib=-2.0)
+    with pytest.raises(ConfigError, match="holds the windows a GPU store has no room for.*set feature_store_gib > 0"):
+        TrainConfig(feature_store_host_gib=8.0)
 
 
-def _tiny_losses(tmp_path, variants: dict[str, dict]) -> tuple[dict, dict, int]:
+def _tiny_losses(tmp_path, variants: dict[str, dict], log=lambda *a: None) -> tuple[dict, dict, int]:
     """9 steps of batch 4 on 12 tiny conversations per variant (TrainConfig overrides): the losses, the last
     metrics, and the windows of the data (epoch 1 is windows // 4 steps and runs the target)."""
     from dflash_lab.tiny import tiny_data_path
@@ -58,7 +62,7 @@ def _tiny_losses(tmp_path, variants: dict[str, dict]) -> tuple[dict, dict, int]:
                       num_draft_layers=1, steps=9, seed=0, checkpoint_every=0, eval_every=0)
     curves, last = {}, {}
     for name, over in variants.items():
-        trainer = Trainer(cfg.replace(**over), write_run_dir=False, log=lambda *a: None)
+        trainer = Trainer(cfg.replace(**over), write_run_dir=False, log=log)
         try:
             curves[name] = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
             last[name] = trainer.last_metrics
@@ -77,19 +81,82 @@ def test_trainer_with_a_store_trains_exactly_as_without(tmp_path):
     assert "feature_store_hit_rate" not in last["none"]
 
 
-def test_a_store_fitted_to_fewer_windows_than_the_data_keeps_those_and_trains_exactly(tmp_path, monkeypatch):
-    """The placement check found room for 5 of the 12 windows (on a GPU it reads free memory; here its answer is
-    given): the run says so, its store keeps 5 rows, and the losses are those of a run without a store."""
+def test_a_store_with_a_host_tier_serves_every_mix_of_device_and_host_rows_exactly():
+    """3 rows on the device, 4 in host memory: windows fill the device rows first, then the host's; any batch of
+    stored windows comes back exactly as put (bf16 and float8 storage, with the distillation columns), and the
+    report counts the share of served windows that came from the host."""
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(7, 5, 6, generator=g).to(torch.bfloat16)
+    ids, logp = torch.randint(0, 50, (7, 5, 2), generator=g, dtype=torch.int32), torch.randn(7, 5, 2, generator=g)
+    keys = [bytes([i]) * 16 for i in range(7)]
+    for storage in ("auto", "float8"):
+        row = 5 * (6 * 2 + 8 * 2) if storage == "auto" else 5 * (6 + 4 * 2 + 8 * 2)
+        store = FeatureStore(gib=3 * row / 2**30, seq_len=5, width=6, dtype=torch.bfloat16, device="cpu",
+                             soft_top_k=2, storage=storage, groups=2, host_rows=4)
+        assert (store.rows, store.host_rows) == (3, 4)
+        store.put(keys[:4], (feats[:4], ids[:4], logp[:4]))  # 3 device rows and the first host row
+        store.put(keys[2:7] + [bytes([9]) * 16], (torch.cat([feats[2:7], feats[:1]]), torch.cat([ids[2:7], ids[:1]]),
+                                                  torch.cat([logp[2:7], logp[:1]])))  # full: the 8th is not kept
+        assert store.stored == 7 and store.lookup([bytes([9]) * 16]) is None
+        for order in ([6, 0, 4, 1], [0, 1, 2, 0], [5, 6, 3, 4]):  # mixed, device only, host only
+            slots = store.lookup([keys[i] for i in order])
+            assert slots == order  # windows take slots in the order they came
+            got_f, got_ids, got_logp = store.gather(slots)
+            want = feats[order]
+            if storage == "auto":
+                assert torch.equal(got_f, want)
+            else:  # E4M3: within 1/16 of each element (and of 2^-6 of its row's maximum near zero)
+                assert (got_f.float() - want.float()).abs().max() <= want.float().abs().max() / 16
+            assert torch.equal(got_ids, ids[order]) and torch.equal(got_logp, logp[order])
+        report = store.report()
+        assert report["feature_store_host_rows"] == 4 and report["feature_store_stored"] == 7
+        assert report["feature_store_host_share"] == pytest.approx(6 / 12)  # 2 + 0 + 4 of the 12 windows served
+
+
+def test_a_store_with_fewer_rows_than_windows_says_how_few_batches_it_serves(tmp_path, monkeypatch):
+    """The placement check found room for 5 of the 12 windows on the GPU (on a GPU it reads free memory; here its
+    answer is given): without a host tier the run says that about (5/12)^4 of its batches of 4 can be served; with
+    one the other 7 windows live in host memory, every batch after the first epoch is served, and the losses are
+    those of a run without a store."""
     import dflash_lab.train.prepare as prepare
 
     said = []
     monkeypatch.setattr(prepare, "check_placement", lambda placement, **kw: {"cpu": {"feature_store_rows": 5}})
-    real_note = prepare.store_fit_note
-    monkeypatch.setattr(prepare, "store_fit_note", lambda *a: said.append(a) or real_note(*a))
-    curves, last, windows = _tiny_losses(tmp_path, {"none": {}, "store": dict(feature_store_gib=0.01)})
-    assert curves["store"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
-    assert last["store"]["feature_store_rows"] == last["store"]["feature_store_stored"] == 5 < windows
-    assert [a[:2] for a in said] == [(windows, 5)]  # asked every window, holds 5: said once, by the store's run
+    monkeypatch.setattr(prepare, "host_room_bytes", lambda: 2**30)
+    curves, last, windows = _tiny_losses(tmp_path, {"none": {}, "gpu": dict(feature_store_gib=0.01),
+                                                    "host": dict(feature_store_gib=0.01, feature_store_host_gib=0.01)},
+                                         log=said.append)
+    assert windows == 12 and curves["gpu"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    assert curves["host"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    notes = [m for m in said if m.startswith("WARNING: feature store:")]
+    assert len(notes) == 1 and "5 windows on cpu" in notes[0] and "all the room the GPU has beside the run" in notes[0]
+    assert f"of the data's 12: a batch is served from the store only when it holds all 4 of its windows, about " \
+           f"{(5 / 12) ** 4:.1%} of batches here" in notes[0] and "feature_store_host_gib=1 keeps the other 7" in notes[0]
+    assert last["gpu"]["feature_store_rows"] == last["gpu"]["feature_store_stored"] == 5
+    host = last["host"]
+    assert host["feature_store_rows"] == 5 and host["feature_store_host_rows"] == 7 and host["feature_store_stored"] == 12
+    assert host["feature_store_hit_rate"] == pytest.approx((9 - 3) / 9, abs=1e-4)  # every batch after epoch 1
+    assert 0 < host["feature_store_host_share"] < 1
+
+
+def test_the_note_for_the_long_preset_on_an_80_gb_card_names_what_would_hold_every_window():
+    from dflash_lab.train.feature_store import row_bytes
+    from dflash_lab.train.prepare import store_note
+
+    row = row_bytes(seq_len=320, width=5 * 576, dtype=torch.bfloat16)
+    fp8 = row_bytes(seq_len=320, width=5 * 576, dtype=torch.bfloat16, storage="float8", groups=5)
+    note = store_note(windows=55_809, rows=38_566, host_rows=0, per_row=row, devices=("cuda:0",), batch=64,
+                      gpu_full=True, fp8_row=fp8)
+    assert note == ("WARNING: feature store: 38,566 windows on cuda:0 (66.2 GiB, all the room the GPU has beside the "
+                    "run) of the data's 55,809: a batch is served from the store only when it holds all 64 of its "
+                    "windows, about 0.0% of batches here; the target computes the others. Fix: "
+                    "feature_store_host_gib=30 keeps the other 17,243 in host memory (if the machine has it); or "
+                    "feature_store_dtype=\"float8\" holds 55,809 in the same GPU memory.")
+    asked_little = store_note(windows=100, rows=90, host_rows=5, per_row=row, devices=("cuda:0", "cuda:0"),
+                              batch=8, gpu_full=False, fp8_row=0)
+    assert "90 windows on cuda:0 (0.2 GiB) + 5 in host memory (0.0 GiB) of the data's 100" in asked_little
+    assert f"about {0.95 ** 8:.1%} of batches" in asked_little
+    assert "Fix: feature_store_gib=1 holds every window on the GPU; or feature_store_host_gib=1 keeps" in asked_little
 
 
 def test_store_bytes_never_count_more_rows_than_the_data_has_windows():

@@ -298,3 +298,26 @@ def test_float8_feature_store_round_trip_on_the_gpu():
     scale = x.view(4, S_, groups, H).abs().amax(-1, keepdim=True) / 448.0
     bound = x.abs() / 16 + (scale * 2**-10).expand(4, S_, groups, H).reshape(x.shape) + x.abs() / 128  # + bf16's
     assert bool(((back.float() - x).abs() <= bound).all())
+
+
+def test_a_feature_store_with_a_host_tier_on_the_gpu_gathers_exactly_batch_after_batch():
+    """4 windows on the GPU, 12 in host memory: 50 batches gathered back to back, each mixing GPU and host rows,
+    with no host sync between them (each kept by a clone queued on the stream, compared only at the end: a pinned
+    staging buffer written again before its copy to the GPU ran would show as a wrong batch), and a GPU-only batch."""
+    from dflash_lab.train.feature_store import FeatureStore, row_bytes
+
+    dev = torch.device("cuda:0")
+    S_, W = 320, 5 * 576
+    store = FeatureStore(gib=4 * row_bytes(seq_len=S_, width=W, dtype=torch.bfloat16) / 2**30, seq_len=S_, width=W,
+                         dtype=torch.bfloat16, device=dev, host_rows=12)
+    feats = torch.randn(16, S_, W, device=dev).to(torch.bfloat16)
+    keys = [bytes([i]) * 16 for i in range(16)]
+    for i in range(0, 16, 4):
+        store.put(keys[i:i + 4], feats[i:i + 4])
+    assert (store.rows, store.host_rows, store.stored) == (4, 12, 16)
+    g = torch.Generator().manual_seed(0)
+    orders = [torch.randperm(16, generator=g)[:8].tolist() for _ in range(50)]
+    got = [store.gather(store.lookup([keys[i] for i in order])).clone() for order in orders]
+    assert all(torch.equal(x, feats[order]) for x, order in zip(got, orders))
+    assert torch.equal(store.gather(store.lookup(keys[:4])), feats[:4])
+    assert store.report()["feature_store_host_share"] > 0.5

@@ -106,7 +106,6 @@ def test_a_feature_store_larger_than_the_room_is_fitted_not_refused(two_fake_gpu
     ~96 GiB, on an 80 GB card): it keeps as many whole windows as fit with RESERVE_BYTES to spare, the same on every
     target replica, and runs; a store that fits keeps every window; no room at all leaves no store."""
     from dflash_lab.train.feature_store import RESERVE_BYTES, row_bytes
-    from dflash_lab.train.prepare import store_fit_note
 
     tc = load_target_config("bench:qwen3-8b")
     dc = DrafterConfig.from_target(tc)
@@ -132,11 +131,3 @@ def test_a_feature_store_larger_than_the_room_is_fitted_not_refused(two_fake_gpu
     none = check_placement(make_placement(("cuda:0",)), feature_store_bytes=10_000 * row,
                            mem_get_info=lambda d: (alone + 2**30, 81e9), **kw)
     assert none["cuda:0"]["feature_store_rows"] == 0  # the run itself still fits: it runs without a store
-    note = store_fit_note(56_000, 34_567, row, ("cuda:0", "cuda:1"), row_bytes(seq_len=320, width=5 * 576,
-                                                                              dtype=torch.bfloat16, storage="float8"))
-    assert note == ("WARNING: feature store: room for 34,567 of the 56,000 windows asked (59.3 of 96.1 GiB) beside "
-                    "the run on cuda:0, cuda:1; the other 21,433 are computed by the target each time they come back "
-                    "(the store's hit rate says how often). feature_store_dtype=\"float8\" would hold 56,000 in that "
-                    "room.")
-    assert "no room on cuda:0 beside the run for one window of 1.8 MiB" in store_fit_note(56_000, 0, row,
-                                                                                         ("cuda:0",), 0)

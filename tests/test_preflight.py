@@ -120,5 +120,11 @@ def test_a_feature_store_counts_the_datas_windows_and_one_beyond_the_room_is_fit
     assert big.fits and len(big.warnings) == 1
     assert big.warnings[0].startswith(f"cuda:0: the feature store ({6000 * row / GIB:.1f} GiB for every window) "
                                       f"does not fit beside the run in 139.8 GiB: the run keeps "
-                                      f"~{gpu.store_kept / GIB:.1f} GiB of windows")
+                                      f"~{gpu.store_kept / GIB:.1f} GiB of windows on the GPU, and a batch is "
+                                      f"served from the store only when it holds all of its windows (about "
+                                      f"{gpu.store_kept / gpu.store:.1%} of batches). Fix: feature_store_host_gib="
+                                      f"{(gpu.store - gpu.store_kept) / GIB:.0f} keeps the others in host memory")
+    hosted = estimate(cfg.replace(feature_store_host_gib=64.0), data=fake_data(6000, 512, 400, 200),
+                      target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
+    assert hosted.fits and not hosted.warnings  # the host tier takes what the GPU has no room for
     assert f"[ok, the feature store kept to {gpu.store_kept / GIB:.2f} GiB]" in str(big)

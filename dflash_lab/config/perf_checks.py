@@ -53,6 +53,13 @@ def check_perf_fields(cfg) -> None:
     if cfg.feature_store_dtype != "auto" and not store:
         fail(c, "feature_store_dtype", cfg.feature_store_dtype, "applies only to a feature store",
              "set feature_store_gib > 0 as well, or leave feature_store_dtype=\"auto\"")
+    host = cfg.feature_store_host_gib
+    if isinstance(host, bool) or not isinstance(host, (int, float)) or not host >= 0:
+        fail(c, "feature_store_host_gib", host, "must be a number of GiB >= 0",
+             "use 0 (the store lives on the GPU only) or e.g. 48 (host memory for windows the GPU has no room for)")
+    if host and not store:
+        fail(c, "feature_store_host_gib", host, "holds the windows a GPU store has no room for",
+             "set feature_store_gib > 0 as well (the GPU part), or feature_store_host_gib=0")
     if store and cfg.feature_cache:
         fail(c, "feature_store_gib", store, "with a feature_cache the features are read from disk, not computed",
              "set feature_store_gib=0, or feature_cache=None to keep online features in device memory")

@@ -196,6 +196,12 @@ class TrainConfig:
     step. The store never holds more rows than the data has windows, nor more than fit on the GPU beside the run
     (the memory model's need and 4 GiB to spare, read before anything loads: a WARNING line names the windows held
     and those computed each time); the hit rate is logged."""
+    feature_store_host_gib: float = 0.0
+    """GiB of host memory (per target replica) for the windows the GPU store has no room for: a batch is served from
+    the store only when it holds all of its windows, so a store that holds most but not all of them seldom pays.
+    Host rows are copied in through a pinned staging buffer (train/feature_store.py); at most what the machine has
+    available less 8 GiB when the run starts (torchrun ranks sharing a machine each count it alone: give each a
+    share). 0 = GPU only."""
     feature_store_dtype: str = "auto"
     """How the store keeps features: "auto" = their own dtype (bf16 on a GPU: exactly what the target computed);
     "float8" = E4M3 with one scale per position and target layer, half the memory (twice the windows in the same

@@ -39,25 +39,28 @@ def initial_drafter(drafter_config, seed: int, device: torch.device) -> DFlashDr
     return d
 
 
-def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None) -> FeatureStore | None:
-    """The device-resident store of a target replica (feature_store.py) of at most `windows` rows, or None when
-    cfg.feature_store_gib is 0 or the GPU has no room for a window (windows == 0: prepare.py said so)."""
-    if not cfg.feature_store_gib or windows == 0:
+def feature_store_for(cfg, drafter_config, device, dtype, windows: int | None,
+                      host_rows: int = 0) -> FeatureStore | None:
+    """The store of a target replica (feature_store.py): at most `windows` rows on its device and `host_rows` in host
+    memory; None when cfg.feature_store_gib is 0 or neither has room for a window (prepare.py said so)."""
+    if not cfg.feature_store_gib or (windows == 0 and not host_rows):
         return None
     return FeatureStore(gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(drafter_config),
                         dtype=dtype, device=torch.device(device), max_rows=windows, soft_top_k=distill_top_k(cfg),
-                        storage=cfg.feature_store_dtype, groups=drafter_config.num_target_features)
+                        storage=cfg.feature_store_dtype, groups=drafter_config.num_target_features,
+                        host_rows=host_rows)
 
 
 def build_engine(config, placement, targets: list, drafter_config, *, target_config=None, log=None,
                  compile_backend: str = "inductor", compile_mode: str | None = None, draft_vocab=None,
-                 store_rows: int | None = None, grad_reducer=None) -> Engine:
+                 store_rows: int | None = None, store_host_rows: int = 0, grad_reducer=None) -> Engine:
     """Drafter replicas (identical init), target replicas and worker threads for `placement`.
 
     `targets`: loaded target models aligned with placement.target_devices (targets.load_targets). With
     config.compile_drafter each replica's forward is torch.compile(dynamic=False, mode=compile_mode): inductor
     kernels, no CUDAGraph Trees; our own capture (cuda_graphs.py) wraps the compiled step. `store_rows`: the most
-    windows each replica's feature store keeps (prepare.py: the data's windows, or what fits beside the run).
+    windows each replica's feature store keeps on its device (prepare.py: the data's windows, or what fits beside
+    the run), `store_host_rows` in host memory.
     """
     cfg = config
     check_distill_placement(cfg, placement)
@@ -69,7 +72,8 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
     # A cache lookup is host work, so it cannot be captured in a CUDA graph: cached features run eagerly.
     replicas = [TargetReplica(i, torch.device(d), make_feature_extractor(cfg, drafter_config, m, plan_device(cfg, d)),
                               cuda_graphs=cfg.cuda_graphs and not cfg.feature_cache, log=log,
-                              store=feature_store_for(cfg, drafter_config, d, plan_device(cfg, d).dtype, store_rows))
+                              store=feature_store_for(cfg, drafter_config, d, plan_device(cfg, d).dtype, store_rows,
+                                                      store_host_rows))
                 for i, (d, m) in enumerate(zip(placement.target_devices, targets))]
     workers = []
     for i, name in enumerate(placement.drafter_devices):

@@ -65,6 +65,11 @@ def engine_metrics(engine, tokens_per_s: float | None = None) -> dict:
         m["feature_store_gib"] = round(sum(r["feature_store_gib"] for r in reports), 3)
         m["feature_store_hit_rate"] = round(statistics.mean(r["feature_store_hit_rate"] for r in reports), 4)
         m["feature_store_storage"] = reports[0]["feature_store_storage"]  # one TrainConfig: alike on every replica
+        if any("feature_store_host_rows" in r for r in reports):  # the host tier, where the GPU had no room
+            m["feature_store_host_rows"] = sum(r.get("feature_store_host_rows", 0) for r in reports)
+            m["feature_store_host_gib"] = round(sum(r.get("feature_store_host_gib", 0.0) for r in reports), 3)
+            m["feature_store_host_share"] = round(statistics.mean(r.get("feature_store_host_share", 0.0)
+                                                                  for r in reports), 4)
     now = dynamo_counts()
     if now:
         m["compiled_graphs"] = now["graphs"] - engine.dynamo_start["graphs"]

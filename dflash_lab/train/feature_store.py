@@ -12,6 +12,13 @@ the store is full, new windows are computed each time they come back and the hit
 replicas each keeps the windows it computed: a window that comes back on another replica is computed there again
 until that replica holds it too.
 
+A batch is served only whole, so a store holding a share f of the windows serves about f^b of the batches of b
+windows: a store must hold (nearly) every window to pay. Windows the GPU has no room for can therefore be kept in
+host memory (`host_rows`, TrainConfig.feature_store_host_gib): a batch then gathers its GPU rows on the GPU and its
+host rows on the host into a small pinned staging buffer, copied in with one host-to-device copy per column: host
+memory bandwidth and PCIe instead of a target forward. The host tier itself is ordinary (pageable) memory: pinning
+tens of GiB is slow, rounded up to a power of two by torch's pinned allocator, and refused under memlock limits.
+
 Size: rows = gib / (S * n*H * bytes). SmolLM2-135M features (5 layers x 576, bf16) at S=320 are 1.8 MiB a window,
 so 30k windows need 53 GiB, which an H200 holds beside the drafter; a 8B target (5 x 4096) at S=3072 is 120 MiB a
 window: there only small data sets fit, and the offline disk cache (data/feature_cache.py) is the tool.
@@ -72,12 +79,13 @@ class FeatureStore:
     """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
 
     def __init__(self, *, gib: float, seq_len: int, width: int, dtype: torch.dtype, device: torch.device,
-                 max_rows: int | None = None, soft_top_k: int = 0, storage: str = "auto", groups: int = 1):
+                 max_rows: int | None = None, soft_top_k: int = 0, storage: str = "auto", groups: int = 1,
+                 host_rows: int = 0):
         """`soft_top_k` > 0: each window also keeps the target's top-k next-token ids (int32) and log-probabilities
         (fp32) of every position (distillation's targets, target/soft_labels.py); get and put then take and give
         (features, ids, log-probs). `storage="float8"`: features kept in E4M3 (module docstring), scaled per
         position and per each of the `groups` target layers side by side in `width` (the drafter's
-        num_target_features)."""
+        num_target_features). `host_rows`: windows kept in host memory once the device rows are full."""
         if storage == "float8" and width % groups:
             raise ValueError(f"feature store width {width} is not {groups} target layers of equal size")
         per_row = row_bytes(seq_len=seq_len, width=width, dtype=dtype, soft_top_k=soft_top_k, storage=storage,
@@ -85,7 +93,7 @@ class FeatureStore:
         rows = int(gib * GIB // per_row)
         if max_rows is not None:
             rows = min(rows, max_rows)  # no more rows than the data has windows
-        if rows < 1:
+        if rows < 1 and not host_rows:
             raise ValueError(f"feature_store_gib={gib} holds no window of {per_row / 2**20:.1f} MiB "
                              f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
                              f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
@@ -109,9 +117,16 @@ class FeatureStore:
         if soft_top_k:
             self.columns += [torch.empty(rows, seq_len, soft_top_k, dtype=torch.int32, device=self.device),
                              torch.empty(rows, seq_len, soft_top_k, dtype=torch.float32, device=self.device)]
+        # the host tier: slot r >= rows is row r - rows here (pageable; a batch's rows go through pinned staging)
+        self.host_rows = int(host_rows)
+        self.host_columns = [torch.empty((self.host_rows,) + tuple(c.shape[1:]), dtype=c.dtype)
+                             for c in self.columns] if self.host_rows else []
         self._slots: dict[bytes, int] = {}
         self.hits = self.misses = 0  # windows served from the store / computed by the target
+        self.host_hits = 0  # of the hits, windows copied in from the host tier
         self._out: list[torch.Tensor] | None = None
+        # the last copy out of the pinned staging: the next batch writes it only after that copy finished
+        self._staged = torch.cuda.Event() if self.device.type == "cuda" and self.host_rows else None
 
     @property
     def stored(self) -> int:
@@ -120,6 +135,10 @@ class FeatureStore:
     @property
     def gib(self) -> float:
         return self.rows * self.row_bytes / GIB
+
+    @property
+    def host_gib(self) -> float:
+        return self.host_rows * self.row_bytes / GIB
 
     def lookup(self, keys: list[bytes]) -> list[int] | None:
         """The rows holding these windows, or None when any of them is not stored (the target runs for the batch)."""
@@ -130,22 +149,56 @@ class FeatureStore:
         self.hits += len(keys)
         return slots
 
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        index = torch.tensor(values, dtype=torch.long)
+        return index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
+
     def gather(self, slots: list[int]):
         """(b, S, width) features of stored rows (with soft_top_k: (features, ids, log-probs)), in kept output
         buffers (valid until the next call)."""
-        index = torch.tensor(slots, dtype=torch.long)
-        if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)
-        if self._out is None or self._out[0].shape[0] != len(slots):
-            self._out = [torch.empty((len(slots),) + tuple(c.shape[1:]), dtype=c.dtype, device=self.device)
+        b = len(slots)
+        if self._out is None or self._out[0].shape[0] != b:
+            self._out = [torch.empty((b,) + tuple(c.shape[1:]), dtype=c.dtype, device=self.device)
                          for c in self.columns]
             if self.scales is not None:  # where the float8 rows come back in the features' dtype
                 self._features_out = torch.empty(self._out[0].shape, dtype=self.dtype, device=self.device)
-        out = [torch.index_select(c, 0, index, out=o) for c, o in zip(self.columns, self._out)]
+            if self.host_rows:  # a batch's host rows: pinned on the host, then their copy on the device
+                pin = self.device.type == "cuda"
+                self._pinned = [torch.empty_like(o, device="cpu", pin_memory=pin) for o in self._out]
+                self._landed = [torch.empty_like(o) for o in self._out]
+        if all(s < self.rows for s in slots):
+            index = self._to_device(slots)
+            out = [torch.index_select(c, 0, index, out=o) for c, o in zip(self.columns, self._out)]
+        else:
+            out = self._gather_two_tiers(slots)
         if self.scales is not None:
             (q, scale), out = out[:2], out[2:]
             out = [self._dequantize(q, scale), *out]
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _gather_two_tiers(self, slots: list[int]) -> list[torch.Tensor]:
+        """Device rows gathered on the device, host rows gathered on the host into pinned staging and copied in
+        (asynchronously: the staging is written again only after the previous copy out of it finished)."""
+        on_device = [(i, s) for i, s in enumerate(slots) if s < self.rows]
+        on_host = [(i, s - self.rows) for i, s in enumerate(slots) if s >= self.rows]
+        k = len(on_host)
+        self.host_hits += k
+        host_index = torch.tensor([r for _, r in on_host], dtype=torch.long)
+        host_at = self._to_device([i for i, _ in on_host])
+        if on_device:
+            device_index = self._to_device([s for _, s in on_device])
+            device_at = self._to_device([i for i, _ in on_device])
+        if self._staged is not None:
+            self._staged.synchronize()
+        for c, hc, o, pinned, landed in zip(self.columns, self.host_columns, self._out, self._pinned, self._landed):
+            torch.index_select(hc, 0, host_index, out=pinned[:k])
+            landed[:k].copy_(pinned[:k], non_blocking=True)
+            o.index_copy_(0, host_at, landed[:k])
+            if on_device:
+                o.index_copy_(0, device_at, c.index_select(0, device_index))
+        if self._staged is not None:
+            self._staged.record()
+        return self._out
 
     def _quantize(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(b, S, width) features -> E4M3 values (as bytes) and the fp32 scale of each position's slice of each
@@ -170,25 +223,30 @@ class FeatureStore:
             raise ValueError(f"the store keeps {len(self.columns) - (self.scales is not None)} tensors per window, "
                              f"got {len(outputs) - (self.scales is not None)}")
         new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
-        free = self.rows - len(self._slots)
+        free = self.rows + self.host_rows - len(self._slots)
         new = new[:free]
         if not new:
             return
-        rows = []
-        for i, k in new:
+        for _, k in new:  # device rows first, then the host tier
             self._slots[k] = len(self._slots)
-            rows.append(self._slots[k])
-        src = torch.tensor([i for i, _ in new], dtype=torch.long)
-        dst = torch.tensor(rows, dtype=torch.long)
-        if self.device.type == "cuda":
-            src = src.pin_memory().to(self.device, non_blocking=True)
-            dst = dst.pin_memory().to(self.device, non_blocking=True)
-        for column, t in zip(self.columns, outputs):
-            column.index_copy_(0, dst, t.index_select(0, src).to(column.dtype))
+        to_device = [(i, self._slots[k]) for i, k in new if self._slots[k] < self.rows]
+        to_host = [(i, self._slots[k] - self.rows) for i, k in new if self._slots[k] >= self.rows]
+        if to_device:
+            src, dst = self._to_device([i for i, _ in to_device]), self._to_device([r for _, r in to_device])
+            for column, t in zip(self.columns, outputs):
+                column.index_copy_(0, dst, t.index_select(0, src).to(column.dtype))
+        if to_host:  # a device-to-host copy that waits for the target: only while the host tier fills (epoch 1)
+            src, dst = self._to_device([i for i, _ in to_host]), torch.tensor([r for _, r in to_host])
+            for column, t in zip(self.host_columns, outputs):
+                column.index_copy_(0, dst, t.index_select(0, src).to("cpu", column.dtype))
 
     def report(self) -> dict:
         """What the store did so far: its size, how full it is, and the share of windows it served."""
         seen = self.hits + self.misses
-        return {"feature_store_rows": self.rows, "feature_store_stored": self.stored,
-                "feature_store_gib": round(self.gib, 3), "feature_store_storage": self.storage,
-                "feature_store_hit_rate": round(self.hits / seen, 4) if seen else 0.0}
+        report = {"feature_store_rows": self.rows, "feature_store_stored": self.stored,
+                  "feature_store_gib": round(self.gib, 3), "feature_store_storage": self.storage,
+                  "feature_store_hit_rate": round(self.hits / seen, 4) if seen else 0.0}
+        if self.host_rows:  # the host tier: its size, and the share of served windows copied in from it
+            report.update(feature_store_host_rows=self.host_rows, feature_store_host_gib=round(self.host_gib, 3),
+                          feature_store_host_share=round(self.host_hits / self.hits, 4) if self.hits else 0.0)
+        return report

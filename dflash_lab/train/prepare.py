@@ -15,6 +15,7 @@ On resume the effective config is the checkpoint's, with the fields the user set
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
-from .feature_store import GIB, feature_width, row_bytes, store_bytes
+from .feature_store import GIB, feature_width, row_bytes
 from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
@@ -64,18 +65,36 @@ def distill_top_k(config: TrainConfig) -> int:
     return config.distill_top_k if config.distill_weight > 0 else 0
 
 
-def store_fit_note(asked: int, rows: int, per_row: int, devices, fp8_row: int) -> str:
-    """The line a run logs when its feature store holds fewer windows than asked, with what would hold more."""
+HOST_KEEP_FREE = 8 * GIB  # host memory a host-tier store leaves to the data, the tokenizer and the kernel
+
+
+def host_room_bytes() -> int:
+    """Host memory a feature store's host tier may take: what the machine has available, less HOST_KEEP_FREE."""
+    import psutil
+
+    return max(0, psutil.virtual_memory().available - HOST_KEEP_FREE)
+
+
+def store_note(*, windows: int, rows: int, host_rows: int, per_row: int, devices, batch: int, gpu_full: bool,
+               fp8_row: int) -> str:
+    """The line a run logs when its feature store holds fewer windows than the data has: how many, where, the share
+    of batches it can serve (a batch is served only whole), and what would hold them all."""
     where = ", ".join(dict.fromkeys(devices))
-    if not rows:
-        return (f"WARNING: feature store: no room on {where} beside the run for one window of "
-                f"{per_row / 2**20:.1f} MiB, so the target computes every window at every step. Fix: free GPU "
-                "memory, lower batch_size / num_anchors, or put the target on its own GPU (target_devices).")
-    more = (f" feature_store_dtype=\"float8\" would hold {min(asked, rows * per_row // fp8_row):,} in that room."
-            if fp8_row else "")
-    return (f"WARNING: feature store: room for {rows:,} of the {asked:,} windows asked ({rows * per_row / GIB:.1f} "
-            f"of {asked * per_row / GIB:.1f} GiB) beside the run on {where}; the other {asked - rows:,} are computed "
-            f"by the target each time they come back (the store's hit rate says how often).{more}")
+    held = rows + host_rows
+    share = (held / windows) ** batch  # every window of a batch of `batch` drawn at random must be held
+    room = ", all the room the GPU has beside the run" if gpu_full else ""
+    host = f" + {host_rows:,} in host memory ({host_rows * per_row / GIB:.1f} GiB)" if host_rows else ""
+    fixes = [f"feature_store_host_gib={math.ceil((windows - rows) * per_row / GIB)} keeps the other "
+             f"{windows - rows:,} in host memory (if the machine has it)"]
+    if fp8_row:
+        fixes.append(f'feature_store_dtype="float8" holds {min(windows, rows * per_row // fp8_row):,} in the same '
+                     "GPU memory")
+    if not gpu_full:
+        fixes.insert(0, f"feature_store_gib={math.ceil(windows * per_row / GIB)} holds every window on the GPU")
+    return (f"WARNING: feature store: {rows:,} windows on {where} ({rows * per_row / GIB:.1f} GiB{room}){host} of "
+            f"the data's {windows:,}: a batch is served from the store only when it holds all {batch} of its "
+            f"windows, about {share:.1%} of batches here; the target computes the others. Fix: "
+            + "; or ".join(fixes) + ".")
 
 
 @dataclass(frozen=True)
@@ -95,9 +114,10 @@ class PreparedRun:
     resume: checkpoint.Checkpoint | None = None
     overrides: tuple[Override, ...] = field(default=())
     draft_vocab: DraftVocab | None = None  # None = the full target vocabulary
-    # windows each target replica's feature store may keep: the data's windows, or fewer where the GPU has no room
-    # for more beside the run (check_placement fits it; 0 = no store)
+    # windows each target replica's feature store keeps on its GPU (the data's windows, or fewer where the GPU has
+    # no room for more beside the run: check_placement fits it) and in host memory (feature_store_host_gib)
     feature_store_rows: int = 0
+    feature_store_host_rows: int = 0
 
     def plan(self, device: str | torch.device) -> DevicePlan:
         key = str(torch.device(device))
@@ -172,24 +192,32 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         if log is not None:
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
-    memory = {}
-    store_rows = len(data)  # the store never takes more rows than the data has windows
-    if check_memory:  # after the data (tokens only, no weights yet)
+    memory, rows, host_rows = {}, 0, 0
+    if cfg.feature_store_gib:  # features kept for later epochs: never more rows than the data has windows
         row = dict(seq_len=cfg.seq_len, width=feature_width(drafter_config),
                    dtype=plan_device(cfg, placement.target_devices[0]).dtype, soft_top_k=distill_top_k(cfg),
                    groups=drafter_config.num_target_features)
         per_row = row_bytes(**row, storage=cfg.feature_store_dtype)
-        asked = store_bytes(gib=cfg.feature_store_gib, windows=len(data), storage=cfg.feature_store_dtype, **row)
+        rows = min(int(cfg.feature_store_gib * GIB // per_row), len(data))
+    if check_memory:  # after the data (tokens only, no weights yet); the store is fitted to the GPU's room
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
                                  seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
                                  chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
-                                 feature_store_bytes=asked, store_row_bytes=per_row)
-        fitted = [r["feature_store_rows"] for r in memory.values() if "feature_store_rows" in r]
-        if fitted and fitted[0] < asked // per_row:
-            store_rows = fitted[0]
-            if log is not None:
-                log(store_fit_note(asked // per_row, store_rows, per_row, placement.target_devices,
-                                   row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0))
+                                 feature_store_bytes=rows * per_row if rows else 0,
+                                 store_row_bytes=per_row if rows else 0)
+    fitted = [r["feature_store_rows"] for r in memory.values() if "feature_store_rows" in r]
+    gpu_full = bool(fitted) and fitted[0] < rows
+    rows = min([rows, *fitted])
+    if cfg.feature_store_host_gib and rows < len(data):  # the windows the GPU has no room for, in host memory
+        replicas = len(dict.fromkeys(placement.target_devices))  # each keeps its own
+        host_rows = min(len(data) - rows, int(cfg.feature_store_host_gib * GIB // per_row))
+        if check_memory:
+            host_rows = min(host_rows, host_room_bytes() // (per_row * replicas))
+    if cfg.feature_store_gib and rows + host_rows < len(data) and log is not None:
+        log(store_note(windows=len(data), rows=rows, host_rows=host_rows, per_row=per_row,
+                       devices=placement.target_devices, batch=max(1, cfg.batch_size // len(placement.drafter_devices)),
+                       gpu_full=gpu_full,
+                       fp8_row=row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0))
     draft_vocab = None
     if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,
@@ -206,5 +234,5 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
         check_same_vocab(resume.drafter.get("d2t"), draft_vocab, resume.path)
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
-                       feature_store_rows=store_rows if cfg.feature_store_gib else 0,
+                       feature_store_rows=rows, feature_store_host_rows=host_rows,
                        schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides, draft_vocab=draft_vocab)

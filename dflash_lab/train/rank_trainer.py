@@ -122,8 +122,7 @@ class RankTrainer:
         else:
             drafter.to(device=ctx.device, dtype=self.dtype)
             model = wrap_ddp(torch.compile(drafter) if cfg.compile_drafter else drafter, ctx)
-        self.model = model
-        self.drafter = drafter
+        self.model, self.drafter = model, drafter
         self.optimizer = make_optimizer(cfg, model)
         self.param_names = train_state.trainable_names(drafter)
         if not ctx.layout.colocated:
@@ -141,7 +140,8 @@ class RankTrainer:
             reducer = lambda flat: torch.distributed.all_reduce(flat, group=group)  # noqa: E731
         self.engine = build_engine(self.cfg, placement, [self.target], self.drafter_config, grad_reducer=reducer,
                                    target_config=prep.target_config, log=self.log if ctx.is_main else None,
-                                   draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows)
+                                   draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows,
+                                   store_host_rows=prep.feature_store_host_rows)
         w = self.engine.workers[0]
         self.extractor = w.target.extractor  # the one the engine's target replica runs (online or cached)
         self.drafter, self.optimizer, self.model = w.drafter, w.optimizer, w.forward_module

@@ -75,7 +75,8 @@ class Trainer:
 
         # Identical drafter replicas (seeded init), target replicas and one worker thread per device (engine_build.py).
         self.engine = build_engine(cfg, self.placement, targets, self.drafter_config, target_config=prep.target_config,
-                                   log=self.log, draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows)
+                                   log=self.log, draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows,
+                                   store_host_rows=prep.feature_store_host_rows)
         self.workers = self.engine.workers
         self._prefetched: tuple[int, object] | None = None
 

@@ -239,12 +239,15 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
 
     warnings = []
     for d in per.values():
-        if d.store_kept is not None and d.store_kept < d.store and d.fits:
+        left = d.store - (d.store_kept or 0)
+        if d.store_kept is not None and left > cfg.feature_store_host_gib * GIB and d.fits:
+            share = (d.store_kept / d.store) ** max(1, cfg.batch_size // len(cfg.devices))
             warnings.append(
                 f"{d.device}: the feature store ({d.store / GIB:.1f} GiB for every window) does not fit beside the "
-                f"run in {d.capacity / GIB:.1f} GiB: the run keeps ~{d.store_kept / GIB:.1f} GiB of windows and the "
-                "target recomputes the others each time they come back. Fix, if that costs too much: "
-                'feature_store_dtype="float8" (half a window), or a GPU with more memory.')
+                f"run in {d.capacity / GIB:.1f} GiB: the run keeps ~{d.store_kept / GIB:.1f} GiB of windows on the "
+                f"GPU, and a batch is served from the store only when it holds all of its windows (about "
+                f"{share:.1%} of batches). Fix: feature_store_host_gib={left / GIB:.0f} keeps the others in host "
+                'memory; or feature_store_dtype="float8" (half a window); or a GPU with more memory.')
         if d.fits is False:
             warnings.append(
                 f"{d.device} needs ~{d.total / GIB:.1f} GiB but has {d.capacity / GIB:.1f} GiB: the plan will not fit. "

@@ -65,13 +65,15 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
 # Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
 # conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
-# with the store (~100 GiB for its ~56k windows) and the 16,384-id head: ~6 minutes of training over 2-3 calls of a
-# 270 s budget (the first call also writes the data); real tau every 2,500 steps. Measured as it stands in
-# bench/results/2026-12-03-h200-long-data/ (held-out accuracy still rising at its last step).
+# with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory) and
+# the 16,384-id head: ~6 minutes of training over 2-3 calls of a 270 s budget (the first call also writes the data);
+# real tau every 2,500 steps. Measured as it stands in bench/results/2026-12-03-h200-long-data/ (held-out accuracy
+# still rising at its last step).
 PRESETS: dict[str, dict] = {
     "10min": {},
-    "long": {"n_self": 60_000, "feature_store_gib": 100.0, "steps": 7_500, "batch_size": 64, "lr": 8.5e-4,
-             "train_time_budget_s": 270.0, "real_tau_every": 2_500, "compile_drafter": True},
+    "long": {"n_self": 60_000, "feature_store_gib": 100.0, "feature_store_host_gib": 48.0, "steps": 7_500,
+             "batch_size": 64, "lr": 8.5e-4, "train_time_budget_s": 270.0, "real_tau_every": 2_500,
+             "compile_drafter": True},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
 # phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
@@ -144,6 +146,10 @@ class RecipeConfig:
     """Device memory that keeps each training window's target features for later epochs (TrainConfig.
     feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16; 0 = recompute. On a GPU with
     less room the store keeps the windows that fit and says so (the long preset's ~56k windows on an 80 GB card)."""
+    feature_store_host_gib: float = 0.0
+    """TrainConfig.feature_store_host_gib: host memory for the windows the GPU store has no room for (a batch is served
+    from the store only when it holds all of its windows). The long preset takes up to 48 GiB: on an H200 its GPU
+    store holds every window and this stays unused; on an 80 GB card ~17k windows (~30 GiB) live here."""
     feature_store_dtype: str = "auto"
     """TrainConfig.feature_store_dtype: "auto" keeps the features in bf16; "float8" halves a window (0.89 MiB at
     seq 320), so ~110k windows fit in 95 GiB of an H200 where bf16 holds ~55k. It rounds SmolLM2's features by
@@ -207,6 +213,8 @@ class RecipeConfig:
             bad("model", "unknown model name", f"use one of {sorted(models.KNOWN_MODELS)} (or \"tiny\")")
         if self.variant not in ("first", "all"):
             bad("variant", "unknown data variant", 'use "first" or "all"')
+        if not self.feature_store_host_gib >= 0:
+            bad("feature_store_host_gib", "must be a number of GiB >= 0", "use 0 (GPU only) or e.g. 48")
         if self.feature_store_dtype not in ("auto", "float8"):
             bad("feature_store_dtype", "unknown storage", 'use "auto" (bf16) or "float8" (half the memory)')
         if self.loss_weighting not in ("dpace", "decay"):
@@ -315,5 +323,6 @@ class RecipeConfig:
                            time_budget_s=self.train_time_budget_s, draft_vocab_size=self.draft_vocab_size,
                            feature_store_gib=self.feature_store_gib if self.device != "cpu" else 0.0,
                            feature_store_dtype=self.feature_store_dtype if self.device != "cpu" else "auto",
+                           feature_store_host_gib=self.feature_store_host_gib if self.device != "cpu" else 0.0,
                            compile_drafter=self.compile_drafter, distill_weight=self.distill_weight,
                            loss_weighting=self.loss_weighting)
