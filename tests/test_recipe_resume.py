@@ -133,6 +133,23 @@ def test_a_third_run_reuses_the_finished_training_run(jobs):
     assert third["export"]["out"] == second["export"]["out"] and third["export"]["config"] == second["export"]["config"]
 
 
+def test_another_feature_store_size_continues_the_same_run_and_another_lr_does_not(jobs):
+    """The store's size is the machine's (every window on an H200's GPU, some in host memory on an 80 GB card) and
+    changes no number the drafter sees: a call on another GPU continues the run; a training setting starts anew."""
+    from dflash_lab.config import TrainConfig
+    from dflash_lab.runs.listing import run_config
+    from dflash_lab.workflows import recipe_reuse
+
+    run = Path(jobs["second"]["train"]["run_dir"])
+    saved, _ = run_config(run)
+    cfg, said = TrainConfig.from_dict(saved), []
+    files = [Path(saved["data"]), Path(saved["heldout_data"])]
+    elsewhere = cfg.replace(feature_store_gib=40.0, feature_store_host_gib=48.0, time_budget_s=99.0)
+    assert recipe_reuse.run_to_continue(elsewhere, files, said.append) == ("reuse", run) and not said
+    assert recipe_reuse.run_to_continue(cfg.replace(lr=cfg.lr * 2), files, said.append) == ("new", None)
+    assert said and said[0].endswith("trained other settings: lr")
+
+
 def test_a_changed_data_setting_redoes_the_data_it_touches_and_trains_a_new_run(tmp_path):
     cfg = RecipeConfig(**{**TINY_SIZES, "n_self": 0, "steps": 2, "work_dir": str(tmp_path / "r")})
     first, _ = _run(cfg, PHASES[:6])

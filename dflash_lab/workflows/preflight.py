@@ -82,14 +82,15 @@ class DeviceEstimate:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the run fits; a feature store beyond the room left is fitted to it when the run starts
+        """Whether the run fits; on a GPU a feature store beyond the room left is fitted to it when the run starts
         (placement.check_placement), so only the rest must fit."""
-        return None if self.capacity is None else self.total - self.store <= self.capacity
+        fitted = self.store if torch.device(self.device).type == "cuda" else 0
+        return None if self.capacity is None else self.total - fitted <= self.capacity
 
     @property
     def store_kept(self) -> int | None:
         """Bytes of the store a run keeps here: all of it, or the room left beside the run and RESERVE_BYTES."""
-        if self.capacity is None or not self.store:
+        if self.capacity is None or not self.store or torch.device(self.device).type != "cuda":
             return None
         return max(0, min(self.store, self.capacity - RESERVE_BYTES - (self.total - self.store)))
 

@@ -229,9 +229,11 @@ class Recipe:
         if how == "resume":
             self.log(f"[recipe] train: resuming {run_dir} (same settings and data), exactly where it stopped")
             cfg = cfg.replace(resume_from=str(run_dir))
-        # on resume the checkpoint's config is taken with the explicit fields on top: the budget is this call's
-        # (train_time_budget_s=None included), every other field equals the checkpoint's (run_to_continue checked)
-        trainer = Trainer(cfg, log=self.log, explicit={"time_budget_s"} if how == "resume" else None)
+        # on resume the checkpoint's config is taken with the explicit fields on top: the budget and the store's size
+        # are this call's (train_time_budget_s=None included), every other field equals the checkpoint's
+        # (run_to_continue checked)
+        trainer = Trainer(cfg, log=self.log, explicit=set(reuse.NOT_THE_RUN) - {"resume_from"} if how == "resume"
+                          else None)
         try:
             resumed_at = trainer.resumed_at
             reuse.record_data(trainer.run_dir, data_files)  # what it trains on: the next call checks it

@@ -27,7 +27,10 @@ from dflash_lab.runs.run_state import STOPPED_RESUMABLE, run_status
 from dflash_lab.runs.rundir import write_json
 
 IDENTITY_FILE = "recipe_data.json"  # in a run dir: {"data": file_identity(the files it trains on)}
-NOT_THE_RUN = ("resume_from", "time_budget_s")  # TrainConfig fields that may change between the calls of one run
+# TrainConfig fields that may change between the calls of one run: the call's budget, and the feature store's size,
+# which is the machine's (an H200 holds every window on the GPU, an 80 GB card some in host memory) and changes no
+# number the drafter sees (its storage dtype does, and is compared)
+NOT_THE_RUN = ("resume_from", "time_budget_s", "feature_store_gib", "feature_store_host_gib")
 EARLIER_MARKS = ("earlier_run", "earlier_settings_differ")  # recipe_results.earlier_phases' marks
 FINISHED, STOPPED = "finished", STOPPED_RESUMABLE
 CUT_WITH_CHECKPOINT = ("interrupted (ckpt @", "killed (ckpt @")  # run_state's names of a run cut after a checkpoint
