@@ -127,6 +127,25 @@ def test_html_fragments_carry_the_numbers():
     assert "last 2.0k" in header_html(s) and "steady -" not in header_html(s)
 
 
+def test_the_feature_store_line_shows_what_it_keeps_and_serves_from_the_newest_record():
+    from widgets.html import balance_html, store_text
+
+    m = DashboardModel(total_steps=100)
+    m.add_metrics([rec(7, 2.5)])
+    assert store_text(m.state().store) == "" and "dfl-store" not in balance_html(m.state())  # no store: no line
+    m.add_metrics([rec(8, 2.4, feature_store_rows=38_566, feature_store_stored=55_809, feature_store_gib=66.203,
+                       feature_store_hit_rate=0.6123, feature_store_host_rows=17_243, feature_store_host_gib=29.598,
+                       feature_store_host_share=0.3094)])
+    line = store_text(m.state().store)
+    assert line == ("feature store: 55,809 of 55,809 windows kept (66.2 GiB on the GPU + 29.6 GiB in host memory); "
+                    "61.2% of windows served from it, 31% of those from host memory")
+    assert '<div class="dfl-store"' in balance_html(m.state()) and line in balance_html(m.state())
+    m.add_metrics([rec(9, 2.3, feature_store_rows=26_347, feature_store_stored=20_000, feature_store_gib=46.0,
+                       feature_store_hit_rate=0.25)])
+    assert store_text(m.state().store) == ("feature store: 20,000 of 26,347 windows kept (46.0 GiB on the GPU); "
+                                           "25.0% of windows served from it")
+
+
 def test_eight_gpu_rows_are_compact_and_aligned():
     from widgets.html import gpus_html
 

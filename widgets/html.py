@@ -151,10 +151,30 @@ def replicas_html(s: DashboardState) -> str:
     return f'<div class="dfl-replicas" style="{GRID}">{rows}</div>'
 
 
+def store_text(store: dict) -> str:
+    """The feature store in one line: windows kept (GPU and host memory), and the share of windows it served, which
+    grows through the first epoch while the store fills: the throughput's warm-up."""
+    if "feature_store_rows" not in store:
+        return ""
+    host_rows = store.get("feature_store_host_rows", 0)
+    where = f"{store.get('feature_store_gib', 0):.1f} GiB on the GPU"
+    if host_rows:
+        where += f" + {store.get('feature_store_host_gib', 0):.1f} GiB in host memory"
+    line = (f"feature store: {store.get('feature_store_stored', 0):,} of {store['feature_store_rows'] + host_rows:,} "
+            f"windows kept ({where}); {store.get('feature_store_hit_rate', 0):.1%} of windows served from it")
+    if host_rows:
+        line += f", {store.get('feature_store_host_share', 0):.0%} of those from host memory"
+    return line
+
+
 def balance_html(s: DashboardState) -> str:
+    """Supply / demand of the target and drafter sides, and the feature store's line under it."""
+    store = store_text(s.store)
+    store = (f'<div class="dfl-store" style="font-family:sans-serif;font-size:13px;color:#57606a">'
+             f'{html.escape(store)}</div>') if store else ""
     b = s.balance
     if b is None:
-        return ""
+        return store
     colour = "#1a7f37" if b.idle_side is None else "#9a6700"
     return (f'<div class="dfl-balance" style="font-family:sans-serif;font-size:13px;color:{colour}">'
-            f'supply / demand: {html.escape(b.recommendation)}</div>')
+            f'supply / demand: {html.escape(b.recommendation)}</div>' + store)

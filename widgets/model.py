@@ -103,6 +103,7 @@ class DashboardState:
     gpu_status: str = ""
     host: dict = field(default_factory=dict)
     balance: Balance | None = None
+    store: dict = field(default_factory=dict)  # the feature store's feature_store_* figures of the newest record
     updated: float | None = None  # time of the newest metric record
     val_sim_tau: float | None = None  # held-out validation (logged every few hundred steps; None until then)
     real_tau: float | None = None  # real speculative decoding on held-out prompts
@@ -406,7 +407,7 @@ class DashboardModel:
             series={k: (list(s.x), list(s.y)) for k, s in self.curves.items()}, series_version=self.series_version,
             gpus=bars, gpu_status=gpu_status, host=host,
             balance=balance_from(self._recent, n_target_gpus=self.placement[0], n_drafter_gpus=self.placement[1]),
-            updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
+            store={k: v for k, v in r.items() if k.startswith("feature_store_")}, updated=r.get("time"), val_sim_tau=self.latest.get("val_sim_tau"),
             real_tau=self.latest.get("real_tau"), real_tau_ci=self.latest.get("real_tau_ci"), warning=self.warning,
             device_history=[DeviceHistory(d.label, list(d.t), list(d.mem_frac), list(d.util_pct))
                             for d in self.system_history.devices.values()],
