@@ -76,7 +76,7 @@ def read_row(run_dir: Path, warmup: int, last: int | None = None) -> dict:
         raise RuntimeError(f"{run_dir}: no step after the {warmup} warm-up steps in metrics.jsonl")
     last, ms = rows[-1], statistics.median(timed) * 1e3
     keep = ("target_ms", "drafter_ms", "optimizer_ms", "mfu", "feature_store_hit_rate", "feature_store_rows",
-            "feature_store_stored", "first_step_s", "loss")
+            "feature_store_stored", "feature_store_host_rows", "feature_store_host_share", "first_step_s", "loss")
     return {"step_ms": round(ms, 3), "tokens_per_s": round(last["tokens"] / (ms / 1e3), 1),
             "steps_timed": len(timed), "loss_last": last.get("loss"),
             **{k: last[k] for k in keep if k in last and k != "loss"},
