@@ -14,7 +14,8 @@ import torch
 from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
-from dflash_lab.evaluation.acceptance import coupled_drafts, speculative_accept, speculative_accept_sampled
+from dflash_lab.evaluation.acceptance import (coupled_drafts, coupled_slot, speculative_accept,
+                                             speculative_accept_sampled)
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible)
 from dflash_lab.target.features import FeatureExtractor, embedding_of
@@ -319,21 +320,13 @@ def test_coupled_drafts_keep_each_slots_marginal_and_report_the_exact_conditiona
 
 def _coupled_drafts_loop(q: torch.Tensor, generator: torch.Generator | None = None
                          ) -> tuple[list[int], torch.Tensor]:
-    """coupled_drafts as first written, slot by slot (about three host syncs a slot when q is on a GPU): the
-    reference the batched form must equal bit for bit."""
-    order = q.argsort(dim=-1, descending=True)
-    hi_edge = q.gather(-1, order).double().cumsum(-1)
-    hi_edge = hi_edge / hi_edge[:, -1:]
-    lo_edge = torch.cat([torch.zeros_like(hi_edge[:, :1]), hi_edge[:, :-1]], dim=1)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    lo, hi = 0.0, 1.0
-    drafts, proposals = [], torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    """coupled_drafts slot by slot (coupled_slot from the interval the drafts before it left): the reference the
+    batched form must equal bit for bit."""
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    lo, hi, drafts, proposals = 0.0, 1.0, [], torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for k in range(q.shape[0]):
-        width = (hi_edge[k].clamp(max=hi) - lo_edge[k].clamp(min=lo)).clamp_(min=0.0) / (hi - lo)
-        proposals[k].scatter_(0, order[k], width.float())
-        r = min(int(torch.searchsorted(hi_edge[k], u.to(hi_edge.device), right=True)), q.shape[1] - 1)
-        drafts.append(int(order[k, r]))
-        lo, hi = max(lo, float(lo_edge[k, r])), min(hi, float(hi_edge[k, r]))
+        x, proposals[k], lo, hi = coupled_slot(q[k], u, lo, hi)
+        drafts.append(x)
     return drafts, proposals
 
 

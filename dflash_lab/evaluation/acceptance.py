@@ -27,16 +27,23 @@ def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: lis
     distributed exactly as the target's own samples. Returns (accepted count, next token).
     """
     for k, x in enumerate(drafts):
-        p, qk = probs[k], q[k]
-        u = torch.rand((), generator=generator)
-        if u * qk[x] < p[x]:  # u < p / q without dividing (q[x] > 0: x was drawn from q_k)
-            continue
-        residual = (p - qk).clamp_(min=0.0)
-        total = residual.sum()
-        if total <= 0:  # p <= q everywhere means p == q, where every draft is accepted; rounding guard
-            return k, int(torch.multinomial(p, 1, generator=generator))
-        return k, int(torch.multinomial(residual / total, 1, generator=generator))
+        rejected = accept_drawn(probs[k], q[k], x, generator)
+        if rejected is not None:
+            return k, rejected
     return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))
+
+
+def accept_drawn(p: torch.Tensor, q_k: torch.Tensor, x: int, generator: torch.Generator | None = None) -> int | None:
+    """One slot of speculative_accept_sampled: None when draft x (drawn from q_k) is kept, else the token emitted
+    instead, drawn from max(0, p - q_k) normalised. For decoders that verify a block slot by slot."""
+    u = torch.rand((), generator=generator)
+    if u * q_k[x] < p[x]:  # u < p / q without dividing (q[x] > 0: x was drawn from q_k)
+        return None
+    residual = (p - q_k).clamp_(min=0.0)
+    total = residual.sum()
+    if total <= 0:  # p <= q everywhere means p == q, where every draft is accepted; rounding guard
+        return int(torch.multinomial(p, 1, generator=generator))
+    return int(torch.multinomial(residual / total, 1, generator=generator))
 
 
 def speculative_accept(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None
@@ -75,7 +82,7 @@ def coupled_drafts(q: torch.Tensor, generator: torch.Generator | None = None) ->
     the drawn token. Pass the returned (K, V) proposals to speculative_accept_sampled. Computed on q's device, with
     no per-slot host syncs: only the drafts come back to the host, once.
     """
-    order = q.argsort(dim=-1, descending=True)
+    order = q.argsort(dim=-1, descending=True, stable=True)  # ties in id order, as coupled_slot orders them
     hi_edge = q.gather(-1, order).double().cumsum(-1)
     hi_edge = hi_edge / hi_edge[:, -1:]  # the last edge exactly 1, so every u in [0, 1) falls in some interval
     lo_edge = torch.cat([torch.zeros_like(hi_edge[:, :1]), hi_edge[:, :-1]], dim=1)
@@ -89,3 +96,19 @@ def coupled_drafts(q: torch.Tensor, generator: torch.Generator | None = None) ->
     width = hi_edge.clamp_(max=hi).sub_(lo_edge.clamp_(min=lo)).clamp_(min=0.0).div_(hi - lo)  # |I ∩ J_k(x)| / |I|
     proposals = torch.zeros(q.shape, dtype=torch.float32, device=q.device).scatter_(1, order, width.float())
     return order.gather(1, r)[:, 0].tolist(), proposals
+
+
+def coupled_slot(q_k: torch.Tensor, u: float, lo: float = 0.0, hi: float = 1.0
+                 ) -> tuple[int, torch.Tensor, float, float]:
+    """One slot of coupled_drafts, for a drafter whose slots come one at a time (the sampling ceiling's oracle drafts
+    slot k only once slot k-1 was kept): (the token whose interval of q_k holds u, its proposal given the drafts
+    before it, which left u in [lo, hi), and the interval left after this draft). Iterated over the rows of q from
+    (lo, hi) = (0, 1) with coupled_drafts' u, it gives coupled_drafts' drafts and proposals bit for bit."""
+    order = q_k.argsort(descending=True, stable=True)
+    hi_edge = q_k[order].double().cumsum(0)
+    hi_edge = hi_edge / hi_edge[-1:]
+    lo_edge = torch.cat([torch.zeros_like(hi_edge[:1]), hi_edge[:-1]])
+    width = (hi_edge.clamp(max=hi) - lo_edge.clamp(min=lo)).clamp_(min=0.0) / (hi - lo)
+    proposal = torch.zeros(q_k.shape, dtype=torch.float32, device=q_k.device).scatter_(0, order, width.float())
+    r = min(int(torch.searchsorted(hi_edge, torch.full_like(hi_edge[:1], u), right=True)), q_k.numel() - 1)
+    return int(order[r]), proposal, max(lo, float(lo_edge[r])), min(hi, float(hi_edge[r]))

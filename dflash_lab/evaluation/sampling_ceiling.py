@@ -17,11 +17,20 @@ With --full-chain each block's EXPECTED accepted length is summed beside it from
 sum over k of the product of the first k drafts' p_T), a lower-variance figure of the same quantity. A trained
 drafter's sampled tau on the same prompts, target, T and block size sits below the realised ceiling; an aim above
 the ceiling needs drafts sampled from a coherent draft distribution, not a better argmax drafter.
+
+--drafts coupled measures the next bound: a PARALLEL drafter that knows the target's distribution perfectly, with
+drafts drawn from it (acceptance.coupled_slot: one uniform per block). A DFlash drafter drafts every slot in one
+pass from mask tokens, so slot k cannot see the drafts before it: the best it can learn from the target's greedy
+answers (distillation: the target's T-distribution at each position of them) is the target's distribution after
+the context and the target's GREEDY tokens for slots < k. The oracle drafts from exactly that (a second cache runs
+the greedy chain) and the target verifies the drafts actually drawn, so the ceiling counts both what sampling
+costs and what drafting in parallel costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -30,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .acceptance import speculative_accept
+from .acceptance import accept_drawn, coupled_slot, speculative_accept
 from .intervals import tau_interval
 from .speculative import GenerationResult, finish_result
 
@@ -122,6 +131,59 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
     return CeilingResult(result, expected[: result.iterations], first_p[: result.iterations])
 
 
+@torch.no_grad()
+def oracle_decode_coupled(model, prompt_ids: list[int], *, block_size: int, temperature: float,
+                          max_new_tokens: int, generator: torch.Generator, eos_ids: set[int]) -> CeilingResult:
+    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts, one
+    prompt (module docstring). The target's cache holds the prompt and every emitted token but the last; each block
+    copies it for the greedy chain (the drafter's view: q_k after the greedy tokens g_<k), and feeds the drafts
+    actually drawn into the target's own (p_k after the drafts x_<k). Slot 1 is the same distribution on both
+    sides, so its draft is always kept; a later draft is kept with probability min(1, p_k / q~_k) (q~_k: its
+    proposal given the drafts before it). Slot k is drafted only once slot k-1 was kept (~2 tau forwards a block)."""
+    from transformers import DynamicCache
+
+    if temperature <= 0 or block_size < 2:
+        raise ValueError(f"temperature={temperature}, block_size={block_size}: the coupled ceiling needs T > 0 and a "
+                         "block with at least one draft (e.g. T=1, block_size=16).")
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+
+    def step(c, tokens: list[int]) -> torch.Tensor:  # p_T after feeding `tokens` into cache c
+        logits = model(torch.tensor([tokens], device=device), past_key_values=c, use_cache=True).logits[0, -1]
+        return torch.softmax(logits.float().cpu() / temperature, dim=-1)
+
+    t0 = time.perf_counter()
+    out = [int(torch.multinomial(step(cache, prompt_ids), 1, generator=generator))]
+    t1 = time.perf_counter()
+    accepted, first_p = [], []
+    done = out[-1] in eos_ids
+    while len(out) < max_new_tokens and not done:
+        p_row = step(cache, [out[-1]])
+        greedy, q_row = copy.deepcopy(cache), p_row  # the drafter's chain: the same context, then greedy tokens
+        first_p.append(float(p_row.max()))
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        lo, hi, chain, nxt = 0.0, 1.0, [], None
+        while len(chain) < block_size - 1:
+            x, proposal, lo, hi = coupled_slot(q_row, u, lo, hi)
+            nxt = accept_drawn(p_row, proposal, x, generator)
+            if nxt is not None:  # rejected: the target's token from the residual
+                break
+            chain.append(x)
+            p_row = step(cache, [x])
+            if len(chain) < block_size - 1:
+                q_row = step(greedy, [int(q_row.argmax())])
+        if nxt is None:  # every draft kept: the bonus token from the target after the last one
+            nxt = int(torch.multinomial(p_row, 1, generator=generator))
+        accepted.append(len(chain))
+        out.extend(chain)
+        out.append(nxt)
+        done = any(t in eos_ids for t in out[-(len(chain) + 1):])
+    t2 = time.perf_counter()
+    result = finish_result(len(prompt_ids), out, accepted, block_size, t1 - t0, t2 - t1, eos_ids, max_new_tokens,
+                           [], [], [])
+    return CeilingResult(result, [], first_p[: result.iterations])
+
+
 @dataclass(frozen=True)
 class CeilingRow:
     """One prompt set's ceiling: tau as the evaluator counts it, its interval, and the lower-variance figures."""
@@ -138,18 +200,23 @@ class CeilingRow:
     expected_tau: float | None  # mean over blocks of the expected accepted length + 1 (full chains only)
     first_draft_p: float  # mean p_T of the first draft: the top-1 mass of the target at T
     seconds: float
+    drafts: str = "argmax"  # the oracle's drafts: "argmax" (the greedy chain) or "coupled" (module docstring)
 
     def line(self) -> str:
         ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
         exp = f"  expected {self.expected_tau:.2f}" if self.expected_tau is not None else ""
         return (f"{self.prompt_set:<18} {self.prompts:>4}  T={self.temperature:g}  B={self.block_size}  "
-                f"ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
+                f"{self.drafts} ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
                 f"({self.seconds:.0f} s)")
 
 
 def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, temperature: float, block_size: int,
-            max_new_tokens: int, seed: int = 0, full_chain: bool = False, log=print) -> CeilingRow:
+            max_new_tokens: int, seed: int = 0, full_chain: bool = False, drafts: str = "argmax",
+            log=print) -> CeilingRow:
     """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
+    if drafts not in ("argmax", "coupled"):
+        raise ValueError(f"drafts={drafts!r}: use \"argmax\" (the greedy chain) or \"coupled\" (a perfectly "
+                         "distilled parallel drafter's coupled draws).")
     from .prompt_sets import info_of
     from .prompts import load_prompts, select_prompts
 
@@ -160,9 +227,13 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     eos = eos_ids_of(model)
     results, t0, last = [], time.perf_counter(), 0.0
     for i, prompt in enumerate(ids, 1):
-        results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
-                                     max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
-                                     full_chain=full_chain))
+        if drafts == "coupled":
+            results.append(oracle_decode_coupled(model, prompt, block_size=block_size, temperature=temperature,
+                                                 max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos))
+        else:
+            results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
+                                         max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
+                                         full_chain=full_chain))
         now = time.perf_counter()
         if now - last >= 15 or i == len(ids):
             last = now
@@ -173,7 +244,7 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     firsts = [p for r in results for p in r.first_p]
     return CeilingRow(name, info.prompts, info.sha256, temperature, block_size, max_new_tokens, interval.tau,
                       interval.low, interval.high, sum(blocks) / len(blocks) if blocks else None,
-                      sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0)
+                      sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0, drafts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--full-chain", action="store_true", help="draft every block's whole chain (block_size forwards "
                    "a block instead of ~tau) for the expected length beside the realised tau")
+    p.add_argument("--drafts", nargs="+", default=["argmax"], choices=["argmax", "coupled"],
+                   help="the oracle's drafts: argmax (the greedy chain) and/or coupled (a perfectly distilled "
+                   "parallel drafter's coupled draws)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
     if a.n_prompts < 1 or a.max_new_tokens < 1 or any(t <= 0 for t in a.temperature):
@@ -203,14 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in a.temperature:
         for s in a.prompts:
-            path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
-            rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
-                                block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed,
-                                full_chain=a.full_chain))
-            print(rows[-1].line(), flush=True)
-            if a.out:  # after every row: a run cut short keeps what it measured
-                Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
-                                                   "rows": [asdict(r) for r in rows]}, indent=1))
+            for drafts in a.drafts:
+                path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
+                rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
+                                    block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed,
+                                    full_chain=a.full_chain, drafts=drafts))
+                print(rows[-1].line(), flush=True)
+                if a.out:  # after every row: a run cut short keeps what it measured
+                    Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
+                                                       "rows": [asdict(r) for r in rows]}, indent=1))
     return 0
 
 
