@@ -88,11 +88,12 @@ class _Bigram(torch.nn.Module):
         return types.SimpleNamespace(logits=self.table[input_ids[0]].unsqueeze(0))
 
 
-def test_the_coupled_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch):
-    """8,000 generations of 3 tokens from a 6-token bigram target at T=1: the joint of the three tokens matches the
-    target's own (total variation within sampling noise), although slot 2 is drafted after the greedy token while
-    the target verifies it after the token actually drawn. Verifying against q_k itself instead of the proposal
-    given the drafts before it (the easy mistake) is 0.27 away on the same draws."""
+@pytest.mark.parametrize("coupled", [True, False])
+def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch, coupled):
+    """8,000 generations of 3 tokens from a 6-token bigram target at T=1, coupled or independent draws: the joint
+    of the three tokens matches the target's own (total variation within sampling noise), although slot 2 is drafted
+    after the greedy token while the target verifies it after the token actually drawn. Verifying coupled drafts
+    against q_k itself instead of the proposal given the drafts before it (the easy mistake) is 0.27 away."""
     model = _Bigram(torch.randn(6, 6, generator=torch.Generator().manual_seed(4)) * 1.5, tiny[0].config)
     rows = torch.softmax(model.table, dim=-1)
     exact = {seq: float(rows[0, seq[0]] * rows[seq[0], seq[1]] * rows[seq[1], seq[2]])
@@ -102,12 +103,14 @@ def test_the_coupled_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch)
         counts: dict = {}
         for seed in range(8000):
             r = oracle_decode_coupled(model, [0], block_size=4, temperature=1.0, max_new_tokens=3, eos_ids=set(),
-                                      generator=torch.Generator().manual_seed(seed))
+                                      generator=torch.Generator().manual_seed(seed), coupled=coupled)
             seq = tuple(r.result.output_ids[:3])
             counts[seq] = counts.get(seq, 0) + 1
         return 0.5 * sum(abs(counts.get(k, 0) / 8000 - v) for k, v in exact.items())
 
     assert tv() < 0.06  # 0.024 at 20,000 draws
+    if not coupled:
+        return
     right = sampling_ceiling.coupled_slot
     monkeypatch.setattr(sampling_ceiling, "coupled_slot",
                         lambda q, u, lo, hi: (lambda d: (d[0], q.clone(), d[2], d[3]))(right(q, u, lo, hi)))
@@ -127,10 +130,10 @@ def test_a_set_row_and_the_command(tiny, tmp_path, capsys):
     assert len(saved) == 1 and saved[0]["tau"] == pytest.approx(row.tau)  # same prompts, same seed, same figure
     assert "argmax ceiling tau" in capsys.readouterr().out
     assert main(["--target", "tiny", "--prompts", "tiny-heldout", "--n-prompts", "6", "--block-size", "8",
-                 "--max-new-tokens", "32", "--drafts", "argmax", "coupled", "--out", str(out)]) == 0
+                 "--max-new-tokens", "32", "--drafts", "argmax", "coupled", "sample", "--out", str(out)]) == 0
     both = json.loads(out.read_text())["rows"]
-    assert [r["drafts"] for r in both] == ["argmax", "coupled"] and both[0]["tau"] == pytest.approx(row.tau)
-    assert 1.0 <= both[1]["tau"] <= 8.0 and both[1]["expected_tau"] is None
+    assert [r["drafts"] for r in both] == ["argmax", "coupled", "sample"] and both[0]["tau"] == pytest.approx(row.tau)
+    assert all(1.0 <= r["tau"] <= 8.0 and r["expected_tau"] is None for r in both[1:])
     assert "coupled ceiling tau" in capsys.readouterr().out
 
 

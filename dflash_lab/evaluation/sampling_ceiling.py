@@ -19,7 +19,7 @@ drafter's sampled tau on the same prompts, target, T and block size sits below t
 the ceiling needs drafts sampled from a coherent draft distribution, not a better argmax drafter.
 
 --drafts coupled measures the next bound: a PARALLEL drafter that knows the target's distribution perfectly, with
-drafts drawn from it (acceptance.coupled_slot: one uniform per block). A DFlash drafter drafts every slot in one
+drafts drawn from it (acceptance.coupled_slot: one uniform per block; --drafts sample draws each slot on its own). A DFlash drafter drafts every slot in one
 pass from mask tokens, so slot k cannot see the drafts before it: the best it can learn from the target's greedy
 answers (distillation: the target's T-distribution at each position of them) is the target's distribution after
 the context and the target's GREEDY tokens for slots < k. The oracle drafts from exactly that (a second cache runs
@@ -133,9 +133,10 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
 
 @torch.no_grad()
 def oracle_decode_coupled(model, prompt_ids: list[int], *, block_size: int, temperature: float,
-                          max_new_tokens: int, generator: torch.Generator, eos_ids: set[int]) -> CeilingResult:
-    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts, one
-    prompt (module docstring). The target's cache holds the prompt and every emitted token but the last; each block
+                          max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
+                          coupled: bool = True) -> CeilingResult:
+    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts (or,
+    with coupled=False, each slot drawn on its own from q_k, its own proposal), one prompt (module docstring). The target's cache holds the prompt and every emitted token but the last; each block
     copies it for the greedy chain (the drafter's view: q_k after the greedy tokens g_<k), and feeds the drafts
     actually drawn into the target's own (p_k after the drafts x_<k). Slot 1 is the same distribution on both
     sides, so its draft is always kept; a later draft is kept with probability min(1, p_k / q~_k) (q~_k: its
@@ -164,7 +165,10 @@ def oracle_decode_coupled(model, prompt_ids: list[int], *, block_size: int, temp
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         lo, hi, chain, nxt = 0.0, 1.0, [], None
         while len(chain) < block_size - 1:
-            x, proposal, lo, hi = coupled_slot(q_row, u, lo, hi)
+            if coupled:
+                x, proposal, lo, hi = coupled_slot(q_row, u, lo, hi)
+            else:
+                x, proposal = int(torch.multinomial(q_row, 1, generator=generator)), q_row
             nxt = accept_drawn(p_row, proposal, x, generator)
             if nxt is not None:  # rejected: the target's token from the residual
                 break
@@ -200,7 +204,7 @@ class CeilingRow:
     expected_tau: float | None  # mean over blocks of the expected accepted length + 1 (full chains only)
     first_draft_p: float  # mean p_T of the first draft: the top-1 mass of the target at T
     seconds: float
-    drafts: str = "argmax"  # the oracle's drafts: "argmax" (the greedy chain) or "coupled" (module docstring)
+    drafts: str = "argmax"  # the oracle's drafts: "argmax" (the greedy chain), "coupled" or "sample" (docstring)
 
     def line(self) -> str:
         ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
@@ -214,9 +218,9 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
             max_new_tokens: int, seed: int = 0, full_chain: bool = False, drafts: str = "argmax",
             log=print) -> CeilingRow:
     """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
-    if drafts not in ("argmax", "coupled"):
-        raise ValueError(f"drafts={drafts!r}: use \"argmax\" (the greedy chain) or \"coupled\" (a perfectly "
-                         "distilled parallel drafter's coupled draws).")
+    if drafts not in ("argmax", "coupled", "sample"):
+        raise ValueError(f"drafts={drafts!r}: use \"argmax\" (the greedy chain), \"coupled\" or \"sample\" (a "
+                         "perfectly distilled parallel drafter's coupled or independent draws).")
     from .prompt_sets import info_of
     from .prompts import load_prompts, select_prompts
 
@@ -227,9 +231,10 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     eos = eos_ids_of(model)
     results, t0, last = [], time.perf_counter(), 0.0
     for i, prompt in enumerate(ids, 1):
-        if drafts == "coupled":
+        if drafts in ("coupled", "sample"):
             results.append(oracle_decode_coupled(model, prompt, block_size=block_size, temperature=temperature,
-                                                 max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos))
+                                                 max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
+                                                 coupled=drafts == "coupled"))
         else:
             results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
                                          max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
@@ -261,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--full-chain", action="store_true", help="draft every block's whole chain (block_size forwards "
                    "a block instead of ~tau) for the expected length beside the realised tau")
-    p.add_argument("--drafts", nargs="+", default=["argmax"], choices=["argmax", "coupled"],
-                   help="the oracle's drafts: argmax (the greedy chain) and/or coupled (a perfectly distilled "
-                   "parallel drafter's coupled draws)")
+    p.add_argument("--drafts", nargs="+", default=["argmax"], choices=["argmax", "coupled", "sample"],
+                   help="the oracle's drafts: argmax (the greedy chain), coupled or sample (a perfectly distilled "
+                   "parallel drafter's coupled or independent draws); several for several rows")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
     if a.n_prompts < 1 or a.max_new_tokens < 1 or any(t <= 0 for t in a.temperature):
