@@ -5,13 +5,13 @@
 
 Serving stacks draft argmax tokens at every temperature (vLLM, SGLang and TensorRT-LLM by default; our evaluator,
 speculative.py, the same): the draft's q is one-hot, so draft x is accepted with probability p_T(x), the target's
-probability of x at temperature T. A drafter trained to predict the target's tokens at best drafts the target's
-own greedy continuation (a perfect T=0 drafter: each draft the most acceptable one given the drafts before it), and
-its acceptance is then bounded by how peaked the target's distribution is at T. This module measures that bound by running the evaluator's loop with
-that oracle as the drafter: each block drafts the target's greedy chain from the current text, the target's
-T-probabilities at those positions decide acceptance (acceptance.speculative_accept, the same function the
-evaluator uses), and the text continues with what was accepted; tau is counted exactly as the evaluator counts it
-(finish_result: cut at eos and at max_new_tokens), with its 95% bootstrap interval over prompts.
+probability of x at temperature T. A drafter trained to predict the target's tokens at best drafts the target's own
+greedy continuation (a perfect T=0 drafter: each draft the most acceptable one given the drafts before it), and its
+acceptance is then bounded by how peaked the target's distribution is at T. This module measures that bound by
+running the evaluator's loop with that oracle as the drafter: each block drafts the target's greedy chain from the
+current text, the target's T-probabilities at those positions decide acceptance (acceptance.speculative_accept, the
+same function the evaluator uses), and the text continues with what was accepted; tau is counted exactly as the
+evaluator counts it (finish_result: cut at eos and at max_new_tokens), with its 95% bootstrap interval over prompts.
 
 With --full-chain each block's EXPECTED accepted length is summed beside it from the same probabilities (1 + the
 sum over k of the product of the first k drafts' p_T), a lower-variance figure of the same quantity. A trained
@@ -19,12 +19,12 @@ drafter's sampled tau on the same prompts, target, T and block size sits below t
 the ceiling needs drafts sampled from a coherent draft distribution, not a better argmax drafter.
 
 --drafts coupled measures the next bound: a PARALLEL drafter that knows the target's distribution perfectly, with
-drafts drawn from it (acceptance.coupled_slot: one uniform per block; --drafts sample draws each slot on its own). A DFlash drafter drafts every slot in one
-pass from mask tokens, so slot k cannot see the drafts before it: the best it can learn from the target's greedy
-answers (distillation: the target's T-distribution at each position of them) is the target's distribution after
-the context and the target's GREEDY tokens for slots < k. The oracle drafts from exactly that (a second cache runs
-the greedy chain) and the target verifies the drafts actually drawn, so the ceiling counts both what sampling
-costs and what drafting in parallel costs.
+drafts drawn from it (acceptance.coupled_slot: one uniform per block; --drafts sample draws each slot on its own). A
+DFlash drafter drafts every slot in one pass from mask tokens, so slot k cannot see the drafts before it: the best
+it can learn from the target's greedy answers (distillation: the target's T-distribution at each position of them)
+is the target's distribution after the context and the target's GREEDY tokens for slots < k. The oracle drafts from
+exactly that (a second cache runs the greedy chain) and the target verifies the drafts actually drawn, so the
+ceiling counts both what sampling costs and what drafting in parallel costs.
 """
 
 from __future__ import annotations
@@ -135,12 +135,13 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
 def oracle_decode_coupled(model, prompt_ids: list[int], *, block_size: int, temperature: float,
                           max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
                           coupled: bool = True) -> CeilingResult:
-    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts (or,
-    with coupled=False, each slot drawn on its own from q_k, its own proposal), one prompt (module docstring). The target's cache holds the prompt and every emitted token but the last; each block
-    copies it for the greedy chain (the drafter's view: q_k after the greedy tokens g_<k), and feeds the drafts
-    actually drawn into the target's own (p_k after the drafts x_<k). Slot 1 is the same distribution on both
-    sides, so its draft is always kept; a later draft is kept with probability min(1, p_k / q~_k) (q~_k: its
-    proposal given the drafts before it). Slot k is drafted only once slot k-1 was kept (~2 tau forwards a block)."""
+    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts (or, with
+    coupled=False, each slot drawn on its own from q_k, its own proposal), one prompt (module docstring). The
+    target's cache holds the prompt and every emitted token but the last; each block copies it for the greedy chain
+    (the drafter's view: q_k after the greedy tokens g_<k), and feeds the drafts actually drawn into the target's
+    own (p_k after the drafts x_<k). Slot 1 is the same distribution on both sides, so its draft is always kept; a
+    later draft is kept with probability min(1, p_k / q~_k) (q~_k: its proposal given the drafts before it). Slot k
+    is drafted only once slot k-1 was kept (~2 tau forwards a block)."""
     from transformers import DynamicCache
 
     if temperature <= 0 or block_size < 2:
