@@ -116,14 +116,15 @@ def test_a_feature_store_counts_the_datas_windows_and_one_beyond_the_room_is_fit
     big = estimate(cfg, data=fake_data(6000, 512, 400, 200), target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
     (gpu,) = big.devices
     rest = gpu.total - gpu.store
-    assert gpu.store == 6000 * row and gpu.store_kept == int(139.8 * GIB) - RESERVE_BYTES - rest
-    assert big.fits and len(big.warnings) == 1
-    assert big.warnings[0].startswith(f"cuda:0: the feature store ({6000 * row / GIB:.1f} GiB for every window) "
-                                      f"does not fit beside the run in 139.8 GiB: the run keeps "
-                                      f"~{gpu.store_kept / GIB:.1f} GiB of windows on the GPU, and a batch is "
-                                      f"served from the store only when it holds all of its windows (about "
-                                      f"{gpu.store_kept / gpu.store:.1%} of batches). Fix: feature_store_host_gib="
-                                      f"{(gpu.store - gpu.store_kept) / GIB:.0f} keeps the others in host memory")
+    kept = (int(139.8 * GIB) - RESERVE_BYTES - rest) // row  # whole windows, 4 GiB to spare, as the run sizes it
+    assert gpu.store == 6000 * row and gpu.store_kept == kept * row and 4000 < kept < 6000
+    assert big.fits and len(big.warnings) == 1  # the run's own words (prepare.store_note), without its WARNING:
+    assert big.warnings[0] == (
+        f"feature store: {kept:,} windows on cuda:0 ({kept * row / GIB:.1f} GiB, all the room the GPU has beside the "
+        f"run) of the data's 6,000: a batch is served from the store only when it holds all 1 of its windows, about "
+        f"{kept / 6000:.1%} of batches here; the target computes the others. Fix: feature_store_host_gib="
+        f"{-(-(6000 - kept) * row // GIB)} keeps the other {6000 - kept:,} in host memory (if the machine has it); or "
+        f'feature_store_dtype="float8" holds 6,000 in the same GPU memory.')
     hosted = estimate(cfg.replace(feature_store_host_gib=64.0), data=fake_data(6000, 512, 400, 200),
                       target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
     assert hosted.fits and not hosted.warnings  # the host tier takes what the GPU has no room for

@@ -75,6 +75,14 @@ def store_bytes(*, gib: float, seq_len: int, width: int, dtype: torch.dtype, win
     return per_row * (rows if windows is None else min(rows, windows))
 
 
+def check_holds_a_window(gib: float, per_row: int, seq_len: int, width: int) -> None:
+    """A feature_store_gib below one window is a mistake, not a store of none: say so with the size that works."""
+    if int(gib * GIB // per_row) < 1:
+        raise ValueError(f"feature_store_gib={gib} holds no window of {per_row / 2**20:.1f} MiB "
+                         f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
+                         f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
+
+
 class FeatureStore:
     """Features of up to `rows` windows, kept on `device`; `lookup` / `put` / `gather` are called by one thread."""
 
@@ -93,10 +101,8 @@ class FeatureStore:
         rows = int(gib * GIB // per_row)
         if max_rows is not None:
             rows = min(rows, max_rows)  # no more rows than the data has windows
-        if rows < 1 and not host_rows:
-            raise ValueError(f"feature_store_gib={gib} holds no window of {per_row / 2**20:.1f} MiB "
-                             f"(seq_len {seq_len} x {width} features). Fix: raise feature_store_gib above "
-                             f"{per_row / GIB:.4f}, or set it to 0 to recompute the features every step.")
+        if not host_rows:
+            check_holds_a_window(gib, per_row, seq_len, width)
         self.device, self.rows, self.row_bytes = torch.device(device), rows, per_row
         self.dtype, self.storage, self.groups = dtype, storage, groups
         if self.device.type == "cuda":  # the store comes on top of the run's estimate: refuse it before it OOMs

@@ -176,6 +176,12 @@ def device_plan(device: str | torch.device, *, dtype: str = "auto", attention: s
     return DevicePlan(device=str(dev), dtype=resolve_dtype(dtype, dev), attention=backend)
 
 
+def rows_that_fit(free: float, rest: float, row: int, asked: int) -> int:
+    """Whole windows of `row` bytes a feature store keeps on a device with `free` bytes where the run needs `rest`
+    beside it, RESERVE_BYTES to spare; never more than `asked` (check_placement and preflight both size it so)."""
+    return max(0, min(asked, int((free - rest - RESERVE_BYTES) // row)))
+
+
 def check_placement(placement: Placement, *, target_config, drafter_config, seq_len: int, num_anchors: int,
                     batch_size: int, chunk_size: int = 4096, mem_get_info=None, plan=None,
                     feature_store_bytes: int = 0, store_row_bytes: int = 0) -> dict[str, dict]:
@@ -212,8 +218,8 @@ def check_placement(placement: Placement, *, target_config, drafter_config, seq_
     fitted = None
     if feature_store_bytes and store_row_bytes:
         rest, free_of = need(0), {d: mem_get_info(d)[0] for d in dict.fromkeys(placement.target_devices)}
-        room = min(free_of[d] - sum(rest[d].values()) - RESERVE_BYTES for d in free_of)
-        fitted = max(0, min(feature_store_bytes // store_row_bytes, int(room // store_row_bytes)))
+        fitted = min(rows_that_fit(free_of[d], sum(rest[d].values()), store_row_bytes,
+                                   feature_store_bytes // store_row_bytes) for d in free_of)
         feature_store_bytes = fitted * store_row_bytes
     items = need(feature_store_bytes)
     for dev in placement.devices:

@@ -28,7 +28,7 @@ from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
-from .feature_store import GIB, feature_width, row_bytes
+from .feature_store import GIB, check_holds_a_window, feature_width, row_bytes
 from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
@@ -73,6 +73,22 @@ def host_room_bytes() -> int:
     import psutil
 
     return max(0, psutil.virtual_memory().available - HOST_KEEP_FREE)
+
+
+def store_rows(*, windows: int, per_row: int, gib: float, host_gib: float, fitted: int | None = None,
+               host_room: int | None = None, replicas: int = 1) -> tuple[int, int, bool]:
+    """(windows a store keeps on the GPU, in host memory, whether the GPU's room cut the first): never more than the
+    data's `windows`; `fitted` = what the GPU has room for (check_placement / preflight), `host_room` = host bytes
+    the `replicas` on this machine share. The run and preflight both size a store with this."""
+    rows = min(int(gib * GIB // per_row), windows)
+    gpu_full = fitted is not None and fitted < rows
+    rows = rows if fitted is None else min(rows, fitted)
+    host = 0
+    if host_gib and rows < windows:  # the windows the GPU has no room for, in host memory
+        host = min(windows - rows, int(host_gib * GIB // per_row))
+        if host_room is not None:
+            host = min(host, host_room // (per_row * replicas))
+    return rows, host, gpu_full
 
 
 def store_note(*, windows: int, rows: int, host_rows: int, per_row: int, devices, batch: int, gpu_full: bool,
@@ -193,11 +209,12 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
             log(f"data: packed {fill['rows']} conversations into {fill['packed_windows']} windows of {cfg.seq_len} "
                 f"tokens (fill {fill['fill_unpacked']:.1%} -> {fill['fill_packed']:.1%})")
     memory, rows, host_rows = {}, 0, 0
-    if cfg.feature_store_gib:  # features kept for later epochs: never more rows than the data has windows
+    if cfg.feature_store_gib:  # features kept for later epochs
         row = dict(seq_len=cfg.seq_len, width=feature_width(drafter_config),
                    dtype=plan_device(cfg, placement.target_devices[0]).dtype, soft_top_k=distill_top_k(cfg),
                    groups=drafter_config.num_target_features)
         per_row = row_bytes(**row, storage=cfg.feature_store_dtype)
+        check_holds_a_window(cfg.feature_store_gib, per_row, cfg.seq_len, row["width"])
         rows = min(int(cfg.feature_store_gib * GIB // per_row), len(data))
     if check_memory:  # after the data (tokens only, no weights yet); the store is fitted to the GPU's room
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
@@ -205,19 +222,17 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                                  chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
                                  feature_store_bytes=rows * per_row if rows else 0,
                                  store_row_bytes=per_row if rows else 0)
-    fitted = [r["feature_store_rows"] for r in memory.values() if "feature_store_rows" in r]
-    gpu_full = bool(fitted) and fitted[0] < rows
-    rows = min([rows, *fitted])
-    if cfg.feature_store_host_gib and rows < len(data):  # the windows the GPU has no room for, in host memory
-        replicas = len(dict.fromkeys(placement.target_devices))  # each keeps its own
-        host_rows = min(len(data) - rows, int(cfg.feature_store_host_gib * GIB // per_row))
-        if check_memory:
-            host_rows = min(host_rows, host_room_bytes() // (per_row * replicas))
-    if cfg.feature_store_gib and rows + host_rows < len(data) and log is not None:
-        log(store_note(windows=len(data), rows=rows, host_rows=host_rows, per_row=per_row,
-                       devices=placement.target_devices, batch=max(1, cfg.batch_size // len(placement.drafter_devices)),
-                       gpu_full=gpu_full,
-                       fp8_row=row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0))
+    if rows:
+        fitted = [r["feature_store_rows"] for r in memory.values() if "feature_store_rows" in r]
+        rows, host_rows, gpu_full = store_rows(
+            windows=len(data), per_row=per_row, gib=cfg.feature_store_gib, host_gib=cfg.feature_store_host_gib,
+            fitted=fitted[0] if fitted else None, host_room=host_room_bytes() if check_memory else None,
+            replicas=len(dict.fromkeys(placement.target_devices)))  # each replica keeps its own
+        if rows + host_rows < len(data) and log is not None:
+            log(store_note(windows=len(data), rows=rows, host_rows=host_rows, per_row=per_row,
+                           devices=placement.target_devices,
+                           batch=max(1, cfg.batch_size // len(placement.drafter_devices)), gpu_full=gpu_full,
+                           fp8_row=row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0))
     draft_vocab = None
     if cfg.draft_vocab_size is not None:  # top-d supervised ids of the TRAINING data; coverage reported
         draft_vocab = build_draft_vocab(data.input_ids, data.loss_mask, size=cfg.draft_vocab_size,

@@ -28,13 +28,13 @@ import torch
 
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.config.model_size import drafter_parameters, target_parameters
-from dflash_lab.train.placement import Placement
+from dflash_lab.train.placement import Placement, rows_that_fit
 
 config_param_count = target_parameters  # the parameter model is model_size.py's (kept name for callers)
-from dflash_lab.train.feature_store import RESERVE_BYTES, feature_width, store_bytes
+from dflash_lab.train.feature_store import feature_width, row_bytes, store_bytes
 from dflash_lab.train.memory_model import (CUDA_OVERHEAD_BYTES, GIB, STORE_ITEM,  # noqa: F401 (re-exported)
                                            device_memory)
-from dflash_lab.train.prepare import distill_top_k, plan_device, prepare_run
+from dflash_lab.train.prepare import distill_top_k, plan_device, prepare_run, store_note, store_rows
 from dflash_lab.target.load import load_target_config, resolve_target_path
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -70,6 +70,7 @@ class DeviceEstimate:
     device: str
     items: dict = field(default_factory=dict)  # name -> bytes
     capacity: int | None = None  # bytes, None = unknown
+    store_row: int = 0  # bytes of one feature-store window (0: no store)
 
     @property
     def total(self) -> int:
@@ -92,7 +93,8 @@ class DeviceEstimate:
         """Bytes of the store a run keeps here: all of it, or the room left beside the run and RESERVE_BYTES."""
         if self.capacity is None or not self.store or torch.device(self.device).type != "cuda":
             return None
-        return max(0, min(self.store, self.capacity - RESERVE_BYTES - (self.total - self.store)))
+        rest = self.total - self.store
+        return rows_that_fit(self.capacity, rest, self.store_row, self.store // self.store_row) * self.store_row
 
 
 @dataclass
@@ -227,28 +229,30 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
     source = "safetensors headers" if counted is not None else "from config"
     drafter_params = drafter_parameters(dc)
 
-    per = {name: DeviceEstimate(name, items, _capacity(name, gpu_memory_gib)) for name, items in device_memory(
+    row = dict(seq_len=cfg.seq_len, width=feature_width(dc), soft_top_k=distill_top_k(cfg),
+               dtype=plan_device(cfg, (cfg.target_devices or cfg.devices)[0]).dtype, groups=dc.num_target_features)
+    per_row = row_bytes(**row, storage=cfg.feature_store_dtype)
+    per = {name: DeviceEstimate(name, items, _capacity(name, gpu_memory_gib), per_row) for name, items in device_memory(
         drafter_devices=tuple(cfg.devices), target_devices=tuple(cfg.target_devices or cfg.devices),
         target_config=tc, drafter_config=dc, target_params=target_params, drafter_params=drafter_params,
         seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size, chunk_size=cfg.loss_chunk_size,
         plan=lambda d: plan_device(cfg, d), feature_store_bytes=store_bytes(
-            gib=cfg.feature_store_gib, seq_len=cfg.seq_len, width=feature_width(dc),
-            dtype=plan_device(cfg, (cfg.target_devices or cfg.devices)[0]).dtype, windows=len(data),
-            soft_top_k=distill_top_k(cfg), storage=cfg.feature_store_dtype,
-            groups=dc.num_target_features)).items()}
+            gib=cfg.feature_store_gib, windows=len(data), storage=cfg.feature_store_dtype, **row)).items()}
     n = len(dc.target_layer_ids)
 
     warnings = []
     for d in per.values():
-        left = d.store - (d.store_kept or 0)
-        if d.store_kept is not None and left > cfg.feature_store_host_gib * GIB and d.fits:
-            share = (d.store_kept / d.store) ** max(1, cfg.batch_size // len(cfg.devices))
-            warnings.append(
-                f"{d.device}: the feature store ({d.store / GIB:.1f} GiB for every window) does not fit beside the "
-                f"run in {d.capacity / GIB:.1f} GiB: the run keeps ~{d.store_kept / GIB:.1f} GiB of windows on the "
-                f"GPU, and a batch is served from the store only when it holds all of its windows (about "
-                f"{share:.1%} of batches). Fix: feature_store_host_gib={left / GIB:.0f} keeps the others in host "
-                'memory; or feature_store_dtype="float8" (half a window); or a GPU with more memory.')
+        if d.store and d.fits is not False:  # the run's own sizing and words (prepare.store_rows, store_note)
+            kept = d.store_kept
+            rows, host, gpu_full = store_rows(windows=len(data), per_row=per_row, gib=cfg.feature_store_gib,
+                                              host_gib=cfg.feature_store_host_gib,
+                                              fitted=None if kept is None else kept // per_row)
+            if rows + host < len(data):
+                warnings.append(store_note(
+                    windows=len(data), rows=rows, host_rows=host, per_row=per_row, devices=(d.device,),
+                    batch=max(1, cfg.batch_size // len(cfg.devices)), gpu_full=gpu_full,
+                    fp8_row=row_bytes(**row, storage="float8") if cfg.feature_store_dtype == "auto" else 0,
+                ).removeprefix("WARNING: "))
         if d.fits is False:
             warnings.append(
                 f"{d.device} needs ~{d.total / GIB:.1f} GiB but has {d.capacity / GIB:.1f} GiB: the plan will not fit. "
