@@ -51,7 +51,8 @@ def test_buttons_after_the_finish_cell_leave_one_answer_and_a_full_event_trail(t
         assert c.message == f"paused at step {paused_at}"
         c.set_lr(1e-4)
         c.step_n(3)
-        _until(lambda: trainer.step_count == paused_at + 3, 30, "3 steps while paused")
+        # the step count moves before the loop is back in its pause: wait for both, as the message does
+        _until(lambda: trainer.step_count == paused_at + 3 and trainer.phase == "paused", 30, "3 steps while paused")
         view.state()
         assert c.message == f"took the steps; paused at step {paused_at + 3}"  # not "stepping 3 while paused"
         c.checkpoint()
