@@ -42,6 +42,9 @@ spec() {
     wsd-dpace) echo "$P --set lr_schedule=\"wsd\"" ;;
     vocab-full-dpace) echo "$P --set draft_vocab_size=null" ;;
     anchors128-dpace) echo "$P --set num_anchors=128" ;;
+    # the target's own T=1 distribution (top-16) as the whole training target: the T=1 lever the sampled-draft
+    # ceilings point at (added 2026-12-06, bench/results/2026-12-06-h100-distill-t1/)
+    distill1-dpace) echo "$P --set distill_weight=1.0" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
 }
@@ -75,8 +78,9 @@ stage)
   bash bench/smollm2_model.sh stage 2>&1 | tee -a "$OUT/run.log"
   if ls .recipe/x1/pytest-*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x1/*.whl || exit 3
-    say "GPU tests: sampled drafts on the static path (graphs against eager), the decoders"
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_speculative.py 2>&1 | tail -25 \
+    say "GPU tests: sampled drafts on the static path (graphs against eager), the decoders${GPU_TESTS:+, $GPU_TESTS}"
+    timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_speculative.py ${GPU_TESTS:-} 2>&1 \
+      | tail -25 \
       | tee -a "$OUT/run.log"
   fi
   ;;
@@ -112,7 +116,8 @@ go)
       [ $budget -gt 150 ] || { say "arm $arm ($st): ${budget}s left, not started"; continue; }
       say "arm $arm ($st): $(spec $arm) feature_store_gib=$STORE_GIB, time budget ${budget}s"
       timeout $(( budget + 20 )) $AB train --work $WORK --arm $arm $COMMON $(spec $arm) \
-        --set feature_store_gib=$STORE_GIB --set time_budget_s=$budget >> "$OUT/arm-$arm.log" 2>&1 &
+        --set feature_store_gib=$STORE_GIB ${HOST_GIB:+--set feature_store_host_gib=$HOST_GIB} \
+        --set time_budget_s=$budget >> "$OUT/arm-$arm.log" 2>&1 &
       tpid[$arm]=$!
       sleep 5  # the next arm's placement check sees this one's store
     done
