@@ -1,6 +1,7 @@
 """The sampled-tau ceiling (evaluation/sampling_ceiling.py) on the tiny target: the oracle argmax drafter's blocks
 against the expected length summed from the same probabilities, the T -> 0 limit, the CLI's JSON, bad input; the
-coupled oracle (a perfectly distilled parallel drafter) emits exactly the target's samples."""
+parallel oracles (a drafter distilled on greedy answers, or trained on sampled ones) emit exactly the target's
+samples in every draw mode, and the sampled-answers oracle's marginals are the target's."""
 
 import itertools
 import json
@@ -12,7 +13,8 @@ import torch
 
 from dflash_lab.evaluation.prompts import load_prompts
 from dflash_lab.evaluation import sampling_ceiling
-from dflash_lab.evaluation.sampling_ceiling import ceiling, eos_ids_of, main, oracle_decode, oracle_decode_coupled
+from dflash_lab.evaluation.sampling_ceiling import (advance_marginal, ceiling, eos_ids_of, main, oracle_decode,
+                                                    oracle_decode_parallel)
 from dflash_lab.target.load import load_target, load_tokenizer
 from dflash_lab.tiny import tiny_heldout_path
 
@@ -68,10 +70,12 @@ def test_near_greedy_the_oracle_accepts_every_draft(tiny):
     assert r.result.tau == 8.0 and all(p > 0.999 for p in r.first_p)
 
 
-def test_near_greedy_the_coupled_oracle_accepts_every_draft_too(tiny):
+@pytest.mark.parametrize("answers", ["greedy", "sampled"])
+def test_near_greedy_the_parallel_oracles_accept_every_draft_too(tiny, answers):
+    """Near T=0 the sampled continuations are the greedy chain, so both parallel oracles draft it whole."""
     model, _, prompts = tiny
-    r = oracle_decode_coupled(model, prompts[0], block_size=8, temperature=1e-4, max_new_tokens=65,
-                              generator=torch.Generator().manual_seed(0), eos_ids=set())
+    r = oracle_decode_parallel(model, prompts[0], block_size=8, temperature=1e-4, max_new_tokens=65,
+                               generator=torch.Generator().manual_seed(0), eos_ids=set(), answers=answers, samples=4)
     assert r.result.accepted == [7] * 8 and r.result.tau == 8.0 and all(p > 0.999 for p in r.first_p)
 
 
@@ -85,16 +89,22 @@ class _Bigram(torch.nn.Module):
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # the oracle reads the device from the parameters
 
     def forward(self, input_ids, past_key_values=None, use_cache=True):
-        return types.SimpleNamespace(logits=self.table[input_ids[0]].unsqueeze(0))
+        return types.SimpleNamespace(logits=self.table[input_ids])
 
 
-@pytest.mark.parametrize("coupled", [True, False])
-def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch, coupled):
-    """8,000 generations of 3 tokens from a 6-token bigram target at T=1, coupled or independent draws: the joint
+def _bigram(tiny) -> _Bigram:
+    return _Bigram(torch.randn(6, 6, generator=torch.Generator().manual_seed(4)) * 1.5, tiny[0].config)
+
+
+@pytest.mark.parametrize("answers,draws", [("greedy", "coupled"), ("greedy", "sample"), ("sampled", "coupled"),
+                                           ("sampled", "sample"), ("sampled", "argmax")])
+def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch, answers, draws):
+    """8,000 generations of 3 tokens from a 6-token bigram target at T=1, for each oracle and draw mode: the joint
     of the three tokens matches the target's own (total variation within sampling noise), although slot 2 is drafted
-    after the greedy token while the target verifies it after the token actually drawn. Verifying coupled drafts
-    against q_k itself instead of the proposal given the drafts before it (the easy mistake) is 0.27 away."""
-    model = _Bigram(torch.randn(6, 6, generator=torch.Generator().manual_seed(4)) * 1.5, tiny[0].config)
+    from the greedy token or from the marginal over sampled ones while the target verifies it after the token
+    actually drawn. Verifying coupled drafts against q_k itself instead of the proposal given the drafts before it
+    (the easy mistake) is 0.27 away."""
+    model = _bigram(tiny)
     rows = torch.softmax(model.table, dim=-1)
     exact = {seq: float(rows[0, seq[0]] * rows[seq[0], seq[1]] * rows[seq[1], seq[2]])
              for seq in itertools.product(range(6), repeat=3)}
@@ -102,19 +112,41 @@ def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch
     def tv() -> float:
         counts: dict = {}
         for seed in range(8000):
-            r = oracle_decode_coupled(model, [0], block_size=4, temperature=1.0, max_new_tokens=3, eos_ids=set(),
-                                      generator=torch.Generator().manual_seed(seed), coupled=coupled)
+            r = oracle_decode_parallel(model, [0], block_size=4, temperature=1.0, max_new_tokens=3, eos_ids=set(),
+                                       generator=torch.Generator().manual_seed(seed), draws=draws, answers=answers,
+                                       samples=4)
             seq = tuple(r.result.output_ids[:3])
             counts[seq] = counts.get(seq, 0) + 1
         return 0.5 * sum(abs(counts.get(k, 0) / 8000 - v) for k, v in exact.items())
 
     assert tv() < 0.06  # 0.024 at 20,000 draws
-    if not coupled:
+    if (answers, draws) != ("greedy", "coupled"):
         return
     right = sampling_ceiling.coupled_slot
     monkeypatch.setattr(sampling_ceiling, "coupled_slot",
                         lambda q, u, lo, hi: (lambda d: (d[0], q.clone(), d[2], d[3]))(right(q, u, lo, hi)))
     assert tv() > 0.15
+
+
+def test_the_sampled_answers_oracle_drafts_from_the_targets_marginals(tiny):
+    """Slot k's q for a drafter trained on sampled answers is the target's marginal k-1 tokens ahead: for a bigram
+    target the start row times the transition matrix k-1 times. 20,000 sampled continuations advanced twice give it
+    to within 0.01 per id, and differ from the row after the greedy tokens (what distillation on greedy answers
+    teaches) by more than 0.1."""
+    model = _bigram(tiny)
+    P = torch.softmax(model.table, dim=-1)
+
+    def step(cache, tokens):
+        return torch.softmax(model(tokens).logits[:, -1], dim=-1)
+
+    g = torch.Generator().manual_seed(5)
+    paths = P[0].expand(20_000, -1)
+    for k in (2, 3):
+        paths = advance_marginal(step, None, paths, g)
+        exact = P[0] @ torch.linalg.matrix_power(P, k - 1)
+        assert (paths.mean(0) - exact).abs().max() < 0.01
+    greedy = P[int(P[int(P[0].argmax())].argmax())]
+    assert (paths.mean(0) - greedy).abs().max() > 0.1
 
 
 def test_a_set_row_and_the_command(tiny, tmp_path, capsys):
@@ -135,6 +167,14 @@ def test_a_set_row_and_the_command(tiny, tmp_path, capsys):
     assert [r["drafts"] for r in both] == ["argmax", "coupled", "sample"] and both[0]["tau"] == pytest.approx(row.tau)
     assert all(1.0 <= r["tau"] <= 8.0 and r["expected_tau"] is None for r in both[1:])
     assert "coupled ceiling tau" in capsys.readouterr().out
+    assert main(["--target", "tiny", "--prompts", "tiny-heldout", "--n-prompts", "6", "--block-size", "8",
+                 "--max-new-tokens", "32", "--answers", "sampled", "--drafts", "argmax", "coupled", "--samples", "4",
+                 "--out", str(out)]) == 0
+    sampled = json.loads(out.read_text())["rows"]
+    assert [(r["answers"], r["drafts"], r["samples"]) for r in sampled] == [("sampled", "argmax", 4),
+                                                                             ("sampled", "coupled", 4)]
+    assert all(1.0 <= r["tau"] <= 8.0 for r in sampled) and sampled[0]["tau"] != pytest.approx(row.tau)
+    assert "sampled-answers (4 samples) coupled ceiling tau" in capsys.readouterr().out
 
 
 def test_bad_settings_name_the_value(tiny):
@@ -147,9 +187,14 @@ def test_bad_settings_name_the_value(tiny):
         oracle_decode(model, prompts[0], block_size=1, temperature=1.0, max_new_tokens=8, generator=g, eos_ids=set())
     with pytest.raises(SystemExit):
         main(["--target", "tiny", "--temperature", "0"])
-    with pytest.raises(ValueError, match="temperature=0.0, block_size=8: the coupled ceiling needs T > 0"):
-        oracle_decode_coupled(model, prompts[0], block_size=8, temperature=0.0, max_new_tokens=8, generator=g,
-                              eos_ids=set())
+    with pytest.raises(ValueError, match="temperature=0.0, block_size=8: the parallel ceiling needs T > 0"):
+        oracle_decode_parallel(model, prompts[0], block_size=8, temperature=0.0, max_new_tokens=8, generator=g,
+                               eos_ids=set())
+    with pytest.raises(ValueError, match="answers='sample', samples=16: draws is one of"):
+        oracle_decode_parallel(model, prompts[0], block_size=8, temperature=1.0, max_new_tokens=8, generator=g,
+                               eos_ids=set(), answers="sample")
+    with pytest.raises(SystemExit):
+        main(["--target", "tiny", "--answers", "sampled", "--samples", "0"])
     with pytest.raises(ValueError, match="drafts='sampled'"):
         ceiling(model, None, "x", "x.jsonl", n_prompts=1, temperature=1.0, block_size=8, max_new_tokens=8,
                 drafts="sampled")

@@ -25,6 +25,13 @@ it can learn from the target's greedy answers (distillation: the target's T-dist
 is the target's distribution after the context and the target's GREEDY tokens for slots < k. The oracle drafts from
 exactly that (a second cache runs the greedy chain) and the target verifies the drafts actually drawn, so the
 ceiling counts both what sampling costs and what drafting in parallel costs.
+
+--answers sampled measures the bound for the other T=1 lever, a drafter trained with hard labels on answers the
+target SAMPLED at T: cross-entropy on sampled continuations teaches slot k the target's marginal after the context,
+q_k = E over x_<k ~ p_T of p_T(. | context, x_<k), since slot k never sees the tokens before it. The oracle estimates
+that marginal each block from --samples continuations the target samples (the mean of their next-token
+distributions: unbiased for each id; its noise can only lower the acceptance measured, so the figure is a lower
+bound of that ceiling), then drafts argmax, coupled or independent draws from it, verified as above.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ import torch
 from .acceptance import accept_drawn, coupled_slot, speculative_accept
 from .intervals import tau_interval
 from .speculative import GenerationResult, finish_result
+
+DRAWS = ("argmax", "coupled", "sample")  # how the oracle drafts from its q_k
+ANSWERS = ("greedy", "sampled")  # what the oracle drafter was trained on: its q_k (module docstring)
 
 
 @dataclass
@@ -131,52 +141,84 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
     return CeilingResult(result, expected[: result.iterations], first_p[: result.iterations])
 
 
+def _proposal(q_row: torch.Tensor, draws: str, u: float, lo: float, hi: float, generator: torch.Generator
+              ) -> tuple[int, torch.Tensor, float, float]:
+    """One slot's draft from the oracle's q_k and the proposal it was drawn from (given the drafts before it)."""
+    if draws == "coupled":
+        return coupled_slot(q_row, u, lo, hi)
+    if draws == "sample":
+        return int(torch.multinomial(q_row, 1, generator=generator)), q_row, lo, hi
+    x = int(q_row.argmax())  # argmax: a one-hot proposal, kept with probability p_T(x) as servers verify
+    return x, torch.zeros_like(q_row).index_fill_(0, torch.tensor([x]), 1.0), lo, hi
+
+
+def advance_marginal(step, cache, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The target's sampled continuations one token further: each of the (M, V) `rows` draws its next token, which
+    `step` feeds into the M-row `cache`; returns the M new next-token distributions (their mean estimates the
+    marginal of the next slot)."""
+    tokens = torch.multinomial(rows, 1, generator=generator)
+    return step(cache, tokens)
+
+
 @torch.no_grad()
-def oracle_decode_coupled(model, prompt_ids: list[int], *, block_size: int, temperature: float,
-                          max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
-                          coupled: bool = True) -> CeilingResult:
-    """Speculative sampling at `temperature` with a perfectly distilled parallel drafter and coupled drafts (or, with
-    coupled=False, each slot drawn on its own from q_k, its own proposal), one prompt (module docstring). The
-    target's cache holds the prompt and every emitted token but the last; each block copies it for the greedy chain
-    (the drafter's view: q_k after the greedy tokens g_<k), and feeds the drafts actually drawn into the target's
-    own (p_k after the drafts x_<k). Slot 1 is the same distribution on both sides, so its draft is always kept; a
-    later draft is kept with probability min(1, p_k / q~_k) (q~_k: its proposal given the drafts before it). Slot k
-    is drafted only once slot k-1 was kept (~2 tau forwards a block)."""
+def oracle_decode_parallel(model, prompt_ids: list[int], *, block_size: int, temperature: float,
+                           max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
+                           draws: str = "coupled", answers: str = "greedy", samples: int = 16) -> CeilingResult:
+    """Speculative sampling at `temperature` with a perfect PARALLEL drafter, one prompt (module docstring).
+
+    answers="greedy": slot k's q_k is the target's distribution after the context and its greedy tokens for the
+    slots before it (a second cache runs the greedy chain): the best a drafter distilled on greedy answers learns.
+    answers="sampled": q_k is the target's marginal at slot k, estimated from `samples` continuations it samples (a
+    second, M-row cache): the best a drafter trained on sampled answers learns. `draws`: "coupled" (one uniform per
+    block), "sample" (each slot on its own) or "argmax" (q_k's top id, one-hot). The target's cache holds the
+    prompt and every emitted token but the last and is fed the drafts actually drawn (p_k after the drafts x_<k);
+    a draft is kept with probability min(1, p_k / q~_k) (q~_k: its proposal given the drafts before it). Slot k is
+    drafted only once slot k-1 was kept, so both caches advance ~tau tokens a block."""
     from transformers import DynamicCache
 
     if temperature <= 0 or block_size < 2:
-        raise ValueError(f"temperature={temperature}, block_size={block_size}: the coupled ceiling needs T > 0 and a "
+        raise ValueError(f"temperature={temperature}, block_size={block_size}: the parallel ceiling needs T > 0 and a "
                          "block with at least one draft (e.g. T=1, block_size=16).")
+    if draws not in DRAWS or answers not in ANSWERS or samples < 1:
+        raise ValueError(f"draws={draws!r}, answers={answers!r}, samples={samples}: draws is one of {DRAWS}, "
+                         f"answers one of {ANSWERS}, samples >= 1 (e.g. 16).")
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
 
-    def step(c, tokens: list[int]) -> torch.Tensor:  # p_T after feeding `tokens` into cache c
-        logits = model(torch.tensor([tokens], device=device), past_key_values=c, use_cache=True).logits[0, -1]
+    def step(c, tokens) -> torch.Tensor:  # p_T of each row after feeding `tokens` ((rows, n) ids) into cache c
+        logits = model(tokens.to(device), past_key_values=c, use_cache=True).logits[:, -1]
         return torch.softmax(logits.float().cpu() / temperature, dim=-1)
 
+    def one(c, tokens: list[int]) -> torch.Tensor:
+        return step(c, torch.tensor([tokens]))[0]
+
     t0 = time.perf_counter()
-    out = [int(torch.multinomial(step(cache, prompt_ids), 1, generator=generator))]
+    out = [int(torch.multinomial(one(cache, prompt_ids), 1, generator=generator))]
     t1 = time.perf_counter()
     accepted, first_p = [], []
     done = out[-1] in eos_ids
     while len(out) < max_new_tokens and not done:
-        p_row = step(cache, [out[-1]])
-        greedy, q_row = copy.deepcopy(cache), p_row  # the drafter's chain: the same context, then greedy tokens
+        p_row = one(cache, [out[-1]])
+        side, q_row = copy.deepcopy(cache), p_row  # slot 1's q is the target's own distribution on either side
+        if answers == "sampled":
+            side.batch_repeat_interleave(samples)
+            paths = p_row.expand(samples, -1)
         first_p.append(float(p_row.max()))
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         lo, hi, chain, nxt = 0.0, 1.0, [], None
         while len(chain) < block_size - 1:
-            if coupled:
-                x, proposal, lo, hi = coupled_slot(q_row, u, lo, hi)
-            else:
-                x, proposal = int(torch.multinomial(q_row, 1, generator=generator)), q_row
+            x, proposal, lo, hi = _proposal(q_row, draws, u, lo, hi, generator)
             nxt = accept_drawn(p_row, proposal, x, generator)
             if nxt is not None:  # rejected: the target's token from the residual
                 break
             chain.append(x)
-            p_row = step(cache, [x])
+            p_row = one(cache, [x])
             if len(chain) < block_size - 1:
-                q_row = step(greedy, [int(q_row.argmax())])
+                if answers == "greedy":
+                    q_row = one(side, [int(q_row.argmax())])
+                else:
+                    paths = advance_marginal(step, side, paths, generator)
+                    q_row = paths.mean(0)
         if nxt is None:  # every draft kept: the bonus token from the target after the last one
             nxt = int(torch.multinomial(p_row, 1, generator=generator))
         accepted.append(len(chain))
@@ -206,22 +248,26 @@ class CeilingRow:
     first_draft_p: float  # mean p_T of the first draft: the top-1 mass of the target at T
     seconds: float
     drafts: str = "argmax"  # the oracle's drafts: "argmax" (the greedy chain), "coupled" or "sample" (docstring)
+    answers: str = "greedy"  # what the oracle drafter learned from: "greedy" or "sampled" answers (docstring)
+    samples: int | None = None  # with sampled answers: the continuations each slot's marginal is estimated from
 
     def line(self) -> str:
         ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
         exp = f"  expected {self.expected_tau:.2f}" if self.expected_tau is not None else ""
+        who = f"sampled-answers ({self.samples} samples) " if self.answers == "sampled" else ""
         return (f"{self.prompt_set:<18} {self.prompts:>4}  T={self.temperature:g}  B={self.block_size}  "
-                f"{self.drafts} ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
+                f"{who}{self.drafts} ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
                 f"({self.seconds:.0f} s)")
 
 
 def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, temperature: float, block_size: int,
             max_new_tokens: int, seed: int = 0, full_chain: bool = False, drafts: str = "argmax",
-            log=print) -> CeilingRow:
+            answers: str = "greedy", samples: int = 16, log=print) -> CeilingRow:
     """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
-    if drafts not in ("argmax", "coupled", "sample"):
-        raise ValueError(f"drafts={drafts!r}: use \"argmax\" (the greedy chain), \"coupled\" or \"sample\" (a "
-                         "perfectly distilled parallel drafter's coupled or independent draws).")
+    if drafts not in DRAWS or answers not in ANSWERS:
+        raise ValueError(f"drafts={drafts!r}, answers={answers!r}: drafts is \"argmax\", \"coupled\" or \"sample\" "
+                         "(the oracle's argmax, coupled or independent draws), answers \"greedy\" or \"sampled\" "
+                         "(what the oracle drafter learned from).")
     from .prompt_sets import info_of
     from .prompts import load_prompts, select_prompts
 
@@ -232,11 +278,11 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     eos = eos_ids_of(model)
     results, t0, last = [], time.perf_counter(), 0.0
     for i, prompt in enumerate(ids, 1):
-        if drafts in ("coupled", "sample"):
-            results.append(oracle_decode_coupled(model, prompt, block_size=block_size, temperature=temperature,
-                                                 max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
-                                                 coupled=drafts == "coupled"))
-        else:
+        if drafts != "argmax" or answers != "greedy":
+            results.append(oracle_decode_parallel(model, prompt, block_size=block_size, temperature=temperature,
+                                                  max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
+                                                  draws=drafts, answers=answers, samples=samples))
+        else:  # the greedy chain itself: any argmax drafter's bound
             results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
                                          max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
                                          full_chain=full_chain))
@@ -250,7 +296,8 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     firsts = [p for r in results for p in r.first_p]
     return CeilingRow(name, info.prompts, info.sha256, temperature, block_size, max_new_tokens, interval.tau,
                       interval.low, interval.high, sum(blocks) / len(blocks) if blocks else None,
-                      sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0, drafts)
+                      sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0, drafts, answers,
+                      samples if answers == "sampled" else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,14 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--full-chain", action="store_true", help="draft every block's whole chain (block_size forwards "
                    "a block instead of ~tau) for the expected length beside the realised tau")
-    p.add_argument("--drafts", nargs="+", default=["argmax"], choices=["argmax", "coupled", "sample"],
+    p.add_argument("--drafts", nargs="+", default=["argmax"], choices=list(DRAWS),
                    help="the oracle's drafts: argmax (the greedy chain), coupled or sample (a perfectly distilled "
                    "parallel drafter's coupled or independent draws); several for several rows")
+    p.add_argument("--answers", nargs="+", default=["greedy"], choices=list(ANSWERS),
+                   help="what the oracle drafter learned from: greedy answers (with distillation) or answers sampled "
+                   "at T (its q_k is the target's marginal at slot k); several for several rows")
+    p.add_argument("--samples", type=int, default=16,
+                   help="with --answers sampled: the continuations each block's marginals are estimated from")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
-    if a.n_prompts < 1 or a.max_new_tokens < 1 or any(t <= 0 for t in a.temperature):
-        p.error("--n-prompts and --max-new-tokens must be >= 1 and every --temperature > 0 (at T=0 the oracle "
-                "accepts every draft)")
+    if a.n_prompts < 1 or a.max_new_tokens < 1 or a.samples < 1 or any(t <= 0 for t in a.temperature):
+        p.error("--n-prompts, --max-new-tokens and --samples must be >= 1 and every --temperature > 0 (at T=0 the "
+                "oracle accepts every draft)")
     from dflash_lab.target.load import load_target, load_tokenizer
     from .prompt_sets import named_set_path
 
@@ -283,11 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in a.temperature:
         for s in a.prompts:
-            for drafts in a.drafts:
+            for answers, drafts in ((an, d) for an in a.answers for d in a.drafts):
                 path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
                 rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
                                     block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed,
-                                    full_chain=a.full_chain, drafts=drafts))
+                                    full_chain=a.full_chain, drafts=drafts, answers=answers, samples=a.samples))
                 print(rows[-1].line(), flush=True)
                 if a.out:  # after every row: a run cut short keeps what it measured
                     Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
