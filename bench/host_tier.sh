@@ -18,7 +18,9 @@ if ls .whl/pytest-*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1
   step "GPU tests: the store (float8, host tier), coupled drafts on the static path"
   PYTHONPATH=/tmp/site:$PWD timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_gpu.py -k "feature_store" tests/test_speculative.py > "$OUT/gpu-tests.log" 2>&1
+    tests/test_speculative.py tests/test_gpu.py::test_float8_feature_store_round_trip_on_the_gpu \
+    tests/test_gpu.py::test_a_feature_store_with_a_host_tier_on_the_gpu_gathers_exactly_batch_after_batch \
+    > "$OUT/gpu-tests.log" 2>&1
   step "GPU tests rc=$?: $(tail -1 "$OUT/gpu-tests.log")"
 else
   step "no .whl/pytest-*.whl carried: GPU tests skipped"
