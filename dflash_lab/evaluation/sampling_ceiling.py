@@ -30,8 +30,9 @@ ceiling counts both what sampling costs and what drafting in parallel costs.
 target SAMPLED at T: cross-entropy on sampled continuations teaches slot k the target's marginal after the context,
 q_k = E over x_<k ~ p_T of p_T(. | context, x_<k), since slot k never sees the tokens before it. The oracle estimates
 that marginal each block from --samples continuations the target samples (the mean of their next-token
-distributions: unbiased for each id; its noise can only lower the acceptance measured, so the figure is a lower
-bound of that ceiling), then drafts argmax, coupled or independent draws from it, verified as above.
+distributions: unbiased for each id; a slot's acceptance of a sampled draft, sum_x min(p, q), is concave in q, so
+the estimate's noise lowers it on average and the sampled-draft figures lean low), then drafts argmax, coupled or
+independent draws from it, verified as above.
 """
 
 from __future__ import annotations
