@@ -43,7 +43,7 @@ spec() {
     vocab-full-dpace) echo "$P --set draft_vocab_size=null" ;;
     anchors128-dpace) echo "$P --set num_anchors=128" ;;
     # the target's own T=1 distribution (top-16) as the whole training target: the T=1 lever the sampled-draft
-    # ceilings point at (added 2026-12-06, bench/results/2026-12-06-h100-distill-t1/)
+    # ceilings point at (added 2026-12-06, bench/results/2026-12-06-cpu-sampled-answers-ceiling/)
     distill1-dpace) echo "$P --set distill_weight=1.0" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
