@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "2")))
+# Under `make test` two workers share the CI machine's two cores: a second intra-op thread per process then spins
+# against the other worker's (a tiny target's decode loop ran 7x slower in the suite than alone), so each worker and
+# every process it starts (papermill kernels, CLI runs, torchrun ranks) gets one thread unless told otherwise.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS", "1" if _WORKERS > 1 else "2")))
 
 # A run left at runs_dir="runs" (a notebook's default, a browser test's kernel, a subprocess) goes to
 # $DFLASH_LAB_RUNS: a folder of this session, so `make test` never adds runs to the user's runs/ list.
