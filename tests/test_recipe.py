@@ -73,10 +73,11 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     # T=0 at every block size, T=1 at the sampled block size only
     assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
     trained = [r for r in rows if r["decoder"] == "trained"]
-    # T=0 on the three sets at both block sizes, T=1 on eval_sampled_sets (held-out chitchat) only
-    assert sorted((r["eval_block_size"], r["temperature"], r["prompt_set"]) for r in trained) == sorted(
-        [(B, 0.0, s) for B in (4, 8) for s in ("chitchat-heldout", "self-heldout", "general")]
-        + [(8, 1.0, "chitchat-heldout")])
+    # T=0 on the three sets at both block sizes (argmax drafts), T=1 on eval_sampled_sets (held-out chitchat) only,
+    # once with argmax drafts and once with drafts sampled from the drafter (eval_draft_sampling's default)
+    assert sorted((r["eval_block_size"], r["temperature"], r["prompt_set"], r["draft_sampling"]) for r in trained) \
+        == sorted([(B, 0.0, s, "argmax") for B in (4, 8) for s in ("chitchat-heldout", "self-heldout", "general")]
+                  + [(8, 1.0, "chitchat-heldout", "argmax"), (8, 1.0, "chitchat-heldout", "sample")])
     assert all(r["prompts"] == 2 for r in trained)
     assert not any(r["decoder"] == "untrained" for r in rows)  # the floor is off by default (eval_untrained)
     assert all(r["tau_low"] is None is r["tau_high"] for r in trained)  # 2 prompts: no interval (MIN_PROMPTS 5)
@@ -84,7 +85,7 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     page = rec._repr_html_()
     assert "tau [95% interval]" in page and "self-heldout" in page
     r0 = trained[0]
-    assert f"{r0['tau']:.2f}" in page
+    assert f"{r0['tau']:.2f}" in page and "<td>sample</td>" in page  # the T=1 rows say how they drafted
 
 
 def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
@@ -107,7 +108,8 @@ def test_defaults_are_the_data_at_scale_recipe():
         (26000, 256, 192, "auto", 512)
     assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (6000, 320, 32, 64, 3, 6e-4)
     assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight, c.loss_weighting) == \
-        (16384, 60.0, 0.0, "dpace")
+        (16384, 60.0, 1.0, "dpace")
+    assert c.train_config(Path("d.jsonl")).distill_weight == 1.0 and c.eval_draft_sampling == ("argmax", "sample")
     assert c.train_config(Path("d.jsonl")).loss_weighting == "dpace"
     assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
         (2000, 32, 64, 128, 180.0)
@@ -130,6 +132,8 @@ def test_defaults_are_the_data_at_scale_recipe():
     ("self_heldout_fraction", 1.0, "RecipeConfig.self_heldout_fraction=1.0 is invalid"),
     ("seq_len", 32, "RecipeConfig.seq_len=32 is invalid"),
     ("model", "smollm3", "RecipeConfig.model='smollm3' is invalid"),
+    ("eval_draft_sampling", ("argmax", "sampled"), "RecipeConfig.eval_draft_sampling=('argmax', 'sampled') is invalid"),
+    ("eval_draft_sampling", (), "RecipeConfig.eval_draft_sampling=() is invalid: unknown or no draft sampling"),
 ])
 def test_bad_values_name_the_field_the_value_and_the_fix(field, value, says):
     with pytest.raises(ConfigError) as e:

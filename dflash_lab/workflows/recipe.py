@@ -310,24 +310,27 @@ class Recipe:
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
         rows, skipped = [], []
-        for B, temperature in c.eval_pairs:
+        # at T > 0 one pass per draft mode: argmax drafts (what servers do) and drafts sampled from the drafter
+        passes = [(B, t, mode) for B, t in c.eval_pairs for mode in (c.eval_draft_sampling if t > 0 else ("argmax",))]
+        for B, temperature, mode in passes:
             if time.perf_counter() - t0 > c.eval_budget_s:
-                skipped.append({"block_size": B, "temperature": temperature})
+                skipped.append({"block_size": B, "temperature": temperature, "draft_sampling": mode})
                 continue
             t1 = time.perf_counter()
             chosen = sets if temperature == 0 or not c.eval_sampled_sets else \
                 {k: v for k, v in sets.items() if k in c.eval_sampled_sets}
             if not chosen:  # the sampled sets were left out (e.g. no self-heldout file)
-                skipped.append({"block_size": B, "temperature": temperature, "why": "no eval_sampled_sets left"})
+                skipped.append({"block_size": B, "temperature": temperature, "draft_sampling": mode,
+                                "why": "no eval_sampled_sets left"})
                 continue
             rep = evaluate(self.run_dir, prompts=chosen, block_size=B, temperature=temperature,
                            max_new_tokens=c.eval_max_new_tokens, n_prompts=c.eval_prompts, device=c.device,
-                           threads=c.threads, untrained=c.eval_untrained, log=self.log)
+                           threads=c.threads, untrained=c.eval_untrained, draft_sampling=mode, log=self.log)
             for r in rep.rows():
                 rows.append({**{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
                                                       "tau_low", "tau_high", "tokens_per_s", "speedup",
                                                       "identical_to_target", "prompt_set_sha256")},
-                             "temperature": temperature, "eval_block_size": B,
+                             "temperature": temperature, "eval_block_size": B, "draft_sampling": mode,
                              "seconds": round(time.perf_counter() - t1, 1)})
             self.log(rep.table())
         if skipped:

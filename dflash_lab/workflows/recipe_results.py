@@ -73,13 +73,18 @@ def results_html(results: dict) -> str:
                     for k, v in ph.items())
     rows = "".join(
         f"<tr><td>{e(str(r['prompt_set']))}</td><td>{r['prompts']}</td><td>{e(r['decoder'])}</td>"
-        f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_fmt_tau(r)}</td>"
+        f"<td>{r['eval_block_size']}</td><td>{r['temperature']}</td><td>{_drafts(r)}</td><td>{_fmt_tau(r)}</td>"
         f"<td>{r['tokens_per_s']:.1f}</td><td>{_fmt_speedup(r['speedup'])}</td>"
         f"<td>{r['identical_to_target']}</td></tr>" for r in ph.get("evaluate", {}).get("rows", []))
     return (head + f"<table><tr><th>phase</th><th>seconds</th></tr>{times}</table>"
-            + (f"<table><tr><th>prompt set</th><th>prompts</th><th>decoder</th><th>B</th><th>T</th>"
+            + (f"<table><tr><th>prompt set</th><th>prompts</th><th>decoder</th><th>B</th><th>T</th><th>drafts</th>"
                f"<th>tau [95% interval]</th><th>tok/s</th><th>speedup</th><th>identical</th></tr>{rows}</table>"
                if rows else ""))
+
+
+def _drafts(row: dict) -> str:
+    """How the drafter drafted: only T > 0 has a choice (results written before the choice existed: argmax)."""
+    return row.get("draft_sampling", "argmax") if row["temperature"] > 0 else ""
 
 
 def _fmt_tau(row: dict) -> str:
