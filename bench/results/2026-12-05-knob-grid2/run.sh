@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The knob grid's next arms at 10,000 steps' tokens on one data pool (the SmolLM2 recipe's data at its defaults),
-# one GPU, several 10-minute calls on one warm machine. Every arm is D-PACE on top of the recipe's TrainConfig:
-# a fresh `dpace` (the pool's own baseline), batch 128 at equal tokens, WSD against cosine, the full vocabulary
-# against 16,384 ids. Arms run from a queue, PAR at a time (each its own process and feature store, sized to the
-# GPU's memory); an arm stopped by the call's time continues exactly in the next call (resume_from). Each finished
-# arm is evaluated at once beside the training: T=0 on every held-out set, and for T1_ARMS also T=1 with argmax
-# and coupled drafts. Tau does not depend on what else runs on the GPU; tokens/s and speedups measured side by side
-# do, so none from here is a speed figure.
+# one GPU, several 10-minute calls on one warm machine. Every arm is D-PACE on top of the recipe's TrainConfig
+# (spec below): hard-label arms (`dpace`, batch 128 at equal tokens, WSD, the full vocabulary; run 2026-12-05/06)
+# and, since the recipe distills, `distill1-dpace` and the knobs on top of it (5 layers, 32k / full vocabulary,
+# 128 anchors): the default queue. Arms run from a queue, PAR at a time (each its own process and feature store,
+# sized to the GPU's memory); an arm stopped by the call's time continues exactly in the next call (resume_from).
+# Each finished arm is evaluated at once beside the training: T=0 on every held-out set, and for T1_ARMS also T=1
+# with each of SAMPLING's draft modes. Tau does not depend on what else runs on the GPU; tokens/s and speedups
+# measured side by side do, so none from here is a speed figure.
 #   bash run.sh stage            carry [".recipe/x1"], then [".recipe/x2"]: GGUF parts (bench/smollm2_model.sh);
 #                                with x1 (pytest wheels) also the GPU tests of sampled drafts on the static path
 #   bash run.sh model            carry [".recipe/x3"]: last part, join, convert
@@ -21,10 +22,10 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/knob-grid2}
 CALL_S=${CALL_S:-580}
 T0=${CALL_T0:-$(date +%s)}
-ARMS=${ARMS:-"dpace b128-dpace wsd-dpace vocab-full-dpace"}
+ARMS=${ARMS:-"distill1-dpace layers5-distill1 vocab-full-distill1 anchors128-distill1"}
 PAR=${PAR:-2}
-T1_ARMS=${T1_ARMS:-"dpace"}
-SAMPLING=${SAMPLING:-"argmax coupled"}
+T1_ARMS=${T1_ARMS:-"distill1-dpace layers5-distill1"}
+SAMPLING=${SAMPLING:-"argmax sample"}
 PROMPTS=${PROMPTS:-64}
 PROMPTS_T1=${PROMPTS_T1:-32}
 DEVICE=${DEVICE:-cuda:0}
@@ -34,7 +35,10 @@ if [ -z "${STORE_GIB:-}" ]; then  # each of PAR arms' feature store: what the GP
   STORE_GIB=$(( ${TOTAL:-81920} / 1024 )); STORE_GIB=$(( (STORE_GIB - 30) / PAR )); [ $STORE_GIB -gt 60 ] && STORE_GIB=60
 fi
 spec() {
-  P='--set loss_weighting="dpace"'
+  # every arm names its distillation weight: the recipe trains with distill_weight=1.0 since 2026-12-06
+  # (bench/results/2026-12-06-h100-distill-t1/), and the arms below "*-distill1" compare knobs on top of that
+  P='--set loss_weighting="dpace" --set distill_weight=0.0'
+  D='--set loss_weighting="dpace" --set distill_weight=1.0'
   case "$1" in
     dpace) echo "$P" ;;
     # the same tokens as 10,000 steps of 32 (2,500 steps of 128), lr x 2 (sqrt of 4), checks at the same tokens
@@ -44,7 +48,12 @@ spec() {
     anchors128-dpace) echo "$P --set num_anchors=128" ;;
     # the target's own T=1 distribution (top-16) as the whole training target: the T=1 lever the sampled-draft
     # ceilings point at (added 2026-12-06, bench/results/2026-12-06-cpu-sampled-answers-ceiling/)
-    distill1-dpace) echo "$P --set distill_weight=1.0" ;;
+    distill1-dpace) echo "$D" ;;
+    # the knobs not yet measured at 10,000 steps, on the recipe's distilled baseline (distill1-dpace)
+    layers5-distill1) echo "$D --set num_draft_layers=5" ;;
+    vocab32k-distill1) echo "$D --set draft_vocab_size=32768" ;;
+    vocab-full-distill1) echo "$D --set draft_vocab_size=null" ;;
+    anchors128-distill1) echo "$D --set num_anchors=128" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
 }
