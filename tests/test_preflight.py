@@ -128,4 +128,12 @@ def test_a_feature_store_counts_the_datas_windows_and_one_beyond_the_room_is_fit
     hosted = estimate(cfg.replace(feature_store_host_gib=64.0), data=fake_data(6000, 512, 400, 200),
                       target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
     assert hosted.fits and not hosted.warnings  # the host tier takes what the GPU has no room for
+    # ... when the job's machine has that memory: with 20 GiB available it keeps 12 GiB (8 stay free), and says so
+    small_host = estimate(cfg.replace(feature_store_host_gib=64.0), data=fake_data(6000, 512, 400, 200),
+                          target_config=qwen3_8b_config(), gpu_memory_gib=139.8, host_memory_gib=20.0)
+    hosted_rows = 12 * GIB // row
+    assert small_host.fits and len(small_host.warnings) == 1
+    assert small_host.warnings[0].startswith(
+        f"feature store: {kept:,} windows on cuda:0 ({kept * row / GIB:.1f} GiB, all the room the GPU has beside the "
+        f"run) + {hosted_rows:,} in host memory ({hosted_rows * row / GIB:.1f} GiB) of the data's 6,000")
     assert f"[ok, the feature store kept to {gpu.store_kept / GIB:.2f} GiB]" in str(big)

@@ -34,7 +34,8 @@ config_param_count = target_parameters  # the parameter model is model_size.py's
 from dflash_lab.train.feature_store import feature_width, row_bytes, store_bytes
 from dflash_lab.train.memory_model import (CUDA_OVERHEAD_BYTES, GIB, STORE_ITEM,  # noqa: F401 (re-exported)
                                            device_memory)
-from dflash_lab.train.prepare import distill_top_k, plan_device, prepare_run, store_note, store_rows
+from dflash_lab.train.prepare import (HOST_KEEP_FREE, distill_top_k, host_room_bytes, plan_device, prepare_run,
+                                      store_note, store_rows)
 from dflash_lab.target.load import load_target_config, resolve_target_path
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -200,10 +201,13 @@ def _capacity(device: str, given) -> int | None:
 
 
 def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s: float | None = None,
-             gpu_memory_gib=None, cache_dtype: torch.dtype = torch.bfloat16, log=None) -> Preflight:
+             gpu_memory_gib=None, host_memory_gib: float | None = None, cache_dtype: torch.dtype = torch.bfloat16,
+             log=None) -> Preflight:
     """Pre-flight for `config`. `data`: TokenizedData (tokenized here with the target's tokenizer when None);
     `gpu_memory_gib`: capacity per device (a number or {device: GiB}); by default the visible GPU's memory, or host
-    RAM for "cpu"; `tokens_per_s`: sequence tokens/s (padded, as the Trainer counts them) for the ETA."""
+    RAM for "cpu"; `host_memory_gib`: the job machine's available host memory, which a feature store's host tier
+    shares (less HOST_KEEP_FREE) — by default this machine's when `gpu_memory_gib` is left to it too, else unchecked;
+    `tokens_per_s`: sequence tokens/s (padded, as the Trainer counts them) for the ETA."""
     cfg = config
     prep = None
     if data is None:  # the same preparation as a run (prepare.py): tokenizer, every data setting, drafter config
@@ -240,13 +244,18 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
             gib=cfg.feature_store_gib, windows=len(data), storage=cfg.feature_store_dtype, **row)).items()}
     n = len(dc.target_layer_ids)
 
+    if host_memory_gib is not None:
+        host_room = max(0, int(host_memory_gib * GIB) - HOST_KEEP_FREE)
+    else:  # a plan for this machine (its own GPUs) checks its own host memory; one for another machine cannot
+        host_room = host_room_bytes() if gpu_memory_gib is None else None
     warnings = []
     for d in per.values():
         if d.store and d.fits is not False:  # the run's own sizing and words (prepare.store_rows, store_note)
             kept = d.store_kept
             rows, host, gpu_full = store_rows(windows=len(data), per_row=per_row, gib=cfg.feature_store_gib,
                                               host_gib=cfg.feature_store_host_gib,
-                                              fitted=None if kept is None else kept // per_row)
+                                              fitted=None if kept is None else kept // per_row, host_room=host_room,
+                                              replicas=len(dict.fromkeys(cfg.target_devices or cfg.devices)))
             if rows + host < len(data):
                 warnings.append(store_note(
                     windows=len(data), rows=rows, host_rows=host, per_row=per_row, devices=(d.device,),
