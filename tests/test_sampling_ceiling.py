@@ -13,8 +13,8 @@ import torch
 
 from dflash_lab.evaluation.prompts import load_prompts
 from dflash_lab.evaluation import sampling_ceiling
-from dflash_lab.evaluation.sampling_ceiling import (advance_marginal, ceiling, eos_ids_of, main, oracle_decode,
-                                                    oracle_decode_parallel)
+from dflash_lab.evaluation.sampling_ceiling import (advance_marginal, ceiling, eos_ids_of, keep_top_k, main,
+                                                    oracle_decode, oracle_decode_parallel)
 from dflash_lab.target.load import load_target, load_tokenizer
 from dflash_lab.tiny import tiny_heldout_path
 
@@ -96,14 +96,15 @@ def _bigram(tiny) -> _Bigram:
     return _Bigram(torch.randn(6, 6, generator=torch.Generator().manual_seed(4)) * 1.5, tiny[0].config)
 
 
-@pytest.mark.parametrize("answers,draws", [("greedy", "coupled"), ("greedy", "sample"), ("sampled", "coupled"),
-                                           ("sampled", "sample"), ("sampled", "argmax")])
-def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch, answers, draws):
+@pytest.mark.parametrize("answers,draws,top_k", [("greedy", "coupled", None), ("greedy", "sample", None),
+                                                 ("greedy", "sample", 2), ("sampled", "coupled", None),
+                                                 ("sampled", "sample", None), ("sampled", "argmax", None)])
+def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch, answers, draws, top_k):
     """8,000 generations of 3 tokens from a 6-token bigram target at T=1, for each oracle and draw mode: the joint
     of the three tokens matches the target's own (total variation within sampling noise), although slot 2 is drafted
-    from the greedy token or from the marginal over sampled ones while the target verifies it after the token
-    actually drawn. Verifying coupled drafts against q_k itself instead of the proposal given the drafts before it
-    (the easy mistake) is 0.27 away."""
+    from the greedy token or from the marginal over sampled ones (or from its top 2 ids only) while the target
+    verifies it after the token actually drawn. Verifying coupled drafts against q_k itself instead of the proposal
+    given the drafts before it (the easy mistake) is 0.27 away."""
     model = _bigram(tiny)
     rows = torch.softmax(model.table, dim=-1)
     exact = {seq: float(rows[0, seq[0]] * rows[seq[0], seq[1]] * rows[seq[1], seq[2]])
@@ -114,7 +115,7 @@ def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch
         for seed in range(8000):
             r = oracle_decode_parallel(model, [0], block_size=4, temperature=1.0, max_new_tokens=3, eos_ids=set(),
                                        generator=torch.Generator().manual_seed(seed), draws=draws, answers=answers,
-                                       samples=4)
+                                       samples=4, top_k=top_k)
             seq = tuple(r.result.output_ids[:3])
             counts[seq] = counts.get(seq, 0) + 1
         return 0.5 * sum(abs(counts.get(k, 0) / 8000 - v) for k, v in exact.items())
@@ -126,6 +127,18 @@ def test_the_parallel_oracle_emits_exactly_the_targets_samples(tiny, monkeypatch
     monkeypatch.setattr(sampling_ceiling, "coupled_slot",
                         lambda q, u, lo, hi: (lambda d: (d[0], q.clone(), d[2], d[3]))(right(q, u, lo, hi)))
     assert tv() > 0.15
+
+
+def test_a_top_k_drafter_accepts_a_sampled_draft_with_at_most_the_targets_top_k_mass():
+    """keep_top_k renormalises the k most probable ids; a draft sampled from it is accepted with probability
+    sum_x min(p, q) = the target's top-k mass when q is p's own top k (1.0 when nothing is cut)."""
+    p = torch.softmax(torch.randn(50, generator=torch.Generator().manual_seed(6)) * 2, dim=-1)
+    for k in (1, 4, 16):
+        q = keep_top_k(p, k)
+        top = p.topk(k).values.sum()
+        assert int((q > 0).sum()) == k and float(q.sum()) == pytest.approx(1.0)
+        assert float(torch.minimum(p, q).sum()) == pytest.approx(float(top), abs=1e-6) and float(top) < 1.0
+    assert keep_top_k(p, None) is p and keep_top_k(p, 50) is p
 
 
 def test_the_sampled_answers_oracle_drafts_from_the_targets_marginals(tiny):
@@ -175,6 +188,12 @@ def test_a_set_row_and_the_command(tiny, tmp_path, capsys):
                                                                              ("sampled", "coupled", 4)]
     assert all(1.0 <= r["tau"] <= 8.0 for r in sampled) and sampled[0]["tau"] != pytest.approx(row.tau)
     assert "sampled-answers (4 samples) coupled ceiling tau" in capsys.readouterr().out
+    assert main(["--target", "tiny", "--prompts", "tiny-heldout", "--n-prompts", "6", "--block-size", "8",
+                 "--max-new-tokens", "32", "--drafts", "sample", "--top-k", "1", "--out", str(out)]) == 0
+    (one,) = json.loads(out.read_text())["rows"]
+    # one id kept: every sampled draft is q's top id, accepted with its probability, as argmax drafts are
+    assert one["top_k"] == 1 and 1.0 <= one["tau"] <= 8.0 and one["tau"] == pytest.approx(row.tau, abs=0.6)
+    assert "top-1 sample ceiling tau" in capsys.readouterr().out
 
 
 def test_bad_settings_name_the_value(tiny):
@@ -190,11 +209,16 @@ def test_bad_settings_name_the_value(tiny):
     with pytest.raises(ValueError, match="temperature=0.0, block_size=8: the parallel ceiling needs T > 0"):
         oracle_decode_parallel(model, prompts[0], block_size=8, temperature=0.0, max_new_tokens=8, generator=g,
                                eos_ids=set())
-    with pytest.raises(ValueError, match="answers='sample', samples=16: draws is one of"):
+    with pytest.raises(ValueError, match="answers='sample', samples=16, top_k=None: draws is one of"):
         oracle_decode_parallel(model, prompts[0], block_size=8, temperature=1.0, max_new_tokens=8, generator=g,
                                eos_ids=set(), answers="sample")
     with pytest.raises(SystemExit):
         main(["--target", "tiny", "--answers", "sampled", "--samples", "0"])
+    with pytest.raises(SystemExit):
+        main(["--target", "tiny", "--drafts", "sample", "--top-k", "0"])
+    with pytest.raises(ValueError, match="top_k=0: draws is one of"):
+        oracle_decode_parallel(model, prompts[0], block_size=8, temperature=1.0, max_new_tokens=8, generator=g,
+                               eos_ids=set(), top_k=0)
     with pytest.raises(ValueError, match="drafts='sampled'"):
         ceiling(model, None, "x", "x.jsonl", n_prompts=1, temperature=1.0, block_size=8, max_new_tokens=8,
                 drafts="sampled")

@@ -33,6 +33,10 @@ that marginal each block from --samples continuations the target samples (the me
 distributions: unbiased for each id; a slot's acceptance of a sampled draft, sum_x min(p, q), is concave in q, so
 the estimate's noise lowers it on average and the sampled-draft figures lean low), then drafts argmax, coupled or
 independent draws from it, verified as above.
+
+--top-k K: the oracle's q_k kept as its K most probable ids, renormalised: what a drafter distilled with
+TrainConfig.distill_top_k=K (and distill_weight=1) learns at best. A sampled draft is then accepted with probability
+at most the target's top-K mass at that slot (sum_x min(p, q) over the K ids), so K bounds the sampled-draft ceiling.
 """
 
 from __future__ import annotations
@@ -153,6 +157,15 @@ def _proposal(q_row: torch.Tensor, draws: str, u: float, lo: float, hi: float, g
     return x, torch.zeros_like(q_row).index_fill_(0, torch.tensor([x]), 1.0), lo, hi
 
 
+def keep_top_k(q_row: torch.Tensor, k: int | None) -> torch.Tensor:
+    """q_row kept as its k most probable ids, renormalised (None: q_row itself): the distribution a drafter
+    distilled on the target's top-k learns."""
+    if k is None or k >= q_row.numel():
+        return q_row
+    top, idx = q_row.topk(k)
+    return torch.zeros_like(q_row).index_copy_(0, idx, top / top.sum())
+
+
 def advance_marginal(step, cache, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """The target's sampled continuations one token further: each of the (M, V) `rows` draws its next token, which
     `step` feeds into the M-row `cache`; returns the M new next-token distributions (their mean estimates the
@@ -164,7 +177,8 @@ def advance_marginal(step, cache, rows: torch.Tensor, generator: torch.Generator
 @torch.no_grad()
 def oracle_decode_parallel(model, prompt_ids: list[int], *, block_size: int, temperature: float,
                            max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
-                           draws: str = "coupled", answers: str = "greedy", samples: int = 16) -> CeilingResult:
+                           draws: str = "coupled", answers: str = "greedy", samples: int = 16,
+                           top_k: int | None = None) -> CeilingResult:
     """Speculative sampling at `temperature` with a perfect PARALLEL drafter, one prompt (module docstring).
 
     answers="greedy": slot k's q_k is the target's distribution after the context and its greedy tokens for the
@@ -174,15 +188,16 @@ def oracle_decode_parallel(model, prompt_ids: list[int], *, block_size: int, tem
     block), "sample" (each slot on its own) or "argmax" (q_k's top id, one-hot). The target's cache holds the
     prompt and every emitted token but the last and is fed the drafts actually drawn (p_k after the drafts x_<k);
     a draft is kept with probability min(1, p_k / q~_k) (q~_k: its proposal given the drafts before it). Slot k is
-    drafted only once slot k-1 was kept, so both caches advance ~tau tokens a block."""
+    drafted only once slot k-1 was kept, so both caches advance ~tau tokens a block. `top_k`: q_k kept as its
+    top_k ids, renormalised (a drafter distilled on the target's top-k; None = all of q_k)."""
     from transformers import DynamicCache
 
     if temperature <= 0 or block_size < 2:
         raise ValueError(f"temperature={temperature}, block_size={block_size}: the parallel ceiling needs T > 0 and a "
                          "block with at least one draft (e.g. T=1, block_size=16).")
-    if draws not in DRAWS or answers not in ANSWERS or samples < 1:
-        raise ValueError(f"draws={draws!r}, answers={answers!r}, samples={samples}: draws is one of {DRAWS}, "
-                         f"answers one of {ANSWERS}, samples >= 1 (e.g. 16).")
+    if draws not in DRAWS or answers not in ANSWERS or samples < 1 or (top_k is not None and top_k < 1):
+        raise ValueError(f"draws={draws!r}, answers={answers!r}, samples={samples}, top_k={top_k}: draws is one of "
+                         f"{DRAWS}, answers one of {ANSWERS}, samples >= 1 (e.g. 16), top_k None or >= 1 (e.g. 16).")
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
 
@@ -208,7 +223,7 @@ def oracle_decode_parallel(model, prompt_ids: list[int], *, block_size: int, tem
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         lo, hi, chain, nxt = 0.0, 1.0, [], None
         while len(chain) < block_size - 1:
-            x, proposal, lo, hi = _proposal(q_row, draws, u, lo, hi, generator)
+            x, proposal, lo, hi = _proposal(keep_top_k(q_row, top_k), draws, u, lo, hi, generator)
             nxt = accept_drawn(p_row, proposal, x, generator)
             if nxt is not None:  # rejected: the target's token from the residual
                 break
@@ -251,11 +266,13 @@ class CeilingRow:
     drafts: str = "argmax"  # the oracle's drafts: "argmax" (the greedy chain), "coupled" or "sample" (docstring)
     answers: str = "greedy"  # what the oracle drafter learned from: "greedy" or "sampled" answers (docstring)
     samples: int | None = None  # with sampled answers: the continuations each slot's marginal is estimated from
+    top_k: int | None = None  # the oracle's q_k kept as its top-k ids (a drafter distilled on the target's top-k)
 
     def line(self) -> str:
         ci = f"[{self.tau_low:.2f}, {self.tau_high:.2f}]" if self.tau_low is not None else "[no interval]"
         exp = f"  expected {self.expected_tau:.2f}" if self.expected_tau is not None else ""
         who = f"sampled-answers ({self.samples} samples) " if self.answers == "sampled" else ""
+        who += f"top-{self.top_k} " if self.top_k is not None else ""
         return (f"{self.prompt_set:<18} {self.prompts:>4}  T={self.temperature:g}  B={self.block_size}  "
                 f"{who}{self.drafts} ceiling tau {self.tau:.2f} {ci}{exp}  top-1 mass {self.first_draft_p:.3f}  "
                 f"({self.seconds:.0f} s)")
@@ -263,7 +280,7 @@ class CeilingRow:
 
 def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, temperature: float, block_size: int,
             max_new_tokens: int, seed: int = 0, full_chain: bool = False, drafts: str = "argmax",
-            answers: str = "greedy", samples: int = 16, log=print) -> CeilingRow:
+            answers: str = "greedy", samples: int = 16, top_k: int | None = None, log=print) -> CeilingRow:
     """The ceiling on `n_prompts` prompts of one set (prompts.select_prompts picks them, as the evaluator does)."""
     if drafts not in DRAWS or answers not in ANSWERS:
         raise ValueError(f"drafts={drafts!r}, answers={answers!r}: drafts is \"argmax\", \"coupled\" or \"sample\" "
@@ -279,10 +296,10 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     eos = eos_ids_of(model)
     results, t0, last = [], time.perf_counter(), 0.0
     for i, prompt in enumerate(ids, 1):
-        if drafts != "argmax" or answers != "greedy":
+        if drafts != "argmax" or answers != "greedy" or top_k is not None:
             results.append(oracle_decode_parallel(model, prompt, block_size=block_size, temperature=temperature,
                                                   max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
-                                                  draws=drafts, answers=answers, samples=samples))
+                                                  draws=drafts, answers=answers, samples=samples, top_k=top_k))
         else:  # the greedy chain itself: any argmax drafter's bound
             results.append(oracle_decode(model, prompt, block_size=block_size, temperature=temperature,
                                          max_new_tokens=max_new_tokens, generator=generator, eos_ids=eos,
@@ -298,7 +315,7 @@ def ceiling(model, tokenizer, name: str, path: str | Path, *, n_prompts: int, te
     return CeilingRow(name, info.prompts, info.sha256, temperature, block_size, max_new_tokens, interval.tau,
                       interval.low, interval.high, sum(blocks) / len(blocks) if blocks else None,
                       sum(firsts) / max(1, len(firsts)), time.perf_counter() - t0, drafts, answers,
-                      samples if answers == "sampled" else None)
+                      samples if answers == "sampled" else None, top_k)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,11 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                    "at T (its q_k is the target's marginal at slot k); several for several rows")
     p.add_argument("--samples", type=int, default=16,
                    help="with --answers sampled: the continuations each block's marginals are estimated from")
+    p.add_argument("--top-k", type=int, nargs="+", default=[None], metavar="K",
+                   help="keep the oracle's q_k as its K most probable ids, renormalised (a drafter distilled on the "
+                   "target's top-K, TrainConfig.distill_top_k); several for several rows; default: all of q_k")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args(argv)
-    if a.n_prompts < 1 or a.max_new_tokens < 1 or a.samples < 1 or any(t <= 0 for t in a.temperature):
-        p.error("--n-prompts, --max-new-tokens and --samples must be >= 1 and every --temperature > 0 (at T=0 the "
-                "oracle accepts every draft)")
+    if a.n_prompts < 1 or a.max_new_tokens < 1 or a.samples < 1 or any(t <= 0 for t in a.temperature) \
+            or any(k is not None and k < 1 for k in a.top_k):
+        p.error("--n-prompts, --max-new-tokens, --samples and every --top-k must be >= 1 and every --temperature > 0 "
+                "(at T=0 the oracle accepts every draft)")
     from dflash_lab.target.load import load_target, load_tokenizer
     from .prompt_sets import named_set_path
 
@@ -336,11 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in a.temperature:
         for s in a.prompts:
-            for answers, drafts in ((an, d) for an in a.answers for d in a.drafts):
+            for answers, drafts, k in ((an, d, k) for an in a.answers for d in a.drafts for k in a.top_k):
                 path = Path(s) if s.endswith(".jsonl") else named_set_path(s, target=a.target)
                 rows.append(ceiling(model, tokenizer, s, path, n_prompts=a.n_prompts, temperature=t,
                                     block_size=a.block_size, max_new_tokens=a.max_new_tokens, seed=a.seed,
-                                    full_chain=a.full_chain, drafts=drafts, answers=answers, samples=a.samples))
+                                    full_chain=a.full_chain, drafts=drafts, answers=answers, samples=a.samples,
+                                    top_k=k))
                 print(rows[-1].line(), flush=True)
                 if a.out:  # after every row: a run cut short keeps what it measured
                     Path(a.out).write_text(json.dumps({"target": a.target, "dtype": a.dtype, "device": a.device,
