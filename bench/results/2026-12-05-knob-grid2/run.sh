@@ -22,9 +22,9 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/knob-grid2}
 CALL_S=${CALL_S:-580}
 T0=${CALL_T0:-$(date +%s)}
-ARMS=${ARMS:-"distill1-dpace layers5-distill1 vocab-full-distill1 anchors128-distill1"}
+ARMS=${ARMS:-"distill1-dpace topk64-distill1 layers5-distill1 vocab-full-distill1 anchors128-distill1"}
 PAR=${PAR:-2}
-T1_ARMS=${T1_ARMS:-"distill1-dpace layers5-distill1"}
+T1_ARMS=${T1_ARMS:-"distill1-dpace topk64-distill1 layers5-distill1"}
 SAMPLING=${SAMPLING:-"argmax sample"}
 PROMPTS=${PROMPTS:-64}
 PROMPTS_T1=${PROMPTS_T1:-32}
@@ -54,6 +54,9 @@ spec() {
     vocab32k-distill1) echo "$D --set draft_vocab_size=32768" ;;
     vocab-full-distill1) echo "$D --set draft_vocab_size=null" ;;
     anchors128-distill1) echo "$D --set num_anchors=128" ;;
+    # the target's top 64 ids instead of 16: a sampled draft is accepted with at most the top-k mass the drafter
+    # learned (bench/results/2026-12-06-cpu-top-k-ceiling/)
+    topk64-distill1) echo "$D --set distill_top_k=64" ;;
     *) echo "unknown arm $1" >&2; exit 9 ;;
   esac
 }
