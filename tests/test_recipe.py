@@ -110,6 +110,8 @@ def test_defaults_are_the_data_at_scale_recipe():
     assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight, c.loss_weighting) == \
         (16384, 60.0, 1.0, "dpace")
     assert c.train_config(Path("d.jsonl")).distill_weight == 1.0 and c.eval_draft_sampling == ("argmax", "sample")
+    assert c.train_config(Path("d.jsonl")).distill_top_k == 16
+    assert dataclasses.replace(c, distill_top_k=64).train_config(Path("d.jsonl")).distill_top_k == 64
     assert c.train_config(Path("d.jsonl")).loss_weighting == "dpace"
     assert (c.real_tau_every, c.real_tau_prompts, c.eval_prompts, c.eval_max_new_tokens, c.eval_budget_s) == \
         (2000, 32, 64, 128, 180.0)

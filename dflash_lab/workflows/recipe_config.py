@@ -172,6 +172,12 @@ class RecipeConfig:
     against 1.38; argmax drafts 1.25 against 1.24), T=0 within the intervals (3.13 / 2.64 / 2.28 against 3.21 /
     2.62 / 2.20 on held-out chitchat / target-written / general, 64 prompts each), +0.5 ms a step once the store
     holds the windows."""
+    distill_top_k: int = 16
+    """TrainConfig.distill_top_k: the target's most probable ids each position keeps as distillation's target. A
+    drafter that learned them exactly accepts a sampled draft with at most their mass: on held-out chitchat the perfect
+    distilled drafter's T=1 tau is 2.26 with 16 ids, 2.51 with 64, 2.82 with all (bench/results/
+    2026-12-06-cpu-top-k-ceiling/); each id costs 8 bytes a position in the feature store. 16 until a trained drafter
+    shows what more ids give."""
     real_tau_every: int = 2000
     """Real speculative decoding on held-out prompts every N steps while training (0 = off); held-out validation
     (teacher-forced accuracy, simulated and replayed tau) runs on the same held-out chitchat conversations."""
@@ -338,4 +344,4 @@ class RecipeConfig:
                            feature_store_dtype=self.feature_store_dtype if self.device != "cpu" else "auto",
                            feature_store_host_gib=self.feature_store_host_gib if self.device != "cpu" else 0.0,
                            compile_drafter=self.compile_drafter, distill_weight=self.distill_weight,
-                           loss_weighting=self.loss_weighting)
+                           distill_top_k=self.distill_top_k, loss_weighting=self.loss_weighting)
