@@ -83,8 +83,11 @@ def results_html(results: dict) -> str:
 
 
 def _drafts(row: dict) -> str:
-    """How the drafter drafted: only T > 0 has a choice (results written before the choice existed: argmax)."""
-    return row.get("draft_sampling", "argmax") if row["temperature"] > 0 else ""
+    """How the drafter drafted: only a drafter at T > 0 has a choice (results written before it existed: argmax);
+    the target alone drafts nothing."""
+    if row["temperature"] <= 0 or row["decoder"] == "target only":
+        return ""
+    return row.get("draft_sampling", "argmax")
 
 
 def _fmt_tau(row: dict) -> str:
