@@ -36,7 +36,8 @@ def _run(config: RecipeConfig) -> Recipe:
 
 def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_three_sets(tmp_path):
     cfg = RecipeConfig(**TINY_SIZES, work_dir=str(tmp_path / "r"), n_self=24, self_heldout=3,
-                       self_heldout_fraction=0.3, eval_block_sizes=(8, 4), eval_sampled_block_size=8)
+                       self_heldout_fraction=0.3, eval_block_sizes=(8, 4), eval_sampled_block_size=8,
+                       eval_draft_sampling=("argmax", "sample"))
     rec = _run(cfg)
     res = json.loads((tmp_path / "r" / "results.json").read_text())
     assert list(res["phases"]) == PHASES and res["config"]["n_self"] == 24
@@ -74,7 +75,7 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
     assert sorted({(r["eval_block_size"], r["temperature"]) for r in rows}) == [(4, 0.0), (8, 0.0), (8, 1.0)]
     trained = [r for r in rows if r["decoder"] == "trained"]
     # T=0 on the three sets at both block sizes (argmax drafts), T=1 on eval_sampled_sets (held-out chitchat) only,
-    # once with argmax drafts and once with drafts sampled from the drafter (eval_draft_sampling's default)
+    # once with argmax drafts and once with drafts sampled from the drafter (eval_draft_sampling)
     assert sorted((r["eval_block_size"], r["temperature"], r["prompt_set"], r["draft_sampling"]) for r in trained) \
         == sorted([(B, 0.0, s, "argmax") for B in (4, 8) for s in ("chitchat-heldout", "self-heldout", "general")]
                   + [(8, 1.0, "chitchat-heldout", "argmax"), (8, 1.0, "chitchat-heldout", "sample")])
@@ -109,7 +110,7 @@ def test_defaults_are_the_data_at_scale_recipe():
     assert (c.steps, c.seq_len, c.batch_size, c.num_anchors, c.num_draft_layers, c.lr) == (6000, 320, 32, 64, 3, 6e-4)
     assert (c.draft_vocab_size, c.feature_store_gib, c.distill_weight, c.loss_weighting) == \
         (16384, 60.0, 1.0, "dpace")
-    assert c.train_config(Path("d.jsonl")).distill_weight == 1.0 and c.eval_draft_sampling == ("argmax", "sample")
+    assert c.train_config(Path("d.jsonl")).distill_weight == 1.0 and c.eval_draft_sampling == ("sample",)
     assert c.train_config(Path("d.jsonl")).distill_top_k == 16
     assert dataclasses.replace(c, distill_top_k=64).train_config(Path("d.jsonl")).distill_top_k == 64
     assert c.train_config(Path("d.jsonl")).loss_weighting == "dpace"

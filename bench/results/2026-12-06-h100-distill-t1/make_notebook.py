@@ -61,7 +61,7 @@ evaluation (hollow, one marker per set)."""),
   (1.52 on 64 prompts of the same file) predicts: a drafter's own distribution only matters where it is sampled from.
 - **At T=0 distillation costs nothing measurable**: 3.13 / 2.64 / 2.28 against 3.21 / 2.62 / 2.20 (held-out
   chitchat / target-written / general), every pair inside both intervals; held-out accuracy 0.394 against 0.396.
-  The recipe now trains with `distill_weight=1.0` and evaluates T=1 with argmax and sampled drafts.
+  The recipe now trains with `distill_weight=1.0` and evaluates T=1 with sampled drafts.
 - **The T=1 aim (2.0) stays out of reach**: 1.59 covers 32% of the way from 1 to the sampled-draft ceiling of a
   drafter that matched the target perfectly (2.82 on 64 prompts of the same file, CPU fp32,
   `bench/results/2026-12-05-cpu-coupled-ceiling/`).
