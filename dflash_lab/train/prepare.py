@@ -215,7 +215,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                    groups=drafter_config.num_target_features)
         per_row = row_bytes(**row, storage=cfg.feature_store_dtype)
         check_holds_a_window(cfg.feature_store_gib, per_row, cfg.seq_len, row["width"])
-        rows = min(int(cfg.feature_store_gib * GIB // per_row), len(data))
+        # the windows asked for, before the GPU's room is known (store_rows: the one sizing rule)
+        rows = store_rows(windows=len(data), per_row=per_row, gib=cfg.feature_store_gib, host_gib=0)[0]
     if check_memory:  # after the data (tokens only, no weights yet); the store is fitted to the GPU's room
         memory = check_placement(placement, target_config=target_config, drafter_config=drafter_config,
                                  seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
