@@ -310,7 +310,7 @@ class Recipe:
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
         rows, skipped = [], []
-        # at T > 0 one pass per draft mode: argmax drafts (what servers do) and drafts sampled from the drafter
+        # at T > 0 one pass per draft mode of eval_draft_sampling (sampled from the drafter, argmax as servers do)
         passes = [(B, t, mode) for B, t in c.eval_pairs for mode in (c.eval_draft_sampling if t > 0 else ("argmax",))]
         for B, temperature, mode in passes:
             if time.perf_counter() - t0 > c.eval_budget_s:

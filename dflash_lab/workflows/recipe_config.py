@@ -165,8 +165,8 @@ class RecipeConfig:
     sets (64 prompts each: chitchat 3.20 vs 3.00, target-written 2.61 vs 2.51, general 2.20 vs 2.10; one H200,
     bench/results/2026-12-03-h200-knob-grid), at the same step time."""
     distill_weight: float = 1.0
-    """TrainConfig.distill_weight: the share of each position's loss against the target's own top-16 distribution
-    at T=1 (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000 steps of 32 on this recipe's
+    """TrainConfig.distill_weight: the share of each position's loss against the target's own T=1 distribution
+    over its top `distill_top_k` ids (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000 steps of 32 on this recipe's
     data (one H100, bench/results/2026-12-06-h100-distill-t1/) T=1 tau on 32 held-out chitchat prompts with drafts
     sampled from the drafter 1.59 [1.51, 1.68] against 1.40 [1.36, 1.45] with hard labels (coupled drafts 1.52
     against 1.38; argmax drafts 1.25 against 1.24), T=0 within the intervals (3.13 / 2.64 / 2.28 against 3.21 /
