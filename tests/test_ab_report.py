@@ -208,3 +208,29 @@ def test_the_batch128_and_coupled_t1_folder_reads_back_with_its_figures():
     assert val["dpace"][-1] == 0.395 and val["b128-dpace"][-1] == 0.387 and len(val["b128-dpace"]) == 10
     text = _static_outputs("knob-grid2-smollm2-h100.ipynb")
     assert "3.22 [2.92, 3.53]" in text and "1.24 [1.19, 1.29]" in text
+
+
+def test_the_layers5_and_anchors128_folder_reads_back_with_its_figures():
+    """Two knobs on the distilled baseline (whose arm comes from the day's other run on the same data pool): speeds
+    kept only for rows decoded alone, the baseline's T=0 rows read against this folder's target-only rows."""
+    la = ab_report.load_ab("bench/results/2026-12-06-h100-layers5-anchors128")
+    assert ab_report.differing_settings(la) == ["num_anchors", "num_draft_layers", "feature_store_gib"]
+    rows = ab_report.final_rows(la)
+    t0 = {(r["arm"], r["prompt_set"]): r for r in rows if r["temperature"] == 0}
+    sets = ("chitchat-heldout", "self-heldout", "general")
+    base = "distill1-dpace"
+    assert [round(t0["layers5-distill1", s]["tau"] - t0[base, s]["tau"], 2) for s in sets] == [0.14, 0.14, 0.08]
+    assert [round(t0["anchors128-distill1", s]["tau"] - t0[base, s]["tau"], 2) for s in sets] == [-0.1, 0.03, 0.03]
+    assert {t0[a, s]["prompts"] for a in ("layers5-distill1", "anchors128-distill1", base) for s in sets} == {64}
+    assert [t0["layers5-distill1", s]["speedup"] and round(t0["layers5-distill1", s]["speedup"], 2)
+            for s in sets] == [2.38, 2.06, None]  # general never decoded alone
+    assert all(t0[base, s]["speedup"] is None for s in sets)  # decoded beside other jobs: speeds left out
+    t1 = {r["arm"]: r for r in rows if r["temperature"] == 1}
+    assert t1["layers5-distill1 (sample drafts)"]["prompts"] == t1[base + " (sample drafts)"]["prompts"] == 32
+    assert round(t1["layers5-distill1 (sample drafts)"]["tau"], 2) == round(t1[base + " (sample drafts)"]["tau"], 2)
+    val = {arm: [round(r["val_acc"], 3) for r in rs if r.get("val_acc") is not None]
+           for arm, rs in ab_report.curves(la).items()}
+    assert (val[base][-1], val["layers5-distill1"][-1], val["anchors128-distill1"][-1]) == (0.394, 0.424, 0.393)
+    assert all(a > b for a, b in zip(val["layers5-distill1"], val[base]))  # ahead at every check
+    text = _static_outputs("layers5-anchors128-smollm2-h100.ipynb")
+    assert "3.27 [2.98, 3.60]" in text and "1.59 [1.54, 1.64]" in text and "2.31x" in text

@@ -1,12 +1,13 @@
 # Writes the source of notebooks/results/distill-t1-smollm2-h100.ipynb; execute it with
 # papermill /tmp/nbgen/distill-t1-src.ipynb notebooks/results/distill-t1-smollm2-h100.ipynb --cwd . -k python3
+import sys
 from pathlib import Path
 
-import nbformat as nbf
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_notebook import write  # noqa: E402  (bench/results/ab_notebook.py: the layout every A/B notebook shares)
 
-md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
-cells = [
-    md("""# Distillation for T=1, and WSD against cosine, at 10,000 steps (SmolLM2-135M-Instruct, one NVIDIA H100)
+write("distill-t1", "bench/results/2026-12-06-h100-distill-t1",
+      intro="""# Distillation for T=1, and WSD against cosine, at 10,000 steps (SmolLM2-135M-Instruct, one NVIDIA H100)
 
 Three arms of 10,000 steps of 32 windows on one data pool: a fresh D-PACE baseline (`dpace`), the same with the
 target's own T=1 distribution (top-16) as the whole training target (`distill1-dpace`, `distill_weight=1.0`), and
@@ -23,39 +24,18 @@ notebook only reads that folder, through `dflash_lab.workflows.ab_report`, and w
   D-PACE. `dpace` and `distill1-dpace` trained side by side on the GPU (each a 24 GiB GPU store + 24 GiB of host
   memory), `wsd-dpace` alone afterwards (a 49 GiB GPU store).
 - **Speed**: only `wsd-dpace`'s rows decoded alone on the GPU; the other arms' tokens/s and speedups are left out
-  (tau does not depend on what else runs on the GPU, speed does)."""),
-    code('results: str = "bench/results/2026-12-06-h100-distill-t1"  # the folder; relative: from the project root'),
-    code("""from IPython.display import Markdown, display
-
-from dflash_lab.workflows.ab_report import arms_markdown, final_markdown, load_ab, settings_markdown, training_png
-
-ab = load_ab(results)
-display(Markdown(settings_markdown(ab)))"""),
-    md("""## Final evaluation
-
-Real tau (accepted tokens per block, + 1) with its 95% bootstrap interval over prompts; batch 1, bf16, block 16,
+  (tau does not depend on what else runs on the GPU, speed does).""",
+      evaluation="""Real tau (accepted tokens per block, + 1) with its 95% bootstrap interval over prompts; batch 1, bf16, block 16,
 128 new tokens. chitchat-heldout: 64 of the held-out chitchat prompts whose text does not occur in training;
 self-heldout: 64 of 256 target-written prompts held out of training; general: 64 of the project's 78 — the same
 prompt files (by sha256) as every SmolLM2 evaluation since the long-arm run. T=1 on held-out chitchat: 32 prompts,
-each way of drafting its own pass over the same prompts with the same seed."""),
-    code("display(Markdown(final_markdown(ab)))"),
-    md("""## The arms and their training-time checks
-
-Held-out validation every 1,000 steps on held-out chitchat sequences; real tau at steps 5,000 and 10,000 on 32
+each way of drafting its own pass over the same prompts with the same seed.""",
+      arms="""Held-out validation every 1,000 steps on held-out chitchat sequences; real tau at steps 5,000 and 10,000 on 32
 prompts of the held-out chitchat conversations (T=0). `GPU min` and `steady tokens/s` of `dpace` and
 `distill1-dpace` are of two arms sharing one GPU: no speed comparison. `wsd-dpace` trained alone: 533k sequence
 tokens/s, 10,000 steps in 239 s of wall time, compile and store filling included. The distillation loss is on
-another scale (cross-entropy against a soft target), so its `last loss` is not comparable."""),
-    code("display(Markdown(arms_markdown(ab)))"),
-    md("""## Training curves, against steps and against GPU time
-
-Top row against optimizer steps, bottom row against GPU minutes. Loss, training accuracy (faint, with a rolling
-mean), held-out accuracy at each validation check, and real tau: the training-time checks (filled) and the final
-evaluation (hollow, one marker per set)."""),
-    code("training_png(ab)"),
-    md("""## Reading
-
-- **Distillation pays at T=1 once the drafts are sampled**: `distill1-dpace` 1.59 [1.51, 1.68] with sampled drafts
+another scale (cross-entropy against a soft target), so its `last loss` is not comparable.""",
+      reading="""- **Distillation pays at T=1 once the drafts are sampled**: `distill1-dpace` 1.59 [1.51, 1.68] with sampled drafts
   against 1.40 [1.36, 1.45] for `dpace`, and 1.52 [1.48, 1.57] against 1.38 [1.34, 1.42] with coupled drafts
   (intervals apart both ways); with argmax drafts both read 1.25 / 1.24, as the argmax ceiling of this target
   (1.52 on 64 prompts of the same file) predicts: a drafter's own distribution only matters where it is sampled from.
@@ -69,10 +49,4 @@ evaluation (hollow, one marker per set)."""),
   0.407 against 0.396 at the end, after trailing or level from 5,000 to 8,000 steps (0.335 against 0.358 at
   5,000) while its learning rate stayed at the peak. Level at 10,000 steps: the recipe keeps cosine.
 - **The baseline reproduces a third time**: `dpace` 3.21 / 2.62 / 2.20 here, 3.22 / 2.63 / 2.20 on an H100 and
-  3.20 / 2.61 / 2.20 on an H200 on earlier days (same recipe, same prompt files)."""),
-]
-nb = nbf.v4.new_notebook(cells=cells)
-nb.cells[1].metadata["tags"] = ["parameters"]
-nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-Path("/tmp/nbgen").mkdir(exist_ok=True)
-nbf.write(nb, "/tmp/nbgen/distill-t1-src.ipynb")
+  3.20 / 2.61 / 2.20 on an H200 on earlier days (same recipe, same prompt files).""")
