@@ -220,13 +220,14 @@ def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
     assert PRESETS["10min"] == {} and RecipeConfig.from_preset("10min") == RecipeConfig()
     long = RecipeConfig.from_preset("long", device="cuda:0")
     assert (long.n_self, long.feature_store_gib, long.feature_store_host_gib, long.steps, long.batch_size, long.lr,
-            long.train_time_budget_s, long.real_tau_every, long.compile_drafter, long.device) == (
-        60_000, 100.0, 48.0, 7_500, 64, 8.5e-4, 270.0, 2_500, True, "cuda:0")
+            long.train_time_budget_s, long.real_tau_every, long.compile_drafter, long.num_draft_layers,
+            long.device) == (60_000, 100.0, 48.0, 7_500, 64, 8.5e-4, 270.0, 2_500, True, 5, "cuda:0")
     assert long.steps * long.batch_size == 2.5 * RecipeConfig().steps * RecipeConfig().batch_size  # 2.5x the tokens
     assert dataclasses.replace(long, n_self=26000, feature_store_gib=60.0, feature_store_host_gib=0.0, steps=6000,
                                batch_size=32, lr=6e-4,
                                train_time_budget_s=None, real_tau_every=2000, compile_drafter=False,
-                               device="cpu") == RecipeConfig()  # nothing else differs
+                               num_draft_layers=3, device="cpu") == RecipeConfig()  # nothing else differs
+    assert long.train_config(Path("d.jsonl")).num_draft_layers == 5
     assert long.train_config(Path("d.jsonl")).time_budget_s == 270.0
     assert long.train_config(Path("d.jsonl")).feature_store_host_gib == 48.0  # used only where the GPU lacks room
     # from Python every setting passed wins; from the notebook (every parameter passed) only those the user set

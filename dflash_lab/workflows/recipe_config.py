@@ -19,7 +19,8 @@ work is ~560 answer tokens and ~200 training tokens.
 
 Presets (`RecipeConfig.from_preset(name, **settings)`, the notebook's `preset` parameter): "10min" is the defaults
 above, one 10-minute call; "long" writes twice the target-written data (n_self 60,000) and trains 7,500 steps of
-64 windows (2.5x the defaults' tokens) over several calls, with the compiled drafter and lr 8.5e-4 (6e-4 x sqrt 2).
+64 windows (2.5x the defaults' tokens) over several calls, with a 5-layer compiled drafter and lr 8.5e-4 (6e-4 x
+sqrt 2; 5 layers since 2026-12-06, see PRESETS).
 It was 15,000 steps on the defaults' data until that run (below) showed those steps bought nothing past 5,000.
 Batch 64 is the faster step per token (571.8k tokens/s against 505.4k at batch 32, and 248.3k for the engine
 before the store; one H200, bench/results/2026-12-02-h200-long-arms/), and at equal tokens it trained as well:
@@ -68,14 +69,18 @@ CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
 # Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
 # conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
 # with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory) and
-# the 16,384-id head: ~6 minutes of training over 2-3 calls of a 270 s budget (the first call also writes the data);
-# real tau every 2,500 steps. Measured as it stands in bench/results/2026-12-03-h200-long-data/ (held-out accuracy
-# still rising at its last step).
+# the 16,384-id head, and a 5-layer drafter: ~7 minutes of training over 2-3 calls of a 270 s budget (the first call
+# also writes the data); real tau every 2,500 steps. Measured with 3 layers in bench/results/2026-12-03-h200-long-data/
+# (held-out accuracy still rising at its last step). 5 layers since 10,000 steps of 32 on the default pool read
+# +0.14 / +0.14 / +0.08 real tau over 3 (held-out chitchat / target-written / general; held-out accuracy 0.424
+# against 0.394, bench/results/2026-12-06-h100-layers5-anchors128/) at ~1.55x the step time: a long run is where the
+# drafter's capacity, not its steps, limits it. The 10-minute defaults keep 3 layers: at their ~6,000 steps the
+# slower 5-layer step gains nothing at equal time, and on a 135M target its drafts cost more to decode.
 PRESETS: dict[str, dict] = {
     "10min": {},
     "long": {"n_self": 60_000, "feature_store_gib": 100.0, "feature_store_host_gib": 48.0, "steps": 7_500,
              "batch_size": 64, "lr": 8.5e-4, "train_time_budget_s": 270.0, "real_tau_every": 2_500,
-             "compile_drafter": True},
+             "compile_drafter": True, "num_draft_layers": 5},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
 # phase's complete output only when every one of them equals what that output was made with (recipe_reuse.py).
