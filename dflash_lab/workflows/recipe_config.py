@@ -42,7 +42,7 @@ again with the same `work_dir` continues: data phases whose outputs are complete
 (DATA_SETTINGS says which settings each depends on), training resumes its run exactly, and evaluation and export
 wait until training has finished every step (`evaluate_partial=True` evaluates a partial drafter anyway):
 
-    KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one H200 call; repeat it
+    KEEP_WORK=1 RECIPE_ARGS="-p preset long -p call_time_budget_s 480" bash bench/recipe_smollm2.sh stage2  # repeat
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
 until results.json holds an `export` phase (~2-3 calls; while the log says `[recipe] train: stopped (resumable)
@@ -66,6 +66,9 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
+# call_time_budget_s: what a call keeps beyond evaluation's budget (export, results, a pass running past the budget),
+# and the least training time worth starting (loading the target and compiling take ~40 s on a GPU)
+CALL_MARGIN_S, MIN_TRAIN_S = 60.0, 60.0
 # Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
 # conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
 # with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory) and
@@ -222,6 +225,14 @@ class RecipeConfig:
     """Wall-time budget of the training phase (TrainConfig.time_budget_s, loading the target included): when spent,
     training stops at a step boundary with a checkpoint and a rerun with the same work_dir resumes it (the "long"
     preset); None = train every step in this call."""
+    call_time_budget_s: float | None = None
+    """Wall seconds this invocation of the recipe may take (a lent GPU's call), counted from the Recipe's creation;
+    None = no bound. Training gets what is left after the data phases less eval_budget_s and CALL_MARGIN_S (so
+    evaluation and export still fit when it ends), at most train_time_budget_s; with less than MIN_TRAIN_S left it
+    does not start, and a rerun with the same work_dir goes on. Evaluation starts no pass once the call has less
+    than CALL_MARGIN_S left. E.g. 480 for a 10-minute call: the long preset's first call spends ~250 s on the data
+    on an H200 (more on an H100: half that data took 117 s there), so its training starts in the next call instead
+    of being killed with the call."""
     evaluate_partial: bool = False
     """Evaluate and export a drafter whose training stopped on its budget before its last step; False skips both
     (recorded in results.json) until a rerun with the same work_dir has trained every step."""
@@ -288,6 +299,8 @@ class RecipeConfig:
             bad("eval_budget_s", "must be > 0", "use e.g. 180")
         if self.train_time_budget_s is not None and not self.train_time_budget_s > 0:
             bad("train_time_budget_s", "must be a positive number of seconds", "use e.g. 420, or None for no budget")
+        if self.call_time_budget_s is not None and not self.call_time_budget_s > 0:
+            bad("call_time_budget_s", "must be a positive number of seconds", "use e.g. 480, or None for no bound")
 
     @classmethod
     def from_preset(cls, name: str, *, explicit=None, **settings) -> RecipeConfig:
