@@ -45,8 +45,8 @@ wait until training has finished every step (`evaluate_partial=True` evaluates a
     KEEP_WORK=1 RECIPE_ARGS="-p preset long -p call_time_budget_s 480" bash bench/recipe_smollm2.sh stage2  # repeat
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
-until results.json holds an `export` phase (~2-3 calls; while the log says `[recipe] train: stopped (resumable)
-at step N of 15000: run the recipe again with the same work_dir to continue`, go on).
+until results.json holds an `export` phase (~3-4 calls with 5 layers; while the log says `[recipe] train: stopped
+(resumable) at step N of 7500: run the recipe again with the same work_dir to continue`, go on).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ CALL_MARGIN_S, MIN_TRAIN_S = 60.0, 60.0
 # Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
 # conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
 # with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory) and
-# the 16,384-id head, and a 5-layer drafter: ~7 minutes of training over 2-3 calls of a 270 s budget (the first call
+# the 16,384-id head, and a 5-layer drafter: ~8 minutes of training over 3-4 calls of a 270 s budget (the first call
 # also writes the data); real tau every 2,500 steps. Measured with 3 layers in bench/results/2026-12-03-h200-long-data/
 # (held-out accuracy still rising at its last step). 5 layers since 10,000 steps of 32 on the default pool read
 # +0.14 / +0.14 / +0.08 real tau over 3 (held-out chitchat / target-written / general; held-out accuracy 0.424
