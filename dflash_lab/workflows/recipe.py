@@ -38,14 +38,12 @@ from pathlib import Path
 import torch
 
 from dflash_lab.data import real_data
-from dflash_lab.runs.generalisation import checks_table, held_out_stopped_at
-from dflash_lab.runs.listing import run_metrics
 from dflash_lab.runs.run_files import read_json
 from dflash_lab.target import models
 from dflash_lab.target.load import load_tokenizer
 from . import recipe_reuse as reuse
 from .recipe_config import CALL_MARGIN_S, MIN_TRAIN_S, TINY, RecipeConfig
-from .recipe_results import PhaseFigures, earlier_phases, results_html, write_results
+from .recipe_results import PhaseFigures, earlier_phases, results_html, train_figures, write_results
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
 CONTINUE = "run the recipe again with the same work_dir to continue"
@@ -226,7 +224,7 @@ class Recipe:
             self.run_dir = run_dir
             self.log(f"[recipe] train: reused {run_dir}: it finished every step with these settings and data")
             summary = read_json(run_dir / "summary.json")
-            return self._record("train", t0, **self._train_figures(summary), reused=True)
+            return self._record("train", t0, **train_figures(self.run_dir, summary, self.log), reused=True)
         room = self.train_room()
         if room is not None and room < MIN_TRAIN_S:
             done = read_json(run_dir / "summary.json", missing={}).get("steps", 0) if how == "resume" else 0
@@ -257,7 +255,7 @@ class Recipe:
         if summary["status"] != "finished":
             self.log(f"[recipe] train: {summary['status']} at step {summary['steps']} of {summary['target_steps']}: "
                      f"{CONTINUE}")
-        return self._record("train", t0, **self._train_figures(summary), resumed_at=resumed_at)
+        return self._record("train", t0, **train_figures(self.run_dir, summary, self.log), resumed_at=resumed_at)
 
     def call_left(self) -> float | None:
         """Seconds left of call_time_budget_s (None: no bound)."""
@@ -269,32 +267,6 @@ class Recipe:
         CALL_MARGIN_S (None: no bound). Training's budget is the smaller of this and train_time_budget_s."""
         left = self.call_left()
         return None if left is None else left - self.config.eval_budget_s - CALL_MARGIN_S
-
-    def _train_figures(self, summary: dict) -> dict:
-        """The train phase's figures from the run dir (the same for a run trained, resumed or reused here)."""
-        report = read_json(self.run_dir / "data_report.json")
-        # first turns are often greetings with short answers: conversations under 2 * block_size supervised tokens
-        # are dropped, so say how much data actually trained
-        data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
-        rows = run_metrics(self.run_dir)
-        curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau", "val_chain_tau",
-                                        "real_tau") if r.get(k) is not None}
-                 for r in rows if "loss" in r]
-        dc = read_json(self.run_dir / "drafter_config.json")
-        # past some epochs training accuracy keeps rising while held-out accuracy stops: more steps on these data
-        # then buy nothing, more data (n_self) or fewer steps do
-        stopped = held_out_stopped_at(checks_table(rows))
-        if stopped is not None:
-            self.log(f"[recipe] train: held-out accuracy stopped rising at step {stopped} while training accuracy "
-                     "kept rising: the run is data-limited from there (raise n_self rather than steps)")
-        return dict(run_dir=str(self.run_dir), status=summary["status"], steps=summary["steps"],
-                    held_out_stopped_at=stopped,
-                    target_steps=summary.get("target_steps"), data=data, loss_first=summary.get("loss_first"),
-                    loss_last=summary.get("loss_last"), sim_tau_last=summary.get("sim_tau_last"),
-                    tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
-                    drafter={k: dc.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                    "head_dim", "target_layer_ids", "mask_token_id",
-                                                    "tie_word_embeddings")})
 
     def training_plot(self):
         """The run's training curves as an inline image (loss, accuracy, simulated and real tau)."""

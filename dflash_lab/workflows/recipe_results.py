@@ -3,7 +3,8 @@
 recipe.py rewrites `<work_dir>/results.json` after every phase (write_results: a temp file renamed into place, so a
 run cut short leaves the previous complete file). A rerun into the same work_dir starts from the phases the earlier
 run recorded (earlier_phases), each marked with that run's start and the settings that differed, until its own
-phase of that name replaces them; recipe_reuse.py decides which of them a rerun may keep as its own.
+phase of that name replaces them; recipe_reuse.py decides which of them a rerun may keep as its own. The train
+phase's figures are read back from the run folder (train_figures), for a run trained, resumed or reused alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import html
 import json
 from pathlib import Path
 
+from dflash_lab.runs.generalisation import checks_table, held_out_stopped_at
+from dflash_lab.runs.listing import run_metrics
 from dflash_lab.runs.run_files import RunFileError, read_json
 
 RESULTS = "results.json"
@@ -98,3 +101,30 @@ def _fmt_tau(row: dict) -> str:
 
 def _fmt_speedup(x) -> str:
     return "" if x is None else f"{x:.2f}x"
+
+
+def train_figures(run_dir: Path, summary: dict, log) -> dict:
+    """The train phase's figures from the run dir (the same for a run trained, resumed or reused)."""
+    report = read_json(run_dir / "data_report.json")
+    # first turns are often greetings with short answers: conversations under 2 * block_size supervised tokens
+    # are dropped, so say how much data actually trained
+    data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
+    rows = run_metrics(run_dir)
+    curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau", "val_chain_tau",
+                                    "real_tau") if r.get(k) is not None}
+             for r in rows if "loss" in r]
+    dc = read_json(run_dir / "drafter_config.json")
+    # past some epochs training accuracy keeps rising while held-out accuracy stops: more steps on these data
+    # then buy nothing, more data (n_self) or fewer steps do
+    stopped = held_out_stopped_at(checks_table(rows))
+    if stopped is not None:
+        log(f"[recipe] train: held-out accuracy stopped rising at step {stopped} while training accuracy "
+            "kept rising: the run is data-limited from there (raise n_self rather than steps)")
+    return dict(run_dir=str(run_dir), status=summary["status"], steps=summary["steps"],
+                held_out_stopped_at=stopped,
+                target_steps=summary.get("target_steps"), data=data, loss_first=summary.get("loss_first"),
+                loss_last=summary.get("loss_last"), sim_tau_last=summary.get("sim_tau_last"),
+                tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
+                drafter={k: dc.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                "head_dim", "target_layer_ids", "mask_token_id",
+                                                "tie_word_embeddings")})
