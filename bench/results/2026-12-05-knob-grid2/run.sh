@@ -2,9 +2,11 @@
 # The knob grid's next arms at 10,000 steps' tokens on one data pool (the SmolLM2 recipe's data at its defaults),
 # one GPU, several 10-minute calls on one warm machine. Every arm is D-PACE on top of the recipe's TrainConfig
 # (spec below): hard-label arms (`dpace`, batch 128 at equal tokens, WSD, the full vocabulary; run 2026-12-05/06)
-# and, since the recipe distills, `distill1-dpace` and the knobs on top of it (5 layers, 32k / full vocabulary,
-# 128 anchors): the default queue. Arms run from a queue, PAR at a time (each its own process and feature store,
-# sized to the GPU's memory); an arm stopped by the call's time continues exactly in the next call (resume_from).
+# and, since the recipe distills, `distill1-dpace` and the knobs on top of it (5 layers and 128 anchors: run
+# 2026-12-06, ../2026-12-06-h100-layers5-anchors128/; the full vocabulary and the top-64 distillation target: the
+# default queue, with the baseline's pool identical by sha256). Arms run from a queue, PAR at a time (each its own
+# process and feature store, sized to the GPU's memory); an arm stopped by the call's time continues exactly in the
+# next call (resume_from).
 # Each finished arm is evaluated at once beside the training: T=0 on every held-out set, and for T1_ARMS also T=1
 # with each of SAMPLING's draft modes. Tau does not depend on what else runs on the GPU; tokens/s and speedups
 # measured side by side do, so none from here is a speed figure.
@@ -22,9 +24,9 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/knob-grid2}
 CALL_S=${CALL_S:-580}
 T0=${CALL_T0:-$(date +%s)}
-ARMS=${ARMS:-"distill1-dpace topk64-distill1 layers5-distill1 vocab-full-distill1 anchors128-distill1"}
+ARMS=${ARMS:-"vocab-full-distill1 topk64-distill1"}
 PAR=${PAR:-2}
-T1_ARMS=${T1_ARMS:-"distill1-dpace topk64-distill1 layers5-distill1"}
+T1_ARMS=${T1_ARMS:-"topk64-distill1"}
 SAMPLING=${SAMPLING:-"argmax sample"}
 PROMPTS=${PROMPTS:-64}
 PROMPTS_T1=${PROMPTS_T1:-32}
