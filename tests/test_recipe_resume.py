@@ -300,8 +300,10 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     for phase in ("evaluate", "export"):
         why = getattr(first, phase)()["skipped_because"]
         assert why.startswith("training is not started (call budget) at step 0 of 8") and CONTINUE in why
+        assert "evaluate_partial" not in why  # nothing trained yet: nothing partial to evaluate
     assert any(line.startswith("[recipe] train: not started: ") and "call_time_budget_s=400" in line
                for line in said)
+    assert first.training_plot() is None and said[-1].startswith("[recipe] no training curves yet")
 
     second, said = _run(cfg)  # a fresh call: ~400 - 240 s for training, which the tiny run needs a fraction of
     assert all(second[ph].get("reused") for ph in DATA_PHASES)

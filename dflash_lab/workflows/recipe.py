@@ -269,9 +269,13 @@ class Recipe:
         return None if left is None else left - self.config.eval_budget_s - CALL_MARGIN_S
 
     def training_plot(self):
-        """The run's training curves as an inline image (loss, accuracy, simulated and real tau)."""
+        """The run's training curves as an inline image (loss, accuracy, simulated and real tau); None, said in the
+        log, while no run has trained (training waits for the next call of a call_time_budget_s)."""
         from dflash_lab.runs.plots import training_image
 
+        if self.run_dir is None:
+            self.log(f"[recipe] no training curves yet: no run has trained in {self.dir / 'runs'} ({CONTINUE})")
+            return None
         return training_image(self.run_dir)
 
     def evaluation_sets(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -363,8 +367,9 @@ class Recipe:
         train = self.results["phases"].get("train") or {}
         if train.get("status") == "finished" or (self.config.evaluate_partial and train.get("steps")):
             return None
+        partial = " (or set evaluate_partial=True to evaluate this drafter)" if train.get("steps") else ""
         why = (f"training is {train.get('status')} at step {train.get('steps')} of {train.get('target_steps')}: "
-               f"{CONTINUE} (or set evaluate_partial=True to evaluate this drafter)")
+               f"{CONTINUE}{partial}")
         self.log(f"[recipe] skipped: {why}")
         return why
 
