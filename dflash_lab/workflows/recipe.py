@@ -42,7 +42,8 @@ from dflash_lab.runs.run_files import read_json
 from dflash_lab.target import models
 from dflash_lab.target.load import load_tokenizer
 from . import recipe_reuse as reuse
-from .recipe_config import CALL_MARGIN_S, MIN_TRAIN_S, TINY, RecipeConfig
+from .recipe_clock import CALL_MARGIN_S, MIN_TRAIN_S, CallClock
+from .recipe_config import TINY, RecipeConfig
 from .recipe_results import PhaseFigures, earlier_phases, results_html, train_figures, write_results
 
 __all__ = ["Recipe", "RecipeConfig", "PhaseFigures"]
@@ -54,7 +55,7 @@ class Recipe:
 
     def __init__(self, config: RecipeConfig, log=print):
         config.check_device()  # before anything is written: full-size settings on a CPU run for hours
-        self.started = time.perf_counter()  # call_time_budget_s counts from here
+        self.clock = CallClock(config)  # call_time_budget_s counts from here
         self.config = config
         self.log = log
         self.dir = Path(config.work_dir)
@@ -225,12 +226,13 @@ class Recipe:
             self.log(f"[recipe] train: reused {run_dir}: it finished every step with these settings and data")
             summary = read_json(run_dir / "summary.json")
             return self._record("train", t0, **train_figures(self.run_dir, summary, self.log), reused=True)
-        room = self.train_room()
+        room = self.clock.train_room(run_dir if how == "resume" else None)
         if room is not None and room < MIN_TRAIN_S:
             done = read_json(run_dir / "summary.json", missing={}).get("steps", 0) if how == "resume" else 0
             self.log(f"[recipe] train: not started: {room:.0f} s of call_time_budget_s="
-                     f"{self.config.call_time_budget_s:.0f} would be left for it (evaluation keeps "
-                     f"{self.config.eval_budget_s:.0f} + {CALL_MARGIN_S:.0f} s): {CONTINUE}")
+                     f"{self.config.call_time_budget_s:.0f} would be left for it (the call keeps "
+                     f"{CALL_MARGIN_S:.0f} s, and {self.config.eval_budget_s:.0f} s for evaluation when the run may "
+                     f"finish here): {CONTINUE}")
             self.run_dir = run_dir if how == "resume" else None  # evaluate_partial evaluates what it trained so far
             return self._record("train", t0, status="not started (call budget)", steps=done, target_steps=cfg.steps,
                                 run_dir=str(run_dir) if how == "resume" else None)
@@ -256,17 +258,6 @@ class Recipe:
             self.log(f"[recipe] train: {summary['status']} at step {summary['steps']} of {summary['target_steps']}: "
                      f"{CONTINUE}")
         return self._record("train", t0, **train_figures(self.run_dir, summary, self.log), resumed_at=resumed_at)
-
-    def call_left(self) -> float | None:
-        """Seconds left of call_time_budget_s (None: no bound)."""
-        c = self.config
-        return None if c.call_time_budget_s is None else c.call_time_budget_s - (time.perf_counter() - self.started)
-
-    def train_room(self) -> float | None:
-        """What call_time_budget_s leaves training now: the call's seconds left less evaluation's budget and
-        CALL_MARGIN_S (None: no bound). Training's budget is the smaller of this and train_time_budget_s."""
-        left = self.call_left()
-        return None if left is None else left - self.config.eval_budget_s - CALL_MARGIN_S
 
     def training_plot(self):
         """The run's training curves as an inline image (loss, accuracy, simulated and real tau); None, said in the
@@ -308,12 +299,11 @@ class Recipe:
         sets, left_out = self.evaluation_sets()
         for name, why in left_out.items():
             self.log(f"evaluation: set {name} left out: {why}")
-        rows, skipped = [], []
+        rows, skipped, last_pass_s = [], [], None
         # at T > 0 one pass per draft mode of eval_draft_sampling (sampled from the drafter, argmax as servers do)
         passes = [(B, t, mode) for B, t in c.eval_pairs for mode in (c.eval_draft_sampling if t > 0 else ("argmax",))]
         for B, temperature, mode in passes:
-            left = self.call_left()
-            if time.perf_counter() - t0 > c.eval_budget_s or (left is not None and left < CALL_MARGIN_S):
+            if time.perf_counter() - t0 > c.eval_budget_s or not self.clock.pass_may_start(last_pass_s):
                 skipped.append({"block_size": B, "temperature": temperature, "draft_sampling": mode})
                 continue
             t1 = time.perf_counter()
@@ -332,9 +322,10 @@ class Recipe:
                                                       "identical_to_target", "prompt_set_sha256")},
                              "temperature": temperature, "eval_block_size": B, "draft_sampling": mode,
                              "seconds": round(time.perf_counter() - t1, 1)})
+            last_pass_s = time.perf_counter() - t1  # the next pass starts only if the call has this much left
             self.log(rep.table())
         if skipped:
-            self.log(f"evaluation budget ({c.eval_budget_s:.0f} s) spent: skipped {skipped}")
+            self.log(f"evaluation budget ({c.eval_budget_s:.0f} s) or the call spent: skipped {skipped}")
         return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:

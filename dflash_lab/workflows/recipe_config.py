@@ -36,13 +36,14 @@ step where held-out stopped rising (`held_out_stopped_at`). The lever past that 
 evaluation read 3.08 / 2.64 / 2.20 (held-out chitchat / target-written / general, T=0, 64 prompts each;
 bench/results/2026-12-03-h200-long-data/), the preset since. The 10-minute defaults stay at
 batch 32 uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
-Its `train_time_budget_s` of 270 s stops training at a step boundary with a checkpoint, so each call fits 10 minutes
-even the first one, which also writes the data (~250 s on the H200). Running the same command
+Its `call_time_budget_s` of 480 s bounds each call (recipe_clock.py): training stops at a step boundary with a
+checkpoint when the call's share is spent, and waits for the next call when the first one's data (~250 s on the
+H200, more on an H100) left it less than a minute. Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
 (DATA_SETTINGS says which settings each depends on), training resumes its run exactly, and evaluation and export
 wait until training has finished every step (`evaluate_partial=True` evaluates a partial drafter anyway):
 
-    KEEP_WORK=1 RECIPE_ARGS="-p preset long -p call_time_budget_s 480" bash bench/recipe_smollm2.sh stage2  # repeat
+    KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one 10-minute call; repeat it
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
 until results.json holds an `export` phase (~3-4 calls with 5 layers; while the log says `[recipe] train: stopped
@@ -66,23 +67,22 @@ TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
 # training tokens) and far below the defaults' (6.4M, 15.4M), between "minutes" and "hours"; not a measured rate.
 CPU_LIMITS = {"answer_tokens": 50_000, "train_tokens": 1_000_000}
-# call_time_budget_s: what a call keeps beyond evaluation's budget (export, results, a pass running past the budget),
-# and the least training time worth starting (loading the target and compiling take ~40 s on a GPU)
-CALL_MARGIN_S, MIN_TRAIN_S = 60.0, 60.0
 # Named starting points: the fields each sets on top of the defaults. "long": twice the target-written data (59,453
 # conversations, ~250 s to write on the H200 in the first call) and 7,500 steps of 64 windows at the compiled step
-# with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory) and
-# the 16,384-id head, and a 5-layer drafter: ~8 minutes of training over 3-4 calls of a 270 s budget (the first call
-# also writes the data); real tau every 2,500 steps. Measured with 3 layers in bench/results/2026-12-03-h200-long-data/
-# (held-out accuracy still rising at its last step). 5 layers since 10,000 steps of 32 on the default pool read
-# +0.14 / +0.14 / +0.08 real tau over 3 (held-out chitchat / target-written / general; held-out accuracy 0.424
-# against 0.394, bench/results/2026-12-06-h100-layers5-anchors128/) at ~1.55x the step time: a long run is where the
-# drafter's capacity, not its steps, limits it. The 10-minute defaults keep 3 layers: at their ~6,000 steps the
-# slower 5-layer step gains nothing at equal time, and on a 135M target its drafts cost more to decode.
+# with the store (~100 GiB for its ~56k windows; on an 80 GB card the ~17k it has no room for in host memory), the
+# 16,384-id head and a 5-layer drafter: ~8 minutes of training over 2-3 calls of 480 s (call_time_budget_s; the
+# first call writes the data); real tau every 2,500 steps. Until 2026-12-06 a per-call training budget of 270 s: the
+# call budget gives training what each call has left (~400 s) instead. Measured with 3 layers in
+# bench/results/2026-12-03-h200-long-data/ (held-out accuracy still rising at its last step). 5 layers since 10,000
+# steps of 32 on the default pool read +0.14 / +0.14 / +0.08 real tau over 3 (held-out chitchat / target-written /
+# general; held-out accuracy 0.424 against 0.394, bench/results/2026-12-06-h100-layers5-anchors128/) at ~1.55x the
+# step time: a long run is where the drafter's capacity, not its steps, limits it. The 10-minute defaults keep 3
+# layers: at their ~6,000 steps the slower 5-layer step gains nothing at equal time, and on a 135M target its drafts
+# cost more to decode.
 PRESETS: dict[str, dict] = {
     "10min": {},
     "long": {"n_self": 60_000, "feature_store_gib": 100.0, "feature_store_host_gib": 48.0, "steps": 7_500,
-             "batch_size": 64, "lr": 8.5e-4, "train_time_budget_s": 270.0, "real_tau_every": 2_500,
+             "batch_size": 64, "lr": 8.5e-4, "call_time_budget_s": 480.0, "real_tau_every": 2_500,
              "compile_drafter": True, "num_draft_layers": 5},
 }
 # The settings each data phase's output depends on, its inputs' included: a rerun in the same work_dir reuses a
@@ -227,12 +227,12 @@ class RecipeConfig:
     preset); None = train every step in this call."""
     call_time_budget_s: float | None = None
     """Wall seconds this invocation of the recipe may take (a lent GPU's call), counted from the Recipe's creation;
-    None = no bound. Training gets what is left after the data phases less eval_budget_s and CALL_MARGIN_S (so
-    evaluation and export still fit when it ends), at most train_time_budget_s; with less than MIN_TRAIN_S left it
-    does not start, and a rerun with the same work_dir goes on. Evaluation starts no pass once the call has less
-    than CALL_MARGIN_S left. E.g. 480 for a 10-minute call: the long preset's first call spends ~250 s on the data
-    on an H200 (more on an H100: half that data took 117 s there), so its training starts in the next call instead
-    of being killed with the call."""
+    None = no bound. Training gets what the data phases left, at most train_time_budget_s, less a minute, and less
+    eval_budget_s unless a resumed run's measured speed says it cannot also be evaluated in this call; with less
+    than a minute it does not start, and a rerun with the same work_dir goes on; an evaluation pass starts only with
+    a minute, or the previous pass's time, left (recipe_clock.py). E.g. 480 for a 10-minute call: the long preset's
+    first call spends ~250 s on the data on an H200 (more on an H100: half that data took 117 s there), so its
+    training starts in the next call instead of being killed with the call."""
     evaluate_partial: bool = False
     """Evaluate and export a drafter whose training stopped on its budget before its last step; False skips both
     (recorded in results.json) until a rerun with the same work_dir has trained every step."""
