@@ -56,21 +56,26 @@ def _without_marks(figures: dict) -> dict:
     return {k: v for k, v in figures.items() if k not in MARKS}
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """An uninterrupted recipe, then the same recipe with a training budget over three jobs in one work_dir."""
-    root = tmp_path_factory.mktemp("resume")
-    reference, _ = _run(_config(root / "straight"))
-    clock = {"t": 0.0}  # the budget's clock: 10 s per step started on the device, nothing else moves it
+def _ten_seconds_a_step(mp) -> None:
+    """The training budget's clock moves 10 s per step started on the device, and nothing else moves it."""
+    clock = {"t": 0.0}
     plain_launch = trainer_module.launch
 
     def launch(trainer, index):
         clock["t"] += 10.0
         return plain_launch(trainer, index)
 
+    mp.setattr(stopping, "now", lambda: clock["t"])
+    mp.setattr(trainer_module, "launch", launch)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """An uninterrupted recipe, then the same recipe with a training budget over three jobs in one work_dir."""
+    root = tmp_path_factory.mktemp("resume")
+    reference, _ = _run(_config(root / "straight"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stopping, "now", lambda: clock["t"])
-        mp.setattr(trainer_module, "launch", launch)
+        _ten_seconds_a_step(mp)
         cfg = _config(root / "work", train_time_budget_s=BUDGET_S)
         first, said_first = _run(cfg)
         stamps = {ph: _stamps(first[ph]) for ph in DATA_PHASES}
@@ -319,3 +324,26 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     late.clock.started -= 400.0 - CALL_MARGIN_S + 10.0  # 50 s of the call left: no evaluation pass starts
     ev = late.evaluate()
     assert ev["rows"] == [] and [(s["block_size"], s["temperature"]) for s in ev["skipped"]] == [(8, 0.0)]
+
+
+def test_a_stopped_run_the_call_has_no_room_for_waits_with_its_steps_and_curves(tmp_path, monkeypatch):
+    """A run stopped on its budget at step 4 of 8, then a call whose clock leaves training no room: the train phase
+    says "not started (call budget)" at the run's own step, keeps the run (its curves plot, evaluate_partial could
+    evaluate it), and evaluate waits offering evaluate_partial."""
+    from dflash_lab.workflows.recipe_clock import CALL_MARGIN_S
+
+    _ten_seconds_a_step(monkeypatch)
+    first, _ = _run(_config(tmp_path / "w", train_time_budget_s=BUDGET_S))
+    assert (first["train"]["status"], first["train"]["steps"]) == ("stopped (resumable)", 4)
+
+    cfg = _config(tmp_path / "w", train_time_budget_s=BUDGET_S, call_time_budget_s=400.0, eval_budget_s=180.0)
+    said: list[str] = []
+    rec = Recipe(cfg, log=said.append)
+    for phase in PHASES[:5]:
+        getattr(rec, phase)()
+    rec.clock.started -= 400.0 - CALL_MARGIN_S - 30.0  # 90 s left: 30 s for training once the margin is kept
+    tr = rec.train()
+    assert (tr["status"], tr["steps"], tr["target_steps"]) == ("not started (call budget)", 4, STEPS)
+    assert tr["run_dir"] == first["train"]["run_dir"] and rec.training_plot() is not None
+    why = rec.evaluate()["skipped_because"]
+    assert why.startswith("training is not started (call budget) at step 4 of 8") and "evaluate_partial" in why

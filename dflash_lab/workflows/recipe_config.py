@@ -38,7 +38,8 @@ bench/results/2026-12-03-h200-long-data/), the preset since. The 10-minute defau
 batch 32 uncompiled: compiling costs ~40 s before the first step, what the faster step saves over their ~6,000 steps.
 Its `call_time_budget_s` of 480 s bounds each call (recipe_clock.py): training stops at a step boundary with a
 checkpoint when the call's share is spent, and waits for the next call when the first one's data (~250 s on the
-H200, more on an H100) left it less than a minute. Running the same command
+H200, more on an H100) left it less than a minute (on a machine of your own, `-p call_time_budget_s 0` trains in
+one go). Running the same command
 again with the same `work_dir` continues: data phases whose outputs are complete for the same settings are reused
 (DATA_SETTINGS says which settings each depends on), training resumes its run exactly, and evaluation and export
 wait until training has finished every step (`evaluate_partial=True` evaluates a partial drafter anyway):
@@ -174,12 +175,12 @@ class RecipeConfig:
     bench/results/2026-12-03-h200-knob-grid), at the same step time."""
     distill_weight: float = 1.0
     """TrainConfig.distill_weight: the share of each position's loss against the target's own T=1 distribution
-    over its top `distill_top_k` ids (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000 steps of 32 on this recipe's
-    data (one H100, bench/results/2026-12-06-h100-distill-t1/) T=1 tau on 32 held-out chitchat prompts with drafts
-    sampled from the drafter 1.59 [1.51, 1.68] against 1.40 [1.36, 1.45] with hard labels (coupled drafts 1.52
-    against 1.38; argmax drafts 1.25 against 1.24), T=0 within the intervals (3.13 / 2.64 / 2.28 against 3.21 /
-    2.62 / 2.20 on held-out chitchat / target-written / general, 64 prompts each), +0.5 ms a step once the store
-    holds the windows."""
+    over its top `distill_top_k` ids (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000
+    steps of 32 on this recipe's data (one H100, bench/results/2026-12-06-h100-distill-t1/) T=1 tau (real
+    speculative sampling) on 32 held-out chitchat prompts with drafts sampled from the drafter 1.59 [1.51, 1.68]
+    against 1.40 [1.36, 1.45] with hard labels (coupled drafts 1.52 against 1.38; argmax drafts 1.25 against
+    1.24), T=0 within the intervals (3.13 / 2.64 / 2.28 against 3.21 / 2.62 / 2.20 on held-out chitchat /
+    target-written / general, 64 prompts each, block 16), +0.5 ms a step once the store holds the windows."""
     distill_top_k: int = 16
     """TrainConfig.distill_top_k: the target's most probable ids each position keeps as distillation's target. A
     drafter that learned them exactly accepts a sampled draft with at most their mass: on held-out chitchat the perfect
