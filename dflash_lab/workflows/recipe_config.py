@@ -47,8 +47,9 @@ wait until training has finished every step (`evaluate_partial=True` evaluates a
     KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2     # one 10-minute call; repeat it
     papermill notebooks/recipes/smollm2.ipynb out.ipynb -p preset long -p device cuda:0 -p work_dir W   # or this
 
-until results.json holds an `export` phase (~3-4 calls with 5 layers; while the log says `[recipe] train: stopped
-(resumable) at step N of 7500: run the recipe again with the same work_dir to continue`, go on).
+until results.json holds an `export` phase (while the log says `[recipe] train: stopped (resumable) at step N of 7500:
+run the recipe again with the same work_dir to continue`, go on). Measured end to end on one H100 with the bound at
+550 s: three calls, 369 / 506 / 320 s (bench/results/2026-12-06-h100-long-preset5/); at 480 s expect four.
 """
 
 from __future__ import annotations
