@@ -48,3 +48,17 @@ def test_decode_bench_on_the_gpu_prints_decoders_parts_and_summary(capsys):
     assert parts["timed"] == "CUDA graphs per prefix" and parts["iteration_ms"] > 0 and parts["target_step_ms"] > 0
     summary = next(x for x in lines if x.get("summary"))
     assert summary["iteration_vs_target_step"] > 0 and summary["aim"] == 1.3
+
+
+def test_decode_bench_times_speculative_sampling_on_the_cpu(capsys):
+    """--temperature 1 --draft-sampling sample on a 2-layer random SmolLM2-shaped pair (49,152 ids): the sampled
+    decoder and the target sampling alone are timed, each line says how it sampled, and tau stays within a block."""
+    assert db.main(["--layers", "2", "--draft-layers", "1", "--block-size", "8", "--max-new-tokens", "16",
+                    "--prompt-len", "24", "--repeats", "1", "--part-iters", "1", "--skip-dynamic", "--device", "cpu",
+                    "--dtype", "float32", "--temperature", "1", "--draft-sampling", "sample"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    rows = {x["block_size"]: x for x in lines if x.get("decoder") == "static_eager" and "summary" not in x}
+    assert set(rows) == {8, 1}
+    assert all(r["temperature"] == 1.0 and r["draft_sampling"] == "sample" for r in rows.values())
+    assert 1.0 <= rows[8]["tau"] <= 8.0 and rows[1]["tau"] == 1.0 and rows[8]["tokens_per_s"] > 0
+    assert next(x for x in lines if x.get("summary"))["speedup"] > 0

@@ -14,8 +14,8 @@ import torch
 from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
-from dflash_lab.evaluation.acceptance import (coupled_drafts, coupled_slot, speculative_accept,
-                                             speculative_accept_sampled)
+from dflash_lab.evaluation.acceptance import (accept_block, coupled_drafts, coupled_slot, draw_rows,
+                                             speculative_accept)
 from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError, GenerationResult, PromptTooLongError,
                                     SpeculativeDecoder, check_compatible)
 from dflash_lab.target.features import FeatureExtractor, embedding_of
@@ -236,6 +236,47 @@ def test_sampled_speculative_decoding_matches_target_distribution():
     assert tv < 3 * expected + 0.02, (tv, expected)
 
 
+def _accept_block(probs: torch.Tensor, q: torch.Tensor, drafts: list[int], g: torch.Generator) -> tuple[int, int]:
+    """accept_block with its K + 1 uniforms drawn from g, as the decoders draw them."""
+    u = torch.rand(len(drafts) + 1, generator=g, dtype=torch.float64)
+    a, nxt = accept_block(probs, q, torch.tensor(drafts, dtype=torch.long), u).tolist()
+    return a, nxt
+
+
+def test_accept_block_is_the_slot_by_slot_rule_with_the_same_uniforms():
+    """The block verified at once equals the rule written out slot by slot (keep x_k while u_k q_k(x_k) <
+    p_k(x_k); at the first rejection draw from max(0, p_k - q_k) by inverse CDF with u_K; after all, from p_K),
+    on 300 random cases of peaked, flat and sparse p and q, argmax (one-hot) and drawn drafts; no drafts at all
+    (the target alone) draws from p_0."""
+    def by_slot(p, q, drafts, u):
+        for k, x in enumerate(drafts):
+            if not float(u[k]) * float(q[k, x]) < float(p[k, x]):
+                r = (p[k] - q[k]).clamp(min=0.0)
+                r = r if float(r.sum()) > 0 else p[k]
+                return k, int(draw_rows(r[None], u[-1:])[0])
+        return len(drafts), int(draw_rows(p[len(drafts)][None], u[-1:])[0])
+
+    g = torch.Generator().manual_seed(0)
+    K, V = 5, 12
+    for case in range(300):
+        sharp = (0.3, 3.0, 12.0)[case % 3]
+        p = torch.softmax(sharp * torch.randn(K + 1, V, generator=g), -1)
+        p[:, case % V] = 0.0  # an id the target never emits
+        p = p / p.sum(-1, keepdim=True)
+        if case % 2:
+            drafts = [int(x) for x in torch.randint(0, V, (K,), generator=g)]
+            q = torch.zeros(K, V).scatter_(1, torch.tensor(drafts)[:, None], 1.0)  # argmax drafts
+        else:
+            q = torch.softmax(sharp * torch.randn(K, V, generator=g), -1)
+            drafts = [int(torch.multinomial(q[k], 1, generator=g)) for k in range(K)]
+        u = torch.rand(K + 1, generator=g, dtype=torch.float64)
+        assert tuple(accept_block(p, q, torch.tensor(drafts), u).tolist()) == by_slot(p, q, drafts, u), case
+    p = torch.tensor([[0.0, 0.25, 0.75]])
+    assert [int(accept_block(p, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), torch.tensor([x]))[1])
+            for x in (0.0, 0.24, 0.25, 0.99)] == [1, 1, 2, 2]  # [0, 0.25) -> id 1, [0.25, 1) -> id 2; id 0 never
+    assert accept_block(p, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), torch.tensor([0.5]))[0] == 0
+
+
 def test_sampled_drafts_are_accepted_with_the_overlap_of_p_and_q_and_emit_the_target_distribution():
     """Drafts drawn from q: the first emitted token follows p[0], slot 0 is accepted with probability
     sum min(p0, q0), and a q equal to p is always accepted; argmax drafts of the same q would be accepted with
@@ -251,7 +292,7 @@ def test_sampled_drafts_are_accepted_with_the_overlap_of_p_and_q_and_emit_the_ta
     took0 = took1 = 0
     for _ in range(n):
         drafts = [int(torch.multinomial(q[k], 1, generator=g)) for k in range(2)]
-        a, nxt = speculative_accept_sampled(probs, q, drafts, g)
+        a, nxt = _accept_block(probs, q, drafts, g)
         first[(drafts[:a] + [nxt])[0]] += 1
         took0 += a >= 1
         took1 += a >= 2
@@ -306,7 +347,7 @@ def test_coupled_drafts_keep_each_slots_marginal_and_report_the_exact_conditiona
         second, g2 = torch.zeros(5), torch.Generator().manual_seed(1)
         for _ in range(n):
             drafts, prop = coupled_drafts(q[:2], g2)
-            a, nxt = speculative_accept_sampled(probs, q[:2] if use_marginal else prop, drafts, g2)
+            a, nxt = _accept_block(probs, q[:2] if use_marginal else prop, drafts, g2)
             if a >= 1:
                 second[(drafts[:a] + [nxt])[1]] += 1
         m = int(second.sum())

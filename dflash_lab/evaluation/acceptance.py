@@ -5,8 +5,10 @@ Three drafts are verified (DRAFT_SAMPLING): the drafter's argmax (deterministic,
 the target's probability of it), a draft drawn from the drafter's own distribution q at the serving temperature,
 each slot independently (kept with probability min(1, p/q), up to 1 where q matches the target), and the block's
 drafts drawn from q with one shared uniform (coupled_drafts: verified against each slot's proposal given the drafts
-before it). Every decoder (dynamic, static, the sampling ceiling) calls these functions, so the lossless tests of
-them cover every decoder.
+before it). The decoders (dynamic and static) verify a block with accept_block and draw tokens with draw_rows, on
+the device with uniforms drawn on the host from the caller's generator (one host read per block, the same tokens on
+every device); the sampling ceiling's oracle verifies slot by slot (speculative_accept, accept_drawn) with the same
+rule. The lossless tests of these functions cover every decoder.
 """
 
 from __future__ import annotations
@@ -16,26 +18,54 @@ import torch
 DRAFT_SAMPLING = ("argmax", "sample", "coupled")
 
 
-def speculative_accept_sampled(probs: torch.Tensor, q: torch.Tensor, drafts: list[int],
-                               generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Speculative sampling for drafts DRAWN from proposals q (len(drafts), V): row k is the distribution x_k was
-    drawn from given the drafts before it (q_k itself for independent draws, coupled_drafts' rows for coupled ones).
+def host_uniforms(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """n uniforms in [0, 1) (float64) from the caller's generator, on `device`: drawn where the generator lives, so
+    a seeded decode takes the same tokens on every device, and sent over from pinned memory (a copy from pageable
+    memory would wait for the work queued before it)."""
+    where = generator.device if generator is not None else "cpu"
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=where)
+    if torch.device(device).type == "cuda" and u.device.type == "cpu":
+        return u.pin_memory().to(device, non_blocking=True)
+    return u.to(device)
 
-    probs: (len(drafts) + 1, V) target probabilities at each block slot. Draft x_k is accepted with probability
-    min(1, p_k(x_k) / q_k(x_k)); on the first rejection the next token is sampled from max(0, p_k - q_k)
-    normalised. If every draft is accepted, the bonus token is sampled from the last row. The emitted tokens are
-    distributed exactly as the target's own samples. Returns (accepted count, next token).
-    """
-    for k, x in enumerate(drafts):
-        rejected = accept_drawn(probs[k], q[k], x, generator)
-        if rejected is not None:
-            return k, rejected
-    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=generator))
+
+def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs (R, V) by inverse CDF: the token whose interval of the row's cumulative sum holds
+    u (R,) in [0, 1) scaled to the row's total, on probs' device with no host sync (u drawn on the host from the
+    decoder's generator, so every decoder and device takes the same tokens). Ids of zero probability have empty
+    intervals and are never drawn."""
+    cdf = probs.double().cumsum(-1)
+    at = (u.to(cdf.device, torch.float64) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, at, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def accept_block(probs: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Speculative sampling of a whole verified block at once, on probs' device with no host sync: the tensor
+    [accepted count, next token].
+
+    probs: (K + 1, V) the target's probabilities at each block slot; q: (K, V) each draft's proposal (the row it
+    was drawn from given the drafts before it; one-hot at the draft for argmax drafts); drafts: (K,) target ids;
+    u: (K + 1,) uniforms in [0, 1): u[k] tests slot k, u[K] draws the emitted token. Draft x_k is kept while
+    u[k] q_k(x_k) < p_k(x_k) (u < p / q without dividing); at the first rejection k the token is drawn from
+    max(0, p_k - q_k) normalised, after every draft from p_K (the bonus token). The emitted tokens are distributed
+    exactly as the target's own samples; a slot is kept with probability sum_x min(p_k, q_k). One uniform per slot
+    is drawn whether or not the slot is reached, so the host's generator advances by K + 1 per block."""
+    K = drafts.shape[0]
+    slots = torch.arange(K, device=probs.device)
+    kept = u[:K].to(probs.device, torch.float64) * q[slots, drafts].double() < probs[slots, drafts].double()
+    a = kept.long().cumprod(0).sum()  # the leading kept drafts
+    at = a.view(1)  # a 0-dim index would read `a` on the host: index_select keeps it on the device
+    q_next = torch.cat([q.float(), q.new_zeros(1, q.shape[1], dtype=torch.float32)]).index_select(0, at)
+    p_next = probs.float().index_select(0, at)
+    residual = (p_next - q_next).clamp_(min=0.0)
+    # p <= q everywhere means p == q, where every draft is kept; rounding guard: draw from p
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    return torch.stack([a, draw_rows(residual, u[K:K + 1])[0]])
 
 
 def accept_drawn(p: torch.Tensor, q_k: torch.Tensor, x: int, generator: torch.Generator | None = None) -> int | None:
-    """One slot of speculative_accept_sampled: None when draft x (drawn from q_k) is kept, else the token emitted
-    instead, drawn from max(0, p - q_k) normalised. For decoders that verify a block slot by slot."""
+    """One slot of accept_block's rule for a drafter verified slot by slot (the sampling ceiling's oracle): None
+    when draft x (drawn from q_k) is kept, else the token emitted instead, drawn from max(0, p - q_k) normalised."""
     u = torch.rand((), generator=generator)
     if u * q_k[x] < p[x]:  # u < p / q without dividing (q[x] > 0: x was drawn from q_k)
         return None
@@ -79,7 +109,7 @@ def coupled_drafts(q: torch.Tensor, generator: torch.Generator | None = None) ->
     argmax block would, and each slot's marginal is still q_k. Speculative sampling needs the proposal of slot k
     GIVEN the drafts before it: knowing them says only that u lies in the intersection I of their intervals, so
     that proposal is q~_k(x) = |I ∩ J_k(x)| / |I| (J_k(x): x's interval at slot k), which is exact and positive at
-    the drawn token. Pass the returned (K, V) proposals to speculative_accept_sampled. Computed on q's device, with
+    the drawn token. Pass the returned (K, V) proposals to accept_block. Computed on q's device, with
     no per-slot host syncs: only the drafts come back to the host, once.
     """
     order = q.argsort(dim=-1, descending=True, stable=True)  # ties in id order, as coupled_slot orders them

@@ -2,15 +2,16 @@
 
     python -m dflash_lab.evaluation.decode_bench [--target smollm2-135m-instruct --drafter RUN [--checkpoint best]
         --prompts general --n-prompts 8] [--block-size 16] [--max-new-tokens 128] [--repeats 3] [--dtype bfloat16]
-        [--device cuda] [--layers 30] [--draft-layers 3] [--skip-dynamic]
+        [--device cuda] [--layers 30] [--draft-layers 3] [--skip-dynamic] [--temperature 1 --draft-sampling sample]
 
 Without --target: a random-initialised target of the SmolLM2-135M shape (Llama, 30 layers, hidden 576, 9 heads /
 3 KV heads, intermediate 1536, vocabulary 49,152, tied embeddings) and a random drafter, on a random prompt of
 --prompt-len tokens: no weights needed, and a random drafter accepts ~nothing, so the figures are the COST of an
 iteration. With --target (a model name or folder) the real model decodes real prompts of a prompt set, with the
 drafter of --drafter (a run, checkpoint or export; a random one of --draft-layers without it): tau and tokens/s
-are then what that drafter achieves. One JSON line each (median over `repeats` after a warm-up that captures the
-graphs):
+are then what that drafter achieves. --temperature > 0 times speculative sampling (drafts of --draft-sampling,
+seeded per prompt) and the target sampling alone; the parts line is timed greedy. One JSON line each (median over
+`repeats` after a warm-up that captures the graphs):
 
   {"decoder", "block_size", "ms_per_iteration", "ms_per_token", "tokens_per_s", "tau", ...}  per decoder kind
         (static_graphs, static_eager, dynamic) at block B and at block 1 (the target alone)
@@ -65,13 +66,19 @@ def random_drafter(target, *, block_size: int, draft_layers: int, dtype, device,
     return d.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def time_decoder(decoder, prompts: list[list[int]], *, max_new_tokens: int, repeats: int) -> dict:
+def time_decoder(decoder, prompts: list[list[int]], *, max_new_tokens: int, repeats: int,
+                 temperature: float = 0.0) -> dict:
     """Warm-up generation (captures graphs), then `repeats` passes over the prompts: medians of ms per iteration,
-    ms per token and tokens/s (prefill included), and the pooled tau."""
-    decoder.generate(prompts[0], max_new_tokens=max_new_tokens)
+    ms per token and tokens/s (prefill included), and the pooled tau. At temperature > 0 prompt i samples with a
+    generator seeded i in every pass."""
+    def gen(i: int, p: list[int]):
+        g = torch.Generator().manual_seed(i) if temperature > 0 else None
+        return decoder.generate(p, max_new_tokens=max_new_tokens, temperature=temperature, generator=g)
+
+    gen(0, prompts[0])
     per_it, per_tok, tps, taus = [], [], [], []
     for _ in range(repeats):
-        rs = [decoder.generate(p, max_new_tokens=max_new_tokens) for p in prompts]
+        rs = [gen(i, p) for i, p in enumerate(prompts)]
         its, secs = sum(r.iterations for r in rs), sum(r.decode_s for r in rs)
         per_it.append(1e3 * secs / max(1, its))
         per_tok.append(1e3 * secs / max(1, sum(len(r.output_ids) - 1 for r in rs)))  # token 1 comes from prefill
@@ -209,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=30, help="random target layers (30 = SmolLM2-135M)")
     ap.add_argument("--draft-layers", type=int, default=3)
     ap.add_argument("--skip-dynamic", action="store_true", help="skip the (slow) dynamic loop")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: time speculative sampling")
+    ap.add_argument("--draft-sampling", default="argmax", choices=["argmax", "sample", "coupled"],
+                    help="drafts at --temperature > 0 (speculative.py)")
     args = ap.parse_args(argv)
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     target, drafter, prompts, eos = load_models(args, dev, dtype)
@@ -216,19 +226,22 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "dtype": args.dtype, "target": args.target or f"random SmolLM2-135M shape, {args.layers} layers",
             "drafter": args.drafter or f"random, {args.draft_layers} layers", "prompts": len(prompts),
-            "max_new_tokens": args.max_new_tokens}
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "draft_sampling": args.draft_sampling if args.temperature > 0 else "argmax"}
     kinds = ([("static_graphs", True)] if dev.type == "cuda" else []) + [("static_eager", False)] + \
         ([] if args.skip_dynamic else [("dynamic", None)])
     figures = {}
     for b in (B, 1):
         for kind, graphs in kinds:
             d = drafter if b > 1 else None
+            mode = args.draft_sampling if b > 1 else "argmax"
             if graphs is None:
-                dec = SpeculativeDecoder(target, d, block_size=b, eos_token_id=eos)
+                dec = SpeculativeDecoder(target, d, block_size=b, eos_token_id=eos, draft_sampling=mode)
             else:
-                dec = StaticSpeculativeDecoder(target, d, block_size=b, eos_token_id=eos, graphs=graphs)
+                dec = StaticSpeculativeDecoder(target, d, block_size=b, eos_token_id=eos, graphs=graphs,
+                                               draft_sampling=mode)
             figures[(kind, b)] = time_decoder(dec, prompts, max_new_tokens=args.max_new_tokens,
-                                              repeats=args.repeats)
+                                              repeats=args.repeats, temperature=args.temperature)
             print(json.dumps({"decoder": kind, "block_size": b, **figures[(kind, b)], **meta}), flush=True)
             if graphs is not False:
                 continue

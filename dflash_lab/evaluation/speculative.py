@@ -42,7 +42,7 @@ from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, to_target_ids
 
-from .acceptance import DRAFT_SAMPLING, coupled_drafts, speculative_accept, speculative_accept_sampled
+from .acceptance import DRAFT_SAMPLING, accept_block, coupled_drafts, draw_rows, host_uniforms
 
 
 class DrafterMismatchError(ValueError):
@@ -265,28 +265,35 @@ class SpeculativeDecoder:
         return to_target_ids(self.drafter, logits.argmax(-1)).tolist()
 
     def _sampled_draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int, p: int,
-                       temperature: float, generator) -> tuple[list[int], torch.Tensor]:
-        """The B-1 drafts drawn from the drafter's distribution at `temperature`, and each slot's proposal over the
-        target's vocabulary (B-1, V) fp32 on the CPU (zero outside a pruned draft vocabulary): q_k itself for
-        independent draws, q_k given the drafts before it for coupled ones."""
+                       temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The B-1 drafts (target ids) drawn from the drafter at `temperature` and each slot's proposal (B-1, V) fp32,
+        zero outside a pruned draft vocabulary (q_k, or q_k given the drafts before it for coupled draws)."""
         hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]
         return self.draw_drafts(hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t(), temperature,
                                 generator)
 
-    def draw_drafts(self, logits: torch.Tensor, temperature: float, generator) -> tuple[list[int], torch.Tensor]:
-        """_sampled_draft's drafts and proposals from the drafter's logits (B-1, Vd) over its draft vocabulary (the
-        static decoder computes them in its captured draft stage and draws here, the same generator stream)."""
+    def draw_drafts(self, logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """_sampled_draft's drafts and proposals, on the device, from the drafter's logits (B-1, Vd) over its draft
+        vocabulary (the static decoder computes those in its draft graph and draws here, the same generator stream);
+        only coupled draws wait for the device (their drafts come back to the host once)."""
         q_draft = torch.softmax(logits.float() / temperature, dim=-1)
         if self.draft_sampling == "coupled":
             picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts
-            picks, q_draft = torch.tensor(picks), q_draft.cpu()
-        else:
-            q_draft = q_draft.cpu()
-            picks = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # one draw per slot, independent
-        ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1])).cpu()  # draft id -> target id
-        q = torch.zeros(q_draft.shape[0], self.head.shape[0], dtype=torch.float32)
-        q[:, ids] = q_draft
-        return ids[picks].tolist(), q
+            picks = torch.tensor(picks, device=q_draft.device)
+        else:  # one draw per slot, independent
+            picks = draw_rows(q_draft, host_uniforms(q_draft.shape[0], generator, q_draft.device))
+        ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1], device=q_draft.device))  # draft -> target
+        q = q_draft.new_zeros(q_draft.shape[0], self.head.shape[0]).index_copy_(1, ids, q_draft)
+        return ids[picks], q
+
+    def accept_sampled(self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
+                       temperature: float) -> torch.Tensor:
+        """[accepted count, next token] of a block verified at temperature > 0, on the device (accept_block): q the
+        drafts' proposals (None: argmax drafts, one-hot), u the block's B uniforms (drawn before the verify)."""
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        if q is None:
+            q = probs.new_zeros(drafts.shape[0], probs.shape[1]).scatter_(1, drafts[:, None], 1.0)
+        return accept_block(probs, q.to(probs.device), drafts.to(probs.device), u)
 
     def draft_hidden(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                      p: int) -> torch.Tensor:
@@ -365,18 +372,23 @@ class SpeculativeDecoder:
             last = out[-1]
             q = None
             if B > 1 and sampled:
-                drafts, q = self._sampled_draft(draft_cache, pending, draft_cache.length, last, p, temperature,
-                                                generator)
+                drawn, q = self._sampled_draft(draft_cache, pending, draft_cache.length, last, p, temperature,
+                                               generator)
+                drafts = drawn.tolist()
             else:
                 drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
+            # the block's acceptance uniforms right after its drafts' draws: the static decoder's order
+            u = host_uniforms(B, generator, self.target_device) if temperature > 0 else None
             block = torch.tensor([[last, *drafts]], dtype=torch.long, device=self.target_device)  # (1, B)
             logits, feats = self._target_forward(block, cache)  # logits[i] = next-token dist after block[i]
             ti, tv = self._topk(logits)
-            if q is not None:
-                probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
-                a, nxt = speculative_accept_sampled(probs, q, drafts, generator)
-            else:
-                a, nxt = self._accept(drafts, logits, [r[0] for r in ti], temperature, generator)
+            if temperature > 0:
+                a, nxt = self.accept_sampled(logits, block[0, 1:], q, u, temperature).tolist()
+            else:  # the longest prefix the target's greedy tokens (the top-k's first ids) agree with
+                a = 0
+                while a < len(drafts) and drafts[a] == ti[a][0]:
+                    a += 1
+                nxt = ti[a][0]
             accepted.append(a)
             refs += self._ref_logits(logits, reference, len(out), a + 1)
             out.extend(drafts[:a])
@@ -395,22 +407,12 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, generator) -> int:
+        """The first token after the prompt: greedy at T=0, else drawn from the target at `temperature` (one
+        uniform from the generator, as every later token)."""
         if temperature == 0:
             return int(logits.argmax())
-        probs = torch.softmax(logits / temperature, dim=-1)
-        return int(torch.multinomial(probs.cpu(), 1, generator=generator))
-
-    def _accept(self, drafts: list[int], logits: torch.Tensor, greedy: list[int], temperature: float,
-                generator) -> tuple[int, int]:
-        """(accepted draft count, next token) for one verified block. logits: (B, V) fp32; greedy: its top-1 ids."""
-        if temperature == 0:
-            target_tokens = greedy  # (B,) the top-k's first ids, so the recorded top-k explains every choice
-            a = 0
-            while a < len(drafts) and drafts[a] == target_tokens[a]:
-                a += 1
-            return a, target_tokens[a]
-        probs = torch.softmax(logits / temperature, dim=-1).cpu()
-        return speculative_accept(probs, drafts, generator)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)[None]
+        return int(draw_rows(probs, host_uniforms(1, generator, probs.device))[0])
 
 
 def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_size: int, prefill_s: float,

@@ -22,8 +22,9 @@ reimplemented: its decoder layers run with our positioned cache (the `update(k, 
 Hugging Face Cache), so Llama and Qwen3 targets work alike.
 
 Drafts sampled from the drafter at T > 0 (draft_sampling "sample" / "coupled") split the iteration in two graphs:
-ingest + draft (the drafter's logits into a static buffer), the draws on the host with the dynamic loop's very
-code and generator stream, then verify + the top-k rows; the acceptance of speculative sampling runs on the host.
+ingest + draft (the drafter's logits into a static buffer), the draws with the dynamic loop's very code and
+generator stream, then verify + the top-k rows. At T > 0 speculative sampling (acceptance.accept_block) runs on the
+device too, with uniforms drawn on the host before the verify, so an iteration still reads the host once.
 
 Prefill stays eager (one variable-length forward per prompt). `graphs=False` runs the very same step eagerly:
 tests/test_speculative.py checks graphs == eager token for token and lossless vs greedy.
@@ -44,7 +45,7 @@ from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
 from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder
-from .acceptance import speculative_accept, speculative_accept_sampled
+from .acceptance import host_uniforms
 from .batched_decode import BatchedSpeculativeDecoder, static_path_problem
 from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
 from .speculative_run import SpeculativeRun
@@ -325,29 +326,31 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             live = self.bucket(p + B)
             graph = self._graphs.get(live)
             q = None
-            if self.sampled:  # draft stage, the drafts drawn on the host (argmax at T=0, as in every mode), verify
+            if self.sampled:  # draft stage, the drafts drawn on the device (argmax at T=0, as in every mode), verify
                 self._draft_stage(live) if graph is None else self._draft_graphs[live].replay()
                 if temperature > 0:
                     drawn, q = self.draw_drafts(self.draft_logits, temperature, generator)
-                    self.drafts_in.copy_(torch.tensor(drawn))
+                    self.drafts_in.copy_(drawn)
                 else:
                     self.drafts_in.copy_(to_target_ids(self.drafter, self.draft_logits.argmax(-1)))
+            u = host_uniforms(B, generator, dev) if temperature > 0 else None  # the dynamic loop's order
             if graph is not None:
                 graph.replay()
             else:
                 self._step(live)
-            rows = self.out.tolist()  # syncs: the only device->host copy of an argmax iteration
+            if temperature > 0:  # speculative sampling on the device, queued before the one host read below
+                drafts_dev = self.drafts_in if self.sampled else self.out[: B - 1, 2 * K].long()
+                verdict = self.accept_sampled(self.out_logits, drafts_dev, q, u, temperature)
+                # the step wrote the greedy acceptance's next state; this block's is the sampled one
+                self.state.copy_(torch.stack([verdict[1], self.state[1], self.state[1] + verdict[0] + 1]))
+            rows = self.out.tolist()  # syncs: the only device->host copy of an iteration
             ti = [[int(x) for x in r[:K]] for r in rows]
             drafts = [int(r[2 * K]) for r in rows[: B - 1]]
             if temperature == 0:
                 a = int(rows[0][2 * K + 2])
                 nxt = ti[a][0]
             else:
-                probs = torch.softmax(self.out_logits / temperature, dim=-1).cpu()
-                a, nxt = speculative_accept(probs, drafts, generator) if q is None else \
-                    speculative_accept_sampled(probs, q, drafts, generator)
-            if temperature > 0:  # the step's own next state is the greedy acceptance's
-                self.state.copy_(torch.tensor([nxt, p, p + a + 1]))
+                a, nxt = verdict.tolist()  # already computed: the read above waited for it
             accepted.append(a)
             refs += [rows[i][2 * K + 1] if len(out) + i < len(ref) else None for i in range(a + 1)]
             out.extend(drafts[:a])
