@@ -15,10 +15,11 @@
 #   bash run.sh model            carry [".recipe/x3"]: last part, join, convert
 #   bash run.sh data             the chitchat wheel (x3), then the recipe's data phases (bench/recipe_ab.py)
 #   bash run.sh go               the queue: train, resume, evaluate, until the call's time is spent
+#   bash run.sh decode           decode_bench at T=0 and T=1 (sampled drafts) on a random SmolLM2-shaped pair, alone
 #   bash run.sh pack             every log but run.log into logs.tgz (8 files come back from a call)
 # CALL_T0 (epoch seconds) counts the call's time over several modes run in one call.
 set -u
-MODE=${1:?stage, model, data or go}
+MODE=${1:?stage, model, data, go, decode or pack}
 AB=${AB:-"python3 bench/recipe_ab.py"}
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/knob-grid2}
@@ -146,6 +147,13 @@ go)
   (cd $WORK && ls eval-*.json > /dev/null 2>&1 && tar czf "$OUT/evals.tgz" eval-*.json)
   (cd $WORK && tar czf "$OUT/arm-metrics.tgz" runs/*/metrics.jsonl runs/*/summary.json runs/*/config.json \
     runs/*/events.jsonl 2>/dev/null)
+  ;;
+decode)  # the decoders' cost at T=0 and T=1 (sampled drafts), random SmolLM2-shaped pair, nothing else on the GPU
+  for t in 0 1; do
+    timeout ${T_DECODE:-120} python3 -m dflash_lab.evaluation.decode_bench --skip-dynamic --temperature $t \
+      --draft-sampling sample --repeats 3 > "$OUT/decode-t$t.jsonl" 2> "$OUT/decode-t$t.log"
+    say "decode_bench T=$t rc=$?: $(grep summary "$OUT/decode-t$t.jsonl" | cut -c1-400)"
+  done
   ;;
 pack)  # at most 8 files come back: every log but run.log in one archive
   (cd $OUT && ls *.log 2>/dev/null | grep -v '^run.log$' > /tmp/logs.txt && [ -s /tmp/logs.txt ] \
