@@ -43,6 +43,14 @@ def test_a_resumed_run_that_cannot_also_be_evaluated_here_trains_the_whole_call(
     assert _clock(20.0).train_room(run) == pytest.approx(480 - 20 - CALL_MARGIN_S, abs=1.0)  # 400 s, no reserve
 
 
+def test_the_share_kept_for_evaluation_is_what_train_room_leaves_out(tmp_path):
+    room, kept = _clock(100.0).train_share()  # a new run: evaluation's 180 s kept (the training budget's reserve)
+    assert (round(room), kept) == (140, 180.0)
+    long = _stopped_run(tmp_path, steps=1_000, target=7_500, rate=335_000.0)  # cannot finish here: nothing kept
+    room, kept = _clock(20.0).train_share(long)
+    assert (round(room), kept) == (400, 0.0) and _clock(20.0, budget=None).train_share() is None
+
+
 def test_a_resumed_run_that_finishes_here_keeps_evaluation_its_budget(tmp_path):
     run = _stopped_run(tmp_path, steps=7_000, target=7_500, rate=335_000.0)  # ~31 s + START_S to finish
     assert _clock(20.0).train_room(run) == pytest.approx(480 - 20 - CALL_MARGIN_S - 180, abs=1.0)  # 220 s

@@ -56,13 +56,13 @@ def _without_marks(figures: dict) -> dict:
     return {k: v for k, v in figures.items() if k not in MARKS}
 
 
-def _ten_seconds_a_step(mp) -> None:
-    """The training budget's clock moves 10 s per step started on the device, and nothing else moves it."""
+def _ten_seconds_a_step(mp, seconds: float = 10.0) -> None:
+    """The training budget's clock moves 10 s (`seconds`) per step started on the device, and nothing else."""
     clock = {"t": 0.0}
     plain_launch = trainer_module.launch
 
     def launch(trainer, index):
-        clock["t"] += 10.0
+        clock["t"] += seconds
         return plain_launch(trainer, index)
 
     mp.setattr(stopping, "now", lambda: clock["t"])
@@ -315,7 +315,8 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     assert all(second[ph].get("reused") for ph in DATA_PHASES)
     assert (second["train"]["status"], second["train"]["steps"]) == ("finished", STEPS)
     budget = json.loads((Path(second["train"]["run_dir"]) / "config.json").read_text())["time_budget_s"]
-    assert 400 - 180 - CALL_MARGIN_S - 30 < budget <= 400 - 180 - CALL_MARGIN_S  # the call's cut, not None
+    # the call's cut, not None: evaluation's 180 s are in it as the budget's reserve (the tiny run finished first)
+    assert 400 - CALL_MARGIN_S - 30 < budget <= 400 - CALL_MARGIN_S
     assert second["evaluate"]["rows"] and not second["evaluate"]["skipped"]
 
     late = Recipe(cfg, log=lambda *a: None)
@@ -347,3 +348,30 @@ def test_a_stopped_run_the_call_has_no_room_for_waits_with_its_steps_and_curves(
     assert tr["run_dir"] == first["train"]["run_dir"] and rec.training_plot() is not None
     why = rec.evaluate()["skipped_because"]
     assert why.startswith("training is not started (call budget) at step 4 of 8") and "evaluate_partial" in why
+
+
+def test_a_new_run_that_cannot_finish_in_the_call_trains_through_evaluations_share(tmp_path, monkeypatch):
+    """A call leaving a new run 65 s of training and 30 s for evaluation (call_time_budget_s 400, eval_budget_s 30),
+    20 s a step started: when step 3 is booked, step 4 has started (80 s) and the 5 steps left need 100 s, more than
+    the 15 s the call has, so nothing would be evaluated in this call anyway and training takes evaluation's share:
+    it stops at step 5, not 4, and the next call continues there."""
+    from dflash_lab.workflows.recipe_clock import CALL_MARGIN_S
+
+    _ten_seconds_a_step(monkeypatch, 20.0)
+    monkeypatch.setattr(trainer_module.Trainer, "seconds_to_finish",
+                        lambda self: 20.0 * (self.config.steps - self.step_count))  # this clock's speed
+    cfg = _config(tmp_path / "w", call_time_budget_s=400.0, eval_budget_s=30.0)
+    said: list[str] = []
+    rec = Recipe(cfg, log=said.append)
+    for phase in PHASES[:5]:
+        getattr(rec, phase)()
+    rec.clock.started -= 400.0 - (65.0 + CALL_MARGIN_S + 30.0)  # 155 s left: 65 s to train, 30 s kept to evaluate
+    tr = rec.train()
+    assert (tr["status"], tr["steps"]) == ("stopped (resumable)", 5)
+    run = Path(tr["run_dir"])
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["reserve_s"], e["finish_s"]) for e in events if e["event"] == "budget_reserve_released"] \
+        == [(3, 30.0, 100.0)]
+    assert 90.0 < json.loads((run / "config.json").read_text())["time_budget_s"] <= 95.0
+    assert any("the run cannot finish in this job, so it trains on" in line for line in said)
+    assert rec.evaluate()["skipped_because"].startswith("training is stopped (resumable) at step 5 of 8")

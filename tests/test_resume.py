@@ -291,6 +291,45 @@ def test_a_spent_time_budget_stops_with_a_checkpoint_and_resume_equals_the_strai
     assert run_status(t.run_dir) == "finished"
 
 
+def test_a_budget_reserve_goes_to_training_only_when_the_run_cannot_finish_in_the_job(tmp_path, data_file,
+                                                                                   monkeypatch):
+    """time_budget_s 75 with its last 40 s kept for after training (the recipe's evaluation in the same call), 10 s
+    of simulated wall time per step: a run of 12 steps that still needs 80 s at step 4 (t = 40 s, 35 s left) cannot
+    finish in the job, so it trains through the reserve and stops at step 8; a run of 6 steps needs 20 s there, so
+    the reserve stays for after training and it stops at step 4; before a speed is measured the reserve is kept."""
+    from dflash_lab.train import stopping
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(stopping, "now", lambda: clock["t"])
+    tick = lambda tr: clock.__setitem__("t", 10.0 * tr.step_count)  # noqa: E731
+    stops = {}
+    for steps in (12, 6):
+        clock["t"], logs = 0.0, []
+        t = Trainer(_config(tmp_path, data_file, run_name=f"reserve{steps}", steps=steps, time_budget_s=75),
+                    log=logs.append)
+        t.budget.reserve_s = 40.0
+        t.seconds_to_finish = lambda t=t: 10.0 * (t.config.steps - t.step_count)  # this clock's speed
+        t.train(callbacks=[tick])
+        stops[steps] = (t.step_count, t.phase)
+        events = [e for e in rundir.read_jsonl(t.run_dir / rundir.EVENTS_FILE) if e["event"].startswith("budget")]
+        if steps == 12:
+            assert [(e["step"], e["reserve_s"], e["finish_s"]) for e in events] == [(4, 40.0, 80.0)]
+            assert any("the 8 steps left need ~80 s at this speed" in line for line in logs)
+            assert any(line.startswith("time budget of 75 s spent after 80 s at step 8") for line in logs)
+        else:
+            assert events == []
+            assert any(line.startswith("time budget of 35 s (75 s less the 40 s kept for after training) spent "
+                                       "after 40 s at step 4") for line in logs)
+        t.close()
+    assert stops == {12: (8, "stopped"), 6: (4, "stopped")}
+    budget = stopping.TimeBudget(75.0, started=0.0, reserve_s=40.0)
+    clock["t"] = 40.0
+    assert budget.spent() and not budget.release(None) and budget.spent()  # no speed measured: the reserve is kept
+    assert budget.release(36.0) and not budget.spent()  # 36 s needed, 35 s left: training takes the reserve
+    clock["t"] = 75.0
+    assert budget.spent() and not budget.release(1e9)
+
+
 def test_a_budget_check_costs_microseconds():
     from dflash_lab.train.stopping import TimeBudget
 

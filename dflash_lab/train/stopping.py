@@ -25,19 +25,40 @@ def now() -> float:
 
 
 class TimeBudget:
-    """`seconds` of wall time from `started` (a time.monotonic() reading); None never runs out."""
+    """`seconds` of wall time from `started` (a time.monotonic() reading); None never runs out.
 
-    def __init__(self, seconds: float | None, started: float | None = None):
+    `reserve_s`: the budget's last seconds, kept for what the same job does after a FINISHED run (the recipe's
+    evaluation in a lent GPU's call): the budget is spent that much earlier, unless `release` finds that the run
+    cannot finish before the whole budget ends at its measured speed. Then nothing after training runs in this job
+    anyway (a stopped run is not evaluated), and the reserve goes to training instead of being left unused."""
+
+    def __init__(self, seconds: float | None, started: float | None = None, reserve_s: float = 0.0):
         self.seconds = seconds
         self.started = now() if started is None else started
+        self.reserve_s = reserve_s
+        self.released = False
 
     def elapsed(self) -> float:
         return now() - self.started
 
     def spent(self) -> bool:
-        return self.seconds is not None and self.elapsed() >= self.seconds
+        held = 0.0 if self.released else self.reserve_s
+        return self.seconds is not None and self.elapsed() >= self.seconds - held
+
+    def release(self, finish_s: float | None) -> bool:
+        """At the point where the budget less its reserve is spent: give the reserve to training (True) when the run
+        needs `finish_s` seconds to finish (None: not measured yet, kept), more than the whole budget has left."""
+        if self.released or self.seconds is None or not self.reserve_s or finish_s is None:
+            return False
+        if self.elapsed() >= self.seconds or finish_s <= self.seconds - self.elapsed():
+            return False
+        self.released = True
+        return True
 
     def describe(self) -> str:
+        if self.reserve_s and not self.released:
+            return (f"time budget of {self.seconds - self.reserve_s:g} s ({self.seconds:g} s less the "
+                    f"{self.reserve_s:g} s kept for after training) spent after {self.elapsed():.0f} s")
         return f"time budget of {self.seconds:g} s spent after {self.elapsed():.0f} s"
 
 
@@ -62,8 +83,17 @@ def stop_reason(trainer) -> str | None:
         if source != "controls.stop":
             trainer.log(f"STOP file found at step {trainer.step_count}: checkpointing and stopping")
         return "STOP file" if source != "controls.stop" else "stop button"
-    if trainer.budget.spent():
-        trainer.log(f"{trainer.budget.describe()} at step {trainer.step_count}: checkpointing and stopping")
+    budget = trainer.budget
+    if budget.spent():
+        finish_s = trainer.seconds_to_finish()
+        if budget.release(finish_s):
+            trainer.log(f"time budget: {budget.seconds - budget.elapsed():.0f} s left with the {budget.reserve_s:.0f} s "
+                        f"kept for after training, and the {trainer.config.steps - trainer.step_count} steps left need "
+                        f"~{finish_s:.0f} s at this speed: the run cannot finish in this job, so it trains on")
+            trainer._event("budget_reserve_released", step=trainer.step_count, reserve_s=budget.reserve_s,
+                           finish_s=round(finish_s, 1))
+            return None
+        trainer.log(f"{budget.describe()} at step {trainer.step_count}: checkpointing and stopping")
         return BUDGET_REASON
     return None
 

@@ -277,6 +277,11 @@ class Trainer:
             self._load_logged[p.replica] = p.seconds
             self.log(p.line())
 
+    def seconds_to_finish(self) -> float | None:
+        """The steps left to config.steps at the steady step time measured in this job (None while warming up)."""
+        t = self.throughput.steady_step_time
+        return None if t is None else max(0, self.config.steps - self.step_count) * t
+
     @counted_loop
     def train(self, steps: int | None = None, *, progress_every_s: float = 10.0, progress_every_steps: int = 0,
               callbacks=()) -> dict | None:

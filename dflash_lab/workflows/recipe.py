@@ -226,7 +226,8 @@ class Recipe:
             self.log(f"[recipe] train: reused {run_dir}: it finished every step with these settings and data")
             summary = read_json(run_dir / "summary.json")
             return self._record("train", t0, **train_figures(self.run_dir, summary, self.log), reused=True)
-        room = self.clock.train_room(run_dir if how == "resume" else None)
+        share = self.clock.train_share(run_dir if how == "resume" else None)
+        room = None if share is None else share[0]
         if room is not None and room < MIN_TRAIN_S:
             done = read_json(run_dir / "summary.json", missing={}).get("steps", 0) if how == "resume" else 0
             self.log(f"[recipe] train: not started: {room:.0f} s of call_time_budget_s="
@@ -236,8 +237,11 @@ class Recipe:
             self.run_dir = run_dir if how == "resume" else None  # evaluate_partial evaluates what it trained so far
             return self._record("train", t0, status="not started (call budget)", steps=done, target_steps=cfg.steps,
                                 run_dir=str(run_dir) if how == "resume" else None)
-        if room is not None:  # the call's bound cuts train_time_budget_s
-            cfg = cfg.replace(time_budget_s=room if cfg.time_budget_s is None else min(cfg.time_budget_s, room))
+        reserve = 0.0
+        if room is not None:  # the call's bound cuts train_time_budget_s; evaluation's share is the budget's reserve
+            budget = room + share[1] if cfg.time_budget_s is None else min(cfg.time_budget_s, room + share[1])
+            reserve = max(0.0, budget - room)
+            cfg = cfg.replace(time_budget_s=budget)
         if how == "resume":
             self.log(f"[recipe] train: resuming {run_dir} (same settings and data), exactly where it stopped")
             cfg = cfg.replace(resume_from=str(run_dir))
@@ -246,6 +250,7 @@ class Recipe:
         # (run_to_continue checked)
         trainer = Trainer(cfg, log=self.log, explicit=set(reuse.NOT_THE_RUN) - {"resume_from"} if how == "resume"
                           else None)
+        trainer.budget.reserve_s = reserve
         try:
             resumed_at = trainer.resumed_at
             reuse.record_data(trainer.run_dir, data_files)  # what it trains on: the next call checks it

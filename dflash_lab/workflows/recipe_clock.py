@@ -2,7 +2,8 @@
 
 The call is counted from the Recipe's creation. Training gets what is left less CALL_MARGIN_S (export, writing the
 results, a pass that runs past its start); evaluation's budget is kept out of it too when the run may finish and be
-evaluated in this call, which is always assumed for a new run. A run resumed with a measured speed that cannot both
+evaluated in this call, which is always assumed for a new run, as the training budget's reserve: a run that finds,
+from its own measured speed, that it cannot finish before the reserve would end trains through it too. A run resumed with a measured speed that cannot both
 finish and be evaluated here trains the whole call instead: its evaluation belongs to a later call anyway, and a
 long run (the "long" preset) then needs fewer calls. With less than MIN_TRAIN_S for training it does not start, and a
 rerun with the same work_dir goes on. An evaluation pass starts only while the call has CALL_MARGIN_S left, or as
@@ -52,14 +53,20 @@ class CallClock:
     def train_room(self, resumed: Path | None = None) -> float | None:
         """What the call leaves training now (None: no bound): left less CALL_MARGIN_S, and less evaluation's budget
         unless `resumed` (the run to continue) cannot finish and be evaluated within the call."""
+        share = self.train_share(resumed)
+        return None if share is None else share[0]
+
+    def train_share(self, resumed: Path | None = None) -> tuple[float, float] | None:
+        """(train_room, the evaluation budget it keeps out: 0 or eval_budget_s); None with no bound. The recipe
+        makes the second the training budget's reserve (stopping.TimeBudget): a new run that turns out unable to
+        finish in this call trains on through it, since its evaluation belongs to a later call anyway."""
         left = self.left()
         if left is None:
             return None
         room = left - CALL_MARGIN_S
         finish = self.finish_s(resumed) if resumed is not None else None
-        if finish is None or finish + self.config.eval_budget_s <= room:
-            room -= self.config.eval_budget_s
-        return room
+        kept = self.config.eval_budget_s if finish is None or finish + self.config.eval_budget_s <= room else 0.0
+        return room - kept, kept
 
     def pass_may_start(self, last_pass_s: float | None) -> bool:
         """Whether an evaluation pass may start: the call has CALL_MARGIN_S left, or the previous pass's time."""

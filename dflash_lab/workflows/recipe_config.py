@@ -230,11 +230,12 @@ class RecipeConfig:
     call_time_budget_s: float | None = None
     """Wall seconds this invocation of the recipe may take (a lent GPU's call), counted from the Recipe's creation;
     None = no bound. Training gets what the data phases left, at most train_time_budget_s, less a minute, and less
-    eval_budget_s unless a resumed run's measured speed says it cannot also be evaluated in this call; with less
-    than a minute it does not start, and a rerun with the same work_dir goes on; an evaluation pass starts only with
-    a minute, or the previous pass's time, left (recipe_clock.py). E.g. 480 for a 10-minute call: the long preset's
-    first call spends ~250 s on the data on an H200 (more on an H100: half that data took 117 s there), so its
-    training starts in the next call instead of being killed with the call."""
+    eval_budget_s unless a resumed run's measured speed says it cannot also be evaluated in this call (a run that
+    finds in training that it cannot finish in the call trains through that share too); with less than a minute it
+    does not start, and a rerun with the same work_dir goes on; an evaluation pass starts only with a minute, or the
+    previous pass's time, left (recipe_clock.py). E.g. 480 for a 10-minute call: the long preset's first call spends
+    ~250 s on the data on an H200 (~215 s on an H100 for the data of 2026-12-06), so its training starts late or in
+    the next call instead of being killed with the call."""
     evaluate_partial: bool = False
     """Evaluate and export a drafter whose training stopped on its budget before its last step; False skips both
     (recorded in results.json) until a rerun with the same work_dir has trained every step."""
