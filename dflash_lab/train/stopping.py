@@ -87,9 +87,10 @@ def stop_reason(trainer) -> str | None:
     if budget.spent():
         finish_s = trainer.seconds_to_finish()
         if budget.release(finish_s):
-            trainer.log(f"time budget: {budget.seconds - budget.elapsed():.0f} s left with the {budget.reserve_s:.0f} s "
-                        f"kept for after training, and the {trainer.config.steps - trainer.step_count} steps left need "
-                        f"~{finish_s:.0f} s at this speed: the run cannot finish in this job, so it trains on")
+            left = budget.seconds - budget.elapsed()
+            trainer.log(f"time budget: {left:.0f} s left with the {budget.reserve_s:.0f} s kept for after training, "
+                        f"and the {trainer.config.steps - trainer.step_count} steps left need ~{finish_s:.0f} s at "
+                        "this speed: the run cannot finish in this job, so it trains on")
             trainer._event("budget_reserve_released", step=trainer.step_count, reserve_s=budget.reserve_s,
                            finish_s=round(finish_s, 1))
             return None

@@ -3,11 +3,11 @@
 The call is counted from the Recipe's creation. Training gets what is left less CALL_MARGIN_S (export, writing the
 results, a pass that runs past its start); evaluation's budget is kept out of it too when the run may finish and be
 evaluated in this call, which is always assumed for a new run, as the training budget's reserve: a run that finds,
-from its own measured speed, that it cannot finish before the reserve would end trains through it too. A run resumed with a measured speed that cannot both
-finish and be evaluated here trains the whole call instead: its evaluation belongs to a later call anyway, and a
-long run (the "long" preset) then needs fewer calls. With less than MIN_TRAIN_S for training it does not start, and a
-rerun with the same work_dir goes on. An evaluation pass starts only while the call has CALL_MARGIN_S left, or as
-long as the previous pass took.
+from its own measured speed, that it cannot finish before the reserve would end trains through it too. A run resumed
+with a measured speed that cannot both finish and be evaluated here trains the whole call instead: its evaluation
+belongs to a later call anyway, and a long run (the "long" preset) then needs fewer calls. With less than
+MIN_TRAIN_S for training it does not start, and a rerun with the same work_dir goes on. An evaluation pass starts
+only while the call has CALL_MARGIN_S left, or as long as the previous pass took.
 """
 
 from __future__ import annotations
