@@ -113,6 +113,28 @@ def test_a_store_with_a_host_tier_serves_every_mix_of_device_and_host_rows_exact
         assert report["feature_store_host_share"] == pytest.approx(6 / 12)  # 2 + 0 + 4 of the 12 windows served
 
 
+def test_rows_put_for_the_host_tier_are_a_snapshot_written_before_anything_reads_them():
+    """1 device row, 3 host rows: a put stages its host rows (the host tier is written at the store's next call,
+    not by the put), a later change to the put's tensor (the target graph's static output is overwritten by the
+    next batch) does not reach them, the next put writes the previous rows before staging its own, and a gather
+    returns every row exactly."""
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(4, 5, 6, generator=g).to(torch.bfloat16)
+    keys = [bytes([i]) * 16 for i in range(4)]
+    store = FeatureStore(gib=5 * 6 * 2 / 2**30, seq_len=5, width=6, dtype=torch.bfloat16, device="cpu",
+                         host_rows=3)
+    assert (store.rows, store.host_rows) == (1, 3)
+    store.host_columns[0].zero_()
+    out = feats[:3].clone()  # the target's output buffer: rewritten by the next batch
+    store.put(keys[:3], out)  # window 0 on the device, windows 1 and 2 staged for host rows 0 and 1
+    assert store.stored == 3 and not store.host_columns[0][:2].any()  # staged, not written yet
+    out.fill_(7.0)
+    store.put(keys[3:4], feats[3:4])  # writes the staged rows first, then stages host row 2
+    assert torch.equal(store.host_columns[0][:2], feats[1:3]) and not store.host_columns[0][2].any()
+    assert torch.equal(store.gather(store.lookup(keys[::-1])), feats.flip(0))  # host row 2 written by the gather
+    assert store._pending is None and torch.equal(store.host_columns[0], feats[1:4])
+
+
 def test_a_store_with_fewer_rows_than_windows_says_how_few_batches_it_serves(tmp_path, monkeypatch):
     """The placement check found room for 5 of the 12 windows on the GPU (on a GPU it reads free memory; here its
     answer is given): without a host tier the run says that about (5/12)^4 of its batches of 4 can be served; with
@@ -217,3 +239,23 @@ def test_trainer_with_a_float8_store_trains_its_first_epoch_exactly_and_later_on
     assert any(a != b for a, b in later)  # rounded features from the store
     assert all(abs(a - b) <= 0.02 * abs(b) for a, b in later)
     assert last["float8"]["feature_store_stored"] == windows and last["float8"]["feature_store_storage"] == "float8"
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_host_rows_are_copied_out_without_waiting_and_land_exactly():
+    """On CUDA the put's host rows go to pinned staging with an asynchronous copy (an event marks it), the put's
+    output buffer is overwritten right after on the same stream, and every row still comes back exactly."""
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(8, 16, 32, generator=g).to(torch.bfloat16)
+    keys = [bytes([i]) * 16 for i in range(8)]
+    store = FeatureStore(gib=2 * 16 * 32 * 2 / 2**30, seq_len=16, width=32, dtype=torch.bfloat16, device="cuda",
+                         host_rows=6)
+    assert (store.rows, store.host_rows) == (2, 6) and store._put_staging == []
+    out = feats[:4].cuda()
+    store.put(keys[:4], out)
+    assert store._put_staging[0].is_pinned() and store._pending is not None
+    out.fill_(7.0)  # the next batch's target output, queued behind the copy out
+    store.put(keys[4:8], feats[4:8].cuda())
+    got = store.gather(store.lookup(keys))
+    torch.cuda.synchronize()
+    assert torch.equal(got.cpu(), feats) and store._pending is None
