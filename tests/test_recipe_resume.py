@@ -375,3 +375,25 @@ def test_a_new_run_that_cannot_finish_in_the_call_trains_through_evaluations_sha
     assert 90.0 < json.loads((run / "config.json").read_text())["time_budget_s"] <= 95.0
     assert any("the run cannot finish in this job, so it trains on" in line for line in said)
     assert rec.evaluate()["skipped_because"].startswith("training is stopped (resumable) at step 5 of 8")
+
+
+
+def test_the_train_figures_give_this_jobs_steady_rate_and_the_fastest_job_of_the_run(tmp_path):
+    """A run over three jobs whose last one was resumed while the feature store refilled (the long preset on
+    2026-12-06: ~196k tokens/s there, 366k in the job before): results.json's train phase carries both."""
+    from dflash_lab.workflows.recipe_results import train_figures
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"steps": 7_500}))
+    (run / "data_report.json").write_text(json.dumps({"records": 10, "kept": 9}))
+    (run / "drafter_config.json").write_text(json.dumps({"hidden_size": 576}))
+    rows = [{"step": s, "loss": 12.0, "steady_tokens_per_s": r}
+            for s, r in ((450, 195_700.0), (3_000, 366_300.0), (6_900, 366_100.0), (7_500, 195_900.0))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = train_figures(run, {"status": "finished", "steps": 7_500, "target_steps": 7_500,
+                              "steady_tokens_per_s": 195_900.0}, log=lambda *a: None)
+    assert (got["tokens_per_s"], got["tokens_per_s_fastest_job"]) == (195_900.0, 366_300.0)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 3.0}) + "\n")  # never steady: nothing to say
+    assert train_figures(run, {"status": "finished", "steps": 5}, log=lambda *a: None)["tokens_per_s_fastest_job"] \
+        is None

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import torch
 
+from dflash_lab.target.device_time import to_device_async
+
 DRAFT_SAMPLING = ("argmax", "sample", "coupled")
 
 
 def host_uniforms(n: int, generator: torch.Generator | None, device) -> torch.Tensor:
     """n uniforms in [0, 1) (float64) from the caller's generator, on `device`: drawn where the generator lives, so
-    a seeded decode takes the same tokens on every device, and sent over from pinned memory (a copy from pageable
-    memory would wait for the work queued before it)."""
+    a seeded decode takes the same tokens on every device, and sent over without waiting for the device."""
     where = generator.device if generator is not None else "cpu"
-    u = torch.rand(n, generator=generator, dtype=torch.float64, device=where)
-    if torch.device(device).type == "cuda" and u.device.type == "cpu":
-        return u.pin_memory().to(device, non_blocking=True)
-    return u.to(device)
+    return to_device_async(torch.rand(n, generator=generator, dtype=torch.float64, device=where), device)
 
 
 def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Timing marks on a device's timeline that never sync: a timing CUDA event on a GPU, a host timestamp on the CPU;
 read a pair once its end has completed. The trainer's per-stream timelines and the generation engine's work counts
-both time device work with them.
+both time device work with them. And the one way a small host tensor goes to a GPU without waiting for the work
+queued there (to_device_async).
 """
 
 from __future__ import annotations
@@ -25,3 +26,12 @@ def ready(m) -> bool:
 
 def elapsed_ms(a, b) -> float:
     return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
+
+
+def to_device_async(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the work queued there: through pinned memory (a copy from
+    pageable memory waits for the stream) on CUDA, as it is elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

@@ -26,7 +26,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from .device_time import elapsed_ms, mark
+from .device_time import elapsed_ms, mark, to_device_async
 from .features import decoder_of, embedding_of, lm_head_weight
 from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode_applies
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
@@ -288,8 +288,7 @@ class Generator:
     def _upload(self, values: list) -> torch.Tensor:
         """A long tensor on the device without a host sync (pinned + non_blocking on CUDA): the prefill's kernels
         are queued behind the decode chunk in flight instead of waiting for it."""
-        t = torch.tensor(values, dtype=torch.long)
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+        return to_device_async(torch.tensor(values, dtype=torch.long), self.device)
 
     def _prefill_waves(self, rows: list[int], items: list[PromptItem], mode: tuple) -> list[int]:
         """Prefill in forwards of at most prefill_tokens (rows x padded length), similar lengths together."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from dflash_lab.data.feature_cache import row_hash
+from dflash_lab.target.device_time import to_device_async
 
 GIB = 2**30
 RESERVE_BYTES = 4 * GIB  # device memory a store leaves free for the step's activations and the allocator
@@ -167,7 +168,7 @@ class FeatureStore:
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         index = torch.tensor(values, dtype=torch.long)
-        return index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
+        return to_device_async(index, self.device)
 
     def gather(self, slots: list[int]):
         """(b, S, width) features of stored rows (with soft_top_k: (features, ids, log-probs)), in kept output

@@ -124,7 +124,11 @@ def train_figures(run_dir: Path, summary: dict, log) -> dict:
                 held_out_stopped_at=stopped,
                 target_steps=summary.get("target_steps"), data=data, loss_first=summary.get("loss_first"),
                 loss_last=summary.get("loss_last"), sim_tau_last=summary.get("sim_tau_last"),
-                tokens_per_s=summary.get("steady_tokens_per_s"), curve=curve,
+                # this job's steady rate: a job resumed while the feature store refills reads the target's rate,
+                # so the fastest steady rate any job of the run logged goes beside it
+                tokens_per_s=summary.get("steady_tokens_per_s"),
+                tokens_per_s_fastest_job=max((r["steady_tokens_per_s"] for r in rows
+                                              if r.get("steady_tokens_per_s")), default=None), curve=curve,
                 drafter={k: dc.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
                                                 "head_dim", "target_layer_ids", "mask_token_id",
                                                 "tie_word_embeddings")})
