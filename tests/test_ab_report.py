@@ -236,6 +236,30 @@ def test_the_layers5_and_anchors128_folder_reads_back_with_its_figures():
     assert "3.27 [2.98, 3.60]" in text and "1.59 [1.54, 1.64]" in text and "2.31x" in text
 
 
+def test_the_vocab_and_topk64_folder_reads_back_with_its_figures():
+    """The draft vocabulary and the distillation top-k on the distilled baseline: no row decoded alone, so no speed
+    anywhere; the top-64 arm's general row is the 24 prompts its evaluation's time budget allowed."""
+    vt = ab_report.load_ab("bench/results/2026-12-06-h100-vocab-topk64")
+    assert ab_report.differing_settings(vt) == ["draft_vocab_size", "feature_store_gib", "distill_top_k"]
+    rows = ab_report.final_rows(vt)
+    assert all(r["speedup"] is None and r["tokens_per_s"] is None for r in rows)
+    t0 = {(r["arm"], r["prompt_set"]): r for r in rows if r["temperature"] == 0}
+    sets = ("chitchat-heldout", "self-heldout", "general")
+    base = "distill1-dpace"
+    assert [round(t0["vocab-full-distill1", s]["tau"] - t0[base, s]["tau"], 2) for s in sets] == [-0.07, 0.03, 0.0]
+    assert [t0["topk64-distill1", s]["prompts"] for s in sets] == [64, 64, 24]
+    assert all(t0[a, s]["not_separated_from"] for a in ("vocab-full-distill1", "topk64-distill1") for s in sets)
+    t1 = {r["arm"]: round(r["tau"], 2) for r in rows if r["temperature"] == 1}
+    assert (t1[base + " (sample drafts)"], t1["vocab-full-distill1 (sample drafts)"],
+            t1["topk64-distill1 (sample drafts)"]) == (1.59, 1.6, 1.66)
+    val = {arm: [round(r["val_acc"], 3) for r in rs if r.get("val_acc") is not None]
+           for arm, rs in ab_report.curves(vt).items()}
+    assert (val[base][-1], val["vocab-full-distill1"][-1], val["topk64-distill1"][-1]) == (0.394, 0.39, 0.392)
+    assert max(abs(a - b) for a, b in zip(val["vocab-full-distill1"], val[base])) < 0.02  # level at every check
+    text = _static_outputs("vocab-topk64-smollm2-h100.ipynb")
+    assert "3.06 [2.80, 3.34]" in text and "1.66 [1.59, 1.74]" in text and "2.13 [1.94, 2.40]" in text
+
+
 def test_long_preset5_notebook_shows_its_folder_figures():
     """The long preset's end-to-end run (a recipe results.json, not an A/B folder): the committed notebook's tables
     carry the folder's final taus and training-time checks, rendered statically."""
