@@ -36,6 +36,11 @@ def write(name: str, folder: str, *, intro: str, evaluation: str, arms: str, rea
         code("training_png(ab)"),
         md("## Reading\n\n" + reading),
     ]
+    return save(cells, name)
+
+
+def save(cells: list, name: str) -> Path:
+    """Writes /tmp/nbgen/<name>-src.ipynb from `cells`, the second of which is papermill's parameters cell."""
     nb = nbf.v4.new_notebook(cells=cells)
     nb.cells[1].metadata["tags"] = ["parameters"]
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}

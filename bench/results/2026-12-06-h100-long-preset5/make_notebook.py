@@ -1,8 +1,12 @@
 # Writes the source of notebooks/results/long-preset5-smollm2-h100.ipynb; execute it with
 # papermill /tmp/nbgen/long-preset5-src.ipynb notebooks/results/long-preset5-smollm2-h100.ipynb --cwd . -k python3
+import sys
 from pathlib import Path
 
 import nbformat as nbf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_notebook import save  # noqa: E402  (bench/results/ab_notebook.py: how every results notebook is written)
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
@@ -72,10 +76,4 @@ tokens, 95% bootstrap interval. The two runs read the same data and prompts on d
 - **Aims** (3.5 / 3.0 / 3.0 at T=0, 2.0 at T=1): target-written's interval holds 3.0; chitchat and general stay
   below, and general most (its prompts are far from both training sources)."""),
 ]
-nb = nbf.v4.new_notebook(cells=cells)
-nb.cells[1].metadata["tags"] = ["parameters"]
-nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-out = Path("/tmp/nbgen") / "long-preset5-src.ipynb"
-out.parent.mkdir(exist_ok=True)
-nbf.write(nb, out)
-print(out)
+print(save(cells, "long-preset5"))
