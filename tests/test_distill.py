@@ -184,3 +184,59 @@ def test_a_distilled_run_trains_and_the_store_serves_what_the_target_gives(tmp_p
     assert curves["soft-store"] == pytest.approx(curves["soft"], rel=1e-6, abs=1e-6)
     assert all(abs(a - b) > 1e-4 for a, b in zip(curves["soft"], curves["hard"]))
     assert curves["soft"][-1] < curves["soft"][0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_bf16_top_k_keeps_the_exact_ids_and_log_probabilities_within_bf16_rounding(temperature):
+    """The selection runs on the bf16 logits the head's matmul writes, the normaliser on their exp terms rounded to
+    bf16: against the fp32 log-softmax of the same bf16 logits the ids are the same, the log-probabilities within
+    2e-3, and the renormalised top-k shares (what the drafter trains towards) within 1e-4."""
+    from dflash_lab.target.soft_labels import top_k_distribution
+
+    g = torch.Generator().manual_seed(3)
+    V, H = 4096, 64
+    head = (torch.randn(V, H, generator=g) * 0.4).bfloat16()  # logit std ~3: a peaked, chat-like distribution
+    hidden = torch.randn(2, 50, H, generator=g).bfloat16()
+    ids, logp = top_k_distribution(hidden, torch.nn.Identity(), head, k=16, temperature=temperature)
+    exact = ((hidden.reshape(-1, H) @ head.t()).float() / temperature).log_softmax(-1)
+    ref = exact.topk(16, dim=-1)
+    got_ids, got = ids.reshape(-1, 16).long(), logp.reshape(-1, 16)
+    assert torch.equal(got_ids.sort(-1).values, ref.indices.sort(-1).values)
+    torch.testing.assert_close(got, exact.gather(1, got_ids), rtol=0, atol=2e-3)
+    assert float((got[:, 0] - ref.values[:, 0]).abs().max()) < 2e-3 and float(got.exp().sum(-1).max()) <= 1.0 + 2e-3
+    shares, ref_shares = got.softmax(-1), ref.values.softmax(-1)  # ties may order equal values differently
+    torch.testing.assert_close(shares.sort(-1).values, ref_shares.sort(-1).values, rtol=0, atol=1e-4)
+
+
+def test_the_soft_label_benchmark_compares_both_formulations_on_the_same_rows(capsys):
+    import json
+
+    from dflash_lab.benchmarks.soft_labels import main
+
+    assert main(["--rows", "96", "--hidden", "32", "--vocab", "512", "--k", "4", "16", "--repeats", "1",
+                 "--device", "cpu"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["formulation"], r["k"]) for r in rows] == [("top_k_distribution", 4), ("plain_fp32", 4),
+                                                          ("top_k_distribution", 16), ("plain_fp32", 16)]
+    assert all(r["same_ids"] and r["max_logp_diff"] < 1e-5 and r["ms"] > 0 for r in rows)  # fp32 on the CPU
+    with pytest.raises(SystemExit):
+        main(["--vocab", "1", "--device", "cpu"])
+    assert "vocab >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_bf16_selection_matches_the_fp32_one_at_smollm2s_head():
+    """SmolLM2-135M's head shape in bf16 on CUDA: the same ids as the fp32 formulation (as sets), log-probabilities
+    within bf16 rounding, at k 16 and 64."""
+    from dflash_lab.benchmarks.soft_labels import plain_top_k
+    from dflash_lab.target.soft_labels import top_k_distribution
+
+    g = torch.Generator().manual_seed(0)
+    head = (torch.randn(49_152, 576, generator=g) * 0.1).to("cuda", torch.bfloat16)
+    hidden = torch.randn(1, 2048, 576, generator=g).to("cuda", torch.bfloat16)
+    for k in (16, 64):
+        ids, logp = top_k_distribution(hidden, torch.nn.Identity(), head, k=k, temperature=1.0)
+        ref_ids, ref_logp = plain_top_k(hidden, head, k=k, temperature=1.0)
+        assert torch.equal(ids.reshape(-1, k).sort(-1).values, ref_ids.sort(-1).values)
+        diff = (logp.reshape(-1, k).sort(-1).values - ref_logp.sort(-1).values).abs().max()
+        assert float(diff) < 2e-3
