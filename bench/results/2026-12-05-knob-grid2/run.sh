@@ -10,10 +10,11 @@
 # Each finished arm is evaluated at once beside the training: T=0 on every held-out set, and for T1_ARMS also T=1
 # with each of SAMPLING's draft modes. Tau does not depend on what else runs on the GPU; tokens/s and speedups
 # measured side by side do, so none from here is a speed figure.
-#   bash run.sh stage            carry [".recipe/x1"], then [".recipe/x2"]: GGUF parts (bench/smollm2_model.sh);
-#                                with x1 (pytest wheels) also the GPU tests of sampled drafts on the static path
-#   bash run.sh model            carry [".recipe/x3"]: last part, join, convert
-#   bash run.sh data             the chitchat wheel (x3), then the recipe's data phases (bench/recipe_ab.py)
+#   bash run.sh stage            carry [".recipe/x1"], then [".recipe/x2"], then [".recipe/x3"]: GGUF parts and
+#                                wheels (bench/smollm2_model.sh); with x1 (pytest wheels) also the GPU tests of
+#                                sampled drafts on the static path
+#   bash run.sh model            carry [".recipe/x4"]: last part, join, convert
+#   bash run.sh data             the chitchat wheel (staged from x3), then the recipe's data phases (recipe_ab.py)
 #   bash run.sh go               the queue: train, resume, evaluate, until the call's time is spent
 #   bash run.sh decode           decode_bench at T=0 and T=1 (sampled drafts) on a random SmolLM2-shaped pair, alone
 #   bash run.sh pack             every log but run.log into logs.tgz (8 files come back from a call)
@@ -103,7 +104,8 @@ model)
   bash bench/smollm2_model.sh model 2>&1 | tee -a "$OUT/run.log"
   ;;
 data)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x3/chitchat*.whl || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/recipe-smollm2/chitchat*.whl \
+    || exit 3
   say "recipe data phases"
   timeout $(left) $AB data --work $WORK --device $DEVICE > "$OUT/data.log" 2>&1 || { say "data rc=$?"; exit 5; }
   tail -1 "$OUT/data.log" | cut -c1-600 | tee -a "$OUT/run.log"
