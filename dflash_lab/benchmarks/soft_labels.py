@@ -73,15 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     head = (torch.randn(a.vocab, a.hidden, generator=g) * 0.1).to(device, dtype)  # logit std ~2.4 at H=576
     hidden = torch.randn(1, a.rows, a.hidden, generator=g).to(device, dtype)
+    norm = torch.nn.Identity()  # the hidden rows stand for the final norm's output
     for k in a.k:
-        ours = lambda: top_k_distribution(hidden, torch.nn.Identity(), head, k=k, temperature=a.temperature)  # noqa: E731
+        ours = lambda: top_k_distribution(hidden, norm, head, k=k, temperature=a.temperature)  # noqa: E731
         plain = lambda: plain_top_k(hidden, head, k=k, temperature=a.temperature)  # noqa: E731
         (ids, logp), (ref_ids, ref_logp) = ours(), plain()
         ids, logp = ids.reshape(ref_ids.shape), logp.reshape(ref_logp.shape)
         same_ids = bool(torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values))  # as sets: ties may swap
         err = float((logp.sort(-1).values - ref_logp.sort(-1).values).abs().max())
         for name, fn in (("top_k_distribution", ours), ("plain_fp32", plain)):
-            print(json.dumps({"formulation": name, "k": k, "ms": round(time_ms(fn, repeats=a.repeats, device=device), 3),
+            ms = time_ms(fn, repeats=a.repeats, device=device)
+            print(json.dumps({"formulation": name, "k": k, "ms": round(ms, 3),
                               "rows": a.rows, "hidden": a.hidden, "vocab": a.vocab, "dtype": str(dtype),
                               "temperature": a.temperature, "same_ids": same_ids, "max_logp_diff": err,
                               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -29,8 +29,8 @@ def top_k_distribution(hidden: torch.Tensor, norm: torch.nn.Module, head_weight:
     Chunked over positions (static sizes, so a CUDA graph captures it): the full logits never exist at once. The
     logits stay in the head's dtype, as its matmul writes them: a temperature keeps their order, so the top ids are
     those of the raw logits, and selecting among bf16 values takes half the radix passes of fp32 ones, over half the
-    bytes (in a run's first epoch this selection, not the matmul, was most of what distillation added to the target's
-    time: 27 against 12 ms per batch of 32 x 320 with the top 16 on an H100, 48 ms with the top 64). The normaliser
+    bytes (with fp32 selection distillation took a first-epoch batch of 32 x 320 on an H100 from 12 to 27 ms of
+    target time with the top 16, to 48 ms with the top 64: growing with k, not the head's ~1 ms matmul). The normaliser
     sums exp((logit - max) / T) in fp32 over those exp terms rounded to bf16: within ~1e-3 of the exact one, and the
     training target renormalises over the top k anyway (drafter/step.soft_row_targets), where it cancels."""
     b, S, H = hidden.shape

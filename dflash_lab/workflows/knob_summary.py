@@ -83,7 +83,8 @@ def knob_rows(results_dir: str | Path = "bench/results") -> list[dict]:
         rows, cs = final_rows(data), curves(data)
         out.append({
             "knob": k.name, "folder": k.folder, "arm": k.arm, "baseline": k.baseline, "setting": k.setting,
-            "arm_value": data["configs"][k.arm].get(k.setting), "base_value": data["configs"][k.baseline].get(k.setting),
+            "arm_value": data["configs"][k.arm].get(k.setting),
+            "base_value": data["configs"][k.baseline].get(k.setting),
             "t0": {s: _compare(_tau(rows, k.arm, s, 0.0), _tau(rows, k.baseline, s, 0.0)) for s in SETS},
             "t1": _compare(_tau(rows, k.arm, SETS[0], 1.0), _tau(rows, k.baseline, SETS[0], 1.0)),
             "val_acc": _last_val(cs[k.arm]), "base_val_acc": _last_val(cs[k.baseline]),

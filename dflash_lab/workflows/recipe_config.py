@@ -155,8 +155,8 @@ class RecipeConfig:
     draft_vocab_size: int | None = 16384
     """Draft vocabulary (TrainConfig.draft_vocab_size): the N most frequent supervised ids; None = the full one. At
     10,000 distilled steps on this recipe's data the full 49,152 ids read 3.06 / 2.67 / 2.28 (held-out chitchat /
-    target-written / general, T=0, 64 prompts) against 3.13 / 2.64 / 2.28 with 16,384, at a ~1.4x slower step
-    (one H100, bench/results/2026-12-06-h100-vocab-topk64/)."""
+    target-written / general, T=0, 64 prompts) against 3.13 / 2.64 / 2.28 with 16,384, its step at ~375k tokens/s
+    against 533k for a 16,384-id arm without distillation (one H100, bench/results/2026-12-06-h100-vocab-topk64/)."""
     feature_store_gib: float = 60.0
     """Device memory that keeps each training window's target features for later epochs (TrainConfig.
     feature_store_gib): the ~30k windows of the default data need ~55 GiB in bf16; 0 = recompute. On a GPU with
