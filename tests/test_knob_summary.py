@@ -65,3 +65,18 @@ def test_the_committed_notebook_shows_the_table_and_one_figure():
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
     shown = "\n".join("".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
     assert "3.20 vs 3.00 (+0.19)" in shown and "1.66 vs 1.59 (+0.07)" in shown
+
+
+def test_the_figure_draws_every_arms_checks_against_tokens_and_minutes():
+    fig = knob_summary.knob_figure(REPO / "bench" / "results")
+    axes = fig.axes
+    assert len(axes) == 3 * len(knob_summary.KNOBS)
+    n = len(knob_summary.KNOBS)
+    for col, k in enumerate(knob_summary.KNOBS):
+        acc, tau_tokens, tau_minutes = axes[col], axes[n + col], axes[2 * n + col]
+        assert [line.get_label() for line in acc.get_lines()] == [k.arm, k.baseline]
+        assert all(len(line.get_xdata()) == 10 for line in acc.get_lines())  # a check every 1,000 steps' tokens
+        # two training-time checks per arm, and the final chitchat evaluation at the arm's last step
+        assert len(tau_tokens.containers) == len(tau_minutes.containers) == 2
+        assert [len(c.lines[0].get_xdata()) for c in tau_tokens.containers] == [2, 2]
+        assert tau_tokens.containers[0].lines[0].get_xdata()[-1] == pytest.approx(102.4, rel=1e-3)  # 10k x 32 x 320

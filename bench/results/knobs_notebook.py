@@ -24,11 +24,14 @@ TABLE = """## The table
 `arm vs baseline (delta)` in real tau; ", apart" where the two 95% intervals do not overlap; `n=` where the arm
 decoded fewer prompts than its baseline. Held-out accuracy: the run's validation on held-out chitchat sequences at
 its last check. `recipe now`: the value `RecipeConfig()` and `RecipeConfig.from_preset("long")` train with."""
-CURVES = """## Held-out accuracy against training tokens and against GPU minutes
+CURVES = """## Held-out accuracy and real tau against training tokens and against GPU minutes
 
-Arm solid, baseline dashed. The bottom row is each arm's own GPU minutes as logged in its run: arms that shared the
-GPU with another arm or an evaluation (two arms at a time in the H200 grid, parts of every H100 run) logged slower
-minutes than they would alone, so read speed from the folders' READMEs, not from this row."""
+Arm solid, baseline dashed. Top: held-out accuracy at every validation check. Middle and bottom: real tau at T=0,
+the training-time checks at half and all of the tokens (32 prompts of the held-out chitchat conversations, 95%
+intervals) and the final evaluation on 64 held-out chitchat prompts (hollow square). The bottom row is each arm's
+own GPU minutes as logged in its run: arms that shared the GPU with another arm or an evaluation (two arms at a time
+in the H200 grid, parts of every H100 run) logged slower minutes than they would alone, so read speed from the
+folders' READMEs, not from this row."""
 READING = """## Reading
 
 - **What won**: D-PACE (+0.19 / +0.11 / +0.10, held-out accuracy +0.031), 5 draft layers on a long run (+0.14 / +0.14

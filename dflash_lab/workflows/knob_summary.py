@@ -5,10 +5,10 @@ trains with today.
 One knob changes between an arm and its baseline; the baselines themselves moved as knobs won (decay -> D-PACE ->
 D-PACE with distillation), so each row says which baseline it was measured against. Deltas are real tau at T=0 on
 the three held-out sets (and T=1 with sampled drafts where both arms were evaluated so), with whether the two 95%
-intervals overlap; held-out accuracy is the run's validation at its last check. Curves are drawn against training
-tokens (batch x sequence length x steps: a batch-128 arm and a batch-32 one meet at equal tokens) and against the
-GPU minutes each arm logged in its own run (arms that shared a GPU with another arm or an evaluation logged slower
-minutes; the per-run notebooks say which).
+intervals overlap; held-out accuracy is the run's validation at its last check. Curves (held-out accuracy and real
+tau) are drawn against training tokens (batch x sequence length x steps: a batch-128 arm and a batch-32 one meet at
+equal tokens) and against the GPU minutes each arm logged in its own run (arms that shared a GPU with another arm or
+an evaluation logged slower minutes; the per-run notebooks say which).
 """
 
 from __future__ import annotations
@@ -115,32 +115,45 @@ def knob_markdown(rows: list[dict]) -> str:
 
 
 def knob_figure(results_dir: str | Path = "bench/results"):
-    """One column per knob: held-out accuracy of the arm (solid) and its baseline (dashed) against training tokens
-    (top) and against the GPU minutes each logged in its run (bottom)."""
+    """One column per knob, the arm solid and its baseline dashed: held-out accuracy against training tokens (top),
+    real tau against training tokens (middle) and against the GPU minutes each logged in its run (bottom). Real tau:
+    the training-time checks on the run's held-out chitchat prompts (filled, with intervals) and the final T=0
+    evaluation on held-out chitchat (hollow) at the last step."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(3.2 * len(KNOBS), 6.4), layout="constrained")
-    axes = fig.subplots(2, len(KNOBS), sharey=True)
+    fig = Figure(figsize=(3.2 * len(KNOBS), 9.0), layout="constrained")
+    axes = fig.subplots(3, len(KNOBS), sharey="row")
     loaded = {}
     for col, k in enumerate(KNOBS):
         data = loaded.setdefault(k.folder, load_ab(Path(results_dir) / k.folder))
-        cs = curves(data)
-        for arm, style in ((k.arm, "o-"), (k.baseline, "s--")):
-            cfg = data["configs"][arm]
+        cs, finals = curves(data), final_rows(data)
+        for i, (arm, style) in enumerate(((k.arm, "-"), (k.baseline, "--"))):
+            cfg, color = data["configs"][arm], f"C{i}"
             per_step = cfg["batch_size"] * cfg["seq_len"] / 1e6
             val = [r for r in cs[arm] if r.get("val_acc") is not None]
-            axes[0, col].plot([r["step"] * per_step for r in val], [r["val_acc"] for r in val], style, ms=3,
-                              label=arm)
-            axes[1, col].plot([r["minutes"] for r in val], [r["val_acc"] for r in val], style, ms=3, label=arm)
+            axes[0, col].plot([r["step"] * per_step for r in val], [r["val_acc"] for r in val], "o" + style, ms=3,
+                              color=color, label=arm)
+            checks = [r for r in cs[arm] if r.get("real_tau") is not None]
+            final = _tau(finals, arm, SETS[0], 0.0)
+            for ax, x in ((axes[1, col], lambda r: r["step"] * per_step), (axes[2, col], lambda r: r["minutes"])):
+                ax.errorbar([x(r) for r in checks], [r["real_tau"] for r in checks], fmt="o" + style, ms=3,
+                            color=color, capsize=2, yerr=_yerr(checks))
+                if final is not None:
+                    ax.plot([x(cs[arm][-1])], [final["tau"]], "s", mfc="white", color=color, ms=6)
         axes[0, col].set_title(k.name, fontsize=8)
         axes[0, col].legend(fontsize=7)
-        axes[0, col].set_xlabel("training tokens (M)", fontsize=8)
-        axes[1, col].set_xlabel("GPU minutes in its run", fontsize=8)
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
+        for row, label in enumerate(("training tokens (M)", "training tokens (M)", "GPU minutes in its run")):
+            axes[row, col].set_xlabel(label, fontsize=8)
+            axes[row, col].grid(alpha=0.3)
     axes[0, 0].set_ylabel("held-out accuracy")
-    axes[1, 0].set_ylabel("held-out accuracy")
+    axes[1, 0].set_ylabel("real tau, T=0 (square: final, chitchat)")
+    axes[2, 0].set_ylabel("real tau, T=0")
     return fig
+
+
+def _yerr(checks: list[dict]) -> list[list[float]]:
+    lo = [r["real_tau"] - (r.get("real_tau_low") or r["real_tau"]) for r in checks]
+    return [lo, [(r.get("real_tau_high") or r["real_tau"]) - r["real_tau"] for r in checks]]
 
 
 def knob_png(results_dir: str | Path = "bench/results") -> PngImage:
