@@ -3,10 +3,13 @@
 # training, held-out and prompt files are identical by sha256). Speeds are kept only for rows decoded alone on the
 # GPU: anchors128's T=0 evaluation (call 5) and layers5's second T=0 pass (call 6, chitchat and target-written).
 #   python bench/results/2026-12-06-h100-layers5-anchors128/merge_eval.py
-import io
 import json
+import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_merge import merge_arm_metrics  # noqa: E402  (bench/results/ab_merge.py)
 
 HERE = Path(__file__).resolve().parent
 BASE = HERE.parent / "2026-12-06-h100-distill-t1" / "eval"
@@ -58,12 +61,7 @@ def main() -> None:
                           "alone, and their target-only rows are the T=0 baseline."}, indent=1))
     (out / "ab.json").write_text(json.dumps(ab, indent=1))
     (out / "env.txt").write_text((HERE / "call5-anchors128-eval" / "env.txt").read_text())
-    with tarfile.open(out / "arm-metrics.tgz", "w:gz") as dst:
-        for src in (HERE / "call5-anchors128-eval" / "arm-metrics.tgz", BASE / "arm-metrics.tgz"):
-            with tarfile.open(src) as tgz:
-                for m in tgz.getmembers():
-                    if m.isfile() and (src.parent.name != "eval" or f"-{BASE_ARM}-" in m.name):
-                        dst.addfile(m, io.BytesIO(tgz.extractfile(m).read()))
+    merge_arm_metrics(out / "arm-metrics.tgz", HERE / "call5-anchors128-eval" / "arm-metrics.tgz", BASE / "arm-metrics.tgz", BASE_ARM)
     print(f"{len(rows)} rows, arms {list(arms)} -> {out}")
 
 

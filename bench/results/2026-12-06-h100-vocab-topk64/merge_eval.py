@@ -4,10 +4,13 @@
 # T=0 evaluation ran beside the other arm's training or beside its own T=1 evaluation), so every speed is left out:
 # tau does not depend on what else runs on the GPU, tokens/s and speedups do.
 #   python bench/results/2026-12-06-h100-vocab-topk64/merge_eval.py
-import io
 import json
+import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_merge import merge_arm_metrics  # noqa: E402  (bench/results/ab_merge.py)
 
 HERE = Path(__file__).resolve().parent
 BASE = HERE.parent / "2026-12-06-h100-distill-t1" / "eval"
@@ -45,12 +48,7 @@ def main() -> None:
                           "on that; tokens/s and speedups do)."}, indent=1))
     (out / "ab.json").write_text(json.dumps(ab, indent=1))
     (out / "env.txt").write_text((LAST / "env.txt").read_text())
-    with tarfile.open(out / "arm-metrics.tgz", "w:gz") as dst:
-        for src in (LAST / "arm-metrics.tgz", BASE / "arm-metrics.tgz"):
-            with tarfile.open(src) as tgz:
-                for m in tgz.getmembers():
-                    if m.isfile() and (src.parent.name != "eval" or f"-{BASE_ARM}-" in m.name):
-                        dst.addfile(m, io.BytesIO(tgz.extractfile(m).read()))
+    merge_arm_metrics(out / "arm-metrics.tgz", LAST / "arm-metrics.tgz", BASE / "arm-metrics.tgz", BASE_ARM)
     print(f"{len(rows)} rows, arms {list(ab['arms'])} -> {out}")
 
 
