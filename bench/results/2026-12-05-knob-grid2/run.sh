@@ -17,10 +17,11 @@
 #   bash run.sh data             the chitchat wheel (staged from x3), then the recipe's data phases (recipe_ab.py)
 #   bash run.sh go               the queue: train, resume, evaluate, until the call's time is spent
 #   bash run.sh decode           decode_bench at T=0 and T=1 (sampled drafts) on a random SmolLM2-shaped pair, alone
+#   bash run.sh softlabels       distillation's targets (benchmarks/soft_labels.py): bf16 selection against fp32
 #   bash run.sh pack             every log but run.log into logs.tgz (8 files come back from a call)
 # CALL_T0 (epoch seconds) counts the call's time over several modes run in one call.
 set -u
-MODE=${1:?stage, model, data, go, decode or pack}
+MODE=${1:?stage, model, data, go, decode, softlabels or pack}
 AB=${AB:-"python3 bench/recipe_ab.py"}
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/knob-grid2}
@@ -94,8 +95,9 @@ stage)
   bash bench/smollm2_model.sh stage 2>&1 | tee -a "$OUT/run.log"
   if ls .recipe/x1/pytest-*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .recipe/x1/*.whl || exit 3
-    say "GPU tests: sampled drafts on the static path (graphs against eager), the decoders${GPU_TESTS:+, $GPU_TESTS}"
-    timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_speculative.py ${GPU_TESTS:-} 2>&1 \
+    say "GPU tests: sampled drafts on the static path (graphs against eager), the decoders, distillation's targets${GPU_TESTS:+, $GPU_TESTS}"
+    timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_speculative.py tests/test_distill.py \
+      ${GPU_TESTS:-} 2>&1 \
       | tail -25 \
       | tee -a "$OUT/run.log"
   fi
@@ -156,6 +158,10 @@ decode)  # the decoders' cost at T=0 and T=1 (sampled drafts), random SmolLM2-sh
       --draft-sampling sample --repeats 3 > "$OUT/decode-t$t.jsonl" 2> "$OUT/decode-t$t.log"
     say "decode_bench T=$t rc=$?: $(grep summary "$OUT/decode-t$t.jsonl" | cut -c1-400)"
   done
+  ;;
+softlabels)  # distillation's targets at SmolLM2's head: the bf16 selection against the fp32 formulation, k 16 and 64
+  timeout ${T_SOFT:-120} python3 -m dflash_lab.benchmarks.soft_labels > "$OUT/soft-labels.jsonl" 2> "$OUT/soft-labels.log"
+  say "soft_labels rc=$?: $(cut -c1-120 "$OUT/soft-labels.jsonl" | tr '\n' ' ')"
   ;;
 pack)  # at most 8 files come back: every log but run.log in one archive
   (cd $OUT && ls *.log 2>/dev/null | grep -v '^run.log$' > /tmp/logs.txt && [ -s /tmp/logs.txt ] \
