@@ -298,7 +298,7 @@ def test_a_call_budget_keeps_evaluation_its_time_and_the_next_call_trains(tmp_pa
     for phase in PHASES[:5]:  # the model and the data phases
         getattr(first, phase)()
     first.clock.started -= 200.0  # as if the data had taken 200 s of the call: 400 - 200 - 180 - 60 = -40 s to train
-    room = first.clock.train_room()
+    room = first.clock.train_share()[0]
     assert room == pytest.approx(400 - 200 - 180 - CALL_MARGIN_S, abs=5.0) and room < MIN_TRAIN_S
     tr = first.train()
     assert (tr["status"], tr["steps"], tr["target_steps"]) == ("not started (call budget)", 0, STEPS)

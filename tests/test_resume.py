@@ -330,6 +330,27 @@ def test_a_budget_reserve_goes_to_training_only_when_the_run_cannot_finish_in_th
     assert budget.spent() and not budget.release(1e9)
 
 
+def test_seconds_to_finish_is_the_steps_left_at_the_measured_steady_step_time(tmp_path, data_file):
+    """The estimate the budget's reserve is released on: None while the step time is warming up, then the steps
+    left to config.steps times the steady step time this job measured (its real step times, no simulated clock)."""
+    t = Trainer(_config(tmp_path, data_file, run_name="finish", steps=40), log=lambda *a: None)
+    t.train(steps=2)
+    assert t.throughput.state == "warming_up" and t.seconds_to_finish() is None
+    seen = 0
+    while t.step_count < 39:  # a loaded machine may take longer to settle: check every step until it does
+        t.train(steps=t.step_count + 1)
+        steady = t.throughput.steady_step_time
+        if steady is None:
+            assert t.seconds_to_finish() is None
+        else:
+            assert t.seconds_to_finish() == pytest.approx((40 - t.step_count) * steady)
+            seen += 1
+    assert seen > 0  # it settled within 39 steps
+    t.train()
+    assert t.step_count == 40 and t.seconds_to_finish() == 0.0
+    t.close()
+
+
 def test_a_budget_check_costs_microseconds():
     from dflash_lab.train.stopping import TimeBudget
 

@@ -50,16 +50,12 @@ class CallClock:
             return None
         return steps_left * config["batch_size"] * config["seq_len"] / rate + START_S
 
-    def train_room(self, resumed: Path | None = None) -> float | None:
-        """What the call leaves training now (None: no bound): left less CALL_MARGIN_S, and less evaluation's budget
-        unless `resumed` (the run to continue) cannot finish and be evaluated within the call."""
-        share = self.train_share(resumed)
-        return None if share is None else share[0]
-
     def train_share(self, resumed: Path | None = None) -> tuple[float, float] | None:
-        """(train_room, the evaluation budget it keeps out: 0 or eval_budget_s); None with no bound. The recipe
-        makes the second the training budget's reserve (stopping.TimeBudget): a new run that turns out unable to
-        finish in this call trains on through it, since its evaluation belongs to a later call anyway."""
+        """(what the call leaves training now: left less CALL_MARGIN_S, and less evaluation's budget unless `resumed`,
+        the run to continue, cannot finish and be evaluated within the call; the evaluation budget it keeps out: 0
+        or eval_budget_s); None with no bound. The recipe makes the second the training budget's reserve
+        (stopping.TimeBudget): a new run that turns out unable to finish in this call trains on through it, since its
+        evaluation belongs to a later call anyway."""
         left = self.left()
         if left is None:
             return None
