@@ -179,15 +179,47 @@ def test_f_flex_and_dense_masks_agree(layer_types, window):
     from torch.nn.attention.flex_attention import create_mask
     from dflash_lab.drafter.blocks import flex_mask_mod
 
+    # flex's mask covers the context keys; the dense one's first S columns are the same rule
     mod = flex_mask_mod(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
-    flex_dense = create_mask(mod, 2, None, 4 * B, S + 4 * B, device="cpu")
-    torch.testing.assert_close(flex_dense, dense_mask(anchors, valid, seq_len=S, block_size=B,
-                                                      sliding_window=window))
+    flex_dense = create_mask(mod, 2, None, 4 * B, S, device="cpu")
+    dense = dense_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
+    torch.testing.assert_close(flex_dense, dense[..., :S])
+    seen = 10 if window is None else window - 1  # the anchor slot of anchor 10: positions 0..9, or 10-w+1..9
+    assert int(flex_dense[0, 0, 0].sum()) == seen and int(flex_dense[0, 0, 3 * B:].sum()) == 0  # padding: nothing
     feats = FeatureExtractor(target, dc.target_layer_ids)(ids)
     with torch.no_grad():  # FlexAttention has no backward on CPU: gradients are compared in tests/test_gpu.py
         out_dense = _forward(drafter, target, dc, bb, feats, "sdpa")
         out_flex = _forward(drafter, target, dc, bb, feats, "flex")
-    torch.testing.assert_close(out_flex, out_dense, rtol=1e-4, atol=1e-4)
+    # every row of a real block agrees (padding blocks carry no loss and no row reads them)
+    rows = valid.repeat_interleave(B, dim=1)
+    torch.testing.assert_close(out_flex[rows], out_dense[rows], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_split_in_context_and_own_block_equals_one_dense_attention(causal):
+    """model.attend_blocks (flex's path: the context through a BlockMask, each block's own slots by a batched
+    matmul, merged through both log-sum-exps) against one SDPA over [context | every block] with the dense mask:
+    grouped heads, a block whose anchor is 0 (no context at all: its flex part is empty), sliding layers (causal
+    inside the block, context within the window)."""
+    from dflash_lab.drafter.blocks import flex_block_mask
+    from dflash_lab.drafter.model import attend, attend_blocks
+
+    g = torch.Generator().manual_seed(3)
+    b, h, kvh, d, N = 2, 6, 2, 16, 4
+    anchors = torch.tensor([[0, 7, 19, 30], [3, 11, 12, 0]])
+    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    window = 9 if causal else None
+    q = torch.randn(b, h, N * B, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, kvh, S + N * B, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dense = attend(q, k, v, dense_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window))
+    ctx_mask = flex_block_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
+    split = attend_blocks(q, (k[:, :, :S], v[:, :, :S]), (k[:, :, S:], v[:, :, S:]), ctx_mask, block_size=B,
+                          causal=causal)
+    rows = valid.repeat_interleave(B, dim=1)
+    torch.testing.assert_close(split.transpose(1, 2)[rows], dense.transpose(1, 2)[rows], rtol=1e-5, atol=1e-5)
+    if causal:  # the anchor-0 block sees no context, and its slot 0 (the anchor token) sees only itself
+        own_v = v[0, :, S].repeat_interleave(h // kvh, dim=0)  # (h, d)
+        torch.testing.assert_close(split[0, :, 0], own_v, rtol=1e-6, atol=1e-6)
 
 
 def test_g_layer_id_rule():

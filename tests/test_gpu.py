@@ -101,18 +101,23 @@ def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window):
     d.init_weights(torch.Generator().manual_seed(0))
     d = d.cuda()
     batch = _batch(0).to("cuda")
+    anchors, valid = batch.anchors.clone(), batch.anchor_valid.clone()
+    anchors[0, 0], valid[0, 0] = 0, True  # a block that sees no context (flex's part is empty: lse -inf)
+    anchors[1, -1], valid[1, -1] = 0, False  # a padding block
     feats = torch.randn(2, S, 5 * dc.hidden_size, device="cuda")
     emb = torch.randn(2, N * B, dc.hidden_size, device="cuda")
     ctx = torch.arange(S, device="cuda")[None].expand(2, -1)
+    rows = valid.repeat_interleave(B, dim=1)[..., None]  # padding rows carry no loss (and differ between paths)
     outs, grads = [], []
     for make in (flex_block_mask, dense_mask):
-        masks = {t: make(batch.anchors, batch.anchor_valid, seq_len=S, block_size=B,
+        masks = {t: make(anchors, valid, seq_len=S, block_size=B,
                          sliding_window=window if t == "sliding_attention" else None) for t in set(layer_types)}
         d.zero_grad()
-        h = d(feats, emb, batch.position_ids, ctx, masks)
+        h = d(feats, emb, batch.position_ids, ctx, masks) * rows
         (h.float() * torch.linspace(-1, 1, h.shape[-1], device="cuda")).sum().backward()
         outs.append(h.detach())
         grads.append(torch.cat([p.grad.flatten() for p in d.parameters()]))
+    assert torch.isfinite(grads[0]).all()
     assert torch.allclose(outs[0], outs[1], atol=2e-4, rtol=1e-3), (outs[0] - outs[1]).abs().max()
     assert torch.allclose(grads[0], grads[1], atol=2e-3, rtol=1e-3), (grads[0] - grads[1]).abs().max()
 

@@ -159,40 +159,52 @@ def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_vali
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Attention masks. The same rule, twice: a dense boolean (b, 1, Q, KV) mask for SDPA (CPU, tests) and a
-# FlexAttention BlockMask (GPU). Both say True = may attend.
+# Attention masks. The same rule, twice: a dense boolean (b, 1, Q, KV) mask for SDPA (CPU, tests, decoding) and,
+# for FlexAttention (GPU), a BlockMask over the CONTEXT keys only (b, 1, Q, S): a block's own slots are attended to by
+# one batched matmul beside it (model.attend_blocks), so no key tile is spent on the other blocks' slots. Both say
+# True = may attend.
 # ---------------------------------------------------------------------------------------------------------------
 
-def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-               sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """(b, 1, N*B, S + N*B) bool mask. Memory is O(N*B*(S+N*B)): use for small shapes and tests only.
-    `doc_ids` (b, S), packed: a block sees only context of its anchor's document."""
-    b, N = anchors.shape
-    B, S = block_size, seq_len
+def context_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+                 sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, 1, N*B, S) bool: which context positions each block slot sees (strictly before its anchor; within the
+    window on sliding layers; its anchor's document when packed; nothing for padding blocks)."""
+    N, B, S = anchors.shape[1], block_size, seq_len
     dev = anchors.device
     q_block = torch.arange(N * B, device=dev) // B  # (Q,)
-    q_slot = torch.arange(N * B, device=dev) % B
     p = anchors[:, q_block]  # (b, Q) anchor of each query's block
-    valid = anchor_valid[:, q_block]  # (b, Q)
     kv_ctx = torch.arange(S, device=dev)
     ctx = kv_ctx[None, None, :] < p[:, :, None]  # (b, Q, S): strictly before the anchor
     if doc_ids is not None:
         ctx = ctx & (doc_ids[:, None, :] == doc_ids.gather(1, p)[:, :, None])  # same conversation only
-    kv_block = torch.arange(N * B, device=dev) // B
-    kv_slot = torch.arange(N * B, device=dev) % B
-    own = q_block[:, None] == kv_block[None, :]  # (Q, N*B)
     if sliding_window is not None:
-        q_pos = p + q_slot[None, :]  # (b, Q)
+        q_pos = p + (torch.arange(N * B, device=dev) % B)[None, :]  # (b, Q)
         ctx = ctx & (q_pos[:, :, None] - kv_ctx[None, None, :] < sliding_window)
-        own = own & (kv_slot[None, :] <= q_slot[:, None])  # causal inside the block
-    own = own[None].expand(b, -1, -1)
-    mask = torch.cat([ctx, own], dim=2) & valid[:, :, None]
-    return mask[:, None]  # (b, 1, Q, KV)
+    return (ctx & anchor_valid[:, q_block][:, :, None])[:, None]
+
+
+def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
+               sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, 1, N*B, S + N*B) bool mask: [context_mask | own block]. Memory is O(N*B*(S+N*B)): for small shapes,
+    tests and decoding. `doc_ids` (b, S), packed: a block sees only context of its anchor's document."""
+    b, N = anchors.shape
+    B = block_size
+    dev = anchors.device
+    ctx = context_mask(anchors, anchor_valid, seq_len=seq_len, block_size=B, sliding_window=sliding_window,
+                       doc_ids=doc_ids)[:, 0]
+    q_block = torch.arange(N * B, device=dev) // B
+    slot = torch.arange(N * B, device=dev) % B
+    own = q_block[:, None] == q_block[None, :]  # (Q, N*B)
+    if sliding_window is not None:
+        own = own & (slot[None, :] <= slot[:, None])  # causal inside the block
+    own = own[None] & anchor_valid[:, q_block][:, :, None]
+    return torch.cat([ctx, own], dim=2)[:, None]  # (b, 1, Q, KV)
 
 
 def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                   sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
-    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention, the same rule as `dense_mask`.
+    """mask_mod(b, h, q_idx, kv_idx) over the context keys (kv_idx < seq_len) for FlexAttention: the same rule as
+    `context_mask`.
 
     The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
     layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
@@ -204,30 +216,26 @@ def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len:
     def mask_mod(b, h, q_idx, kv_idx):
         q_block = q_idx // B
         p = anchors[b, q_block]
-        is_ctx = kv_idx < S
-        ctx = is_ctx & (kv_idx < p)
-        if doc_ids is not None:  # kv_idx >= S (block keys) is clamped to a valid index; `is_ctx` drops it anyway
+        ctx = kv_idx < p
+        if doc_ids is not None:  # the kernel pads keys past S: clamp the index, `kv_idx < p` drops those keys
             ctx = ctx & (doc_ids[b, torch.clamp(kv_idx, max=S - 1)] == doc_ids[b, p])
-        kv_block = (kv_idx - S) // B
-        own = (~is_ctx) & (kv_block == q_block)
         if sliding_window is not None:
-            q_pos = p + q_idx % B
-            ctx = ctx & (q_pos - kv_idx < sliding_window)
-            own = own & ((kv_idx - S) % B <= q_idx % B)
-        return (ctx | own) & anchor_valid[b, q_block]
+            ctx = ctx & (p + q_idx % B - kv_idx < sliding_window)
+        return ctx & anchor_valid[b, q_block]
 
     return mask_mod
 
 
 def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                     sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
-    """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452), built from the dense mask.
+    """FlexAttention BlockMask over the context keys, H=None (per-head masks OOM, SpecForge#452), built from the dense
+    context mask.
 
     Never `create_block_mask` uncompiled (it materialises the dense mask per head: 7 GB/step, speculators#731) nor
     compiled (its inductor compile took ~200 s of the first step per GPU on an H200): see block_mask_from_dense.
     """
     kw = dict(seq_len=seq_len, block_size=block_size, sliding_window=sliding_window, doc_ids=doc_ids)
-    return block_mask_from_dense(dense_mask(anchors, anchor_valid, **kw), flex_mask_mod(anchors, anchor_valid, **kw))
+    return block_mask_from_dense(context_mask(anchors, anchor_valid, **kw), flex_mask_mod(anchors, anchor_valid, **kw))
 
 
 def flex_mask_mods(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
@@ -245,16 +253,17 @@ def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_le
                     layer_windows: tuple = (), mask_mods: dict | None = None,
                     doc_ids: torch.Tensor | None = None) -> dict:
     """The drafter's attention masks, one per distinct window (config.window_masks: "full_attention",
-    "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for "flex".
-    The one place masks are built (engine workers and torchrun ranks both call it). `mask_mods`: flex closures to
-    reuse (see flex_mask_mods); by default made over `anchors`. `doc_ids`: packed windows (None = unpacked)."""
+    "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask over the
+    context keys for "flex". The one place masks are built (engine workers and torchrun ranks both call it).
+    `mask_mods`: flex closures to reuse (see flex_mask_mods); by default made over `anchors`. `doc_ids`: packed
+    windows (None = unpacked)."""
     masks = {}
     for key, window in window_masks(layer_types, sliding_window, layer_windows).items():
-        dense = dense_mask(anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window,
-                           doc_ids=doc_ids)
+        kw = dict(seq_len=seq_len, block_size=block_size, sliding_window=window, doc_ids=doc_ids)
         if backend == "sdpa":
-            masks[key] = dense
+            masks[key] = dense_mask(anchors, anchor_valid, **kw)
             continue
+        dense = context_mask(anchors, anchor_valid, **kw)
         mod = mask_mods[key] if mask_mods is not None else flex_mask_mod(
             anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window, doc_ids=doc_ids)
         masks[key] = block_mask_from_dense(dense, mod)

@@ -6,8 +6,10 @@ that enters EVERY draft layer only as extra keys/values, through the same k_proj
 draft stream: no input_layernorm, no Q, no MLP and no residual for the context. Parameter names match the exported
 checkpoint (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, `hidden_norm.weight`, `norm.weight`).
 
-Attention takes either a dense boolean mask (SDPA; CPU and tests) or a FlexAttention BlockMask (GPU); both are
-built in blocks.py. Rows that see nothing (padding blocks) output zeros on both paths.
+Attention takes either a dense boolean mask over [context | draft stream] (SDPA; CPU, tests, decoding) or a
+FlexAttention BlockMask over the context alone (GPU training), with each block's own slots attended to beside it
+(attend_blocks); both masks are built in blocks.py. Rows of padding blocks carry no loss and no other row reads
+them: the dense path outputs zeros there, the flex path what the block's own slots give.
 """
 
 from __future__ import annotations
@@ -67,39 +69,65 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q (b, h, Q, d), k/v (b, kvh, KV, d); mask: dense bool (b, 1, Q, KV) or a FlexAttention BlockMask."""
-    if isinstance(mask, torch.Tensor):
-        # SDPA turns fully-masked rows into NaN: let them see one key, then zero their output ("sees nothing").
-        seen = mask.any(-1, keepdim=True)  # (b, 1, Q, 1)
-        safe = mask | ~seen & (torch.arange(mask.shape[-1], device=mask.device) == 0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, enable_gqa=True)
-        return out * seen.to(out.dtype)
-    return flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q (b, h, Q, d), k/v (b, kvh, KV, d); mask: dense bool (b, 1, Q, KV)."""
+    # SDPA turns fully-masked rows into NaN: let them see one key, then zero their output ("sees nothing").
+    seen = mask.any(-1, keepdim=True)  # (b, 1, Q, 1)
+    safe = mask | ~seen & (torch.arange(mask.shape[-1], device=mask.device) == 0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, enable_gqa=True)
+    return out * seen.to(out.dtype)
+
+
+def attend_blocks(q: torch.Tensor, context_kv: tuple, draft_kv: tuple, context_mask, *, block_size: int,
+                  causal: bool) -> torch.Tensor:
+    """The DFlash attention in two parts merged exactly through their log-sum-exps: FlexAttention over the context
+    keys (context_mask: BlockMask (b, 1, Q, S)) and each block's own B slots as one batched matmul (causal inside
+    the block on sliding layers). One flex call over [context | every block] would spend a key tile of each query
+    tile on slots of other blocks it may not see and evaluate the mask inside it.
+    q (b, h, Q, d); context_kv: (b, kvh, S, d) each; draft_kv: (b, kvh, Q, d) each."""
+    b, h, Q, d = q.shape
+    kvh, B = draft_kv[0].shape[1], block_size
+    o_ctx, lse_ctx = flex_attention(q, *context_kv, block_mask=context_mask, enable_gqa=True, return_lse=True)
+    qb = q.reshape(b, kvh, h // kvh, Q // B, B, d)  # query head j reads key head j // (h / kvh), as GQA does
+    kb, vb = (t.reshape(b, kvh, 1, Q // B, B, d) for t in draft_kv)
+    s = (qb @ kb.transpose(-1, -2)).float() * d ** -0.5  # (b, kvh, h / kvh, N, B, B)
+    if causal:
+        s = s.masked_fill(torch.ones(B, B, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse_own = s.logsumexp(-1)
+    o_own = (torch.exp(s - lse_own[..., None]).to(q.dtype) @ vb).reshape(b, h, Q, d)
+    lse_own = lse_own.reshape(b, h, Q)
+    lse = torch.logaddexp(lse_ctx, lse_own)  # lse_ctx is -inf where a block sees no context (anchor 0, padding)
+    out = o_ctx.float() * torch.exp(lse_ctx - lse)[..., None] + o_own.float() * torch.exp(lse_own - lse)[..., None]
+    return out.to(q.dtype)
 
 
 _flex = None
 
 
-def flex_attention(q, k, v, *, block_mask, enable_gqa):
-    """FlexAttention, compiled once per process on CUDA (uncompiled flex is a slow reference implementation)."""
+def flex_attention(q, k, v, *, block_mask, enable_gqa, return_lse: bool = False):
+    """FlexAttention, compiled once per process on CUDA (uncompiled flex is a slow reference implementation).
+    return_lse: also the rows' natural-log log-sum-exp (b, h, Q), differentiable."""
     global _flex
-    from torch.nn.attention.flex_attention import flex_attention as _flex_eager
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention as _flex_eager
 
+    aux = AuxRequest(lse=True) if return_lse else None
     if q.device.type != "cuda":
-        return _flex_eager(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-    if _flex is None:
-        _flex = torch.compile(_flex_eager, dynamic=False)
-    return _flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+        out = _flex_eager(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, return_aux=aux)
+    else:
+        if _flex is None:
+            _flex = torch.compile(_flex_eager, dynamic=False)
+        out = _flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, return_aux=aux)
+    return (out[0], out[1].lse) if return_lse else out
 
 
 class DFlashAttention(nn.Module):
     """GQA attention whose keys/values are [context | draft stream]; queries come from the draft stream only."""
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: DrafterConfig, causal_in_block: bool = False):
         super().__init__()
         H, nh, nkv, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = nh, nkv, d
+        self.block_size, self.causal_in_block = config.block_size, causal_in_block  # sliding layers: causal
         self.q_proj = nn.Linear(H, nh * d, bias=False)
         self.k_proj = nn.Linear(H, nkv * d, bias=False)
         self.v_proj = nn.Linear(H, nkv * d, bias=False)
@@ -122,9 +150,13 @@ class DFlashAttention(nn.Module):
         k_draft, v_draft = self.project_kv(hidden, *draft_rope)
         if context_kv is None:
             context_kv = self.project_kv(context, *context_rope)  # same k_proj/v_proj as the draft stream
-        k = torch.cat([context_kv[0], k_draft], dim=2)  # (b, kvh, S + Q, d)
-        v = torch.cat([context_kv[1], v_draft], dim=2)
-        out = attend(q, k, v, mask)  # (b, h, Q, d)
+        if isinstance(mask, torch.Tensor):  # dense: one attention over [context | draft stream]
+            k = torch.cat([context_kv[0], k_draft], dim=2)  # (b, kvh, S + Q, d)
+            v = torch.cat([context_kv[1], v_draft], dim=2)
+            out = attend(q, k, v, mask)  # (b, h, Q, d)
+        else:  # flex: the context through the BlockMask, each block's own slots beside it
+            out = attend_blocks(q, context_kv, (k_draft, v_draft), mask, block_size=self.block_size,
+                                causal=self.causal_in_block)
         return self.o_proj(out.transpose(1, 2).reshape(b, Q, -1))
 
 
@@ -146,7 +178,7 @@ class DFlashDecoderLayer(nn.Module):
         # Which mask this layer reads: one per distinct window, built outside the (compiled, captured) step, so a
         # window is data of the mask, never a per-layer Python value dynamo would specialise on.
         self.mask_key = config.mask_keys[layer_idx]
-        self.self_attn = DFlashAttention(config)
+        self.self_attn = DFlashAttention(config, causal_in_block=config.windows[layer_idx] is not None)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

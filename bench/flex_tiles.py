@@ -1,0 +1,156 @@
+"""The drafter's attention alone (forward + backward), at the recipe shape and the paper shape, in the ways the
+block mask and the flex kernel can be tiled: where do the ~6 ms of flex attention in the compiled batch-32 step go?
+
+    python bench/flex_tiles.py [--shape recipe|paper] [--variants base full b64 q64 autotune sdpa] > flex.jsonl
+
+Variants (every one over the same q/k/v and anchors; `max_abs_diff`, `dq_diff`... against `base`'s output and
+gradients):
+  base      the engine's path: the BlockMask from the dense mask in 128 x 128 tiles, flex compiled with defaults
+  full      the same tiles, but every partial tile passed as full: no mask_mod evaluated (WRONG output on purpose,
+            the time a mask-free kernel would take over the same tiles: the ceiling of any cheaper mask)
+  b64       64 x 64 tiles (fewer keys per query row: a query tile holds 4 blocks, not 8)
+  q64       64-row query tiles, 128-column key tiles
+  autotune  base's tiles, flex compiled with mode="max-autotune-no-cudagraphs" (inductor picks among its configs)
+  sdpa      the dense bool mask through scaled_dot_product_attention (the "sdpa" backend)
+  split     the library's flex path (model.attend_blocks): flex over the context keys only (tiles wholly below a
+            query tile's first anchor are full) and each block's 16 x 16 scores as one batched matmul, merged
+            through both parts' log-sum-exp; no key tile is spent on other blocks' slots. Eager around the
+            compiled flex kernel, as in the default engine (CUDA graphs, compile_drafter=False)
+  split-compiled  the same under torch.compile (compile_drafter=True fuses the matmul part's elementwise ops)
+One JSON line per variant: fwd_ms, fwd_bwd_ms (median of --repeats, CUDA events), tiles visited, error if it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dflash_lab.drafter.blocks import dense_mask, flex_block_mask, sample_anchors  # noqa: E402
+from dflash_lab.benchmarks.soft_labels import time_ms  # noqa: E402
+from dflash_lab.drafter.model import attend_blocks  # noqa: E402
+
+SHAPES = {  # batch, heads, kv heads, head dim, seq len, anchors, block
+    "recipe": dict(b=32, h=9, kvh=3, d=64, S=320, N=64, B=16),  # SmolLM2-135M drafter, 3 layers' one layer
+    "paper": dict(b=1, h=32, kvh=8, d=128, S=3072, N=512, B=16),  # Qwen3-8B drafter
+}
+
+
+def block_mask(dense: torch.Tensor, mod, q_block: int, kv_block: int, *, all_full: bool = False):
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, h, Q, KV = dense.shape
+    pq, pk = (-Q) % q_block, (-KV) % kv_block
+    dense = F.pad(dense, (0, pk, 0, pq), value=False)
+    tiles = dense.view(b, h, (Q + pq) // q_block, q_block, (KV + pk) // kv_block, kv_block)
+    full = tiles.all(dim=5).all(dim=3)
+    partial = tiles.any(dim=5).any(dim=3) & ~full
+    if all_full:
+        full, partial = full | partial, torch.zeros_like(partial)
+
+    def ordered(m):
+        return m.sum(-1, dtype=torch.int32), torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(q_block, kv_block),
+                                  mask_mod=mod, seq_lengths=(Q, KV))
+    return bm, {"partial_tiles": int(partial.sum()), "full_tiles": int(full.sum()), "all_tiles": partial.numel()}
+
+
+def full_mask_mod(anchors, valid, *, S: int, B: int):
+    """The rule over [context | every block's slots] in one mask (the formulation before attend_blocks)."""
+
+    def mod(b, h, q_idx, kv_idx):
+        q_block = q_idx // B
+        ctx = (kv_idx < S) & (kv_idx < anchors[b, q_block])
+        own = (kv_idx >= S) & ((kv_idx - S) // B == q_block)
+        return (ctx | own) & valid[b, q_block]
+
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="recipe", choices=sorted(SHAPES))
+    ap.add_argument("--variants", nargs="+",
+                    default=["base", "full", "split", "split-compiled", "b64", "q64", "autotune", "sdpa"])
+    ap.add_argument("--repeats", type=int, default=20)
+    a = ap.parse_args(argv)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    dev = torch.device("cuda")
+    s = SHAPES[a.shape]
+    b, h, kvh, d, S, N, B = (s[k] for k in ("b", "h", "kvh", "d", "S", "N", "B"))
+    g = torch.Generator().manual_seed(0)
+    loss_mask = torch.zeros(b, S, dtype=torch.bool)
+    starts = torch.randint(S // 8, S // 3, (b,), generator=g)  # a prompt, then the supervised answer
+    for i in range(b):
+        loss_mask[i, starts[i]:] = True
+    anchors, valid = sample_anchors(loss_mask, N, g)
+    anchors, valid = anchors.to(dev), valid.to(dev)
+    Q, KV = N * B, S + N * B
+    q = torch.randn(b, h, Q, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+    k = torch.randn(b, kvh, KV, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+    v = torch.randn(b, kvh, KV, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+    go = torch.randn(b, h, Q, d, generator=g).to(dev, torch.bfloat16)
+    dense = dense_mask(anchors, valid, seq_len=S, block_size=B)
+    mod = full_mask_mod(anchors, valid, S=S, B=B)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    ref = None
+    for name in a.variants:
+        row = {"variant": name, "shape": a.shape, **s, "device": torch.cuda.get_device_name(dev),
+               "torch": torch.__version__}
+        try:
+            t0 = time.perf_counter()
+            if name == "sdpa":
+                seen = dense.any(-1, keepdim=True)
+                safe = dense | ~seen & (torch.arange(KV, device=dev) == 0)
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=safe, enable_gqa=True)  # noqa: E731
+            elif name in ("split", "split-compiled"):  # the library's path (model.attend_blocks)
+                bm = flex_block_mask(anchors, valid, seq_len=S, block_size=B)
+                row.update(tiles=[128, 128], partial_tiles=int(bm.kv_num_blocks.sum()),
+                           full_tiles=int(bm.full_kv_num_blocks.sum()))
+                split = (torch.compile(attend_blocks, dynamic=False) if name == "split-compiled" else attend_blocks)
+                fn = lambda: split(q, (k[:, :, :S], v[:, :, :S]), (k[:, :, S:], v[:, :, S:]), bm,  # noqa: E731
+                                   block_size=B, causal=False)
+            else:
+                tiles = {"b64": (64, 64), "q64": (64, 128)}.get(name, (128, 128))
+                bm, counts = block_mask(dense, mod, *tiles, all_full=name == "full")
+                row.update(counts, tiles=list(tiles))
+                opts = {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]} if name in ("b64", "q64") else None
+                flex = (torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs")
+                        if name == "autotune" else compiled)
+                fn = lambda: flex(q, k, v, block_mask=bm, enable_gqa=True, kernel_options=opts)  # noqa: E731,B023
+            out = fn()
+            out.backward(go)
+            torch.cuda.synchronize()
+            row["first_call_s"] = round(time.perf_counter() - t0, 1)
+            with torch.no_grad():
+                row["fwd_ms"] = round(time_ms(fn, repeats=a.repeats, device=dev), 3)
+
+            def fwd_bwd():
+                q.grad = k.grad = v.grad = None
+                fn().backward(go)
+
+            row["fwd_bwd_ms"] = round(time_ms(fwd_bwd, repeats=a.repeats, device=dev), 3)
+            fwd_bwd()
+            got = [fn().detach().float()] + [t.grad.float() for t in (q, k, v)]
+            if ref is None:
+                ref = got
+            for key, x, y in zip(("max_abs_diff", "dq_diff", "dk_diff", "dv_diff"), got, ref):
+                row[key] = float((x - y).abs().max())
+        except Exception as exc:  # one variant's failure (a kernel option inductor refuses) leaves the others
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
