@@ -26,10 +26,10 @@ entry() {  # label, PYTHONPATH, timeout, extra args
 }
 case "${1:?A, B, C or AB}" in
 AB)  # what matters most, in one call (carry [".recipe/x1", ".recipe/old"]): tests, the attention alone, the step
-  T_TESTS=150 T_FLEX=90 T_FLEXP=70 T_SOFT=45 VARIANTS="base split split-compiled" bash $0 A
+  T_TESTS=120 T_FLEX=80 T_FLEXP=55 T_SOFT=40 VARIANTS="base split split-compiled" PVARIANTS="base split" bash $0 A
   old_tree
-  entry old-b3dfbd1-compiled /tmp/old 100 --compile-drafter true --feature-store-gib 4 --steps 120 --warmup 30
-  entry new-compiled $PWD 110 --compile-drafter true --feature-store-gib 4 --steps 125 --warmup 30 --profile-steps 5
+  entry old-b3dfbd1-compiled /tmp/old 95 --compile-drafter true --feature-store-gib 4 --steps 100 --warmup 25
+  entry new-compiled $PWD 105 --compile-drafter true --feature-store-gib 4 --steps 105 --warmup 25 --profile-steps 5
   B_SUMMARY=1 bash $0 B
   ;;
 A)
@@ -42,7 +42,7 @@ A)
   timeout ${T_FLEX:-130} python3 bench/flex_tiles.py --shape recipe --variants ${VARIANTS:-base full split split-compiled b64 sdpa} \
     > "$OUT/flex-recipe.jsonl" 2> "$OUT/flex-recipe.log"
   say flex_recipe "rc=$?"
-  timeout ${T_FLEXP:-100} python3 bench/flex_tiles.py --shape paper --variants base split split-compiled \
+  timeout ${T_FLEXP:-100} python3 bench/flex_tiles.py --shape paper --variants ${PVARIANTS:-base split split-compiled} \
     > "$OUT/flex-paper.jsonl" 2> "$OUT/flex-paper.log"
   say flex_paper "rc=$?"
   timeout ${T_SOFT:-60} python3 -m dflash_lab.benchmarks.soft_labels > "$OUT/soft-labels.jsonl" 2> "$OUT/soft-labels.log"
