@@ -26,10 +26,10 @@ entry() {  # label, PYTHONPATH, timeout, extra args
 }
 case "${1:?A, B, C or AB}" in
 AB)  # what matters most, in one call (carry [".recipe/x1", ".recipe/old"]): tests, the attention alone, the step
-  T_TESTS=100 T_FLEX=70 T_FLEXP=45 T_SOFT=35 VARIANTS="base split split-compiled" PVARIANTS="base split" bash $0 A
+  T_TESTS=90 T_FLEX=65 T_FLEXP=40 T_SOFT=30 VARIANTS="base split split-compiled" PVARIANTS="base split" bash $0 A
   old_tree
-  entry old-b3dfbd1-compiled /tmp/old 85 --compile-drafter true --feature-store-gib 4 --steps 100 --warmup 25
-  entry new-compiled $PWD 95 --compile-drafter true --feature-store-gib 4 --steps 105 --warmup 25 --profile-steps 5
+  entry old-b3dfbd1-compiled /tmp/old 80 --compile-drafter true --feature-store-gib 4 --steps 100 --warmup 25
+  entry new-compiled $PWD 88 --compile-drafter true --feature-store-gib 4 --steps 105 --warmup 25 --profile-steps 5
   B_SUMMARY=1 bash $0 B
   ;;
 A)
