@@ -1,22 +1,25 @@
-"""The drafter's attention alone (forward + backward), at the recipe shape and the paper shape, in the ways the
-block mask and the flex kernel can be tiled: where do the ~6 ms of flex attention in the compiled batch-32 step go?
+"""The drafter's attention alone (forward + backward, one layer), at the recipe shape and the paper shape, in the
+ways the block mask and the flex kernel can be tiled: where did the ~6 ms of flex attention of the compiled batch-32
+step go (bench/results/2026-12-06-h100-flex-split/)?
 
-    python bench/flex_tiles.py [--shape recipe|paper] [--variants base full b64 q64 autotune sdpa] > flex.jsonl
+    python bench/flex_tiles.py [--shape recipe|paper] [--variants base split split-compiled ...] > flex.jsonl
 
 Variants (every one over the same q/k/v and anchors; `max_abs_diff`, `dq_diff`... against `base`'s output and
 gradients):
-  base      the engine's path: the BlockMask from the dense mask in 128 x 128 tiles, flex compiled with defaults
+  base      one flex call over [context | every block's slots]: the BlockMask from the dense mask in 128 x 128
+            tiles, flex compiled with defaults (the engine's path before the split; long windows' path still)
   full      the same tiles, but every partial tile passed as full: no mask_mod evaluated (WRONG output on purpose,
             the time a mask-free kernel would take over the same tiles: the ceiling of any cheaper mask)
   b64       64 x 64 tiles (fewer keys per query row: a query tile holds 4 blocks, not 8)
   q64       64-row query tiles, 128-column key tiles
   autotune  base's tiles, flex compiled with mode="max-autotune-no-cudagraphs" (inductor picks among its configs)
   sdpa      the dense bool mask through scaled_dot_product_attention (the "sdpa" backend)
-  split     the library's flex path (model.attend_blocks): flex over the context keys only (tiles wholly below a
-            query tile's first anchor are full) and each block's 16 x 16 scores as one batched matmul, merged
-            through both parts' log-sum-exp; no key tile is spent on other blocks' slots. Eager around the
-            compiled flex kernel, as in the default engine (CUDA graphs, compile_drafter=False)
-  split-compiled  the same under torch.compile (compile_drafter=True fuses the matmul part's elementwise ops)
+  split     the split formulation eager around the compiled flex kernel (model._attend_blocks_eager): flex over
+            the context keys only (tiles wholly below a query tile's first anchor are full) and each block's
+            16 x 16 scores as one batched matmul, merged through both parts' log-sum-exp; no key tile is spent
+            on other blocks' slots
+  split-compiled  the library's path (model.attend_blocks: the same compiled as one function on CUDA, as the
+            engine runs it with or without compile_drafter)
 One JSON line per variant: fwd_ms, fwd_bwd_ms (median of --repeats, CUDA events), tiles visited, error if it failed.
 """
 
@@ -32,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dflash_lab.drafter.blocks import dense_mask, flex_block_mask, sample_anchors  # noqa: E402
+from dflash_lab.drafter.blocks import dense_mask, flex_block_mask, flex_mask_mod, sample_anchors  # noqa: E402
 from dflash_lab.benchmarks.soft_labels import time_ms  # noqa: E402
-from dflash_lab.drafter.model import attend_blocks  # noqa: E402
+from dflash_lab.drafter.model import _attend_blocks_eager, attend_blocks  # noqa: E402
 
 SHAPES = {  # batch, heads, kv heads, head dim, seq len, anchors, block
     "recipe": dict(b=32, h=9, kvh=3, d=64, S=320, N=64, B=16),  # SmolLM2-135M drafter, 3 layers' one layer
@@ -64,18 +67,6 @@ def block_mask(dense: torch.Tensor, mod, q_block: int, kv_block: int, *, all_ful
     return bm, {"partial_tiles": int(partial.sum()), "full_tiles": int(full.sum()), "all_tiles": partial.numel()}
 
 
-def full_mask_mod(anchors, valid, *, S: int, B: int):
-    """The rule over [context | every block's slots] in one mask (the formulation before attend_blocks)."""
-
-    def mod(b, h, q_idx, kv_idx):
-        q_block = q_idx // B
-        ctx = (kv_idx < S) & (kv_idx < anchors[b, q_block])
-        own = (kv_idx >= S) & ((kv_idx - S) // B == q_block)
-        return (ctx | own) & valid[b, q_block]
-
-    return mod
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="recipe", choices=sorted(SHAPES))
@@ -101,7 +92,7 @@ def main(argv=None) -> int:
     v = torch.randn(b, kvh, KV, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
     go = torch.randn(b, h, Q, d, generator=g).to(dev, torch.bfloat16)
     dense = dense_mask(anchors, valid, seq_len=S, block_size=B)
-    mod = full_mask_mod(anchors, valid, S=S, B=B)
+    mod = flex_mask_mod(anchors, valid, seq_len=S, block_size=B, context_only=False)  # [context | blocks]
     compiled = torch.compile(flex_attention, dynamic=False)
     ref = None
     for name in a.variants:
@@ -113,11 +104,11 @@ def main(argv=None) -> int:
                 seen = dense.any(-1, keepdim=True)
                 safe = dense | ~seen & (torch.arange(KV, device=dev) == 0)
                 fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=safe, enable_gqa=True)  # noqa: E731
-            elif name in ("split", "split-compiled"):  # the library's path (model.attend_blocks)
-                bm = flex_block_mask(anchors, valid, seq_len=S, block_size=B)
+            elif name in ("split", "split-compiled"):
+                bm = flex_block_mask(anchors, valid, seq_len=S, block_size=B, context_only=True)
                 row.update(tiles=[128, 128], partial_tiles=int(bm.kv_num_blocks.sum()),
                            full_tiles=int(bm.full_kv_num_blocks.sum()))
-                split = (torch.compile(attend_blocks, dynamic=False) if name == "split-compiled" else attend_blocks)
+                split = attend_blocks if name == "split-compiled" else _attend_blocks_eager
                 fn = lambda: split(q, (k[:, :, :S], v[:, :, :S]), (k[:, :, S:], v[:, :, S:]), bm,  # noqa: E731
                                    block_size=B, causal=False)
             else:

@@ -89,6 +89,33 @@ def test_window_is_data_one_flex_compile_for_every_window():
     assert sum(counters["graph_break"].values()) == 0
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_attention_traces_whole_and_equals_the_dense_one(causal):
+    """The split attention as a compiled drafter (or its own compile on CUDA) runs it: dynamo traces it as one graph
+    (flex with its log-sum-exp, the blocks' own scores, the merge), and the traced function equals one dense
+    attention over [context | blocks] on every row of a real block."""
+    from torch._dynamo.utils import counters
+
+    from dflash_lab.drafter.model import _attend_blocks_eager, attend
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(1)
+    anchors, valid = torch.tensor([[0, 20, 40, 50]]), torch.tensor([[True, True, True, False]])
+    window = 12 if causal else None
+    q = torch.randn(1, 4, N * B, 16, generator=g)
+    k, v = (torch.randn(1, 2, S + N * B, 16, generator=g) for _ in range(2))
+    mask = flex_block_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
+    assert mask.seq_lengths == (N * B, S)  # a window this short takes the split
+    with torch.no_grad():  # FlexAttention has no backward on CPU
+        fn = torch.compile(_attend_blocks_eager, backend="eager", fullgraph=True)
+        out = fn(q, (k[:, :, :S], v[:, :, :S]), (k[:, :, S:], v[:, :, S:]), mask, block_size=B, causal=causal)
+        ref = attend(q, k, v, dense_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window))
+    assert counters["stats"]["unique_graphs"] == 1 and sum(counters["graph_break"].values()) == 0
+    rows = valid.repeat_interleave(B, dim=1)[0]
+    torch.testing.assert_close(out[:, :, rows], ref[:, :, rows], rtol=1e-4, atol=1e-4)
+
+
 def test_masks_differ_per_window_and_keys_follow_the_config(target):
     dc = _dc(target)
     assert dc.windows == WINDOWS

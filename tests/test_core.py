@@ -169,29 +169,36 @@ def test_e_padding_blocks_carry_no_loss_and_see_nothing():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("layer_types,window", [((), None), (("sliding_attention", "full_attention"), 5)])
-def test_f_flex_and_dense_masks_agree(layer_types, window):
+def test_f_flex_and_dense_masks_agree(layer_types, window, split, monkeypatch):
+    """Both flex formulations (the context alone + each block's own slots beside it, as short windows run; one
+    call over [context | blocks], as long windows run) against the dense mask, mask and drafter output."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from dflash_lab.drafter import blocks
+    from dflash_lab.drafter.blocks import flex_mask_mod
+
+    monkeypatch.setattr(blocks, "SPLIT_MAX_SEQ_LEN", S if split else S - 1)
     target, dc, drafter, ids, lm = _setup(layer_types=layer_types, window=window)
     anchors = torch.tensor([[10, 13, 16, 0], [9, 12, 20, 21]])
     valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
     bb = _batch(ids, lm, anchors, valid)
-    # The masks themselves, element by element.
-    from torch.nn.attention.flex_attention import create_mask
-    from dflash_lab.drafter.blocks import flex_mask_mod
-
-    # flex's mask covers the context keys; the dense one's first S columns are the same rule
+    # The masks themselves, element by element: the split's covers the context keys, the dense mask's first S
     mod = flex_mask_mod(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
-    flex_dense = create_mask(mod, 2, None, 4 * B, S, device="cpu")
+    keys = S if split else S + 4 * B
+    flex_dense = create_mask(mod, 2, None, 4 * B, keys, device="cpu")
     dense = dense_mask(anchors, valid, seq_len=S, block_size=B, sliding_window=window)
-    torch.testing.assert_close(flex_dense, dense[..., :S])
+    torch.testing.assert_close(flex_dense, dense[..., :keys])
     seen = 10 if window is None else window - 1  # the anchor slot of anchor 10: positions 0..9, or 10-w+1..9
-    assert int(flex_dense[0, 0, 0].sum()) == seen and int(flex_dense[0, 0, 3 * B:].sum()) == 0  # padding: nothing
+    assert int(flex_dense[0, 0, 0, :S].sum()) == seen and int(flex_dense[0, 0, 3 * B:].sum()) == 0  # padding
     feats = FeatureExtractor(target, dc.target_layer_ids)(ids)
     with torch.no_grad():  # FlexAttention has no backward on CPU: gradients are compared in tests/test_gpu.py
         out_dense = _forward(drafter, target, dc, bb, feats, "sdpa")
         out_flex = _forward(drafter, target, dc, bb, feats, "flex")
-    # every row of a real block agrees (padding blocks carry no loss and no row reads them)
-    rows = valid.repeat_interleave(B, dim=1)
+    # every row of a real block agrees; padding blocks carry no loss and no row reads them (zeros on the single
+    # call as on the dense path; the split's show what their own slots give)
+    rows = valid.repeat_interleave(B, dim=1) | (not split)
     torch.testing.assert_close(out_flex[rows], out_dense[rows], rtol=1e-4, atol=1e-4)
 
 

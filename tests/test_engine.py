@@ -132,19 +132,21 @@ def test_compile_drafter_runs_in_worker_threads_and_counts_graphs(target):
     assert m["compiled_graphs"] >= 1 and m["recompiles_after_first_step"] == 0 and m["graph_breaks"] >= 0
 
 
+@pytest.mark.parametrize("context_only", [True, False])
 @pytest.mark.parametrize("seq_len,window", [(256, None), (200, None), (256, 96)])
-def test_block_mask_from_dense_equals_create_block_mask(seq_len, window):
+def test_block_mask_from_dense_equals_create_block_mask(seq_len, window, context_only):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from dflash_lab.drafter.blocks import block_mask_from_dense, context_mask, flex_mask_mod
+    from dflash_lab.drafter.blocks import block_mask_from_dense, context_mask, dense_mask, flex_mask_mod
 
     batch = synthetic_batch(0, batch_size=2, seq_len=seq_len, num_anchors=12, block_size=16, vocab_size=256,
                             mask_token_id=255, gamma=7.0)
     a, v = batch.anchors, batch.anchor_valid
-    mod = flex_mask_mod(a, v, seq_len=seq_len, block_size=16, sliding_window=window)
-    Q, KV = 12 * 16, seq_len  # flex attends to the context keys (the blocks' own slots: model.attend_blocks)
+    mod = flex_mask_mod(a, v, seq_len=seq_len, block_size=16, sliding_window=window, context_only=context_only)
+    Q, KV = 12 * 16, seq_len + (0 if context_only else 12 * 16)  # the context alone, or [context | blocks]
     ref = create_block_mask(mod, B=2, H=None, Q_LEN=Q, KV_LEN=KV, device="cpu")
-    ours = block_mask_from_dense(context_mask(a, v, seq_len=seq_len, block_size=16, sliding_window=window), mod)
+    dense = (context_mask if context_only else dense_mask)(a, v, seq_len=seq_len, block_size=16, sliding_window=window)
+    ours = block_mask_from_dense(dense, mod)
     for k in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
         assert torch.equal(getattr(ours, k), getattr(ref, k)), k
     n = ref.kv_num_blocks.max()

@@ -87,11 +87,17 @@ def test_graph_wrapper_falls_back_eagerly_and_says_why():
     engine.shutdown()
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("layer_types,window", [(("full_attention",) * 2, None),
                                                 (("sliding_attention", "full_attention"), 96)])
-def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window):
+def test_flex_and_dense_masks_agree_forward_and_gradients(layer_types, window, split, monkeypatch):
+    """Both flex formulations (the context alone + each block's own slots, and one call over [context | blocks])
+    against the dense mask, forward and every parameter's gradient."""
+    from dflash_lab.drafter import blocks
     from dflash_lab.drafter.blocks import dense_mask, flex_block_mask
     from dflash_lab.drafter.model import DFlashDrafter
+
+    monkeypatch.setattr(blocks, "SPLIT_MAX_SEQ_LEN", S if split else S - 1)
 
     tc = load_target_config("bench:tiny")
     dc = DrafterConfig.from_target(tc, num_draft_layers=2, block_size=B, mask_token_id=1023, layer_types=layer_types,

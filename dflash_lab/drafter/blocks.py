@@ -159,11 +159,23 @@ def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_vali
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Attention masks. The same rule, twice: a dense boolean (b, 1, Q, KV) mask for SDPA (CPU, tests, decoding) and,
-# for FlexAttention (GPU), a BlockMask over the CONTEXT keys only (b, 1, Q, S): a block's own slots are attended to by
-# one batched matmul beside it (model.attend_blocks), so no key tile is spent on the other blocks' slots. Both say
-# True = may attend.
+# Attention masks. The same rule, twice: a dense boolean (b, 1, Q, KV) mask for SDPA (CPU, tests, decoding) and a
+# FlexAttention BlockMask (GPU). Both say True = may attend. Flex has two formulations, told apart by the mask's key
+# length (model.DFlashAttention): one call over [context | every block's slots], or the context alone with each
+# block's own slots attended to beside it by one batched matmul (model.attend_blocks). The split pays where a query
+# tile's context is a few key tiles against the 1-2 tiles of block slots the single call spends, most of them on
+# blocks the tile may not see. Measured on one H100 (bench/results/2026-12-06-h100-flex-split/): at seq 320 (the
+# recipe) the attention took 1.65 against 2.18 ms a layer (forward + backward) and the compiled step 17.8 against
+# 20.6 ms; at seq 3072 (the paper shape) 4.07 against 3.50 ms, so long windows keep the single call. Where between
+# the two the break-even lies is not measured.
 # ---------------------------------------------------------------------------------------------------------------
+SPLIT_MAX_SEQ_LEN = 1024
+
+
+def splits_context(seq_len: int) -> bool:
+    """Whether flex attends to the context alone (and the blocks' own slots beside it) at this window length."""
+    return seq_len <= SPLIT_MAX_SEQ_LEN
+
 
 def context_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
                  sliding_window: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,40 +214,51 @@ def dense_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: in
 
 
 def flex_mask_mod(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                  sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
-    """mask_mod(b, h, q_idx, kv_idx) over the context keys (kv_idx < seq_len) for FlexAttention: the same rule as
-    `context_mask`.
+                  sliding_window: int | None = None, doc_ids: torch.Tensor | None = None,
+                  context_only: bool | None = None):
+    """mask_mod(b, h, q_idx, kv_idx) for FlexAttention: the rule of `dense_mask` over [context | blocks], or with
+    `context_only` that of `context_mask` (kv_idx < seq_len). None: as `splits_context(seq_len)` decides.
 
     The window is a 0-d tensor the closure reads (data), not a Python int baked into the kernel: every sliding
     layer's mask_mod is then the same code over same-shaped tensors, so the compiled flex kernel is built once for
     all windows instead of once per distinct window (the recompiles of a per-layer window value)."""
     S, B = seq_len, block_size
+    context_only = splits_context(seq_len) if context_only is None else context_only
     if sliding_window is not None:
         sliding_window = torch.tensor(sliding_window, device=anchors.device, dtype=torch.long)
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_block = q_idx // B
         p = anchors[b, q_block]
-        ctx = kv_idx < p
-        if doc_ids is not None:  # the kernel pads keys past S: clamp the index, `kv_idx < p` drops those keys
+        is_ctx = kv_idx < S
+        ctx = is_ctx & (kv_idx < p)
+        if doc_ids is not None:  # block keys and the kernel's padding past S: clamped, `kv_idx < p` drops them
             ctx = ctx & (doc_ids[b, torch.clamp(kv_idx, max=S - 1)] == doc_ids[b, p])
         if sliding_window is not None:
             ctx = ctx & (p + q_idx % B - kv_idx < sliding_window)
-        return ctx & anchor_valid[b, q_block]
+        if context_only:
+            return ctx & anchor_valid[b, q_block]
+        own = (~is_ctx) & ((kv_idx - S) // B == q_block)
+        if sliding_window is not None:
+            own = own & ((kv_idx - S) % B <= q_idx % B)  # causal inside the block
+        return (ctx | own) & anchor_valid[b, q_block]
 
     return mask_mod
 
 
 def flex_block_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
-                    sliding_window: int | None = None, doc_ids: torch.Tensor | None = None):
-    """FlexAttention BlockMask over the context keys, H=None (per-head masks OOM, SpecForge#452), built from the dense
-    context mask.
+                    sliding_window: int | None = None, doc_ids: torch.Tensor | None = None,
+                    context_only: bool | None = None):
+    """FlexAttention BlockMask with H=None (per-head masks OOM, SpecForge#452), built from the dense mask: over the
+    context keys where `context_only` (None: `splits_context(seq_len)`), else over [context | blocks].
 
     Never `create_block_mask` uncompiled (it materialises the dense mask per head: 7 GB/step, speculators#731) nor
     compiled (its inductor compile took ~200 s of the first step per GPU on an H200): see block_mask_from_dense.
     """
+    context_only = splits_context(seq_len) if context_only is None else context_only
     kw = dict(seq_len=seq_len, block_size=block_size, sliding_window=sliding_window, doc_ids=doc_ids)
-    return block_mask_from_dense(context_mask(anchors, anchor_valid, **kw), flex_mask_mod(anchors, anchor_valid, **kw))
+    dense = (context_mask if context_only else dense_mask)(anchors, anchor_valid, **kw)
+    return block_mask_from_dense(dense, flex_mask_mod(anchors, anchor_valid, context_only=context_only, **kw))
 
 
 def flex_mask_mods(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_len: int, block_size: int,
@@ -253,19 +276,18 @@ def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_le
                     layer_windows: tuple = (), mask_mods: dict | None = None,
                     doc_ids: torch.Tensor | None = None) -> dict:
     """The drafter's attention masks, one per distinct window (config.window_masks: "full_attention",
-    "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask over the
-    context keys for "flex". The one place masks are built (engine workers and torchrun ranks both call it).
-    `mask_mods`: flex closures to reuse (see flex_mask_mods); by default made over `anchors`. `doc_ids`: packed
-    windows (None = unpacked)."""
+    "sliding_attention" or "sliding_attention_<w>"): dense bool (b, 1, Q, KV) for "sdpa", a BlockMask for "flex"
+    (over the context alone where `splits_context(seq_len)`). The one place masks are built (engine workers and
+    torchrun ranks both call it). `mask_mods`: flex closures to reuse (see flex_mask_mods; the same rule); by
+    default made over `anchors`. `doc_ids`: packed windows (None = unpacked)."""
     masks = {}
     for key, window in window_masks(layer_types, sliding_window, layer_windows).items():
         kw = dict(seq_len=seq_len, block_size=block_size, sliding_window=window, doc_ids=doc_ids)
         if backend == "sdpa":
             masks[key] = dense_mask(anchors, anchor_valid, **kw)
             continue
-        dense = context_mask(anchors, anchor_valid, **kw)
-        mod = mask_mods[key] if mask_mods is not None else flex_mask_mod(
-            anchors, anchor_valid, seq_len=seq_len, block_size=block_size, sliding_window=window, doc_ids=doc_ids)
+        dense = (context_mask if splits_context(seq_len) else dense_mask)(anchors, anchor_valid, **kw)
+        mod = mask_mods[key] if mask_mods is not None else flex_mask_mod(anchors, anchor_valid, **kw)
         masks[key] = block_mask_from_dense(dense, mod)
     return masks
 

@@ -10,6 +10,8 @@
 #   AB carry [".recipe/x1", ".recipe/old"]: A with fewer attention variants, and B's compiled rows (one call)
 #   C  carry [".whl", ".recipe/old"] (the peer's wheels and harness, ../shared/bench): the peer's paper-shape step,
 #      then ours (this tree and the old one) on the same GPU
+# Calls made (one H100, 2026-12-06; see README.md): AB (call1/), a GPU-test call, the old tree profiled from its own
+# folder with the split's paper-shape attention (call3-old-profile/), batch 64 old and new (call4-b64/).
 set -u
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false DFLASH_LAB_CACHE=/tmp/dflash-cache
@@ -20,8 +22,10 @@ say() { echo "[$1 $(( $(date +%s) - T0 ))s] ${*:2}" | tee -a "$OUT/run.log"; }
   echo "commit ${DFLASH_COMMIT:-unknown} (this tree) against b3dfbd1 (old)"; } > "$OUT/env.txt" 2>&1
 old_tree() { mkdir -p /tmp/old && tar xzf .recipe/old/old-b3dfbd1.tgz -C /tmp/old; }
 E="-m dflash_lab.benchmarks.entry_points --shapes recipe --entry-points notebook --draft-vocab 16384"
-entry() {  # label, PYTHONPATH, timeout, extra args
-  PYTHONPATH=$2 timeout $3 python3 $E --label $1 --out "$OUT/entry.jsonl" ${@:4} > /dev/null 2>> "$OUT/entry.log"
+entry() {  # label, tree, timeout, extra args. Run FROM the tree: `python -m` puts the working directory ahead of
+  # PYTHONPATH, so PYTHONPATH=/tmp/old from the repository root imports this tree (the first call's "old" row did;
+  # each row's "tree" field says which package ran)
+  (cd $2 && PYTHONPATH=$2 timeout $3 python3 $E --label $1 --out "$OUT/entry.jsonl" ${@:4} > /dev/null 2>> "$OUT/entry.log")
   say entry "$1 rc=$?"
 }
 case "${1:?A, B, C or AB}" in
