@@ -202,6 +202,26 @@ def test_f_flex_and_dense_masks_agree(layer_types, window, split, monkeypatch):
     torch.testing.assert_close(out_flex[rows], out_dense[rows], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_f_the_drafter_traces_whole_on_either_flex_formulation(split, monkeypatch):
+    """compile_drafter's trace: the layer picks the formulation from the mask's key length, with no graph break."""
+    from dflash_lab.drafter import blocks
+
+    monkeypatch.setattr(blocks, "SPLIT_MAX_SEQ_LEN", S if split else S - 1)
+    torch._dynamo.reset()
+    target, dc, drafter, ids, lm = _setup(layer_types=("sliding_attention", "full_attention"), window=5)
+    bb = _batch(ids, lm, torch.tensor([[10, 13, 16, 0], [9, 12, 20, 21]]),
+                torch.tensor([[True, True, True, False], [True, True, True, True]]))
+    feats = FeatureExtractor(target, dc.target_layer_ids)(ids)
+    masks = build_masks(bb, seq_len=S, backend="flex", layer_types=dc.layer_types, sliding_window=dc.sliding_window)
+    assert masks["full_attention"].seq_lengths == (4 * B, S if split else S + 4 * B)
+    ctx, emb = torch.arange(S)[None].expand(2, -1), embedding_of(target)(bb.draft_ids)
+    with torch.no_grad():  # FlexAttention has no backward on CPU
+        ref = drafter(feats, emb, bb.position_ids, ctx, masks)
+        out = torch.compile(drafter, backend="eager", fullgraph=True)(feats, emb, bb.position_ids, ctx, masks)
+    torch.testing.assert_close(out, ref)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_split_in_context_and_own_block_equals_one_dense_attention(causal):
     """model.attend_blocks (flex's path: the context through a BlockMask, each block's own slots by a batched
