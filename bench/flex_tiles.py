@@ -8,8 +8,6 @@ Variants (every one over the same q/k/v and anchors; `max_abs_diff`, `dq_diff`..
 gradients):
   base      one flex call over [context | every block's slots]: the BlockMask from the dense mask in 128 x 128
             tiles, flex compiled with defaults (the engine's path before the split; long windows' path still)
-  full      the same tiles, but every partial tile passed as full: no mask_mod evaluated (WRONG output on purpose,
-            the time a mask-free kernel would take over the same tiles: the ceiling of any cheaper mask)
   b64       64 x 64 tiles (fewer keys per query row: a query tile holds 4 blocks, not 8)
   q64       64-row query tiles, 128-column key tiles
   autotune  base's tiles, flex compiled with mode="max-autotune-no-cudagraphs" (inductor picks among its configs)
@@ -35,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dflash_lab.drafter.blocks import dense_mask, flex_block_mask, flex_mask_mod, sample_anchors  # noqa: E402
+from dflash_lab.drafter.blocks import (block_mask_from_dense, dense_mask, flex_block_mask, flex_mask_mod,  # noqa: E402
+                                       sample_anchors)
 from dflash_lab.benchmarks.soft_labels import time_ms  # noqa: E402
 from dflash_lab.drafter.model import _attend_blocks_eager, attend_blocks  # noqa: E402
 
@@ -45,33 +44,11 @@ SHAPES = {  # batch, heads, kv heads, head dim, seq len, anchors, block
 }
 
 
-def block_mask(dense: torch.Tensor, mod, q_block: int, kv_block: int, *, all_full: bool = False):
-    from torch.nn.attention.flex_attention import BlockMask
-
-    b, h, Q, KV = dense.shape
-    pq, pk = (-Q) % q_block, (-KV) % kv_block
-    dense = F.pad(dense, (0, pk, 0, pq), value=False)
-    tiles = dense.view(b, h, (Q + pq) // q_block, q_block, (KV + pk) // kv_block, kv_block)
-    full = tiles.all(dim=5).all(dim=3)
-    partial = tiles.any(dim=5).any(dim=3) & ~full
-    if all_full:
-        full, partial = full | partial, torch.zeros_like(partial)
-
-    def ordered(m):
-        return m.sum(-1, dtype=torch.int32), torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-
-    kv_num, kv_idx = ordered(partial)
-    full_num, full_idx = ordered(full)
-    bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(q_block, kv_block),
-                                  mask_mod=mod, seq_lengths=(Q, KV))
-    return bm, {"partial_tiles": int(partial.sum()), "full_tiles": int(full.sum()), "all_tiles": partial.numel()}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="recipe", choices=sorted(SHAPES))
     ap.add_argument("--variants", nargs="+",
-                    default=["base", "full", "split", "split-compiled", "b64", "q64", "autotune", "sdpa"])
+                    default=["base", "split", "split-compiled", "b64", "q64", "autotune", "sdpa"])
     ap.add_argument("--repeats", type=int, default=20)
     a = ap.parse_args(argv)
     from torch.nn.attention.flex_attention import flex_attention
@@ -113,8 +90,9 @@ def main(argv=None) -> int:
                                    block_size=B, causal=False)
             else:
                 tiles = {"b64": (64, 64), "q64": (64, 128)}.get(name, (128, 128))
-                bm, counts = block_mask(dense, mod, *tiles, all_full=name == "full")
-                row.update(counts, tiles=list(tiles))
+                bm = block_mask_from_dense(dense, mod, tiles)
+                row.update(tiles=list(tiles), partial_tiles=int(bm.kv_num_blocks.sum()),
+                           full_tiles=int(bm.full_kv_num_blocks.sum()))
                 opts = {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]} if name in ("b64", "q64") else None
                 flex = (torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs")
                         if name == "autotune" else compiled)

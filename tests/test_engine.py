@@ -132,9 +132,9 @@ def test_compile_drafter_runs_in_worker_threads_and_counts_graphs(target):
     assert m["compiled_graphs"] >= 1 and m["recompiles_after_first_step"] == 0 and m["graph_breaks"] >= 0
 
 
-@pytest.mark.parametrize("context_only", [True, False])
+@pytest.mark.parametrize("context_only,tiles", [(True, 128), (False, 128), (False, (64, 128))])
 @pytest.mark.parametrize("seq_len,window", [(256, None), (200, None), (256, 96)])
-def test_block_mask_from_dense_equals_create_block_mask(seq_len, window, context_only):
+def test_block_mask_from_dense_equals_create_block_mask(seq_len, window, context_only, tiles):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from dflash_lab.drafter.blocks import block_mask_from_dense, context_mask, dense_mask, flex_mask_mod
@@ -144,9 +144,9 @@ def test_block_mask_from_dense_equals_create_block_mask(seq_len, window, context
     a, v = batch.anchors, batch.anchor_valid
     mod = flex_mask_mod(a, v, seq_len=seq_len, block_size=16, sliding_window=window, context_only=context_only)
     Q, KV = 12 * 16, seq_len + (0 if context_only else 12 * 16)  # the context alone, or [context | blocks]
-    ref = create_block_mask(mod, B=2, H=None, Q_LEN=Q, KV_LEN=KV, device="cpu")
+    ref = create_block_mask(mod, B=2, H=None, Q_LEN=Q, KV_LEN=KV, device="cpu", BLOCK_SIZE=tiles)
     dense = (context_mask if context_only else dense_mask)(a, v, seq_len=seq_len, block_size=16, sliding_window=window)
-    ours = block_mask_from_dense(dense, mod)
+    ours = block_mask_from_dense(dense, mod, tiles)
     for k in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
         assert torch.equal(getattr(ours, k), getattr(ref, k)), k
     n = ref.kv_num_blocks.max()

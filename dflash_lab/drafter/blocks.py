@@ -292,20 +292,22 @@ def attention_masks(anchors: torch.Tensor, anchor_valid: torch.Tensor, *, seq_le
     return masks
 
 
-def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int = 128):
+def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int | tuple[int, int] = 128):
     """FlexAttention BlockMask from the dense boolean mask (b, 1, Q, KV): per (q block, kv block) "full" (all True)
     or "partial" (some True), exactly what create_block_mask computes, with a few tensor ops and no compile.
+    `block`: the tile, or (query rows, key columns).
 
     Why not torch.compile(create_block_mask): on an H200 its inductor compile for the paper shape took ~200 s of a
     220 s first step (and again per GPU); the dense mask of one micro-batch is ~100 MB and reduces in well under 1 ms.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
+    bq, bk = (block, block) if isinstance(block, int) else block
     b, h, Q, KV = dense.shape
-    pq, pk = (-Q) % block, (-KV) % block
+    pq, pk = (-Q) % bq, (-KV) % bk
     if pq or pk:
         dense = torch.nn.functional.pad(dense, (0, pk, 0, pq), value=False)
-    tiles = dense.view(b, h, (Q + pq) // block, block, (KV + pk) // block, block)
+    tiles = dense.view(b, h, (Q + pq) // bq, bq, (KV + pk) // bk, bk)
     full = tiles.all(dim=5).all(dim=3)  # (b, h, Qb, KVb)
     partial = tiles.any(dim=5).any(dim=3) & ~full
 
@@ -315,7 +317,7 @@ def block_mask_from_dense(dense: torch.Tensor, mask_mod, block: int = 128):
 
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
                                     seq_lengths=(Q, KV))
 
 

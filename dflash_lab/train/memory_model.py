@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from dflash_lab.config.model_size import text_config
+from dflash_lab.drafter.blocks import splits_context
 
 GIB = 2**30
 CUDA_OVERHEAD_BYTES = 1 * GIB
@@ -57,6 +58,8 @@ def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, 
         per_layer += 4 * (4 * Q * H + 2 * Q * nh * hd + 2 * KV * nkv * hd)
     if backend == "sdpa_math":  # CPU SDPA with a boolean mask keeps the attention probabilities
         per_layer += c * nh * Q * KV
+    if backend == "flex" and splits_context(seq_len):  # model.attend_blocks: the blocks' own fp32 probabilities,
+        per_layer += nh * Q * (4 * dc.block_size + 8 + 8 * hd)  # two lse rows, two fp32 outputs for the merge
     once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
     rows = num_anchors * (dc.block_size - 1)
     head = c * 2 * rows * H + min(chunk_size, rows) * (dc.draft_vocab_size or dc.vocab_size) * (4 + 4 + c)

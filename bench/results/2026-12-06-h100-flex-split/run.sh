@@ -43,7 +43,7 @@ A)
     -k "flex or packed or compile or distill or graph_replay or selection or mixed" > "$OUT/gpu-tests.log" 2>&1
   say tests "rc=$? $(tail -1 "$OUT/gpu-tests.log")"
   export PYTHONPATH=$PWD
-  timeout ${T_FLEX:-130} python3 bench/flex_tiles.py --shape recipe --variants ${VARIANTS:-base full split split-compiled b64 sdpa} \
+  timeout ${T_FLEX:-130} python3 bench/flex_tiles.py --shape recipe --variants ${VARIANTS:-base split split-compiled b64 sdpa} \
     > "$OUT/flex-recipe.jsonl" 2> "$OUT/flex-recipe.log"
   say flex_recipe "rc=$?"
   timeout ${T_FLEXP:-100} python3 bench/flex_tiles.py --shape paper --variants ${PVARIANTS:-base split split-compiled} \
