@@ -365,9 +365,11 @@ def _serving_target(target: str | None) -> str:
 
 
 def export_commands(out_dir: str | Path, target: str | None = None) -> dict:
-    """{engine: command} serving an existing export (the ones export_drafter printed)."""
+    """{engine: command} serving an existing export (the ones export_drafter printed); the target defaults to the
+    one its config.json names."""
     out = Path(out_dir).expanduser().resolve()
-    return serving_commands(json.loads((out / "config.json").read_text()), out, _serving_target(target))
+    cfg = json.loads((out / "config.json").read_text())
+    return serving_commands(cfg, out, _serving_target(target or (cfg.get("dflash_lab") or {}).get("target")))
 
 
 def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32

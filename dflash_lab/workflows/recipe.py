@@ -334,23 +334,32 @@ class Recipe:
         return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:
+        from safetensors import safe_open
         from transformers import AutoModel
 
-        from dflash_lab.evaluation.export import export_drafter
+        from dflash_lab.evaluation.export import export_commands, export_drafter
+        from dflash_lab.evaluation.serving_engines import engine_readings
 
+        c = self.config
         t0 = time.perf_counter()
         if "train" in self.results["phases"] and (why := self._training_unfinished()) is not None:
             return self._record("export", t0, skipped_because=why)
         self._need("run_dir", "train")
         # work_dir/export is the recipe's own: a rerun replaces its earlier DFlash export (force never replaces a
         # model or a run, export_dest.py)
-        out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log)
+        # a pruned draft vocabulary (the presets' draft_vocab_size) exports its head rows of the target: vLLM serves
+        # it as trained; SGLang cannot, and the export says so before it writes
+        out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log, target=c.model)
         # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
         model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
         if info["missing_keys"] or info["unexpected_keys"]:
             raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
         cfg = json.loads((out / "config.json").read_text())
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            names = set(f.keys())
+        cannot = {e: r["cannot_serve"] for e, r in engine_readings(cfg, names).items() if r["cannot_serve"]}
         return self._record("export", t0, out=str(out), reference_class=type(model).__name__,
+                            serving=export_commands(out, c.model), cannot_serve=cannot,
                             config={k: cfg[k] for k in ("model_type", "hidden_size", "num_attention_heads",
                                                         "num_key_value_heads", "head_dim", "num_hidden_layers",
                                                         "tie_word_embeddings", "block_size", "num_target_layers",
