@@ -98,3 +98,15 @@ def test_vllm_masks_and_context_lengths():
     assert context_lengths({"block_size": 8}, 3) == [3, 21, 40]
     assert context_lengths({"block_size": 8, "layer_types": ["sliding_attention"], "sliding_window": 20}, 3) == \
         [3, 28, 35]
+
+
+def test_speculators_converter_cannot_take_a_pruned_z_lab_export(exports, tmp_path):
+    """Why the check writes speculators' own format for a pruned head: its converter forces the full vocabulary and
+    refuses the reduced head (speculators 0.9.0, convert/dflash/converter.py)."""
+    from speculators.convert.entrypoints import maybe_convert_external_checkpoint
+
+    from dflash_lab.target.load import resolve_target_path
+
+    with pytest.raises(RuntimeError, match=r"size mismatch for lm_head.weight.*\[100, 128\].*\[960, 128\]"):
+        maybe_convert_external_checkpoint(str(exports["pruned"]), verifier=resolve_target_path("tiny"),
+                                          output_path=str(tmp_path / "converted"))

@@ -364,6 +364,17 @@ def _serving_target(target: str | None) -> str:
         return target
 
 
+def cannot_serve(out_dir: str | Path) -> dict:
+    """{engine: one line why it cannot serve this export, and the alternative} for the engines that cannot."""
+    from safetensors import safe_open
+
+    out = Path(out_dir).expanduser()
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    readings = engine_readings(json.loads((out / "config.json").read_text()), names)
+    return {e: r["cannot_serve"] for e, r in readings.items() if r["cannot_serve"]}
+
+
 def export_commands(out_dir: str | Path, target: str | None = None) -> dict:
     """{engine: command} serving an existing export (the ones export_drafter printed); the target defaults to the
     one its config.json names."""

@@ -59,9 +59,26 @@ def _speculators():
     return speculators
 
 
+def speculators_version() -> str:
+    """The installed speculators release; the rules of serving_engines.py were read in VERSIONS['speculators']."""
+    from importlib.metadata import version
+
+    return version("speculators")
+
+
 def speculators_load(export_dir: Path, cfg: dict, target_dir: str, work: Path):
     """The export as speculators' own loader reads it (module docstring, point 3); fp32, eager attention."""
     _speculators()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its save / load bars; the check prints its own lines
+    try:
+        return _speculators_load(export_dir, cfg, target_dir, work)
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def _speculators_load(export_dir: Path, cfg: dict, target_dir: str, work: Path):
     from safetensors.torch import load_file
     from speculators import SpeculatorModel
     from speculators.convert.dflash.converter import DFlashConverter
@@ -218,6 +235,10 @@ def check_export(export_dir: str | Path, *, target: str | None = None, contexts:
     ours_head = exported_head.float() if (d is not None and exported_head is not None) else target_head
     with tempfile.TemporaryDirectory(prefix="export-check-") as work:
         theirs = speculators_load(path, cfg, target_dir, Path(work))
+        report["speculators_version"] = speculators_version()
+        if report["speculators_version"] != VERSIONS["speculators"]:
+            log(f"  note: speculators {report['speculators_version']} is installed; this check was written against "
+                f"{VERSIONS['speculators']}")
         report["speculators_loaded"] = {
             "class": type(theirs).__name__, "draft_vocab_size": int(theirs.draft_vocab_size),
             "aux_hidden_state_layer_ids": list(theirs.config.aux_hidden_state_layer_ids),

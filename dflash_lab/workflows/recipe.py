@@ -334,11 +334,9 @@ class Recipe:
         return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:
-        from safetensors import safe_open
         from transformers import AutoModel
 
-        from dflash_lab.evaluation.export import export_commands, export_drafter
-        from dflash_lab.evaluation.serving_engines import engine_readings
+        from dflash_lab.evaluation.export import cannot_serve, export_commands, export_drafter
 
         c = self.config
         t0 = time.perf_counter()
@@ -355,11 +353,8 @@ class Recipe:
         if info["missing_keys"] or info["unexpected_keys"]:
             raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
         cfg = json.loads((out / "config.json").read_text())
-        with safe_open(str(out / "model.safetensors"), "pt") as f:
-            names = set(f.keys())
-        cannot = {e: r["cannot_serve"] for e, r in engine_readings(cfg, names).items() if r["cannot_serve"]}
         return self._record("export", t0, out=str(out), reference_class=type(model).__name__,
-                            serving=export_commands(out, c.model), cannot_serve=cannot,
+                            serving=export_commands(out, c.model), cannot_serve=cannot_serve(out),
                             config={k: cfg[k] for k in ("model_type", "hidden_size", "num_attention_heads",
                                                         "num_key_value_heads", "head_dim", "num_hidden_layers",
                                                         "tie_word_embeddings", "block_size", "num_target_layers",
