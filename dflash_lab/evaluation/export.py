@@ -318,7 +318,7 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
         raise ExportRefused(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
                             "Fix: pass a new directory, e.g. <run dir>/export.")
     guard_destination(out, force, source=src.weights if src.kind != "exported" else None)
-    target = target or (train_config_of(src) or {}).get("target")
+    target = target or (train_config_of(src) or {}).get("target") or _export_target(src)
     head = None
     if src.config.draft_vocab_size is not None:
         if target is None:
@@ -352,6 +352,13 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     for engine, command in serving_commands(config, out.resolve(), _serving_target(target)).items():
         log(f"serve with {engine} {VERSIONS[engine]}: {command}")
     return out
+
+
+def _export_target(src: DrafterSource) -> str | None:
+    """The target an exported folder names (its config.json's dflash_lab block), for re-exporting it."""
+    if src.kind != "exported":
+        return None
+    return (json.loads((src.run_dir / "config.json").read_text()).get("dflash_lab") or {}).get("target")
 
 
 def _serving_target(target: str | None) -> str:
