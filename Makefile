@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml widgets/kernel_logs.py
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or run: make PY=python3 ...)"; exit 1; }
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	# the export check's reference loader; --no-deps: its pins pull a CUDA torch (what it imports: the test extra)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps speculators==0.9.0
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(BIN)/python -m widgets.kernel_logs install
 	touch $(STAMP)

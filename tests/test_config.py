@@ -46,13 +46,36 @@ def _dc(**over):
     ({"block_size": 1}, "DrafterConfig.block_size=1"),
     ({"mask_token_id": 256}, "outside the target vocabulary [0, 256)"),
     ({"target_layer_ids": (1, 8)}, "out of range for a target with 8 layers"),
+    # the last layer's output: raw in vLLM, after the final norm in z-lab's code, refused by SGLang
+    ({"target_layer_ids": (1, 7)}, "id 7 is the target's last layer (L - 1 with L = 8)"),
+    ({"target_layer_ids": (1, 7)}, "use ids up to 6"),
+    ({"num_target_features": 1, "target_layer_ids": None}, None),
     ({"layer_types": ("full_attention", "global")}, "unknown layer type 'global'"),
     ({"layer_types": ("sliding_attention", "full_attention")}, "need a window"),
 ])
 def test_drafter_config_rejects(over, needle):
+    if needle is None:  # the default layer rule never picks the last layer (L = 8, one feature: layer 4)
+        assert _dc(**over).target_layer_ids == (4,)
+        return
     with pytest.raises(ConfigError, match="Fix:") as e:
         _dc(**over)
     assert needle in str(e.value)
+
+
+def test_default_layer_rule_never_picks_the_last_layer():
+    from dflash_lab.config.target_defaults import default_target_layer_ids
+
+    for L in range(4, 80):
+        for n in range(1, 8):
+            assert max(default_target_layer_ids(L, n)) <= L - 2, (L, n)
+
+
+def test_plain_rope_is_rope_scaling_none():
+    assert _dc().rope_scaling is None
+    plain = DrafterConfig(**{**_dc().to_dict(), "rope_scaling": {"rope_type": "default", "rope_theta": 1e4}})
+    assert plain.rope_scaling is None
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    assert DrafterConfig(**{**_dc().to_dict(), "rope_scaling": yarn}).rope_scaling == yarn
 
 
 def test_drafter_hidden_size_must_match_target():

@@ -240,7 +240,11 @@ def test_export_holds_d2t_and_reloads(tmp_path):
     assert cfg["draft_vocab_size"] == D and cfg["vocab_size"] == 960
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["d2t"].dtype == torch.int64 and torch.equal(tensors["d2t"], vocab.d2t)
-    assert "lm_head.weight" not in tensors and "t2d" not in tensors
+    # the head rows vLLM reads as the drafter's own head: the target's rows of the draft ids, in the export dtype
+    from dflash_lab.target.load import read_head_weight
+
+    assert "t2d" not in tensors
+    assert torch.equal(tensors["lm_head.weight"], read_head_weight("tiny")[vocab.target_ids].to(torch.bfloat16))
     _, drafter = load_drafter(run_dir)
     ecfg, exported = load_exported(out)
     assert ecfg.draft_vocab_size == D and torch.equal(exported.d2t, vocab.d2t)

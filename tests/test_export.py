@@ -153,15 +153,171 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path):
 
 
 def test_export_cli(tmp_path, capsys):
+    import shlex
+
+    from dflash_lab.target.load import resolve_target_path
+
     dc, d = _drafter()
     run = tmp_path / "run"
     _write_run(run, dc, d)
-    assert export.main([str(run), str(tmp_path / "exp")]) == 0
+    out = tmp_path / "exp"
+    assert export.main([str(run), str(out)]) == 0
     printed = capsys.readouterr().out
-    assert '"num_speculative_tokens":7' in printed and "--speculative-num-draft-tokens 8" in printed
+    commands = {line.split(":", 1)[0]: line.split(": ", 1)[1] for line in printed.splitlines()
+                if line.startswith("serve with ")}
+    assert set(commands) == {"serve with vllm 0.34.0", "serve with sglang 0.5.23"}
+    # the flags as vLLM 0.34.0 (engine/arg_utils.py, config/speculative.py) and SGLang 0.5.23
+    # (srt/arg_groups/fields/spec.py) parse them; vLLM drafts num_speculative_tokens after the anchor
+    vllm = shlex.split(commands["serve with vllm 0.34.0"])
+    assert vllm[:3] == ["vllm", "serve", resolve_target_path("tiny")] and vllm[3] == "--speculative-config"
+    assert json.loads(vllm[4]) == {"method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": 7}
+    assert shlex.split(commands["serve with sglang 0.5.23"]) == [
+        "python", "-m", "sglang.launch_server", "--model-path", resolve_target_path("tiny"),
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(out.resolve()),
+        "--speculative-num-draft-tokens", "8"]
+    assert export.export_commands(out, "tiny") == {k.split()[2]: v for k, v in commands.items()}
+    assert json.loads((out / "config.json").read_text())["rope_scaling"] is None  # plain RoPE
     assert export.is_exported(tmp_path / "exp")
     assert export.main([str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# --- a pruned draft vocabulary: the head rows the engines read --------------------------------------------------
+D = 100
+
+
+def _tiny_drafter(*, d=None, layer_types=(), window=None, block_size=8, seed=0):
+    """A random drafter of the embedded tiny target (the export reads that target's head)."""
+    from dflash_lab.target.load import load_target_config
+
+    dc = DrafterConfig.from_target(load_target_config("tiny"), num_draft_layers=2, num_target_features=3,
+                                   block_size=block_size, mask_token_id=3, layer_types=layer_types,
+                                   sliding_window=window, draft_vocab_size=d)
+    drafter = DFlashDrafter(dc)
+    drafter.init_weights(torch.Generator().manual_seed(seed), std=0.1)
+    if d is not None:  # d ids spread over the vocabulary, so target row i + d2t[i] is never row i
+        ids = torch.sort(torch.randperm(dc.vocab_size, generator=torch.Generator().manual_seed(seed + 1))[:d]).values
+        drafter.d2t.copy_(ids - torch.arange(d))
+    return dc, drafter.eval()
+
+
+def test_pruned_export_holds_the_head_rows_and_names_sglang_before_writing(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from dflash_lab.data.draft_vocab import target_ids_of
+    from dflash_lab.target.load import read_head_weight
+
+    dc, drafter = _tiny_drafter(d=D)
+    run = tmp_path / "run"
+    _write_run(run, dc, drafter)
+    lines = []
+    out = tmp_path / "out"
+
+    def log(msg):
+        lines.append((msg, out.exists()))
+
+    export.export_drafter(run, out, log=log)
+    sglang = [(m, existed) for m, existed in lines if m.startswith("not for sglang")]
+    assert len(sglang) == 1 and sglang[0][1] is False  # said once, before anything was written
+    assert "SGLang 0.5.23 cannot serve a pruned draft vocabulary (100 of 960 ids)" in sglang[0][0]
+    assert "draft_vocab_size=None" in sglang[0][0] and "\n" not in sglang[0][0]
+    served = [m for m, _ in lines if m.startswith("serve with")]
+    assert len(served) == 1 and served[0].startswith("serve with vllm 0.34.0: vllm serve ")
+
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == D and cfg["vocab_size"] == 960 and cfg["dflash_lab"]["target"] == "tiny"
+    tensors = load_file(str(out / "model.safetensors"))
+    assert set(tensors) == set(export.export_state_names(dc)) | {"lm_head.weight"}
+    ids = target_ids_of(tensors["d2t"])
+    assert torch.equal(ids, target_ids_of(drafter.d2t)) and not torch.equal(ids, torch.arange(D))
+    assert torch.equal(tensors["lm_head.weight"], read_head_weight("tiny")[ids].to(torch.bfloat16))
+    back_cfg, _ = export.load_exported(out)
+    assert back_cfg == dc
+
+    # the remote-code model holds the rows and scatters its logits to their target ids
+    model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hidden = torch.randn(5, dc.hidden_size, generator=torch.Generator().manual_seed(3))
+    logits = model.float().draft_logits(hidden, read_head_weight("tiny"))
+    assert torch.isinf(logits).sum() == 5 * (960 - D)
+    assert torch.equal(logits[:, ids], hidden @ tensors["lm_head.weight"].float().T)
+
+
+def test_pruned_export_needs_its_target(tmp_path):
+    dc, drafter = _tiny_drafter(d=D)
+    run = tmp_path / "run"
+    _write_run(run, dc, drafter)
+    (run / "config.json").write_text(json.dumps({"seed": 0}))  # a run that does not name its target
+    with pytest.raises(ValueError, match="no target is known. Fix: pass --target"):
+        export.export_drafter(run, tmp_path / "out", log=lambda *a: None)
+    assert not (tmp_path / "out").exists()
+    assert export.main([str(run), str(tmp_path / "out"), "--target", "tiny"]) == 0
+
+
+def _vllm_logits(tensors: dict, cfg: dict, target_head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits vLLM 0.34.0 drafts from, by its rules: DFlashQwen3ForCausalLM builds a draft_vocab_size-row head;
+    an lm_head in the checkpoint is its own (_should_share keeps a head that differs from the target's), else the
+    target's head is shared; LogitsProcessor._get_logits keeps the first draft_vocab_size columns; compute_logits
+    scatters column i to target id i + d2t[i], -inf elsewhere."""
+    V = cfg["vocab_size"]
+    d = cfg.get("draft_vocab_size") or V
+    own = tensors.get("lm_head.weight")
+    head = own if own is not None and not torch.equal(own.float(), target_head) else target_head
+    logits = (hidden @ head.float().T)[:, :d]
+    if d == V:
+        return logits
+    out = torch.full((hidden.shape[0], V), float("-inf"))
+    out[:, torch.arange(d) + tensors["d2t"]] = logits
+    return out
+
+
+def _sglang_logits(target_head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """SGLang 0.5.23: the DFlash worker drafts with the target's own head; d2t and lm_head are never loaded."""
+    return hidden @ target_head.T
+
+
+@pytest.mark.parametrize("d", [None, D])
+def test_engine_heads_draft_what_our_decoder_drafts(tmp_path, d):
+    """The logits each engine's head computes on the export equal our decoder's (the evaluator's draft head) to the
+    export's bf16 rounding, and draft the same ids; an engine that cannot serve the drafter drafts other ids."""
+    from safetensors.torch import load_file
+
+    from dflash_lab.data.draft_vocab import draft_head, target_ids_of, to_target_ids
+    from dflash_lab.target.load import read_head_weight
+
+    dc, drafter = _tiny_drafter(d=d)
+    run = tmp_path / "run"
+    _write_run(run, dc, drafter)
+    out = export.export_drafter(run, tmp_path / "out", log=lambda *a: None)
+    cfg, tensors = json.loads((out / "config.json").read_text()), load_file(str(out / "model.safetensors"))
+    target_head = read_head_weight("tiny").float()
+    _, ours_drafter = export.load_exported(out)
+    feats, emb, pos = _inputs(dc, S=17)
+    hidden = torch.cat([_ours(ours_drafter, feats * (1 + k), emb, pos)[0] for k in range(8)])  # 64 rows
+    rows, _ = draft_head(ours_drafter, target_head)  # what evaluation drafts with
+    ours = hidden @ rows.T
+    our_ids = to_target_ids(ours_drafter, ours.argmax(-1))
+
+    vllm = _vllm_logits(tensors, cfg, target_head, hidden)
+    ids = target_ids_of(tensors["d2t"]) if d else torch.arange(dc.vocab_size)
+    bound = hidden.abs() @ (rows.abs() * 2.0 ** -8).T  # |h . (w_bf16 - w)| for a relative rounding <= 2^-8
+    assert ((vllm[:, ids] - ours).abs() <= bound).all()
+    assert torch.equal(vllm.argmax(-1), our_ids)
+    sglang_ids = _sglang_logits(target_head, hidden).argmax(-1)
+    if d is None:
+        assert torch.equal(vllm, ours) and torch.equal(sglang_ids, our_ids)  # the target's own head, exactly
+        return
+    assert (vllm[:, ids] - ours).abs().max() > 0  # the export's rows are bf16: rounding is really there
+    # the export of before (d2t, no head): vLLM reads the target's FIRST d rows; SGLang drafts over all V rows
+    old = _vllm_logits({"d2t": tensors["d2t"]}, cfg, target_head, hidden)
+    assert (old.argmax(-1) != our_ids).float().mean() > 0.9
+    assert (sglang_ids != our_ids).float().mean() > 0.5
+    from dflash_lab.evaluation.serving_engines import engine_readings
+
+    readings = engine_readings(cfg, {"d2t"} | set(export.export_state_names(dc)))
+    assert "target row i instead of row i + d2t[i]" in readings["vllm"]["cannot_serve"]
+    assert engine_readings(cfg, tensors)["vllm"]["cannot_serve"] is None
 
 
 # --- issue 14: an export never destroys a folder, and writes ordinary (umask) permissions ---------------------------

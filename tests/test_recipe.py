@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from dflash_lab.config import ConfigError
 from dflash_lab.config.notebook_params import parameter_defaults
@@ -90,10 +91,23 @@ def test_recipe_with_target_written_prompts_mixes_all_of_both_and_evaluates_thre
 
 
 def test_chitchat_only_recipe_still_runs_with_n_self_zero(tmp_path):
-    cfg = RecipeConfig(**TINY_SIZES, work_dir=str(tmp_path / "r"), n_self=0, eval_block_sizes=(8,),
+    # a pruned draft vocabulary, as both presets train (draft_vocab_size=16384 there): the export carries its head
+    sizes = {**TINY_SIZES, "draft_vocab_size": 64}
+    cfg = RecipeConfig(**sizes, work_dir=str(tmp_path / "r"), n_self=0, eval_block_sizes=(8,),
                        eval_temperatures=(0.0,), eval_untrained=False)
     rec = _run(cfg)
     ph = rec.results["phases"]
+    from safetensors.torch import load_file
+
+    from dflash_lab.data.draft_vocab import target_ids_of
+    from dflash_lab.target.load import read_head_weight
+
+    ex = ph["export"]
+    tensors = load_file(str(Path(ex["out"]) / "model.safetensors"))
+    assert tensors["lm_head.weight"].shape == (64, 128)
+    assert torch.equal(tensors["lm_head.weight"], read_head_weight("tiny")[target_ids_of(tensors["d2t"])].bfloat16())
+    assert list(ex["serving"]) == ["vllm"] and '"num_speculative_tokens": 7' in ex["serving"]["vllm"]
+    assert list(ex["cannot_serve"]) == ["sglang", "speculators"]
     assert list(ph) == PHASES and "n_self=0" in ph["self_prompts"]["skipped"]
     assert ph["mix_data"]["counts"] == {"chitchat": 8} and ph["mix_data"]["out"] == ph["regenerate"]["out"]
     assert ph["train"]["data"]["records"] == 8

@@ -104,6 +104,15 @@ class DrafterConfig:
                  f"ids {bad} are out of range for a target with {self.num_target_layers} layers "
                  f"(valid: 0..{self.num_target_layers - 1})",
                  "use ids in range, or leave them unset for the default rule")
+        if ids[-1] == self.num_target_layers - 1:
+            # The last layer's output has three readings: raw (dflash-lab, vLLM), after the target's final norm
+            # (z-lab's hidden_states[L]) and none at all (SGLang captures before layers 1..L-1 and fails to load):
+            # a drafter conditioned on it is not served as it was trained.
+            fail(c, "target_layer_ids", ids,
+                 f"id {ids[-1]} is the target's last layer (L - 1 with L = {self.num_target_layers}), whose output the "
+                 "serving engines read differently (raw in vLLM, after the final norm in z-lab's code, refused by "
+                 "SGLang)",
+                 f"use ids up to {self.num_target_layers - 2}, or leave them unset for the default rule (1 .. L - 3)")
         if len(set(ids)) != len(ids) or list(ids) != sorted(ids):
             fail(c, "target_layer_ids", ids, "ids must be strictly increasing and distinct",
                  "sort them and drop duplicates")
@@ -116,6 +125,11 @@ class DrafterConfig:
             fail(c, "layer_types", types, f"it has {len(types)} entries for {self.num_hidden_layers} draft layers",
                  "give one type per draft layer")
         object.__setattr__(self, "layer_types", types)
+        # Plain RoPE is `rope_scaling: null` in a Qwen3 config.json; transformers 5 reports it as a dict with
+        # rope_type "default", which transformers 4.x warns about when it reads the export. Numerics are the same.
+        if isinstance(self.rope_scaling, dict) and (self.rope_scaling.get("rope_type")
+                                                    or self.rope_scaling.get("type", "default")) == "default":
+            object.__setattr__(self, "rope_scaling", None)
         object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
                                                                       self.layer_windows))
         check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)

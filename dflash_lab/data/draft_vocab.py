@@ -17,8 +17,8 @@ are embedded as MASK), never a label, so the head never needs it.
 Storage follows EAGLE-3 / speculators (checked in their sources, 2026-12): a buffer `d2t` of d int64 OFFSETS,
 target_id = draft_id + d2t[draft_id] (SpecForge/EAGLE build it as `used_tokens[i] - i`; vLLM maps drafted ids the
 same way), and `draft_vocab_size` in config.json. They also keep a boolean `t2d` (V,) buffer; we derive it from d2t
-instead of storing it (`DraftVocab.in_vocab`). speculators' DFlash also saves the reduced (d, H) `lm_head.weight`
-because runtimes cannot derive it; our export does not hold the target head (see docs/ablations.md).
+instead of storing it (`DraftVocab.in_vocab`). The export also writes the reduced (d, H) `lm_head.weight` =
+target_head[arange(d) + d2t], as speculators' DFlash saves it: the head vLLM reads (evaluation/serving_engines.py).
 """
 
 from __future__ import annotations

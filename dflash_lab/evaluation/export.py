@@ -1,11 +1,14 @@
 """Export a trained drafter as the DFlashDraftModel checkpoint that SGLang, vLLM and z-lab load; load it back.
 
-    python -m dflash_lab.evaluation.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16] [--force]
+    python -m dflash_lab.evaluation.export <run dir | checkpoint dir | drafter.safetensors> <out dir> [--dtype bfloat16] [--force] [--target T]
 
 writes <out dir>/config.json (Qwen3 fields + block_size, num_target_layers, dflash_config {mask_token_id,
 target_layer_ids}, explicit layer_types, auto_map -> dflash.DFlashDraftModel), model.safetensors (bf16, exactly the
-names of docs/dflash-method.md section 4, no embedding, no lm_head) and dflash.py (the remote-code model, so that
-`AutoModel.from_pretrained(out_dir, trust_remote_code=True)` works). `load_exported(out_dir)` reads it back into a
+names of docs/dflash-method.md section 4, no embedding; a pruned draft vocabulary adds `d2t` and its head rows of the
+target as `lm_head.weight`) and dflash.py (the remote-code model, so that
+`AutoModel.from_pretrained(out_dir, trust_remote_code=True)` works). It prints which engine cannot serve the drafter
+(before writing) and the serving command of each that can (serving_engines.py); `python -m
+dflash_lab.evaluation.export_check <out dir>` checks an export against speculators' own loader. `load_exported(out_dir)` reads it back into a
 `DFlashDrafter`; exported and re-imported drafters give identical outputs (tests/test_export.py). The export is
 written into a temp folder and renamed into place; a non-empty <out dir> is refused unless --force, and a folder that
 holds a model (e.g. the target) or a training run is refused even then.
@@ -34,9 +37,12 @@ import torch
 from dflash_lab.runs import weights
 from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
-from .export_format import config_from_export, export_config, export_state_names, is_exported  # noqa: F401 (public)
+from .export_format import (HEAD, build_export, config_from_export, export_config, export_state_names,  # noqa: F401
+                            export_tensor_names, is_exported)
+from .serving_engines import VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.target.load import TargetLoadError, read_head_weight, resolve_target_path
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
 WEIGHTS = "drafter.safetensors"
@@ -268,7 +274,10 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype:
 
 def _load_state(drafter: DFlashDrafter, state: dict, where: str) -> None:
     want = export_state_names(drafter.config)
-    got = {k for k in state if not k.startswith("rotary_emb.")}  # RoPE tables are recomputed, never learned
+    # RoPE tables are recomputed, never learned; a pruned export's head rows are the target's (our decoder selects
+    # them from the target through d2t; export_check.py compares the two)
+    pruned_head = {HEAD} if drafter.config.draft_vocab_size is not None else set()
+    got = {k for k in state if not k.startswith("rotary_emb.") and k not in pruned_head}
     missing, extra = sorted(set(want) - got), sorted(got - set(want))
     if missing or extra:
         more = lambda xs: f"{xs[:6]}{'...' if len(xs) > 6 else ''}"  # noqa: E731
@@ -289,9 +298,12 @@ def _exported_source(path: Path) -> DrafterSource:
 
 
 def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfloat16", force: bool = False,
-                   log=print, checkpoint: str | None = None) -> Path:
+                   log=print, checkpoint: str | None = None, target: str | None = None) -> Path:
     """Write config.json, model.safetensors and dflash.py into out_dir; returns out_dir.
 
+    `target`: the model the drafter was trained on (default: the run's own config says); a pruned draft vocabulary
+    needs it (its head rows are exported), and the serving commands name it. Before anything is written, each engine
+    that cannot serve the drafter is named in one line with the alternative; after, the command of each that can.
     Everything is written into a sibling temp folder that is renamed into place at the end, so a failed export
     leaves out_dir as it was. A non-empty out_dir is refused unless `force`; a model or a run folder always is.
     """
@@ -306,23 +318,30 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
         raise ExportRefused(f"out dir {out} is the run directory itself; its config.json would be overwritten. "
                             "Fix: pass a new directory, e.g. <run dir>/export.")
     guard_destination(out, force, source=src.weights if src.kind != "exported" else None)
-    names = export_state_names(src.config)
-    state = drafter.state_dict()
-    tensors = {k: state[k].detach().to("cpu", _DTYPES[dtype] if state[k].is_floating_point() else state[k].dtype)
-               .contiguous() for k in names}  # d2t stays int64
-    H, nH = src.config.hidden_size, src.config.num_target_features * src.config.hidden_size
-    assert tensors["fc.weight"].shape == (H, nH), tensors["fc.weight"].shape  # [H, n*H] per the format
+    target = target or (train_config_of(src) or {}).get("target") or _export_target(src)
+    head = None
+    if src.config.draft_vocab_size is not None:
+        if target is None:
+            raise ValueError(f"{src.weights} has a pruned draft vocabulary ({src.config.draft_vocab_size} ids): its "
+                             "export carries the target head's rows, and no target is known. Fix: pass --target "
+                             "<the model it was trained on> (target= in Python).")
+        head = read_head_weight(target)
+    extra = {"dflash_lab": {"source": str(src.weights), "step": src.step, "target": target}}
+    if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
+        extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
+    tensors, config = build_export(src.config, drafter.state_dict(), dtype=_DTYPES[dtype], target_head=head,
+                                   extra=extra)
+    readings = engine_readings(config, tensors)
+    for engine in ("vllm", "sglang"):
+        if readings[engine]["cannot_serve"]:
+            log(f"not for {engine}: {readings[engine]['cannot_serve']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-{secrets.token_hex(4)}")
     tmp.mkdir()  # mkdir (not tempfile.mkdtemp, which is 0700) so the folder follows the umask
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(src.weights)})
         respect_umask(tmp / "model.safetensors")  # safetensors writes 0600
-        extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
-        if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
-            extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
-        (tmp / "config.json").write_text(json.dumps(export_config(src.config, dtype=dtype, extra=extra), indent=2)
-                                         + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         shutil.copyfile(TEMPLATE, tmp / "dflash.py")
         swap_into_place(tmp, out)
     finally:
@@ -330,7 +349,45 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     n_params = sum(t.numel() for t in tensors.values())
     log(f"exported {src.kind} drafter {src.weights} (step {src.step}) -> {out}: {len(tensors)} tensors, "
         f"{n_params / 1e6:.2f}M parameters, {dtype}")
+    for engine, command in serving_commands(config, out.resolve(), _serving_target(target)).items():
+        log(f"serve with {engine} {VERSIONS[engine]}: {command}")
     return out
+
+
+def _export_target(src: DrafterSource) -> str | None:
+    """The target an exported folder names (its config.json's dflash_lab block), for re-exporting it."""
+    if src.kind != "exported":
+        return None
+    return (json.loads((src.run_dir / "config.json").read_text()).get("dflash_lab") or {}).get("target")
+
+
+def _serving_target(target: str | None) -> str:
+    """The model path or hub id the serving engines load the target from ("tiny" -> its embedded folder)."""
+    if target is None:
+        return "<target model>"
+    try:
+        return resolve_target_path(target)
+    except TargetLoadError:
+        return target
+
+
+def cannot_serve(out_dir: str | Path) -> dict:
+    """{engine: one line why it cannot serve this export, and the alternative} for the engines that cannot."""
+    from safetensors import safe_open
+
+    out = Path(out_dir).expanduser()
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    readings = engine_readings(json.loads((out / "config.json").read_text()), names)
+    return {e: r["cannot_serve"] for e, r in readings.items() if r["cannot_serve"]}
+
+
+def export_commands(out_dir: str | Path, target: str | None = None) -> dict:
+    """{engine: command} serving an existing export (the ones export_drafter printed); the target defaults to the
+    one its config.json names."""
+    out = Path(out_dir).expanduser().resolve()
+    cfg = json.loads((out / "config.json").read_text())
+    return serving_commands(cfg, out, _serving_target(target or (cfg.get("dflash_lab") or {}).get("target")))
 
 
 def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
@@ -357,19 +414,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace a non-empty out dir (never a model or a run)")
     ap.add_argument("--checkpoint", default=None, help="which weights of a run: latest (default), best (the best "
                     "held-out real tau while training), step-N or N")
+    ap.add_argument("--target", default=None, help="the model the drafter was trained on (default: the run's "
+                    "config.json); a pruned draft vocabulary exports its head rows, and the serving commands name it")
     args = ap.parse_args(argv)
     try:
-        out = export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force,
-                             checkpoint=args.checkpoint)
-    except (DrafterNotFoundError, ValueError, CheckpointError) as e:
+        export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force, checkpoint=args.checkpoint,
+                       target=args.target)
+    except (DrafterNotFoundError, ValueError, CheckpointError, TargetLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cfg = json.loads((out / "config.json").read_text())
-    B = cfg["block_size"]
-    print(f"serve with vLLM:  --speculative-config '{{\"method\":\"dflash\",\"model\":\"{out}\","
-          f"\"num_speculative_tokens\":{B - 1}}}'")
-    print(f"serve with SGLang: --speculative-algorithm DFLASH --speculative-draft-model-path {out} "
-          f"--speculative-num-draft-tokens {B}")
     return 0
 
 

@@ -8,7 +8,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from dflash_lab.config import DrafterConfig
+from dflash_lab.data.draft_vocab import target_ids_of
+
+HEAD = "lm_head.weight"  # a pruned drafter's own head: the target's rows of its draft vocabulary
+
+
+def build_export(config: DrafterConfig, state: dict, *, dtype: torch.dtype, target_head: torch.Tensor | None = None,
+                 extra: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of the serving checkpoint: the one place its contents are decided.
+
+    `state` is the drafter's state dict; `target_head` (V, H) is required for a pruned draft vocabulary, whose
+    export carries `lm_head.weight` = target_head[arange(d) + d2t] beside `d2t` and `draft_vocab_size`: the layout
+    speculators saves its own pruned DFlash drafters in, and the rows vLLM reads as the drafter's head
+    (serving_engines.py). A variant adds its tensors and config keys to what this returns."""
+    tensors = {k: state[k].detach().to("cpu", dtype if state[k].is_floating_point() else state[k].dtype)
+               .contiguous() for k in export_state_names(config)}  # d2t stays int64
+    H, nH = config.hidden_size, config.num_target_features * config.hidden_size
+    assert tensors["fc.weight"].shape == (H, nH), tensors["fc.weight"].shape  # [H, n*H] per the format
+    if config.draft_vocab_size is not None:
+        if target_head is None:
+            raise ValueError("a pruned draft vocabulary exports the target head's rows as lm_head.weight, and no "
+                             "target head was given. Fix: pass target= (the model the drafter was trained on).")
+        if tuple(target_head.shape) != (config.vocab_size, H):
+            raise ValueError(f"the target head has shape {tuple(target_head.shape)}, the drafter expects "
+                             f"({config.vocab_size}, {H}). Fix: pass the target the drafter was trained on.")
+        ids = target_ids_of(tensors["d2t"])
+        tensors[HEAD] = target_head.detach().to("cpu")[ids].to(dtype).contiguous()
+    return tensors, export_config(config, dtype=str(dtype).replace("torch.", ""), extra=extra)
+
+
+def export_tensor_names(config: DrafterConfig) -> list[str]:
+    """The tensors of the serving checkpoint: the drafter's own, and a pruned drafter's head rows."""
+    return export_state_names(config) + ([HEAD] if config.draft_vocab_size is not None else [])
 
 
 def export_state_names(config: DrafterConfig) -> list[str]:

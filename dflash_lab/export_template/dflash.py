@@ -2,7 +2,7 @@
 
     model = AutoModel.from_pretrained(out_dir, trust_remote_code=True)
     hidden = model(target_hidden, noise_embedding, position_ids)   # normed hidden (b, Q, H)
-    logits = target.lm_head(hidden)                                 # the drafter has no embedding / lm_head
+    logits = model.draft_logits(hidden, target.lm_head.weight)    # the target's head (a pruned drafter: its rows)
 
 Self-contained (torch + transformers only). The drafter drafts a block [last token, MASK x (B-1)] in one pass,
 conditioned on the target's hidden states of `dflash_config.target_layer_ids` (id i = output of target layer i =
@@ -94,10 +94,21 @@ class DFlashDraftModel(PreTrainedModel):
         self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
-        # A pruned draft vocabulary: the logits are target.lm_head rows d2t-mapped; draft id i = target id i + d2t[i]
-        if getattr(config, "draft_vocab_size", None):
+        # A pruned draft vocabulary: lm_head holds the target head's rows of the draft ids (row i = target row
+        # i + d2t[i]); logits over it are draft ids, draft id i = target id i + d2t[i] (draft_logits)
+        if getattr(config, "draft_vocab_size", None) and config.draft_vocab_size != config.vocab_size:
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.post_init()
+
+    def draft_logits(self, hidden: torch.Tensor, target_head: torch.Tensor) -> torch.Tensor:
+        """Logits over the target vocabulary (b, Q, V): the target's head for a full-vocabulary drafter; for a
+        pruned one its own rows scattered to their target ids, -inf elsewhere (as vLLM computes them)."""
+        if not hasattr(self, "lm_head"):
+            return F.linear(hidden, target_head.to(hidden.dtype))
+        out = hidden.new_full((*hidden.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., torch.arange(self.d2t.numel(), device=hidden.device) + self.d2t] = self.lm_head(hidden)
+        return out
 
     def get_input_embeddings(self):
         return None  # the target's embedding is used (frozen); the drafter has none

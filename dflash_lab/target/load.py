@@ -375,6 +375,36 @@ def load_target(target: str, *, device: str | torch.device = "cpu", dtype: torch
     return model
 
 
+def read_head_weight(target: str) -> torch.Tensor:
+    """The target's LM head (V, H), read from its safetensors files alone (no model is loaded): the export writes a
+    pruned drafter's rows of it. A tied head is read under any name that shares it (the embedding)."""
+    return _read_one_weight(target, "head")
+
+
+def read_embedding_weight(target: str) -> torch.Tensor:
+    """The target's input embedding (V, H), read like `read_head_weight`."""
+    return _read_one_weight(target, "embedding")
+
+
+def _read_one_weight(target: str, which: str) -> torch.Tensor:
+    if is_bench_target(target):
+        raise TargetLoadError(f"target {target!r} is a benchmark shape with random weights: it has no {which} to "
+                              "read. Fix: pass a model directory or a known model name.")
+    from safetensors import safe_open
+
+    model = _skeleton(load_target_config(target), torch.float32)
+    slots = _param_slots(model)
+    weight = (model.get_output_embeddings() if which == "head" else model.get_input_embeddings()).weight
+    names = {n for n, held in slots.items() if any(getattr(m, a) is weight for m, a in held)}
+    for f in _safetensors_files(_local_dir(target)):
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            hit = sorted(names & set(st.keys()))
+            if hit:
+                return st.get_tensor(hit[0])
+    raise TargetLoadError(f"target {target!r}: no {which} ({sorted(names)}) in its safetensors files. HINT: the "
+                          "directory must hold the full model.")
+
+
 def load_targets(target: str, devices, *, dtype: torch.dtype | Callable[[torch.device], torch.dtype],
                  progress: ProgressFn | None = None, seed: int = 0) -> list[nn.Module]:
     """One replica per device, loaded concurrently (one thread per distinct device). Entries naming the same CPU

@@ -336,21 +336,25 @@ class Recipe:
     def export(self) -> dict:
         from transformers import AutoModel
 
-        from dflash_lab.evaluation.export import export_drafter
+        from dflash_lab.evaluation.export import cannot_serve, export_commands, export_drafter
 
+        c = self.config
         t0 = time.perf_counter()
         if "train" in self.results["phases"] and (why := self._training_unfinished()) is not None:
             return self._record("export", t0, skipped_because=why)
         self._need("run_dir", "train")
         # work_dir/export is the recipe's own: a rerun replaces its earlier DFlash export (force never replaces a
         # model or a run, export_dest.py)
-        out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log)
+        # a pruned draft vocabulary (the presets' draft_vocab_size) exports its head rows of the target: vLLM serves
+        # it as trained; SGLang cannot, and the export says so before it writes
+        out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log, target=c.model)
         # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
         model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
         if info["missing_keys"] or info["unexpected_keys"]:
             raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
         cfg = json.loads((out / "config.json").read_text())
         return self._record("export", t0, out=str(out), reference_class=type(model).__name__,
+                            serving=export_commands(out, c.model), cannot_serve=cannot_serve(out),
                             config={k: cfg[k] for k in ("model_type", "hidden_size", "num_attention_heads",
                                                         "num_key_value_heads", "head_dim", "num_hidden_layers",
                                                         "tie_word_embeddings", "block_size", "num_target_layers",
