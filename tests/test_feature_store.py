@@ -259,3 +259,50 @@ def test_on_the_gpu_host_rows_are_copied_out_without_waiting_and_land_exactly():
     got = store.gather(store.lookup(keys))
     torch.cuda.synchronize()
     assert torch.equal(got.cpu(), feats) and store._pending is None
+
+
+def test_a_batch_holding_one_window_twice_keeps_every_window_in_its_own_slot():
+    """`data.mix --replacement` and small data sets at large batches repeat windows inside one batch: the repeat is
+    one window (one slot), and the windows that come after it get slots of their own."""
+    store = _store(rows=4)
+    a, b, c = torch.full((4, 3), 1.0), torch.full((4, 3), 2.0), torch.full((4, 3), 3.0)
+    store.put([b"a", b"a"], torch.stack([a, a]))
+    assert store.stored == 1
+    store.put([b"b", b"c", b"b"], torch.stack([b, c, b]))
+    assert store.stored == 3 and sorted(store.lookup([b"a", b"b", b"c"])) == [0, 1, 2]
+    assert torch.equal(store.gather(store.lookup([b"a", b"b", b"c", b"a"])), torch.stack([a, b, c, a]))
+    # a full store keeps the first of a repeated new window, not two rows of it
+    full = _store(rows=2)
+    full.put([b"x", b"x", b"y", b"z"], torch.stack([a, a, b, c]))
+    assert full.stored == 2 and torch.equal(full.gather(full.lookup([b"y", b"x"])), torch.stack([b, a]))
+
+
+def test_trainer_with_a_store_trains_exactly_as_without_when_a_batch_repeats_a_window(tmp_path):
+    """4 conversations, the first repeated as the last, batch 2: with the seed chosen so that epoch 1 begins with
+    the repeated window twice, the next batch's windows must not land in its slot (that served one window another
+    window's features from epoch 2 on)."""
+    from dflash_lab.tiny import tiny_data_path
+    from dflash_lab.train.trainer import Trainer
+
+    lines = tiny_data_path().read_text().splitlines(keepends=True)[:3]
+    data = tmp_path / "repeated.jsonl"
+    data.write_text("".join(lines + lines[:1]))
+    cfg = TrainConfig(target="tiny", data=str(data), seq_len=64, batch_size=2, block_size=8, num_anchors=4,
+                      num_draft_layers=1, steps=6, checkpoint_every=0, eval_every=0)
+    curves = {}
+    for seed in range(20):  # the first seed whose epoch 1 starts with the repeated window twice
+        trainer = Trainer(cfg.replace(seed=seed), write_run_dir=False, log=lambda *a: None)
+        first = sorted(trainer.sampler.indices(0).tolist())
+        trainer.close()
+        if first == [0, 3]:
+            break
+    assert first == [0, 3] and torch.equal(trainer.data.input_ids[0], trainer.data.input_ids[3])
+    for name, over in {"none": {}, "store": dict(feature_store_gib=0.01)}.items():
+        trainer = Trainer(cfg.replace(seed=seed, **over), write_run_dir=False, log=lambda *a: None)
+        try:
+            curves[name] = [trainer.step(1)["loss"] for _ in range(cfg.steps)]
+            last = trainer.last_metrics
+        finally:
+            trainer.close()
+    assert curves["store"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    assert last["feature_store_stored"] == 3 and last["feature_store_hit_rate"] == pytest.approx(4 / 6, abs=1e-4)

@@ -240,9 +240,14 @@ class FeatureStore:
         if len(outputs) != len(self.columns):
             raise ValueError(f"the store keeps {len(self.columns) - (self.scales is not None)} tensors per window, "
                              f"got {len(outputs) - (self.scales is not None)}")
-        new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
+        # a batch may hold one window twice (data mixed with replacement, small data at a large batch): it is one
+        # new window, kept from its first row; a second entry would move its slot and hand the next window the same
+        firsts = {}
+        for i, k in enumerate(keys):
+            if k not in self._slots:
+                firsts.setdefault(k, i)
         free = self.rows + self.host_rows - len(self._slots)
-        new = new[:free]
+        new = [(i, k) for k, i in firsts.items()][:free]
         if not new:
             return
         for _, k in new:  # device rows first, then the host tier
