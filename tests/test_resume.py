@@ -418,3 +418,37 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path, data
         resumed_config(at6, asked, explicit={"steps"}, log=None)
     config, _ = resumed_config(at6, asked.replace(steps=6), explicit={"steps"}, log=None)  # finishing it is fine
     assert config.steps == 6
+
+
+def test_resume_on_a_data_file_edited_in_place_is_refused_naming_the_record(tmp_path, data_file):
+    """Samples cut to seq_len keep their length when a word of their first tokens changes: the checkpoint's data
+    identity must hash the tokens, and the refusal names the record (its index and where it is in the file). A
+    checkpoint written before the tokens were hashed still resumes, on its lengths alone, and the log says so."""
+    lines = data_file.read_text().splitlines(keepends=True)[:40]
+    data = tmp_path / "edited.jsonl"
+    data.write_text("".join(lines))
+    t = Trainer(_config(tmp_path, data, steps=2, checkpoint_every=2), log=lambda *a: None)
+    t.train()
+    at = int(t.data.lengths.eq(64).nonzero()[5])  # a conversation cut at seq_len: its length cannot change
+    line = int(t.data.sample_ids[at].rsplit(":", 1)[1])
+    t.close()
+    record = json.loads(lines[line - 1])
+    first = record["messages"][0]
+    first["content"] = first["content"].replace(first["content"].split()[0], "Please", 1)
+    assert first["content"] != json.loads(lines[line - 1])["messages"][0]["content"]
+    data.write_text("".join(lines[:line - 1] + [json.dumps(record) + "\n"] + lines[line:]))
+    with pytest.raises(ConfigError) as err:
+        Trainer(_config(tmp_path, data, steps=2, resume_from=str(t.run_dir)), log=lambda *a: None)
+    msg = str(err.value)
+    assert f"sample {at} (edited.jsonl:{line}) has other tokens" in msg, msg
+    assert "lengths" not in msg and "resume on the data the run was trained on" in msg
+
+    ckpt = checkpoint.latest_checkpoint(t.run_dir)  # as written before the tokens were hashed
+    state = json.loads((ckpt / checkpoint.STATE_FILE).read_text())
+    for key in ("tokens_sha1", "record_digests"):
+        del state["data"][key]
+    (ckpt / checkpoint.STATE_FILE).write_text(json.dumps(state))
+    said = []
+    r = Trainer(_config(tmp_path, data, steps=2, resume_from=str(t.run_dir)), log=said.append)
+    r.close()
+    assert any("checks only the data's sample lengths" in m for m in said), said

@@ -246,7 +246,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                            mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed,
                            weighting=loss_weighting_of(cfg))
     if resume is not None:
-        resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
+        resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict(),
+                                    log=log)
         check_same_vocab(resume.drafter.get("d2t"), draft_vocab, resume.path)
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
