@@ -229,3 +229,16 @@ def test_a_time_budget_spent_before_the_first_prompt_is_one_error_with_the_fix(c
     with pytest.raises(SystemExit):
         ev.main([str(tiny_trained_run()), "--time-budget-s", "-3", "--no-notebook"])
     assert "'-3' is not a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_a_temperature_that_is_no_number_is_one_line_and_writes_nothing(capsys):
+    """nan and inf were accepted and written as a measurement (tau 1.00); now one error line, exit 2, and no new
+    evaluation folder. (1e-40 is T -> 0: greedy, test_speculative covers every decoder.)"""
+    run = tiny_trained_run()
+    before = sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []
+    for t in ("nan", "inf", "-1"):
+        assert ev.main([str(run), "--temperature", t, "--n-prompts", "1", "--no-notebook"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: temperature={float(t)} must be") and err.count("\n") == 0, err
+    after = sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []
+    assert after == before
