@@ -452,3 +452,50 @@ def test_resume_on_a_data_file_edited_in_place_is_refused_naming_the_record(tmp_
     r = Trainer(_config(tmp_path, data, steps=2, resume_from=str(t.run_dir)), log=said.append)
     r.close()
     assert any("checks only the data's sample lengths" in m for m in said), said
+
+
+def test_a_stop_whose_checkpoint_cannot_be_written_stays_resumable_from_the_intact_one(tmp_path, data_file,
+                                                                                    monkeypatch, reference):
+    """A spent time budget stops after step 6 and its checkpoint hits a full disk (an injected write error): the
+    step-4 checkpoint is intact, so the run lists `stopped (resumable)`, the recipe's run_to_continue resumes it
+    (it started a new run at step 0), and the resumed run trains steps 5 and 6 again to the straight run's losses."""
+    from dflash_lab.runs.listing import run_status
+    from dflash_lab.train import stopping
+    from dflash_lab.workflows import recipe_reuse
+
+    clock = {"t": 0.0}  # 10 s of simulated wall time per step: a 45 s budget is spent at step 5, the step in flight is booked
+    monkeypatch.setattr(stopping, "now", lambda: clock["t"])
+    real = checkpoint._write_tensors
+
+    def disk_full_at_the_stop(path, tensors):
+        if "step-0000006" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, tensors)
+
+    monkeypatch.setattr(checkpoint, "_write_tensors", disk_full_at_the_stop)
+    cfg = _config(tmp_path, data_file, run_name="full-disk", time_budget_s=45)
+    logs = []
+    t = Trainer(cfg, log=logs.append)
+    recipe_reuse.record_data(t.run_dir, [data_file])
+    t.train(callbacks=[lambda tr: clock.__setitem__("t", 10.0 * tr.step_count)])
+    assert t.step_count == 6 and [p.name for p in checkpoint.list_checkpoints(t.run_dir)] == ["step-0000004"]
+    stop = [e for e in rundir.read_jsonl(t.run_dir / rundir.EVENTS_FILE) if e["event"] == "stopped"]
+    assert [(e["step"], e["resumable"], e["checkpoint"]) for e in stop] == [
+        (6, True, str(t.run_dir / "checkpoints" / "step-0000004"))]
+    said = next(line for line in logs if line.startswith("stopped at step 6"))
+    assert "could not be written" in said and "continues from step 4" in said and "resume_from=" in said, said
+    assert t.finish()["status"] == "stopped (resumable)"
+    t.close()
+    assert run_status(t.run_dir) == "stopped (resumable)"
+    monkeypatch.setattr(checkpoint, "_write_tensors", real)  # the disk has room again
+
+    assert recipe_reuse.run_to_continue(cfg, [data_file], logs.append) == ("resume", t.run_dir)
+    clock["t"] = 0.0
+    r = Trainer(cfg.replace(resume_from=str(t.run_dir), time_budget_s=None), log=lambda *a: None,
+                explicit={"resume_from", "time_budget_s"})
+    assert r.step_count == 4
+    r.train()
+    r.close()
+    got = _losses(t.run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert max(abs(got[s] - reference[s]) for s in got) <= 1e-6
