@@ -91,7 +91,7 @@ def test_papermill_cli_run_logs_progress_and_fills_the_run_dir(tmp_path):
     assert summary["notebook"] == str(run / "train.ipynb")  # found through the papermill parent process
 
     copy = run / "train.ipynb"  # the detached copier replaces the partial copy with papermill's final write
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # a bound on a hang only: the copier is a process of its own
     while time.monotonic() < deadline and not json.loads(copy.read_text())["metadata"]["papermill"].get("end_time"):
         time.sleep(0.25)
     nb = json.loads(copy.read_text())

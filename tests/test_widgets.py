@@ -215,7 +215,8 @@ def test_run_dir_states_from_what_the_run_records(tmp_path):
                                                        "no_gpu": True}) + "\n")
     src, m = RunDirSource(tmp_path), DashboardModel()
     assert src.poll(m)["phase"] == "training"  # files just written: the writer is alive
-    assert run_dir_state(tmp_path, step=110, total=400, now=time.time() + 25).detail.startswith(
+    newest = max((tmp_path / f).stat().st_mtime for f in ("metrics.jsonl", "system.jsonl"))  # 25 s after the last
+    assert run_dir_state(tmp_path, step=110, total=400, now=newest + 25).detail.startswith(
         "at step 110 of 400: the writer is gone (no file written for 25 s)")  # no lock to ask: the files' age
     from dflash_lab.runs import lock as run_lock
 
