@@ -398,7 +398,7 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tiny, tmp_pat
 
     def hold(stats):
         inside.set()
-        go_on.wait(timeout=60)
+        go_on.wait(timeout=300)
 
     def first():
         try:
@@ -410,7 +410,7 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tiny, tmp_pat
     t = threading.Thread(target=first)
     t.start()
     try:
-        assert inside.wait(timeout=60)
+        assert inside.wait(timeout=300)
         with pytest.raises(DataError, match=rf"regeneration output .*out.jsonl is in use by pid {os.getpid()}"):
             regenerate(data, out, sampling=SHORT, batch_size=1, models={"cpu": tiny[0]}, log=lambda s: None)
     finally:

@@ -21,12 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_help_names_the_notebook_and_both_ways_in():
-    out = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
     assert "notebooks/train.ipynb" in text and "papermill notebooks/train.ipynb out.ipynb" in text
     assert "--config CONFIG | --data DATA" in text and "--set FIELD=VALUE" in text
-    bare = subprocess.run(CMD, capture_output=True, text=True, timeout=60, cwd=REPO)
+    bare = subprocess.run(CMD, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bare.returncode == 2 and "one of the arguments --config --data is required" in bare.stderr
 
 
@@ -41,7 +41,7 @@ def test_a_fresh_run_from_a_data_file(tmp_path):
     assert [r["step"] for r in rundir.read_jsonl(run / rundir.METRICS_FILE)][-1] == 3
     assert out.stdout.startswith(f"new run dir {run} (config.json)")
     bad = subprocess.run([*CMD, "--data", str(tiny_data_path()), "--set", "seqlen=64", "--runs-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: TrainConfig got unknown fields ['seqlen']")
     assert bad.stderr.count("\n") == 1  # one line, no traceback
 
@@ -52,7 +52,7 @@ SMALL_SETS = ["--set", "seq_len=64", "--set", "batch_size=2", "--set", "num_anch
 
 def test_a_flag_and_a_set_of_the_same_field_are_refused_in_one_line(tmp_path):
     bad = subprocess.run([*CMD, "--data", "tiny", "--run-name", "a", "--set", "run_name=b", "--runs-dir",
-                          str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: run_name given twice: by --set and by its own flag")
     assert bad.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # nothing written
 

@@ -294,7 +294,7 @@ SMALL = dict(target="tiny", data="tiny", seq_len=128, batch_size=4, block_size=8
              lr=3e-3, steps=400, log_every=1)
 
 
-def _until(cond, timeout=60.0, what=""):
+def _until(cond, timeout=300.0, what=""):
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
@@ -471,7 +471,7 @@ def test_model_side_imports_without_jupyter_packages():
             "import widgets, widgets.overhead, widgets.model, widgets.sources, widgets.controls, widgets.builder\n"
             "assert widgets.DashboardModel is widgets.model.DashboardModel\n"
             "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
