@@ -137,19 +137,23 @@ def test_interrupts_between_and_during_steps_leave_the_trainer_usable(tmp_path, 
     assert checkpoint.latest_checkpoint(t.run_dir).name == "step-0000003"  # saved on the way out
 
     main = threading.main_thread().ident
-    fired = []
+    fired, taken = [], threading.Event()
 
     def ctrl_c_mid_step(module, args, output):  # runs on the worker thread, inside step 6's forward
         if t.step_count == 5 and not fired:
             fired.append(1)
             signal.pthread_kill(main, signal.SIGINT)  # a real SIGINT to the main thread, as Ctrl-C / kernel interrupt
-            time.sleep(0.3)  # the main thread takes it while this step is still running
+            assert taken.wait(600)  # the step runs on until the main thread took it, however late that is
+
+    def python_ctrl_c(signum, frame):  # Python's own Ctrl-C handler, saying when the main thread took it
+        taken.set()
+        raise KeyboardInterrupt
 
     handle = t.drafter.register_forward_hook(ctrl_c_mid_step)
     t.step(2)
     # Python's own Ctrl-C handler, whatever an earlier test or library left installed (one clean-clone suite run
     # saw this step return without the interrupt; alone, 8 of 8 runs raised it)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, python_ctrl_c)
     try:
         with pytest.raises(KeyboardInterrupt, match="trainer is consistent"):
             t.step(1)
