@@ -41,7 +41,7 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, to_target_ids
-from dflash_lab.target.sampling import temperature_problem, tempered_probs
+from dflash_lab.target.sampling import check_temperature, tempered_probs
 
 from .acceptance import DRAFT_SAMPLING, accept_block, coupled_drafts, draw_rows, host_uniforms
 
@@ -228,9 +228,7 @@ class SpeculativeDecoder:
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, temperature: float) -> torch.Tensor:
         """The prompt as a 1-D long tensor after checking it and the generation settings."""
-        problem = temperature_problem(temperature)
-        if problem:
-            raise ValueError(f"temperature={temperature} {problem}.")
+        check_temperature(temperature)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()

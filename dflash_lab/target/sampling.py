@@ -40,6 +40,12 @@ def temperature_problem(value) -> str | None:
     return None
 
 
+def check_temperature(value) -> None:
+    """Raise ValueError naming `value` when it is no temperature (the decoders' check of their argument)."""
+    if problem := temperature_problem(value):
+        raise ValueError(f"temperature={value} {problem}.")
+
+
 def temperature_arg(text: str) -> float:
     """argparse type of every command's --temperature: the one check, as argparse's one-line error."""
     try:
