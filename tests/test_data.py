@@ -342,3 +342,29 @@ def test_stored_generated_ids_are_trained_on_where_they_decode_to_the_text(tok, 
     prompt = plain.input_ids[0, :plain.lengths[0]].tolist()
     assert kept[:kept.index(chars[0])] == prompt[:prompt.index(canonical[0])]  # the same prompt ids before it
     assert torch.equal(data.input_ids[1], plain.input_ids[1]) and torch.equal(data.loss_mask[1], plain.loss_mask[1])
+
+
+@pytest.mark.parametrize("case,words", [
+    ("system_only", "holds no usable conversation (3 records read)"),
+    ("missing", "does not exist"),
+    ("unknown_target", "no-such-target"),
+    ("big_block", "no sample has >= 512 supervised tokens"),
+])
+def test_validate_cli_says_each_problem_it_exists_to_catch_in_one_line(tmp_path, capsys, case, words):
+    """The documented pre-training check: conversations with only a system turn, a missing path, an unknown target
+    and a block larger than the answers are an `error:` line (with the data report where there is one) and exit
+    2 (each was a raw traceback)."""
+    from dflash_lab.data.tokenize import main
+    from dflash_lab.tiny import tiny_data_path
+
+    data = tmp_path / "chats.jsonl"
+    if case == "system_only":
+        data.write_text("".join(json.dumps({"messages": [{"role": "system", "content": f"Be brief {i}."}]}) + "\n"
+                                for i in range(3)))
+    elif case != "missing":
+        data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:20]))
+    args = {"system_only": [], "missing": [], "unknown_target": ["--target", "no-such-target"],
+            "big_block": ["--block-size", "256", "--seq-len", "512"]}[case]
+    assert main([str(data), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and words in err.splitlines()[0] and "Traceback" not in err, err

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -93,12 +92,11 @@ def test_triton_kernel_equals_the_reference_under_the_interpreter():
     """TRITON_INTERPRET=1 must be set before triton decorates the kernel: a fresh process runs the cases. Block
     edges (lengths 63/64/65/128), g = 1, 3, 8 (query rows padded to 16), a head dim that is not a power of two."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", INTERPRETER_CASES], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=900, cwd=ROOT)  # a bound on a hang only: the interpreter's speed is the machine's
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(cases) == 4 and time.perf_counter() - t0 < 60
+    assert len(cases) == 4
     for c in cases:
         tol = 2e-6 if "float32" in c["dtype"] else 2e-2
         assert c["shape"] == [7, 1, 2 * c["g"], c["d"]] and c["same_dtype"], c

@@ -240,3 +240,26 @@ def test_on_the_gpu_the_bf16_selection_matches_the_fp32_one_at_smollm2s_head():
         assert torch.equal(ids.reshape(-1, k).sort(-1).values, ref_ids.sort(-1).values)
         diff = (logp.reshape(-1, k).sort(-1).values - ref_logp.sort(-1).values).abs().max()
         assert float(diff) < 2e-3
+
+
+def test_a_top_k_larger_than_the_vocabulary_is_refused_before_the_target_loads(monkeypatch):
+    """TrainConfig cannot know the vocabulary; the target's config.json does, and it is read before any weight:
+    distill_top_k=1000 on the tiny target (960 ids) is refused there, naming both numbers (it failed at step 0,
+    after the target had loaded)."""
+    import dflash_lab.train.trainer as trainer_module
+    from dflash_lab.target.load import load_target_config
+    from dflash_lab.train.prepare import prepare_run
+    from dflash_lab.train.trainer import Trainer
+
+    vocab = load_target_config("tiny").vocab_size
+    cfg = TrainConfig(target="tiny", distill_weight=0.5, distill_top_k=vocab + 40, checkpoint_every=0, eval_every=0)
+    with pytest.raises(ConfigError, match=rf"distill_top_k={vocab + 40} .*vocabulary of {vocab} ids.*Fix"):
+        prepare_run(cfg, log=None)
+
+    def no_weights(*a, **kw):
+        raise AssertionError("the target's weights were loaded")
+
+    monkeypatch.setattr(trainer_module, "load_targets", no_weights)
+    with pytest.raises(ConfigError, match="distill_top_k"):
+        Trainer(cfg, write_run_dir=False, log=lambda *a: None)
+    prepare_run(cfg.replace(distill_top_k=vocab), log=None)  # the whole vocabulary is a top-k

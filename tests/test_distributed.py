@@ -25,7 +25,7 @@ CFG = TrainConfig(target="tiny", data="tiny", seq_len=64, batch_size=2, block_si
                   num_draft_layers=2, steps=4, log_every=1, checkpoint_every=2, keep_checkpoints=5, seed=0,
                   run_name="dist-test")  # devices ("cpu",) and dtype "auto" -> fp32: what the notebook builds too
 DATA_LINES = 64  # a slice of the tiny chat set: every rank tokenizes it at start-up, so keep it short
-RUN_TIMEOUT_S = 120  # a hung job fails the test instead of hanging it
+RUN_TIMEOUT_S = 600  # a hung job fails the test instead of hanging it (a bound on a hang, not on speed)
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "launch.ipynb"
 TOL = 1e-5
 
@@ -199,14 +199,14 @@ def test_separate_target_rank_feeds_drafter_rank(reference):
 
 def test_dying_rank_ends_job_with_clear_error_then_resume_matches(reference, ddp_run):
     base = reference["base"]
-    run_dir = prepare_run(reference["cfg"], DistConfig(timeout_s=60), run_dir=base / "fault")
+    # a process-group timeout far past the run's own (RUN_TIMEOUT_S): a peer hung on the dead rank would wait it
+    # out and fail _run; a job that ends does so because the dead rank ended it, however slow the machine
+    run_dir = prepare_run(reference["cfg"], DistConfig(timeout_s=3600), run_dir=base / "fault")
     proc, _ = _run(run_dir, 2, DFLASH_FAULT="1:2")
-    ended = time.time()
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     err = json.loads((run_dir / "error.rank1.json").read_text())
-    # ~6 s on 2 busy cores; waiting out the 60 s process-group timeout would mean a peer hung on the dead rank
-    assert ended - err["time"] < 30, f"the job took {ended - err['time']:.0f}s to end after rank 1 died"
+    assert err["rank"] == 1 and err["step"] == 2
     assert "injected fault on rank 1 at step 2" in out
     assert "[rank 1] FAILED at step 2" in out
     root_cause = out.split("Root Cause")[-1]  # torchrun's summary names the rank that died first, with its error

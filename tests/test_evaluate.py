@@ -229,3 +229,38 @@ def test_a_time_budget_spent_before_the_first_prompt_is_one_error_with_the_fix(c
     with pytest.raises(SystemExit):
         ev.main([str(tiny_trained_run()), "--time-budget-s", "-3", "--no-notebook"])
     assert "'-3' is not a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_a_temperature_that_is_no_number_is_one_line_and_writes_nothing(capsys):
+    """nan and inf were accepted and written as a measurement (tau 1.00); now one error line, exit 2, and no new
+    evaluation folder. (1e-40 is T -> 0: greedy, test_speculative covers every decoder.)"""
+    run = tiny_trained_run()
+    before = sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []
+    for t in ("nan", "inf", "-1"):
+        assert ev.main([str(run), "--temperature", t, "--n-prompts", "1", "--no-notebook"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: temperature={float(t)} must be") and err.count("\n") == 0, err
+    after = sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []
+    assert after == before
+
+
+@pytest.mark.parametrize("line,words", [
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not UTF-8 text"),
+    (b'{"messages": ["hello"]}', "message 0 is not an object with a string 'role'"),
+    (b'{"messages": [{"role": "user"}]}', "message 0 (user) has no 'content'"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]}',
+     "content part of type 'image_url'"),
+    (b'{"messages": [{"role": "narrator", "content": "hi"}]}', "message 0 has role 'narrator'"),
+])
+def test_a_bad_prompt_record_is_one_line_naming_the_file_and_line(tmp_path, capsys, line, words):
+    """A prompts file whose third line is bad: one error line naming FILE:3 and what is wrong, exit 2, nothing
+    written (each was a raw traceback naming no file or line, and an unknown role was accepted)."""
+    run = tiny_trained_run()
+    prompts = tmp_path / "mine.jsonl"
+    good = b'{"messages": [{"role": "user", "content": "Count to 5."}]}\n'
+    prompts.write_bytes(good + good.replace(b"5", b"7") + line + b"\n")
+    before = sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []
+    assert ev.main([str(run), "--prompts", str(prompts), "--no-notebook", "--no-untrained"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {prompts}:3: ") and words in err and err.count("\n") == 0, err
+    assert (sorted((run / "evals").iterdir()) if (run / "evals").is_dir() else []) == before

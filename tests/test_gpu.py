@@ -302,9 +302,10 @@ def test_float8_feature_store_round_trip_on_the_gpu():
                          groups=groups)
     feats = (torch.randn(4, S_, groups * H, device=dev) * 3).to(torch.bfloat16)
     keys = [bytes([i]) * 16 for i in range(4)]
-    store.put(keys, feats)
+    computed = store.put(keys, feats).clone()  # what the step reads on the miss: the features as stored
     back = store.gather(store.lookup(keys))
     assert back.dtype == torch.bfloat16 and back.device == feats.device
+    assert torch.equal(computed, back)  # a hit and a miss give the step the same features, bit for bit
     x = feats.float()
     scale = x.view(4, S_, groups, H).abs().amax(-1, keepdim=True) / 448.0
     bound = x.abs() / 16 + (scale * 2**-10).expand(4, S_, groups, H).reshape(x.shape) + x.abs() / 128  # + bf16's

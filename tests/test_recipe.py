@@ -237,3 +237,11 @@ def test_a_rerun_keeps_the_earlier_figures_until_its_own_phase_replaces_them(tmp
     Recipe(cfg, log=notes.append)
     assert (tmp_path / "r" / "results.json.unreadable").read_text() == cut
     assert "cannot be read" in notes[-1] and json.loads(results.read_text())["phases"] == {}
+
+
+def test_evaluation_temperatures_are_finite_numbers_at_least_zero():
+    """nan and inf were accepted (nan passes `t < 0`) and evaluated as a measurement; the config refuses them."""
+    for bad in ((float("nan"),), (0.0, float("inf")), (-1.0,)):
+        with pytest.raises(ConfigError, match=r"eval_temperatures.*needs finite temperatures >= 0"):
+            RecipeConfig(model="tiny", eval_temperatures=bad)
+    assert RecipeConfig(model="tiny", eval_temperatures=(0, 1e-40)).eval_temperatures == (0.0, 1e-40)

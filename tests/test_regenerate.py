@@ -398,7 +398,7 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tiny, tmp_pat
 
     def hold(stats):
         inside.set()
-        go_on.wait(timeout=60)
+        go_on.wait(timeout=300)
 
     def first():
         try:
@@ -410,7 +410,7 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tiny, tmp_pat
     t = threading.Thread(target=first)
     t.start()
     try:
-        assert inside.wait(timeout=60)
+        assert inside.wait(timeout=300)
         with pytest.raises(DataError, match=rf"regeneration output .*out.jsonl is in use by pid {os.getpid()}"):
             regenerate(data, out, sampling=SHORT, batch_size=1, models={"cpu": tiny[0]}, log=lambda s: None)
     finally:
@@ -627,3 +627,23 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept_and_a_rerun_re
     assert main(args) == 0  # space again: the kept conversations are not redone
     assert sorted(_records(out)) == ["p0", "p1", "p2", "p3"]
     assert f"{4 - kept} of 4 conversations to do ({kept} already in" in capsys.readouterr().out
+
+
+def test_a_vanishing_temperature_answers_greedily_on_either_back_end_and_nonsense_is_one_line(tmp_path, capsys):
+    """--temperature 1e-40 is T -> 0: the HF back end (which divides the logits by T) died on NaN probabilities with
+    a raw traceback; now both back ends write the greedy answers. nan and inf are refused in one line."""
+    from dflash_lab.data.regenerate import main
+
+    data = _small_prompts(tmp_path / "in.jsonl", ["Count from 1 to 5.", "Tell me a story."])
+    answers = {}
+    for backend, t in (("hf", "0"), ("hf", "1e-40"), ("engine", "1e-40")):
+        out = tmp_path / f"{backend}-{t}.jsonl"
+        assert main(["--data", str(data), "--out", str(out), "--thinking", "off", "--max-new-tokens", "12",
+                     "--temperature", t, "--threads", "1", "--backend", backend]) == 0
+        answers[backend, t] = {i: r["messages"][-1]["content"] for i, r in _records(out).items()}
+    assert answers["hf", "1e-40"] == answers["hf", "0"] == answers["engine", "1e-40"]
+    capsys.readouterr()
+    for t in ("nan", "inf", "-inf"):
+        assert main(["--data", str(data), "--out", str(tmp_path / "x.jsonl"), f"--temperature={t}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "temperature" in err and err.count("\n") == 1, err

@@ -100,7 +100,7 @@ def test_copy_when_final_waits_for_the_kernel_and_the_final_write(tmp_path):
     time.sleep(0.8)
     assert not dst.exists()  # kernel gone, but papermill has not written the final notebook yet
     _notebook(src, end_time="2026-01-01T00:00:00")
-    assert watcher.wait(timeout=20) == 0
+    assert watcher.wait(timeout=300) == 0
     assert json.loads(dst.read_text())["metadata"]["papermill"]["end_time"] == "2026-01-01T00:00:00"
 
 

@@ -670,3 +670,36 @@ def test_tau_counts_the_tokens_of_the_budget_on_every_decoder():
             # the cut blocks: 1 accepted draft of each prompt but the first past budget 3, 2 past budget 5
             assert sum(r.accepted_past_budget for r in results) == {3: 5, 5: 10}[budget], (name, budget)
         assert [r.accepted for r in runs["batched"]] == [r.accepted for r in runs["dynamic"]]
+
+
+def test_a_vanishing_temperature_samples_the_argmax_on_every_decoder():
+    """T -> 0 is greedy: sampling uses softmax((logits - max) / T), whose exponents never overflow. At T = 1e-40
+    logits / T were inf, their softmax NaN, and every decoder (the target alone included) drew the vocabulary's
+    last id. Here the target alone, argmax drafts, sampled and coupled drafts, dynamic and static, all give the
+    target's greedy output."""
+    from dflash_lab.evaluation.static_decode import StaticSpeculativeDecoder
+
+    target, tok, drafter = tiny_models()
+    eos = tok.eos_token_id
+    ids = heldout_prompt_ids(tok, 2)[1]
+    want = _greedy(target, ids, 24, eos)
+    decoders = [SpeculativeDecoder(target, None, block_size=1, eos_token_id=eos)]
+    for mode in ("argmax", "sample", "coupled"):
+        decoders += [SpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, draft_sampling=mode),
+                     StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, draft_sampling=mode)]
+    for d in decoders:
+        got = d.generate(ids, max_new_tokens=24, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+        assert got.output_ids == want, (type(d).__name__, d.draft_sampling)
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match=f"temperature={bad} must be"):
+            decoders[0].generate(ids, max_new_tokens=4, temperature=bad)
+
+
+def test_tempered_probabilities_tend_to_the_argmax_as_the_temperature_vanishes():
+    from dflash_lab.target.sampling import tempered_probs
+
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, -1.0, 0.5]])
+    assert torch.equal(tempered_probs(logits, 1e-40), torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]]))  # ties share
+    assert torch.equal(tempered_probs(logits, 1e-300), tempered_probs(logits, 1e-40))  # below fp32's range too
+    assert torch.equal(tempered_probs(logits, torch.tensor([[1e-40], [1e-40]])), tempered_probs(logits, 1e-40))
+    assert torch.allclose(tempered_probs(logits, 0.7), torch.softmax(logits / 0.7, dim=-1))

@@ -21,12 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_help_names_the_notebook_and_both_ways_in():
-    out = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
     assert "notebooks/train.ipynb" in text and "papermill notebooks/train.ipynb out.ipynb" in text
     assert "--config CONFIG | --data DATA" in text and "--set FIELD=VALUE" in text
-    bare = subprocess.run(CMD, capture_output=True, text=True, timeout=60, cwd=REPO)
+    bare = subprocess.run(CMD, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bare.returncode == 2 and "one of the arguments --config --data is required" in bare.stderr
 
 
@@ -41,7 +41,7 @@ def test_a_fresh_run_from_a_data_file(tmp_path):
     assert [r["step"] for r in rundir.read_jsonl(run / rundir.METRICS_FILE)][-1] == 3
     assert out.stdout.startswith(f"new run dir {run} (config.json)")
     bad = subprocess.run([*CMD, "--data", str(tiny_data_path()), "--set", "seqlen=64", "--runs-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: TrainConfig got unknown fields ['seqlen']")
     assert bad.stderr.count("\n") == 1  # one line, no traceback
 
@@ -52,7 +52,7 @@ SMALL_SETS = ["--set", "seq_len=64", "--set", "batch_size=2", "--set", "num_anch
 
 def test_a_flag_and_a_set_of_the_same_field_are_refused_in_one_line(tmp_path):
     bad = subprocess.run([*CMD, "--data", "tiny", "--run-name", "a", "--set", "run_name=b", "--runs-dir",
-                          str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: run_name given twice: by --set and by its own flag")
     assert bad.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # nothing written
 
@@ -106,3 +106,67 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_says_how_to_cont
     assert (run / "checkpoints" / f"step-{step:07d}" / "state.json").is_file()
     assert f"continue with: python -m dflash_lab.train --config {run}/config.json --resume {run}" in out.out
     assert run_status(run) == "stopped (resumable)" and not (run / "STOP").exists()
+
+
+def _files(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_command_prints_one_line_and_leaves_the_run_folder_as_it_was(tmp_path, capsys):
+    """A finished run, then commands refused before they own it: a time budget of 0, --steps 0 (was silently
+    ignored), and a second process while another holds the run's lock. Each is one `error:` line, exit 2, and the
+    run folder byte for byte as it was: no `failed` event or status (a refused lock wrote one into the live run,
+    which then listed `failed` after a later SIGKILL instead of `killed (ckpt @N)`)."""
+    from dflash_lab.runs.listing import run_status
+    from dflash_lab.train import cli
+
+    runs = tmp_path / "runs"
+    assert cli.main(["--data", "tiny", "--steps", "2", "--runs-dir", str(runs), "--run-name", "done", *SMALL_SETS,
+                     "--set", "checkpoint_every=0", "--set", "eval_every=0"]) == 0
+    (run,) = runs.iterdir()
+    config = str(run / rundir.CONFIG_FILE)
+    before = _files(run)
+    capsys.readouterr()
+    refused = {"--time-budget 0": ["--resume", str(run), "--time-budget", "0"], "--steps 0": ["--steps", "0"]}
+    for name, args in refused.items():
+        assert cli.main(["--config", config, *args]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, (name, err)
+        assert _files(run) == before, name
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from dflash_lab.runs import lock; "
+                               f"lock.acquire({str(run)!r}); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        held = _files(run)
+        assert cli.main(["--config", config, "--resume", str(run), "--steps", "4"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: run directory {run.resolve()} is in use by") and err.count("\n") == 1, err
+        assert _files(run) == held
+    finally:
+        holder.kill()
+        holder.wait()
+    events = [e["event"] for e in rundir.read_jsonl(run / rundir.EVENTS_FILE)]
+    assert "failed" not in events and not list(run.glob("error.rank*.json")) and run_status(run) == "finished"
+
+
+def test_a_stop_requested_before_the_process_owns_the_run_is_written_only_once_it_does(tmp_path):
+    """A SIGTERM or a spent budget while the run loads (and may still be refused by another process's lock) must
+    not touch STOP, which would stop the other process's run; once the process owns the run it is written."""
+    from dflash_lab.train.cli import JobStop
+
+    stopper = JobStop(tmp_path, 0.0, time.monotonic() - 1.0, main_rank=True, armed=False)
+    deadline = time.monotonic() + 10
+    while stopper.reason is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stopper.reason == "time budget of 0 s spent" and not list(tmp_path.iterdir())
+    stopper.arm()
+    assert (tmp_path / "STOP").exists()
+    assert [e["event"] for e in rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)] == ["stop_requested"]
+    stopper.close()
+    refused = JobStop(tmp_path, 0.0, time.monotonic() - 1.0, main_rank=True, armed=False)
+    (tmp_path / "STOP").touch()  # another process's request: a refused one leaves it
+    while refused.reason is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused.close()
+    assert (tmp_path / "STOP").exists()

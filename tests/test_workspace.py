@@ -52,7 +52,7 @@ def test_make_lab_serves_the_copies_as_root_on_a_chosen_port(tmp_path):
     # --no-print-directory: under `make test` this make is a sub-make, which would print "make[1]: Entering ..."
     out = subprocess.run(["make", "--no-print-directory", "-n", "-o", f"{venv}/.installed", "lab", f"VENV={venv}", f"LAB_DIR={tmp_path}/lab",
                           "LAB_PORT=8890", "LAB_ARGS=--no-browser --ip=127.0.0.1"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=30)
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0] == f"{venv}/bin/python -m widgets.workspace --into {tmp_path}/lab"

@@ -95,6 +95,14 @@ def check_distill_fields(cfg) -> None:
              "them on the GPU across epochs), or distill_weight=0")
 
 
+def check_distill_vocab(cfg, vocab_size: int) -> None:
+    """distill_top_k within the target's vocabulary: the config alone cannot know it, so preparation checks it as
+    soon as the target's config is read, before any weight loads (it failed at step 0 after the target loaded)."""
+    if cfg.distill_weight > 0 and cfg.distill_top_k > vocab_size:
+        fail("TrainConfig", "distill_top_k", cfg.distill_top_k, f"is larger than the vocabulary of {vocab_size} ids "
+             f"of target {cfg.target!r}", f"use distill_top_k <= {vocab_size}, e.g. 16")
+
+
 def check_pack_fields(cfg) -> None:
     """pack_sequences needs features computed online: a feature cache holds one conversation per row, unpacked."""
     if cfg.pack_sequences and cfg.feature_cache is not None:

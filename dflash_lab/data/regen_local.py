@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from dflash_lab.target.sampling import MIN_SAMPLING_TEMPERATURE
+
 from .chat_formats import DataError
 
 
@@ -71,7 +73,10 @@ class HFGenerator:
         kw = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
                   do_sample=s.temperature > 0, repetition_penalty=1.0, no_repeat_ngram_size=0)
         if s.temperature > 0:  # the warpers act only when sampling (greedy ignores them)
-            kw.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=0.0)
+            # floored as the engine floors it: Hugging Face divides the logits by T before any softmax, and at
+            # T = 1e-40 they overflow to inf and the draw fails on NaN probabilities
+            kw.update(temperature=max(s.temperature, MIN_SAMPLING_TEMPERATURE), top_p=s.top_p, top_k=s.top_k,
+                      min_p=0.0)
             if self.device.type == "cuda":
                 with torch.cuda.device(self.device):
                     torch.cuda.manual_seed(seed)

@@ -24,6 +24,7 @@ skipped record is counted in the `DataReport`. A long conversation is cut to a c
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dflash_lab.data FILE --target tiny`: validate a data file and print its report."""
     import argparse
 
-    from dflash_lab.target.load import load_tokenizer
+    from dflash_lab.target.load import TargetLoadError, load_tokenizer
 
     p = argparse.ArgumentParser(description="Validate chat data against a target's chat template; print the report.")
     p.add_argument("data", help='data file/dir, or "tiny"')
@@ -416,8 +417,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="enable_thinking passed to the template (template = do not pass it)")
     a = p.parse_args(argv)
     thinking = {"on": True, "off": False, "template": None}[a.thinking]
-    data = load_dataset(load_tokenizer(a.target), a.data, seq_len=a.seq_len, block_size=a.block_size,
-                        enable_thinking=thinking, data_format=a.format, log=print)
+    try:  # what this check exists to find is the answer, not a crash: the problem (and the report), exit 2
+        data = load_dataset(load_tokenizer(a.target), a.data, seq_len=a.seq_len, block_size=a.block_size,
+                            enable_thinking=thinking, data_format=a.format, log=print)
+    except (DataError, TargetLoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(data.report)
     return 0
 

@@ -40,6 +40,7 @@ from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from .speculative import SpeculativeDecoder
 from .static_decode import STAGES, StaticSpeculativeDecoder
+from dflash_lab.target.sampling import temperature_arg
 
 SMOLLM2_135M_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                           num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=30, help="random target layers (30 = SmolLM2-135M)")
     ap.add_argument("--draft-layers", type=int, default=3)
     ap.add_argument("--skip-dynamic", action="store_true", help="skip the (slow) dynamic loop")
-    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: time speculative sampling")
+    ap.add_argument("--temperature", type=temperature_arg, default=0.0, help="> 0: time speculative sampling")
     ap.add_argument("--draft-sampling", default="argmax", choices=["argmax", "sample", "coupled"],
                     help="drafts at --temperature > 0 (speculative.py)")
     args = ap.parse_args(argv)

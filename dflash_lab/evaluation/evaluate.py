@@ -45,6 +45,7 @@ from dflash_lab.config.threads import threads_arg, torch_threads
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
+from dflash_lab.target.sampling import temperature_problem
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "eval.ipynb"
@@ -122,8 +123,9 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
         resolve_target_path(target_name)
     except TargetLoadError as e:
         raise EvalError(str(e)) from None
-    if temperature < 0:
-        raise EvalError(f"temperature={temperature} must be >= 0 (0 = greedy, lossless check on).")
+    problem = temperature_problem(temperature)
+    if problem:
+        raise EvalError(f"temperature={temperature} {problem}. Fix: use 0 (greedy, lossless check on) or e.g. 1.0.")
     if max_new_tokens < 1:
         raise EvalError(f"max_new_tokens={max_new_tokens} must be >= 1.")
     if n_prompts == "auto":

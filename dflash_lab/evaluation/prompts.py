@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_lab.data.chat_formats import RecordIssue, normalize_record
 from dflash_lab.data.heldout_overlap import TrainingPrompts, prompt_key, split_overlap
 
 
@@ -87,26 +88,35 @@ def _read_distinct(path: str | Path) -> list[list[dict]]:
         raise EvalError(f"prompts file {p} does not exist. Expected JSONL with one {{\"messages\": [...]}} or "
                         "{\"prompt\": \"...\"} object per line.")
     out: list[list[dict]] = []
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{p}:{lineno}: not valid JSON ({e.msg}). Fix or remove that line.") from e
-            if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-                messages = list(obj["messages"])
-            elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-                messages = [{"role": "user", "content": obj["prompt"]}]
-            else:
-                raise EvalError(f"{p}:{lineno}: expected {{\"messages\": [...]}} or {{\"prompt\": \"...\"}}.")
-            while messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
-                messages = messages[:-1]
-            if not messages:
-                raise EvalError(f"{p}:{lineno}: the prompt is empty after dropping assistant turns. Fix: give at "
-                                "least one user message.")
-            out.append(messages)
+    for lineno, raw in enumerate(p.read_bytes().split(b"\n"), 1):  # bytes: a bad byte is named by its line
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EvalError(f"{p}:{lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}). "
+                            "Fix: save the file as UTF-8, or remove that line.") from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{p}:{lineno}: not valid JSON ({e.msg}). Fix or remove that line.") from e
+        if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+            messages = list(obj["messages"])
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            messages = [{"role": "user", "content": obj["prompt"]}]
+        else:
+            raise EvalError(f"{p}:{lineno}: expected {{\"messages\": [...]}} or {{\"prompt\": \"...\"}}.")
+        while messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+            messages = messages[:-1]
+        if not messages:
+            raise EvalError(f"{p}:{lineno}: the prompt is empty after dropping assistant turns. Fix: give at "
+                            "least one user message.")
+        try:  # the training data's checks (roles, content, text parts only), in the form the chat template takes
+            messages, _ = normalize_record({"messages": messages}, f"{p}:{lineno}", data_format="openai",
+                                           require_assistant=False)
+        except RecordIssue as issue:
+            raise EvalError(f"{p}:{lineno}: {issue.detail} [{issue.reason}]. Fix or remove that line.") from None
+        out.append(messages)
     if not out:
         raise EvalError(f"prompts file {p} is empty: it holds no prompts. Fix: add one JSON object per line, e.g. "
                         "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}.")

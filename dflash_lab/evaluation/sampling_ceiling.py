@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from dflash_lab.target.sampling import temperature_arg, tempered_probs
+
 from .acceptance import accept_drawn, coupled_slot, speculative_accept
 from .intervals import tau_interval
 from .speculative import GenerationResult, finish_result
@@ -99,7 +101,7 @@ def oracle_decode(model, prompt_ids: list[int], *, block_size: int, temperature:
 
     def step(tokens: list[int]) -> torch.Tensor:  # p_T after feeding `tokens` (cached)
         logits = model(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True).logits[0, -1]
-        return torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        return tempered_probs(logits.cpu(), temperature)
 
     t0 = time.perf_counter()
     out = [int(torch.multinomial(step(prompt_ids), 1, generator=generator))]
@@ -203,7 +205,7 @@ def oracle_decode_parallel(model, prompt_ids: list[int], *, block_size: int, tem
 
     def step(c, tokens) -> torch.Tensor:  # p_T of each row after feeding `tokens` ((rows, n) ids) into cache c
         logits = model(tokens.to(device), past_key_values=c, use_cache=True).logits[:, -1]
-        return torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        return tempered_probs(logits.cpu(), temperature)
 
     def one(c, tokens: list[int]) -> torch.Tensor:
         return step(c, torch.tensor([tokens]))[0]
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True, help="a target name (e.g. smollm2-135m-instruct, tiny) or folder")
     p.add_argument("--prompts", nargs="+", default=["general"], help="prompt set names or JSONL files")
     p.add_argument("--n-prompts", type=int, default=32)
-    p.add_argument("--temperature", type=float, nargs="+", default=[1.0])
+    p.add_argument("--temperature", type=temperature_arg, nargs="+", default=[1.0])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--device", default="cpu")

@@ -41,6 +41,7 @@ from dflash_lab.config.windows import window_masks
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.target.features import decoder_of, embedding_of, lm_head_weight
 from dflash_lab.data.draft_vocab import draft_head, to_target_ids
+from dflash_lab.target.sampling import check_temperature, tempered_probs
 
 from .acceptance import DRAFT_SAMPLING, accept_block, coupled_drafts, draw_rows, host_uniforms
 
@@ -227,8 +228,7 @@ class SpeculativeDecoder:
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, temperature: float) -> torch.Tensor:
         """The prompt as a 1-D long tensor after checking it and the generation settings."""
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+        check_temperature(temperature)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
@@ -276,7 +276,7 @@ class SpeculativeDecoder:
         """_sampled_draft's drafts and proposals, on the device, from the drafter's logits (B-1, Vd) over its draft
         vocabulary (the static decoder computes those in its draft graph and draws here, the same generator stream);
         only coupled draws wait for the device (their drafts come back to the host once)."""
-        q_draft = torch.softmax(logits.float() / temperature, dim=-1)
+        q_draft = tempered_probs(logits, temperature)
         if self.draft_sampling == "coupled":
             picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts
             picks = torch.tensor(picks, device=q_draft.device)
@@ -290,7 +290,7 @@ class SpeculativeDecoder:
                        temperature: float) -> torch.Tensor:
         """[accepted count, next token] of a block verified at temperature > 0, on the device (accept_block): q the
         drafts' proposals (None: argmax drafts, one-hot), u the block's B uniforms (drawn before the verify)."""
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        probs = tempered_probs(logits, temperature)
         if q is None:
             q = probs.new_zeros(drafts.shape[0], probs.shape[1]).scatter_(1, drafts[:, None], 1.0)
         return accept_block(probs, q.to(probs.device), drafts.to(probs.device), u)
@@ -411,7 +411,7 @@ class SpeculativeDecoder:
         uniform from the generator, as every later token)."""
         if temperature == 0:
             return int(logits.argmax())
-        probs = torch.softmax(logits.float() / temperature, dim=-1)[None]
+        probs = tempered_probs(logits, temperature)[None]
         return int(draw_rows(probs, host_uniforms(1, generator, probs.device))[0])
 
 

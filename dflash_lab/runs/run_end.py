@@ -47,7 +47,8 @@ def _not_saved(path: Path, step: int, e: Exception) -> str:
 def finish_run(trainer) -> dict:
     """Summary of a Trainer's run; with a run directory also the drafter, plots/training.png, the notebook and
     summary.json. A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite)."""
-    resumable = trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step_count
+    # resume_from continues from the newest intact checkpoint, also when the stop's own could not be written
+    resumable = trainer.run_dir is not None and bool(list_checkpoints(trainer.run_dir))
     status = "diverged" if trainer.diverged_at is not None else (
         "finished" if trainer.step_count >= trainer.config.steps else
         STOPPED_RESUMABLE if resumable else "stopped")

@@ -31,7 +31,7 @@ from .features import decoder_of, embedding_of, lm_head_weight
 from .gen_kernels import decode_attention_choice, engine_kernels, grouped_decode_applies
 from .gen_queue import Generated, PromptItem, PromptQueue, by_length
 from .gen_rows import RowBook
-from .sampling import GenerationSettings, counter_uniform, next_tokens
+from .sampling import MIN_SAMPLING_TEMPERATURE, GenerationSettings, counter_uniform, next_tokens
 from .static_cache import BATCH_FLOOR, RowKVCache, additive, bucket, doubling_ladder, length_ladder, \
     static_cache_problem
 
@@ -170,7 +170,7 @@ class Generator:
 
     def _set_settings(self, s: GenerationSettings) -> None:
         self.seed.fill_(s.seed)
-        self.temperature.fill_(max(s.temperature, 1e-6))
+        self.temperature.fill_(max(s.temperature, MIN_SAMPLING_TEMPERATURE))
         self.top_p.fill_(s.top_p)
 
     # ---------------------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ Everything here is fixed-shape tensor work with no host sync: it runs inside the
 
 from __future__ import annotations
 
+import argparse
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,6 +23,51 @@ import torch
 from dflash_lab.config.errors import fail
 
 _M32 = 0xFFFFFFFF
+# The lowest temperature the engine and Hugging Face generate are handed: their logits / T must stay finite
+# (fp32 logits of ~20 overflow below T ~ 1e-37), and at 1e-6 sampling is already the argmax except between logits
+# closer than ~1e-5. The evaluator's decoders take any T > 0 (tempered_probs subtracts the maximum first).
+MIN_SAMPLING_TEMPERATURE = 1e-6
+
+
+def temperature_problem(value) -> str | None:
+    """Why `value` is no temperature (None when it is one): a finite number >= 0, 0 meaning greedy."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "must be a number"
+    if not math.isfinite(value):
+        return "must be a finite number (0 = greedy)"
+    if value < 0:
+        return "must be >= 0 (0 = greedy)"
+    return None
+
+
+def check_temperature(value) -> None:
+    """Raise ValueError naming `value` when it is no temperature (the decoders' check of their argument)."""
+    if problem := temperature_problem(value):
+        raise ValueError(f"temperature={value} {problem}.")
+
+
+def temperature_arg(text: str) -> float:
+    """argparse type of every command's --temperature: the one check, as argparse's one-line error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (0 = greedy, e.g. 1.0 to sample)") from None
+    problem = temperature_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; use 0 for greedy or e.g. 1.0 to sample")
+    return value
+
+
+def tempered_probs(logits: torch.Tensor, temperature) -> torch.Tensor:
+    """softmax(logits / T) over the last dim in fp32, computed as softmax((logits - max) / T): every exponent is
+    <= 0, so no T > 0 overflows it (logits / 1e-40 is inf, and a softmax of infs is NaN, which drew the
+    vocabulary's last id), and as T -> 0 it tends to the argmax (one-hot; exact ties share the mass). T is floored
+    at fp32's smallest normal number, below which it would round to 0 in the division (0 / 0)."""
+    z = logits.float()
+    z = z - z.amax(-1, keepdim=True)
+    if isinstance(temperature, torch.Tensor):
+        return torch.softmax(z / temperature.float().clamp(min=torch.finfo(torch.float32).tiny), dim=-1)
+    return torch.softmax(z / max(float(temperature), torch.finfo(torch.float32).tiny), dim=-1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +100,7 @@ class GenerationSettings:
         checks = (
             ("max_new_tokens", integer(self.max_new_tokens) and self.max_new_tokens >= 1, "must be an integer >= 1",
              "use e.g. 2048"),
-            ("temperature", number(self.temperature) and self.temperature >= 0, "must be a number >= 0",
+            ("temperature", temperature_problem(self.temperature) is None, "must be a finite number >= 0",
              "use 0 for greedy or e.g. 1.0"),
             ("top_p", number(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]", "use 1.0 (off) or e.g. 0.95"),
             ("top_k", integer(self.top_k) and self.top_k >= 0, "must be an integer >= 0", "use 0 (off) or e.g. 50"),

@@ -27,7 +27,9 @@ import traceback
 from pathlib import Path
 
 from dflash_lab.runs import lock as run_lock, rundir
+from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.config import ConfigError, TrainConfig
+from dflash_lab.data.chat_formats import DataError
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
 from .distributed import DistConfig, DistContext
 from .launch import prepare_run
@@ -41,6 +43,11 @@ torchrun entry point: --config runs an existing run dir's config.json; --data wr
 the flags below and any TrainConfig field given with --set, e.g. --set seq_len=3072 --set lr=6e-4) and trains it in
 this process."""
 
+
+# What refuses a command before it owns the run: a bad setting, target, data or checkpoint, the run held by another
+# process or used by another run. Such a refusal is one `error:` line and leaves the run folder as it was: it is not
+# the run's failure (a `failed` event would make a live or finished run list as failed).
+REFUSALS = (ConfigError, TargetLoadError, DataError, CheckpointError, run_lock.Busy, rundir.RunDirUsed)
 
 CLI_DEFAULTS = {"target": "tiny", "devices": ["cpu"], "runs_dir": "runs", "run_name": "train", "heldout_data": None}
 
@@ -94,7 +101,7 @@ def load_configs(args: argparse.Namespace) -> tuple[TrainConfig, DistConfig, Pat
     changes = {}
     if args.resume:
         changes["resume_from"] = args.resume
-    if args.steps:
+    if args.steps is not None:  # --steps 0 too: the config refuses it instead of the run ignoring it
         changes["steps"] = args.steps
     if args.time_budget is not None:
         changes["time_budget_s"] = args.time_budget
@@ -140,8 +147,11 @@ class JobStop:
     """Ends this process's run early and cleanly: a spent time budget (a timer) or SIGTERM touches the run dir's STOP
     file, which rank 0 reads at the next step boundary, so every rank stops at the same step after a checkpoint."""
 
-    def __init__(self, run_dir: Path, budget_s: float | None, started: float, *, main_rank: bool):
-        self.run_dir, self.main_rank, self.reason = run_dir, main_rank, None
+    def __init__(self, run_dir: Path, budget_s: float | None, started: float, *, main_rank: bool,
+                 armed: bool = True):
+        """`armed=False`: the process does not own the run yet (it may still be refused, and the STOP file would
+        stop another process's run): a request is kept and written by `arm()`."""
+        self.run_dir, self.main_rank, self.reason, self.armed = run_dir, main_rank, None, armed
         self.timer = None
         if budget_s is not None:  # the budget counts from the process's start: loading is part of the job
             self.timer = threading.Timer(max(0.0, budget_s - (time.monotonic() - started)), self.request,
@@ -159,6 +169,17 @@ class JobStop:
             return
         self.reason = reason
         print(f"{reason}: stopping at the next step boundary after a checkpoint", file=sys.stderr, flush=True)
+        if self.armed:
+            self._write()
+
+    def arm(self) -> None:
+        """The run is this process's now: a request made while it loaded is written."""
+        self.armed = True
+        if self.reason is not None:
+            self._write()
+
+    def _write(self) -> None:
+        reason = self.reason
         try:
             if self.main_rank:
                 rundir.log_event(self.run_dir, "stop_requested", source=reason)
@@ -171,7 +192,8 @@ class JobStop:
             self.timer.cancel()
         signal.signal(signal.SIGTERM, self.previous)
         stop = self.run_dir / STOP_FILE
-        if self.reason is not None and stop.exists():  # the run ended before reading it: the next job must not stop
+        # the run ended before reading it: the next job must not stop (and an unarmed one never wrote it)
+        if self.armed and self.reason is not None and stop.exists():
             stop.unlink(missing_ok=True)
 
 
@@ -189,7 +211,7 @@ def main(argv=None) -> int:
     run_dir = Path(args.config).resolve().parent
     try:
         cfg, dcfg, run_dir, explicit = load_configs(args)
-        stopper = JobStop(run_dir, cfg.time_budget_s, started, main_rank=rank == 0)
+        stopper = JobStop(run_dir, cfg.time_budget_s, started, main_rank=rank == 0, armed=False)
         ctx = DistContext(dcfg, train_devices=cfg.devices)
         if not ctx.distributed and len(cfg.devices) > 1:
             raise ConfigError(f"TrainConfig.devices={cfg.devices!r} names {len(cfg.devices)} devices but this is ONE "
@@ -197,11 +219,16 @@ def main(argv=None) -> int:
                               f"--config {args.config} (one process per GPU), or use Trainer in a notebook for the "
                               "threaded engine.")
         trainer = RankTrainer(cfg, ctx, run_dir, checkpoints=not args.no_checkpoints, explicit=explicit)
+        stopper.arm()
         trainer.train()
         if rank == 0 and trainer.phase == "stopped":
             print(resume_hint(run_dir, torchrun=True), flush=True)
         return 0
     except BaseException as e:
+        if isinstance(e, REFUSALS) and trainer is None:  # refused before this process owned the run
+            run_lock.release(run_dir)  # its own lock only (taken before a used run dir was refused)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
         step = trainer.step_count if trainer is not None else None
         report = {"rank": rank, "step": step, "error": f"{type(e).__name__}: {e}",
                   "traceback": traceback.format_exc(), "time": time.time(), "host": os.uname().nodename}

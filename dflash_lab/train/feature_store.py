@@ -31,7 +31,10 @@ FP8 storage (`storage="float8"`) halves a window: each position's features of ea
 float8_e4m3fn scaled by their own absolute maximum (one fp32 scale per position and layer, +0.7% at 576 wide) and
 come back in the features' dtype on gather. E4M3 keeps 3 mantissa bits, so an element is off by at most 1/16 of
 its own size (and by at most 1/16 of 2^-6 of its row's maximum near zero): the drafter reads slightly rounded
-features after their first epoch, where bf16 storage (the default) gives back exactly what the target computed.
+features, where bf16 storage (the default) gives back exactly what the target computed. It reads them rounded in
+every epoch, the first included (a computed window is rounded as it is stored): with exact features on a miss and
+rounded ones on a hit, a run's losses would depend on the store's size, and a resumed job, whose store starts
+empty, would not repeat the steps of the job it continues.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ class FeatureStore:
         self.hits = self.misses = 0  # windows served from the store / computed by the target
         self.host_hits = 0  # of the hits, windows copied in from the host tier
         self._out: list[torch.Tensor] | None = None
+        self._rounded: torch.Tensor | None = None  # float8: a computed batch's features as a gather gives them back
         # the last copy out of the pinned staging: the next batch writes it only after that copy finished
         self._staged = torch.cuda.Event() if self.device.type == "cuda" and self.host_rows else None
         # rows put for the host tier: copied out of the device into pinned staging when put, written into the host
@@ -190,7 +194,7 @@ class FeatureStore:
             out = self._gather_two_tiers(slots)
         if self.scales is not None:
             (q, scale), out = out[:2], out[2:]
-            out = [self._dequantize(q, scale), *out]
+            out = [self._dequantize(q, scale, self._features_out), *out]
         return out[0] if len(out) == 1 else tuple(out)
 
     def _gather_two_tiers(self, slots: list[int]) -> list[torch.Tensor]:
@@ -226,23 +230,42 @@ class FeatureStore:
         scale = x.abs().amax(dim=-1).div_(FP8_MAX).clamp_(min=torch.finfo(torch.float32).tiny)
         return (x / scale.unsqueeze(-1)).to(FP8).view(b, s, w).view(torch.uint8), scale
 
-    def _dequantize(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def _dequantize(self, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         b, s, w = q.shape
         x = q.view(FP8).view(b, s, self.groups, w // self.groups).float().mul_(scale.unsqueeze(-1))
-        return self._features_out.copy_(x.view(b, s, w))
+        return out.copy_(x.view(b, s, w))
 
-    def put(self, keys: list[bytes], outputs) -> None:
+    def put(self, keys: list[bytes], outputs):
         """Keep the rows of `outputs` (features (b, S, width), or the tuple `gather` gives) whose windows are new,
-        while free rows remain."""
-        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        while free rows remain; return what the step reads: `outputs` as a later gather gives them back.
+
+        With float8 storage that is the rounded features, for every window of the batch, kept or not: a window
+        would otherwise be read exact when computed and rounded when served, so a run's numbers would depend on
+        the store's size, and a resumed job (whose store starts empty) would not repeat the steps it resumes."""
+        given = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        outputs, step_reads = given, given
         if self.scales is not None:
-            outputs = (*self._quantize(outputs[0]), *outputs[1:])
+            q, scale = self._quantize(given[0])
+            if self._rounded is None or self._rounded.shape != given[0].shape:
+                self._rounded = torch.empty(given[0].shape, dtype=self.dtype, device=self.device)
+            outputs = (q, scale, *given[1:])
+            step_reads = (self._dequantize(q, scale, self._rounded), *given[1:])
         if len(outputs) != len(self.columns):
             raise ValueError(f"the store keeps {len(self.columns) - (self.scales is not None)} tensors per window, "
                              f"got {len(outputs) - (self.scales is not None)}")
-        new = [(i, k) for i, k in enumerate(keys) if k not in self._slots]
+        self._keep(keys, outputs)
+        return step_reads[0] if len(step_reads) == 1 else step_reads
+
+    def _keep(self, keys: list[bytes], outputs: tuple) -> None:
+        """Write the new windows of a batch (stored form: float8 features already quantized) into free rows."""
+        # a batch may hold one window twice (data mixed with replacement, small data at a large batch): it is one
+        # new window, kept from its first row; a second entry would move its slot and hand the next window the same
+        firsts = {}
+        for i, k in enumerate(keys):
+            if k not in self._slots:
+                firsts.setdefault(k, i)
         free = self.rows + self.host_rows - len(self._slots)
-        new = new[:free]
+        new = [(i, k) for k, i in firsts.items()][:free]
         if not new:
             return
         for _, k in new:  # device rows first, then the host tier

@@ -23,6 +23,7 @@ import torch
 
 from dflash_lab.runs import checkpoint, resume_checks
 from dflash_lab.config import DrafterConfig, TrainConfig
+from dflash_lab.config.feature_checks import check_distill_vocab
 from dflash_lab.drafter.batches import BatchSampler
 from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
@@ -182,6 +183,7 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.target)
     target_config = load_target_config(cfg.target)
+    check_distill_vocab(cfg, target_config.vocab_size)
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
     drafter_config = DrafterConfig.from_target(
         target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
@@ -246,7 +248,8 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
                            mask_token_id=drafter_config.mask_token_id, gamma=cfg.resolved_gamma, seed=cfg.seed,
                            weighting=loss_weighting_of(cfg))
     if resume is not None:
-        resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict())
+        resume_checks.check_resume(resume, data=data, sampler=sampler, drafter_config=drafter_config.to_dict(),
+                                    log=log)
         check_same_vocab(resume.drafter.get("d2t"), draft_vocab, resume.path)
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,

@@ -13,6 +13,7 @@ import shlex
 import time
 from pathlib import Path
 
+from dflash_lab.runs.checkpoint import checkpoint_step, latest_checkpoint
 from dflash_lab.runs.rundir import find_papermill_output
 
 STOPPED_EVENT = "stopped"  # events.jsonl: {"step", "reason", "checkpoint", "resumable"}; runs list reads it
@@ -104,10 +105,21 @@ def end_stopped(trainer, reason: str) -> Path | None:
     trainer.phase = "stopped"
     trainer._log_last_step()
     saved = trainer._checkpoint_or_warn("stop") if trainer.run_dir else None
-    trainer._event(STOPPED_EVENT, step=trainer.step_count, reason=reason, checkpoint=str(saved) if saved else None,
-                   resumable=saved is not None)
-    trainer.log(f"stopped at step {trainer.step_count} ({reason})" + (f"; checkpoint {saved}" if saved else "")
-                + (f"; {resume_hint(trainer.run_dir)}" if saved else ""))
+    # a stop checkpoint that could not be written (a full disk) leaves the earlier ones intact (checkpoint.py writes
+    # atomically): the run continues from the newest, training the steps after it again, instead of counting as
+    # not resumable and being started over
+    kept = saved or (latest_checkpoint(trainer.run_dir) if trainer.run_dir else None)
+    trainer._event(STOPPED_EVENT, step=trainer.step_count, reason=reason, checkpoint=str(kept) if kept else None,
+                   resumable=kept is not None)
+    if saved:
+        said = f"; checkpoint {saved}"
+    elif kept:
+        said = (f"; its checkpoint could not be written, so the run continues from step {checkpoint_step(kept)} "
+                f"({kept}, intact)")
+    else:
+        said = "; no checkpoint could be written, so the run cannot be continued"
+    trainer.log(f"stopped at step {trainer.step_count} ({reason}){said}"
+                + (f"; {resume_hint(trainer.run_dir)}" if kept else ""))
     return saved
 
 

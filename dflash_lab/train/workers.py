@@ -60,8 +60,8 @@ class TargetReplica:
             out = self.graphed(input_ids=stage("input_ids", input_ids))
         else:
             out = self.graphed(input_ids=stage("input_ids", input_ids), doc_ids=stage("doc_ids", doc_ids))
-        if keys is not None:
-            self.store.put(keys, out)
+        if keys is not None:  # float8 storage: the step reads the rounded features, stored or not
+            out = self.store.put(keys, out)
         return out
 
 

@@ -23,17 +23,22 @@ from dflash_lab.runs.run_files import read_json
 CALL_MARGIN_S, MIN_TRAIN_S, START_S = 60.0, 60.0, 60.0
 
 
+def now() -> float:
+    """The call's clock (seconds), read here only, so one clock starts and reads a call (tests feed their own)."""
+    return time.perf_counter()
+
+
 class CallClock:
     """The call's seconds for a recipe whose config may bound them (call_time_budget_s None: no bound)."""
 
     def __init__(self, config, started: float | None = None):
         self.config = config
-        self.started = time.perf_counter() if started is None else started
+        self.started = now() if started is None else started
 
     def left(self) -> float | None:
         """Seconds left of call_time_budget_s (None: no bound)."""
         budget = self.config.call_time_budget_s
-        return None if budget is None else budget - (time.perf_counter() - self.started)
+        return None if budget is None else budget - (now() - self.started)
 
     @staticmethod
     def finish_s(run_dir: Path) -> float | None:

@@ -64,6 +64,7 @@ from dflash_lab.config.field_types import check_field_types
 from dflash_lab.evaluation.acceptance import DRAFT_SAMPLING
 from dflash_lab.evaluation.prompt_sets import NAMES as PROMPT_SET_NAMES
 from dflash_lab.target import models
+from dflash_lab.target.sampling import temperature_problem
 
 TINY = "tiny"  # the embedded tiny target: the recipe's tests run every phase on it in seconds
 # Work a CPU run may do without allow_cpu_full_size: a bound far above the smoke run's (560 answer tokens, 192
@@ -299,8 +300,8 @@ class RecipeConfig:
                 "use a subset of eval_sets, or () for every one")
         if not self.eval_block_sizes or any(b < 1 for b in self.eval_block_sizes):
             bad("eval_block_sizes", "needs block sizes >= 1", "use e.g. (16, 8)")
-        if not self.eval_temperatures or any(t < 0 for t in self.eval_temperatures):
-            bad("eval_temperatures", "needs temperatures >= 0", "use e.g. (0.0, 1.0)")
+        if not self.eval_temperatures or any(temperature_problem(t) for t in self.eval_temperatures):
+            bad("eval_temperatures", "needs finite temperatures >= 0", "use e.g. (0.0, 1.0)")
         object.__setattr__(self, "eval_temperatures", tuple(float(t) for t in self.eval_temperatures))
         if not self.eval_budget_s > 0:
             bad("eval_budget_s", "must be > 0", "use e.g. 180")
