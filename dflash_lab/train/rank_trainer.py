@@ -54,15 +54,15 @@ class RankTrainer:
         self.log = (lambda *a: log(*a, flush=True)) if log is print else log
         self.phase = "loading"
         dev = ctx.device
-        if cfg.batch_size % ctx.num_drafters:
-            raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
-                              f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
         # The same preparation as the notebook Trainer (prepare.py): data format, error policy, thinking mode,
         # feature cache and resume rules hold here by construction. This rank's placement is its own device.
         log_main = self.log if ctx.is_main else None  # every rank tokenizes; rank 0 reports
         self.prepared = prep = prepare_run(cfg, explicit=explicit, placement=make_placement((str(dev),)),
                                            log=log_main, check_memory=False)
         self.cfg = self.config = cfg = prep.config
+        if cfg.batch_size % ctx.num_drafters:  # checked once chosen: config.json may leave it to the target
+            raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
+                              f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
         self.resume, self.schedule = prep.resume, prep.schedule
         self.dtype, self.attention = prep.dtype(dev), prep.attention(dev)
         self.tokenizer, self.drafter_config = prep.tokenizer, prep.drafter_config

@@ -121,6 +121,8 @@ class Trainer:
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
             self._event("resumed", step=resume.step, checkpoint=str(resume.path),
                         changed=[list(o) for o in prep.overrides])
+        if prep.settings is not None and prep.settings.choices:  # what was chosen for the fields left unset, and why
+            self._event("settings", chosen=prep.settings.as_dict())
         if self.run_dir is not None:
             self._start_monitor()
         self.phase = "ready"
