@@ -61,3 +61,24 @@ def test_every_row_of_a_run_carries_its_gpu_time_and_runs_list_shows_minutes_to_
     assert "2.75 @0.2" in capsys.readouterr().out
     image = plots.plot_tau_cost(listing.load_metrics([t.run_dir], log=None))
     assert image.data.startswith(b"\x89PNG")
+
+
+def test_t1_beside_t0_the_newest_evaluation_of_each_temperature(tmp_path):
+    from dflash_lab.runs.evals import temperature_table
+
+    def evaluation(stamp, temperature, tau, decoding="StaticSpeculativeDecoder: graphs"):
+        d = tmp_path / "evals" / f"{stamp}-b16-t{temperature:g}-bf16"
+        d.mkdir(parents=True)
+        rows = [{"decoder": "trained", "prompt_set": "chitchat-heldout", "prompts": 64, "tau": tau, "tau_low": tau - .2,
+                 "tau_high": tau + .2, "speedup": 2.0}, {"decoder": "target", "prompt_set": "chitchat-heldout"}]
+        (d / "eval.json").write_text(json.dumps({"temperature": temperature, "block_size": 16, "step": 7500,
+                                                 "decoding": decoding, "summary": rows}))
+
+    evaluation("20261206T100000Z", 0.0, 3.0)
+    evaluation("20261206T110000Z", 0.0, 3.25)  # newer at T=0: replaces the first
+    evaluation("20261206T120000Z", 1.0, 1.67, "StaticSpeculativeDecoder: graphs; drafts sampled from the drafter at "
+               "T=1.0, each slot independently (speculative sampling against the proposal)")
+    (tmp_path / "evals" / "20261206T130000Z-b16-t1-bf16").mkdir()
+    (tmp_path / "evals" / "20261206T130000Z-b16-t1-bf16" / "eval.json").write_text('{"temperature": 1')  # cut off
+    rows = temperature_table(tmp_path)
+    assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [(0.0, "argmax", 3.25), (1.0, "sample", 1.67)]
