@@ -255,7 +255,7 @@ def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
 # Short text columns: (header, runs_table column, format). Every missing value prints "-" (never NaN or None).
 COMPACT_COLUMNS = (("status", "status", "s"), ("step", "step", "step"), ("loss", "loss", ".3f"),
                    ("sim tau", "sim_tau", ".2f"), ("val tau", "val_sim_tau", ".2f"), ("real tau", "heldout_tau", ".2f"),
-                   ("eval tau", "eval_tau", "tau@step"), ("best @GPU-min", "best_tau", "tau@min"),
+                   ("eval tau", "eval_tau", "tau@step"), ("best", "best_tau", "tau@min"),
                    ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
                    ("target", "target", "name"))
 
@@ -289,7 +289,7 @@ def _cell(value, fmt: str, row) -> str:
         return f"{value:.2f} @step {int(at)}" if stale else f"{value:.2f}"
     if fmt == "tau@min":  # the best real tau while training, and the GPU-minutes spent to reach it
         minutes = row.get("best_tau_gpu_minutes")
-        return f"{value:.2f} @{minutes:.1f}" if _is_number(minutes) and minutes == minutes else f"{value:.2f}"
+        return f"{value:.2f}@{minutes:.3g}" if _is_number(minutes) and minutes == minutes else f"{value:.2f}"
     if fmt == "rate":
         v = float(value)
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e3 else f"{v:.0f}"
@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         width = max(len(r) for r in text["run"])
         print(text.to_string(index=False, formatters={"run": lambda r: r.ljust(width)}))  # in full, never "..."
         print("sim tau: training batch | val tau: held-out, simulated | real tau: held-out, real decoding while "
-              "training\nbest @GPU-min: best real tau while training @ the GPU-minutes (devices x wall time) spent to "
-              "reach it\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
+              "training\nbest: best real tau while training @ the GPU-minutes (devices x wall time) spent to reach it"
+              "\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
               " (CPU runs: RSS)")
         return 0
     html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)

@@ -27,7 +27,7 @@ from dflash_lab.config import TrainConfig
 from .controls import CONTROL_EVENT, STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
-from dflash_lab.runs.gpu_time import TrainClock, distinct_devices
+from dflash_lab.runs.gpu_time import TrainClock
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .prepare import prepare_run
 from .progress import device_memory, progress_line
@@ -98,9 +98,8 @@ class Trainer:
         self.metrics.sink = with_sinks(self.metrics.sink, cfg.metric_sinks, self.run_dir, config=cfg.to_dict(), log=log)
         for row in previous_rows:
             self.metrics.ring.append(row)
-        self.gpu_clock = TrainClock(devices=distinct_devices(self.placement.drafter_devices,
-                                                             self.placement.target_devices),
-                                    previous=previous_rows, clock=clock, started=built)
+        self.gpu_clock = TrainClock(devices=len(self.placement.devices), previous=previous_rows, clock=clock,
+                                    started=built)
         self.throughput = Throughput()
         self.controls = Controls(record=lambda action, **f: self._event(CONTROL_EVENT, action=action,
                                                                          step=self.step_count, **f))
