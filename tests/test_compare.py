@@ -117,7 +117,7 @@ def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     raw = (tmp_path / "out" / "compare.ipynb").read_text()
     assert str(tmp_path) not in raw and str(rundir.PROJECT_ROOT) not in raw
     text = html.read_text()
-    assert text.count("src=\"data:image/png;base64") == 2 and a.name in text and b.name in text
+    assert text.count("src=\"data:image/png;base64") == 3 and a.name in text and b.name in text
 
 
 def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):
