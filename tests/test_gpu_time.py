@@ -82,3 +82,14 @@ def test_t1_beside_t0_the_newest_evaluation_of_each_temperature(tmp_path):
     (tmp_path / "evals" / "20261206T130000Z-b16-t1-bf16" / "eval.json").write_text('{"temperature": 1')  # cut off
     rows = temperature_table(tmp_path)
     assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [(0.0, "argmax", 3.25), (1.0, "sample", 1.67)]
+
+
+def test_an_evaluation_knows_what_the_weights_it_measured_cost_to_train(tmp_path):
+    from dflash_lab.runs.gpu_time import gpu_seconds_at
+
+    rows = [{"step": 10, "loss": 1.0, "gpu_seconds": 60.0}, {"step": 20, "loss": 1.0, "gpu_seconds": 120.0},
+            {"step": 30, "loss": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gpu_seconds_at(tmp_path, 20) == 120.0 and gpu_seconds_at(tmp_path, 25) == 120.0
+    assert gpu_seconds_at(tmp_path, 5) is None and gpu_seconds_at(tmp_path, None) is None
+    assert gpu_seconds_at(tmp_path / "no-run", 20) is None

@@ -14,7 +14,11 @@ figure reads as device-seconds. The clock is an argument: tests feed one.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Iterable
+
+from .rundir import METRICS_FILE
+from .run_files import read_metrics
 
 TAU_KEYS = ("real_tau", "eval_tau")  # real speculative decoding on held-out prompts, logged while training
 
@@ -62,3 +66,13 @@ def best_tau(rows: Iterable[dict]) -> dict | None:
     """The measurement with the highest real tau (the earliest of equals): {step, tau, gpu_minutes}, or None."""
     points = tau_points(rows)
     return max(points, key=lambda p: (p["tau"], -p["gpu_minutes"])) if points else None
+
+
+def gpu_seconds_at(run_dir, step: int | None) -> float | None:
+    """The GPU-seconds a run had spent when it logged `step` (the last row at or before it): what an evaluation of
+    that step's weights cost to train. None without a row that knows it (a run from before GPU time was logged)."""
+    path = Path(run_dir) / METRICS_FILE
+    if step is None or not path.is_file():
+        return None
+    rows = [r for r in read_metrics(path) if r["step"] <= step and isinstance(r.get("gpu_seconds"), (int, float))]
+    return rows[-1]["gpu_seconds"] if rows else None
