@@ -32,6 +32,7 @@ class Facts:
     cuda: bool = True
     max_batch: int = 64  # the largest batch the GPU has room for
     gib_per_window: float = 0.01
+    room: tuple | None = None  # (GPU GiB, host GiB) beside the run; None = not read
     asked: list = None
 
     def longest_sample(self, config, cap):
@@ -47,6 +48,9 @@ class Facts:
 
     def store_gib(self, config):
         return self.samples * self.gib_per_window
+
+    def store_room_gib(self, config):
+        return self.room
 
 
 def test_the_tiny_target_gets_its_demo_settings_and_nothing_is_measured():
@@ -73,6 +77,21 @@ def test_smollm2_shaped_target_gets_the_paper_recipe_scaled_to_its_data_and_gpu(
     line = r.line()
     assert "block 16 (paper default for real targets)" in line and "seq_len 1984 (longest sample 1,930 tokens" in line
     assert "on: 21.6 epochs over 29,677 windows" in line
+
+
+def test_the_store_holds_every_window_on_the_gpu_then_in_host_memory_or_is_off():
+    def store(room):
+        c = resolve_defaults(TrainConfig(target="t", steps=1000, devices=("cuda:0",)),
+                             target=TargetFacts("t", False, None),
+                             facts=Facts(longest=300, samples=1000, gib_per_window=0.05, room=room)).config
+        return c.feature_store_gib, c.feature_store_host_gib
+
+    assert store((60.0, 100.0)) == (50.0, 0.0)  # 64 x 1000 / 1000 = 64 epochs; 50 GiB fit on the GPU
+    assert store((30.0, 100.0)) == (50.0, 20.0)  # the GPU part fitted at run time, the other 20 GiB in host memory
+    assert store((30.0, 10.0)) == (0.0, 0.0)  # 40 of 50 GiB: a batch of 64 would almost never be whole in it
+    user = resolve_defaults(TrainConfig(target="t", steps=1000, feature_store_gib=8.0, devices=("cuda:0",)),
+                            target=TargetFacts("t", False, None), facts=Facts(longest=300, samples=1000)).config
+    assert (user.feature_store_gib, user.feature_store_host_gib) == (8.0, 0.0)
 
 
 def test_qwen3_8b_shaped_target_caps_the_window_at_3072_and_takes_the_batch_memory_allows():
@@ -150,3 +169,23 @@ def test_the_cli_writes_the_chosen_values_into_config_json(tmp_path):
     assert saved["block_size"] == 8  # set on the command line
     assert (saved["num_draft_layers"], saved["loss_weighting"], saved["batch_size"]) == (5, "dpace", 32)
     assert all(saved[f] is not None for f in RESOLVED_FIELDS)  # every rank reads the same values
+
+
+def test_the_memory_model_picks_the_batch_and_sizes_the_store_on_a_gpu_of_given_free_memory():
+    """SmolLM2's architecture (random weights, the tiny tokenizer) on one "cuda:0" whose free memory is fed in: the
+    batch is the largest the memory model fits, the store holds every window when the room beside the run does."""
+    from dflash_lab.train.placement import Placement
+    from dflash_lab.train.prepare import resolve_settings
+
+    def chosen(free_gib: float, host_gib: float = 64.0, steps: int = 2000):
+        cfg = TrainConfig(target="bench:smollm2-135m", steps=steps, devices=("cuda:0",))
+        return resolve_settings(cfg, placement=Placement(("cuda:0",), ("cuda:0",)), log=None,
+                                mem_get_info=lambda d: (int(free_gib * 2**30), int(80 * 2**30)),
+                                host_room=int(host_gib * 2**30))[0].config
+
+    big = chosen(75.0)
+    assert (big.batch_size, big.lr, big.compile_drafter) == (64, 8.5e-4, "auto")
+    assert big.feature_store_gib > 0 and big.feature_store_host_gib == 0.0  # the tiny data fits beside the run
+    small = chosen(4.0, host_gib=0.0)
+    assert small.batch_size < 64 and small.lr == 6e-4
+    assert chosen(75.0, steps=1).feature_store_gib == 0.0  # seen once: no store

@@ -86,6 +86,10 @@ class RunFacts(Protocol):
     def store_gib(self, config) -> float:
         """GiB a feature store needs to hold every window of the data at `config`'s shape."""
 
+    def store_room_gib(self, config) -> tuple[float, float] | None:
+        """(GiB the GPUs have for a store beside the target, the drafter and the step's activations, GiB of host
+        memory for its host tier), or None when this machine's memory is not read (the run fits the store then)."""
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -196,12 +200,11 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
     if "compile_drafter" in todo:
         choose("compile_drafter", "auto", "compiled: CUDA workers, fixed shapes" if facts.cuda
                else "eager on the CPU (auto compiles on CUDA only)")
-    store_todo = [n for n in ("feature_store_gib", "feature_store_host_gib") if n in todo]
-    if store_todo:
+    if "feature_store_gib" in todo:
         cfg = current()
         windows = facts.windows(cfg)
         epochs = cfg.steps * cfg.batch_size / max(1, windows)
-        gib, why = 0.0, ""
+        gib, host, why = 0.0, 0.0, ""
         if config.feature_cache:
             why = "off: features come from the feature cache"
         elif not facts.cuda:
@@ -209,16 +212,34 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
         elif epochs <= 1:
             why = f"off: the data is seen {epochs:.2f} times (once at most), a kept window would never come back"
         else:
-            gib = float(math.ceil(facts.store_gib(cfg) * 10) / 10)
-            why = (f"on: {epochs:.1f} epochs over {windows:,} windows; every window asked for, cut to the room "
-                   "beside the run")
-        if "feature_store_gib" in todo:
-            choose("feature_store_gib", gib, why)
+            gib, host, why = _store_size(facts, cfg, epochs, windows)
+        choose("feature_store_gib", gib, why)
         if "feature_store_host_gib" in todo:
-            host = gib if value("feature_store_gib") else 0.0
-            choose("feature_store_host_gib", host, "host memory for the windows the GPU has no room for, at most "
-                   "what the machine has free" if host else "off with the GPU store")
+            choose("feature_store_host_gib", host, "off with the GPU store" if not gib else
+                   "the windows the GPU has no room for" if host else "the GPU holds every window")
+    elif "feature_store_host_gib" in todo:  # a GPU store the user sized: no host tier unless asked for
+        choose("feature_store_host_gib", 0.0, "the GPU store as you sized it")
     return Resolved(current(), tuple(choices))
+
+
+def _store_size(facts: RunFacts, cfg, epochs: float, windows: int) -> tuple[float, float, str]:
+    """(GPU GiB, host GiB, why) of a store that holds every window: on the GPU when they fit beside the run, the rest
+    in host memory; off when both together cannot hold them all, since a batch is served from the store only when it
+    holds every window of it (a store of half the windows serves ~0.5**batch of the batches)."""
+    exact = facts.store_gib(cfg)
+    need = math.ceil(exact * 10) / 10  # asked in tenths of a GiB; the run keeps whole windows of it
+    room = facts.store_room_gib(cfg)
+    on = f"on: {epochs:.1f} epochs over {windows:,} windows ({need:,.1f} GiB)"
+    if room is None:
+        return need, need, on + ", fitted to the room beside the run when it starts"
+    gpu, host = room
+    if exact <= gpu:
+        return need, 0.0, on + f", all on the GPU ({gpu:,.0f} GiB free beside the run)"
+    if exact <= gpu + host:
+        rest = math.ceil((exact - gpu) * 10) / 10
+        return need, rest, on + f", {gpu:,.0f} GiB on the GPU and the rest in host memory"
+    return 0.0, 0.0, (f"off: the data's {windows:,} windows need {need:,.0f} GiB and the GPU ({gpu:,.0f}) and host "
+                      f"({host:,.0f}) have less beside the run: a store of part of them seldom serves a whole batch")
 
 
 _LABELS = {"block_size": "block", "num_draft_layers": "layers", "loss_weighting": "loss", "seq_len": "seq_len",

@@ -325,6 +325,11 @@ class TrainConfig:
         check_draft_vocab_fields(self)
         check_distill_fields(self)
 
+    def compiles_on(self, device_type: str) -> bool:
+        """Whether the drafter is torch.compiled on a device of this type: True everywhere, "auto" on CUDA only
+        (fixed shapes there; the CPU path stays eager)."""
+        return self.compile_drafter is True or (self.compile_drafter == "auto" and device_type == "cuda")
+
     @property
     def unresolved(self) -> tuple[str, ...]:
         """The fields still None, to be chosen for the target when the run is prepared (recipe_defaults.py)."""

@@ -256,15 +256,16 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
 
 
 def resolve_settings(config: TrainConfig, *, tokenizer=None, target_config=None, placement: Placement | None = None,
-                     log=print, check_memory: bool = True) -> tuple[Resolved, "RunFacts"]:
+                     log=print, check_memory: bool = True, **machine) -> tuple[Resolved, "RunFacts"]:
     """The values chosen for `config`'s unset fields on this target, data and machine (recipe_defaults.py), logged as
     the run's first settings line, and the facts measured for them (the data, tokenized once). Every way to start a
     run comes through here: prepare_run (Trainer, torchrun ranks, preflight), launch.prepare_run and the CLI, which
-    write the chosen values into config.json so every rank reads the same."""
+    write the chosen values into config.json so every rank reads the same. `machine`: RunFacts' stand-ins for
+    this machine's memory (mem_get_info, host_room)."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.target)
     target_config = target_config if target_config is not None else load_target_config(config.target)
     placement = placement if placement is not None else make_placement(config.devices, config.target_devices)
-    facts = RunFacts(config, tokenizer, target_config, placement, log=log, check_memory=check_memory)
+    facts = RunFacts(config, tokenizer, target_config, placement, log=log, check_memory=check_memory, **machine)
     settings = resolve_defaults(config, target=TargetFacts.of(config.target, target_config), facts=facts)
     if settings.choices and log is not None:
         log(settings.line())
@@ -287,9 +288,12 @@ class RunFacts:
     says which batch fits, the store's row size gives the GiB every window needs."""
 
     def __init__(self, config: TrainConfig, tokenizer, target_config, placement: Placement, *, log=print,
-                 check_memory: bool = True):
+                 check_memory: bool = True, mem_get_info=None, host_room: int | None = None):
+        """`mem_get_info(device) -> (free, total)` and `host_room` (bytes) stand for this machine's GPUs and host
+        memory (check_placement, host_room_bytes) where a plan is made for another machine, and in tests."""
         self.config, self.tokenizer, self.target_config, self.placement = config, tokenizer, target_config, placement
         self.log, self.check_memory = log, check_memory
+        self.mem_get_info, self.host_room = mem_get_info, host_room
         self.cuda = placement.is_cuda
         self._data: tuple[int, int, TokenizedData] | None = None  # (seq_len, block_size, data) tokenized
         self._given: TokenizedData | None = None
@@ -334,17 +338,35 @@ class RunFacts:
             check_placement(self.placement, target_config=self.target_config,
                             drafter_config=drafter_config_of(cfg, self.target_config, self.tokenizer),
                             seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
-                            chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d))
+                            chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                            mem_get_info=self.mem_get_info)
         except PlacementError:
             return False
         return True
 
+    def _row_bytes(self, cfg: TrainConfig, dc: DrafterConfig) -> int:
+        return row_bytes(seq_len=cfg.seq_len, width=feature_width(dc), soft_top_k=distill_top_k(cfg),
+                         dtype=plan_device(cfg, self.placement.target_devices[0]).dtype,
+                         groups=dc.num_target_features, storage=cfg.feature_store_dtype)
+
     def store_gib(self, cfg: TrainConfig) -> float:
         dc = drafter_config_of(cfg, self.target_config, self.tokenizer)
-        per_row = row_bytes(seq_len=cfg.seq_len, width=feature_width(dc), soft_top_k=distill_top_k(cfg),
-                            dtype=plan_device(cfg, self.placement.target_devices[0]).dtype,
-                            groups=dc.num_target_features, storage=cfg.feature_store_dtype)
-        return self.windows(cfg) * per_row / GIB
+        return self.windows(cfg) * self._row_bytes(cfg, dc) / GIB
+
+    def store_room_gib(self, cfg: TrainConfig) -> tuple[float, float] | None:
+        if not (self.check_memory and self.placement.is_cuda):
+            return None
+        dc = drafter_config_of(cfg, self.target_config, self.tokenizer)
+        per_row, windows = self._row_bytes(cfg, dc), self.windows(cfg)
+        report = check_placement(self.placement, target_config=self.target_config, drafter_config=dc,
+                                 seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
+                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                                 feature_store_bytes=windows * per_row, store_row_bytes=per_row,
+                                 mem_get_info=self.mem_get_info)
+        fitted = [r["feature_store_rows"] for r in report.values() if "feature_store_rows" in r]
+        replicas = len(dict.fromkeys(self.placement.target_devices))  # each keeps its own host tier
+        host = self.host_room if self.host_room is not None else host_room_bytes()
+        return (fitted[0] if fitted else 0) * per_row / GIB, host / replicas / GIB
 
 
 def cut_to(data: TokenizedData, seq_len: int) -> TokenizedData:

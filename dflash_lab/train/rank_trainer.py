@@ -121,7 +121,7 @@ class RankTrainer:
             model = wrap_fsdp2(drafter, ctx, self.dtype)
         else:
             drafter.to(device=ctx.device, dtype=self.dtype)
-            model = wrap_ddp(torch.compile(drafter) if cfg.compile_drafter else drafter, ctx)
+            model = wrap_ddp(torch.compile(drafter) if cfg.compiles_on(ctx.device.type) else drafter, ctx)
         self.model, self.drafter = model, drafter
         self.optimizer = make_optimizer(cfg, model)
         self.param_names = train_state.trainable_names(drafter)
