@@ -98,8 +98,10 @@ def test_qwen3_8b_shaped_target_caps_the_window_at_3072_and_takes_the_batch_memo
     t = target_facts("qwen3-8b")
     assert t.context == 40960
     facts = Facts(longest=9000, samples=800, max_batch=2)
-    c = resolve_defaults(TrainConfig(target="qwen3-8b", steps=300, devices=("cuda:0",)), target=t, facts=facts).config
+    r = resolve_defaults(TrainConfig(target="qwen3-8b", steps=300, devices=("cuda:0",)), target=t, facts=facts)
+    c = r.config
     assert facts.asked == [("longest", 3072)]
+    assert "seq_len 3072 (longest sample at least 3,072 tokens (longer ones truncated)" in r.line()
     assert (c.seq_len, c.num_anchors, c.block_size, c.num_draft_layers) == (3072, 512, 16, 5)  # the paper's shape
     assert (c.batch_size, c.lr) == (2, 6e-4)
     assert c.feature_store_gib == c.feature_store_host_gib == 0.0  # 300 x 2 < 800 windows: each seen once at most

@@ -176,7 +176,8 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
         longest = facts.longest_sample(current(), cap)
         seq = min(cap, max(2 * value("block_size"), SEQ_MULTIPLE, -(-longest // SEQ_MULTIPLE) * SEQ_MULTIPLE))
         where = f"the target's context {target.context:,}" if cap < PAPER_SEQ_LEN else f"paper {PAPER_SEQ_LEN}"
-        choose("seq_len", seq, f"longest sample {longest:,} tokens, rounded up to {SEQ_MULTIPLE}, at most {where}")
+        longest_is = f"{longest:,} tokens" if longest < cap else f"at least {cap:,} tokens (longer ones truncated)"
+        choose("seq_len", seq, f"longest sample {longest_is}, rounded up to {SEQ_MULTIPLE}, at most {where}")
     if "num_anchors" in todo:
         choose("num_anchors", max(1, min(value("seq_len") - 1, value("seq_len") // ANCHOR_DIVISOR)),
                f"seq_len / {ANCHOR_DIVISOR}, as the paper's 512 in 3072")
