@@ -93,3 +93,22 @@ def test_an_evaluation_knows_what_the_weights_it_measured_cost_to_train(tmp_path
     assert gpu_seconds_at(tmp_path, 20) == 120.0 and gpu_seconds_at(tmp_path, 25) == 120.0
     assert gpu_seconds_at(tmp_path, 5) is None and gpu_seconds_at(tmp_path, None) is None
     assert gpu_seconds_at(tmp_path / "no-run", 20) is None
+
+
+def test_the_recipe_results_give_the_gpu_minutes_to_each_tau_it_measured(tmp_path):
+    from dflash_lab.workflows.recipe_results import train_figures
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"steps": 7_500}))
+    (run / "data_report.json").write_text(json.dumps({"records": 10, "kept": 9}))
+    (run / "drafter_config.json").write_text(json.dumps({"hidden_size": 576}))
+    rows = [{"step": 2_500, "loss": 2.0, "gpu_seconds": 339.2, "real_tau": 3.22},
+            {"step": 5_000, "loss": 1.9, "gpu_seconds": 480.0, "real_tau": 3.57},
+            {"step": 7_500, "loss": 1.8, "gpu_seconds": 687.7, "real_tau": 3.70}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = train_figures(run, {"status": "finished", "steps": 7_500}, log=lambda *a: None)
+    assert [(p["step"], p["tau"], round(p["gpu_minutes"], 2)) for p in got["time_to_tau"]] == [
+        (2_500, 3.22, 5.65), (5_000, 3.57, 8.0), (7_500, 3.70, 11.46)]
+    assert got["best_tau"]["step"] == 7_500 and got["curve"][0]["gpu_seconds"] == 339.2
+    json.dumps(got)  # results.json holds it as it is
