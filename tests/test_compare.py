@@ -111,13 +111,13 @@ def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     nb = nbformat.read(str(tmp_path / "out" / "compare.ipynb"), as_version=4)
     pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if "image/png" in o.get("data", {})]
-    assert len(pngs) == 2  # curves + final bars, as static images GitHub renders
+    assert len(pngs) == 3  # curves, real tau against GPU-minutes, final bars: static images GitHub renders
     # the executed notebook names runs relative to the folder holding the runs folder, never this machine's paths
     assert nb.metadata.papermill.parameters["run_dirs"] == [f"runs/{b.name}", f"runs/{a.name}"]
     raw = (tmp_path / "out" / "compare.ipynb").read_text()
     assert str(tmp_path) not in raw and str(rundir.PROJECT_ROOT) not in raw
     text = html.read_text()
-    assert text.count("src=\"data:image/png;base64") == 2 and a.name in text and b.name in text
+    assert text.count("src=\"data:image/png;base64") == 3 and a.name in text and b.name in text
 
 
 def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):

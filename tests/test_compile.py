@@ -167,7 +167,7 @@ def test_cudagraph_tree_modes_refused_at_config_time(mode):
 def test_compile_mode_values():
     assert TrainConfig(compile_drafter=True, compile_mode="max-autotune-no-cudagraphs").compile_mode
     with pytest.raises(ConfigError, match="without compile_drafter=True"):
-        TrainConfig(compile_mode="default")
+        TrainConfig(compile_drafter=False, compile_mode="default")
     with pytest.raises(ConfigError, match="unknown torch.compile mode"):
         TrainConfig(compile_drafter=True, compile_mode="fast")
     with pytest.raises(ConfigError, match="TrainConfig.target_fp8"):

@@ -111,7 +111,7 @@ NAN = float("nan")
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("lr", "abc", "must be float, got str"),  # papermill `-p lr abc`
+    ("lr", "abc", "must be float | None, got str"),  # papermill `-p lr abc`
     ("seed", "abc", "must be int, got str"),  # papermill `-p seed abc`
     ("steps", True, "must be int, got bool"),
     ("steps", 2.5, "must be int, got float"),
@@ -129,7 +129,7 @@ NAN = float("nan")
 ])
 def test_every_field_is_type_finiteness_and_range_checked(field, value, needle):
     with pytest.raises(ConfigError) as e:
-        TrainConfig(**{field: value})
+        TrainConfig(**{"seq_len": 256, field: value})
     msg = str(e.value)
     assert msg.startswith(f"TrainConfig.{field}={value!r} is invalid") and needle in msg and "Fix:" in msg
 
@@ -147,7 +147,7 @@ def test_drafter_config_fields_are_type_checked():
 
 
 @pytest.mark.parametrize("field,hint", [("draft_vocab_size", "`-p draft_vocab_size 16`"), ("seed", "`-p seed 0`"),
-                                        ("lr", "`-p lr 0.0006`"), ("enable_thinking", "`-p enable_thinking True`")])
+                                        ("lr", "`-p lr 0.001`"), ("enable_thinking", "`-p enable_thinking True`")])
 def test_the_papermill_hint_shows_a_value_of_the_fields_own_type(field, hint):
     with pytest.raises(ConfigError) as e:
         TrainConfig(**{field: "abc"})

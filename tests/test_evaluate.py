@@ -89,6 +89,11 @@ def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
     images = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) == 3  # static PNGs: the notebook renders on GitHub
+    shown = ["".join(o["data"]["text/plain"]) for c in nb["cells"]
+             if "".join(c["source"]).startswith("pd.DataFrame(temperature_table")
+             for o in c.get("outputs", []) if "text/plain" in o.get("data", {})]
+    assert len(shown) == 1 and "temperature" in shown[0] and "heldout" in shown[0]  # T=0 here (T=1 beside it if run)
+    assert saved["train_gpu_seconds"] > 0  # what the evaluated weights cost to train, from the run's metrics rows
     assert latest_eval(run) == second / "eval.json" and ev.load_report(run)["block_size"] == 4
 
 

@@ -47,7 +47,7 @@ def test_store_size_errors_name_the_fix():
     with pytest.raises(ConfigError, match=r"feature_store_host_gib=-2\.0 .*must be a number of GiB >= 0"):
         TrainConfig(feature_store_gib=1.0, feature_store_host_gib=-2.0)
     with pytest.raises(ConfigError, match="holds the windows a GPU store has no room for.*set feature_store_gib > 0"):
-        TrainConfig(feature_store_host_gib=8.0)
+        TrainConfig(feature_store_gib=0.0, feature_store_host_gib=8.0)
 
 
 def _tiny_losses(tmp_path, variants: dict[str, dict], log=lambda *a: None) -> tuple[dict, dict, int]:
@@ -225,7 +225,7 @@ def test_float8_storage_halves_a_window_and_rounds_each_element_to_3_mantissa_bi
         FeatureStore(gib=1.0, seq_len=S, width=10, dtype=torch.float32, device=torch.device("cpu"),
                      storage="float8", groups=3)
     with pytest.raises(ConfigError, match="feature_store_dtype.*feature_store_gib > 0"):
-        TrainConfig(feature_store_dtype="float8")
+        TrainConfig(feature_store_gib=0.0, feature_store_dtype="float8")  # None: chosen for the target, may be on
     with pytest.raises(ConfigError, match="feature_store_dtype"):
         TrainConfig(feature_store_gib=1.0, feature_store_dtype="fp4")
 

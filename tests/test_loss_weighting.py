@@ -230,9 +230,16 @@ def test_config_errors_name_field_value_and_fix(field, value, fix):
     assert f"TrainConfig.{field}={value!r}" in msg and "Fix:" in msg and fix in msg
 
 
-def test_config_defaults_keep_decay():
-    cfg = TrainConfig()
-    assert (cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer) == ("decay", 0.5, "valid_anchors")
+def test_config_defaults_keep_decay_on_the_tiny_target_and_dpace_on_real_ones():
+    from dflash_lab.config.recipe_defaults import TINY, TargetFacts, resolve_defaults
+
+    cfg = TrainConfig()  # None: chosen for the target when the run is prepared (recipe_defaults.py)
+    assert (cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer) == (None, 0.5, "valid_anchors")
+    assert TINY["loss_weighting"] == "decay"
+    real = resolve_defaults(TrainConfig(block_size=16, num_draft_layers=5, seq_len=320, num_anchors=64, batch_size=32,
+                                        lr=6e-4, compile_drafter=False, feature_store_gib=0.0,
+                                        feature_store_host_gib=0.0), target=TargetFacts("t", False, None))
+    assert real.config.loss_weighting == "dpace"
     assert TrainConfig.from_dict(TrainConfig(loss_weighting="dpace", dpace_alpha=1).to_dict()).dpace_alpha == 1
 
 

@@ -52,8 +52,8 @@ def test_groups_by_role_linear_weights_on_muon_the_rest_on_adamw(drafter_config)
         m.weight.numel() for m in d.modules() if isinstance(m, torch.nn.Linear))
     assert matrix_roles(d).count(True) == 15
     # the optimizer the config names
-    assert isinstance(make_optimizer(TrainConfig(optimizer="muon"), d), MasterMuon)
-    assert isinstance(make_optimizer(TrainConfig(), d), MasterAdamW)
+    assert isinstance(make_optimizer(TrainConfig(optimizer="muon", lr=6e-4), d), MasterMuon)
+    assert isinstance(make_optimizer(TrainConfig(lr=6e-4), d), MasterAdamW)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

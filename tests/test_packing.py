@@ -398,7 +398,7 @@ def test_a_resume_cannot_switch_packing():
     from dflash_lab.train.resume import resumed_config
     from dflash_lab.runs.resume_checks import config_differences
 
-    ckpt = SimpleNamespace(state={"config": TrainConfig().to_dict()}, path=Path("ckpt"), step=3)
+    ckpt = SimpleNamespace(state={"config": TrainConfig(lr=6e-4).to_dict()}, path=Path("ckpt"), step=3)  # a run's
     with pytest.raises(ConfigError, match="pack_sequences: False \\(checkpoint\\) -> True"):
         resumed_config(ckpt, TrainConfig(pack_sequences=True, resume_from="ckpt"), log=lambda s: None)
     cfg, _ = resumed_config(ckpt, TrainConfig(resume_from="ckpt"), log=lambda s: None)

@@ -25,7 +25,7 @@ def fake_data(n: int, seq_len: int, length: int, supervised: int) -> TokenizedDa
 
 
 PAPER = dict(target="Qwen/Qwen3-8B", devices=("cuda:0",), seq_len=3072, num_anchors=512, batch_size=1,
-             steps=6000, mask_token_id=151669)
+             steps=6000, mask_token_id=151669, feature_store_gib=0.0)  # the run alone: no store fitted beside it
 
 
 def test_qwen3_8b_paper_shape_counts_and_memory():

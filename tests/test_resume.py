@@ -407,7 +407,7 @@ def test_resume_with_only_resume_from_keeps_the_run_settings(tmp_path, data_file
     ckpt = str(t.run_dir / "checkpoints" / "step-0000002")
     asked = TrainConfig(resume_from=ckpt, steps=200, checkpoint_every=0)  # notebook defaults, not set by the user
     more = Trainer(asked, log=lambda *a: None, explicit={"resume_from"})
-    assert more.config == _config(tmp_path, data_file, steps=4, checkpoint_every=2, resume_from=ckpt)
+    assert more.config == t.config.replace(resume_from=ckpt)  # the run's own (fields left unset: as chosen then)
     more.train()
     assert more.step_count == 4 and _losses(t.run_dir) == whole
     more.close()

@@ -14,7 +14,7 @@ def test_schedule_is_warmup_then_cosine_of_the_config():
 
 
 def test_extended_run_follows_the_longer_runs_curve():
-    short, long = LRSchedule.of(TrainConfig(steps=400)), LRSchedule.of(TrainConfig(steps=800))
+    short, long = LRSchedule.of(TrainConfig(steps=400, lr=6e-4)), LRSchedule.of(TrainConfig(steps=800, lr=6e-4))
     assert short.lr(400) == pytest.approx(0.0, abs=1e-12)  # the finished run had decayed to 0
     assert long.lr(400) == pytest.approx(6e-4 / 2, rel=0.1)  # the extension goes on at about lr/2 (warm-up shifts it)
     assert long.lr(799) < long.lr(600) < long.lr(400)
@@ -30,9 +30,9 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
 def test_wsd_run_extended_in_its_stable_phase_keeps_its_lr():
     """What makes WSD the schedule for runs longer than one job: doubling `steps` at step 600 of 1,000 changes no lr
     before the old decay start, where a cosine moves the whole tail."""
-    old, new = (LRSchedule.of(TrainConfig(steps=n, lr_schedule="wsd", decay_ratio=0.2)) for n in (1000, 2000))
+    old, new = (LRSchedule.of(TrainConfig(steps=n, lr=6e-4, lr_schedule="wsd", decay_ratio=0.2)) for n in (1000, 2000))
     assert all(old.lr(k) == new.lr(k) for k in range(80, 800))  # past both warm-ups (40 and 80 steps)
-    cos_old, cos_new = LRSchedule.of(TrainConfig(steps=1000)), LRSchedule.of(TrainConfig(steps=2000))
+    cos_old, cos_new = LRSchedule.of(TrainConfig(steps=1000, lr=6e-4)), LRSchedule.of(TrainConfig(steps=2000, lr=6e-4))
     assert abs(cos_old.lr(600) - cos_new.lr(600)) > 1e-4
 
 

@@ -60,7 +60,7 @@ def write_chats(path: Path, *, n: int, words: int, seed: int = 0) -> Path:
 def config_fields(shape: str, args, draft_vocab: int, store_gib: float, runs_dir: Path) -> dict:
     fields = {**SHAPES[shape], "steps": args.steps, "log_every": 1, "checkpoint_every": 0, "eval_every": 0,
               "val_every": 0, "real_tau_every": 0, "warmup_ratio": 0.0, "seed": 0,
-              "draft_vocab_size": draft_vocab or None, "feature_store_gib": store_gib or None,
+              "draft_vocab_size": draft_vocab or None, "feature_store_gib": float(store_gib),  # 0 = off, said
               "compile_drafter": args.compile_drafter, "runs_dir": str(runs_dir)}
     # Fields left at their defaults are not passed, so an older tree without them runs the same configuration.
     return {k: v for k, v in fields.items() if v is not None}

@@ -20,7 +20,7 @@ SINK_PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard==2.21.0
 def check_loss_weighting_fields(cfg) -> None:
     """The loss-weighting knobs of a TrainConfig (raises ConfigError naming the fix)."""
     c = "TrainConfig"
-    if cfg.loss_weighting not in LOSS_WEIGHTINGS:
+    if cfg.loss_weighting is not None and cfg.loss_weighting not in LOSS_WEIGHTINGS:  # None: chosen for the target
         fail(c, "loss_weighting", cfg.loss_weighting, "unknown loss weighting",
              'use "decay" (the paper\'s exp(-(k-1)/gamma)) or "dpace" (D-PACE)')
     alpha = cfg.dpace_alpha

@@ -12,11 +12,11 @@ CUDAGRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
 def check_perf_fields(cfg) -> None:
     """The perf knobs of a TrainConfig: per-layer windows, torch.compile, FP8 (raises ConfigError naming the fix)."""
     c = "TrainConfig"
-    if cfg.layer_windows:
+    if cfg.layer_windows and (cfg.layer_types or cfg.num_draft_layers is not None):
         types = cfg.layer_types or ("full_attention",) * cfg.num_draft_layers
         object.__setattr__(cfg, "layer_windows", check_layer_windows(c, types, cfg.sliding_window,
                                                                      cfg.layer_windows))
-    if cfg.compile_drafter not in (True, False, "auto"):
+    if cfg.compile_drafter not in (True, False, "auto", None):
         fail(c, "compile_drafter", cfg.compile_drafter, "must be True, False or \"auto\"",
              'use False (eager + CUDA graphs), True (compile everywhere) or "auto" (compile on CUDA workers only)')
     if cfg.compile_mode in CUDAGRAPH_TREE_MODES:
@@ -28,7 +28,7 @@ def check_perf_fields(cfg) -> None:
              "captures the compiled step as a plain CUDA graph itself")
     if cfg.compile_mode not in COMPILE_MODES:
         fail(c, "compile_mode", cfg.compile_mode, "unknown torch.compile mode", f"use one of {COMPILE_MODES}")
-    if cfg.compile_mode is not None and not cfg.compile_drafter:
+    if cfg.compile_mode is not None and cfg.compile_drafter is False:
         fail(c, "compile_mode", cfg.compile_mode, "it has no effect without compile_drafter=True",
              "set compile_drafter=True or leave compile_mode=None")
     for name in ("target_fp8", "drafter_fp8", "drafter_fp8_weight_grad", "compile_target"):
@@ -43,21 +43,21 @@ def check_perf_fields(cfg) -> None:
     if cfg.target_fp8 and cfg.feature_cache:
         fail(c, "target_fp8", True, "with a feature_cache no target layer runs (features are read from disk)",
              "set target_fp8=False, or build the cache from an FP8 target instead")
-    store = cfg.feature_store_gib
-    if isinstance(store, bool) or not isinstance(store, (int, float)) or not store >= 0:
+    store = cfg.feature_store_gib  # None: chosen for the run (recipe_defaults.py)
+    if store is not None and (isinstance(store, bool) or not isinstance(store, (int, float)) or not store >= 0):
         fail(c, "feature_store_gib", store, "must be a number of GiB >= 0",
              "use 0 (recompute the features every step) or e.g. 40 on an H200")
     if cfg.feature_store_dtype not in ("auto", "float8"):
         fail(c, "feature_store_dtype", cfg.feature_store_dtype, "unknown storage",
              'use "auto" (the features\' own dtype) or "float8" (half the memory)')
-    if cfg.feature_store_dtype != "auto" and not store:
+    if cfg.feature_store_dtype != "auto" and store is not None and not store:
         fail(c, "feature_store_dtype", cfg.feature_store_dtype, "applies only to a feature store",
              "set feature_store_gib > 0 as well, or leave feature_store_dtype=\"auto\"")
     host = cfg.feature_store_host_gib
-    if isinstance(host, bool) or not isinstance(host, (int, float)) or not host >= 0:
+    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float)) or not host >= 0):
         fail(c, "feature_store_host_gib", host, "must be a number of GiB >= 0",
              "use 0 (the store lives on the GPU only) or e.g. 48 (host memory for windows the GPU has no room for)")
-    if host and not store:
+    if host and store is not None and not store:
         fail(c, "feature_store_host_gib", host, "holds the windows a GPU store has no room for",
              "set feature_store_gib > 0 as well (the GPU part), or feature_store_host_gib=0")
     if store and cfg.feature_cache:

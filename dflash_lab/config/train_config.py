@@ -23,6 +23,7 @@ from .field_types import check_field_types
 from .feature_checks import (check_distill_fields, check_draft_vocab_fields, check_loss_weighting_fields,
                              check_optimizer_fields, check_pack_fields, sink_problem)
 from .perf_checks import check_perf_fields
+from .recipe_defaults import RESOLVED_FIELDS
 from .target_defaults import default_gamma
 from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
 
@@ -50,16 +51,17 @@ class TrainConfig:
     """Where run directories are created."""
     steps: int = 200
     """Optimizer steps to train."""
-    seq_len: int = 256
-    """Fixed sequence length: samples are truncated / right-padded to it (paper: 3072)."""
-    batch_size: int = 4
-    """Sequences per optimizer step, summed over all drafter workers."""
-    block_size: int = 16
-    """Tokens drafted per pass (anchor + block_size - 1 MASK slots)."""
-    num_anchors: int = 32
-    """Anchors (blocks) sampled per sequence per step (paper: 512)."""
-    num_draft_layers: int = 5
-    """Draft decoder layers."""
+    seq_len: int | None = None
+    """Fixed sequence length: samples are truncated / right-padded to it (paper: 3072). None = chosen for the target
+    and data (recipe_defaults.py, as every field documented "None = chosen for the target")."""
+    batch_size: int | None = None
+    """Sequences per optimizer step, summed over all drafter workers. None = chosen for the target."""
+    block_size: int | None = None
+    """Tokens drafted per pass (anchor + block_size - 1 MASK slots). None = chosen for the target."""
+    num_anchors: int | None = None
+    """Anchors (blocks) sampled per sequence per step (paper: 512). None = chosen for the target."""
+    num_draft_layers: int | None = None
+    """Draft decoder layers. None = chosen for the target."""
     num_target_features: int = 5
     """How many target layers feed the drafter when target_layer_ids is not given."""
     target_layer_ids: tuple[int, ...] | None = None
@@ -70,8 +72,8 @@ class TrainConfig:
     """Per draft layer "full_attention"/"sliding_attention"; empty = all full."""
     sliding_window: int | None = None
     """Window for sliding-attention draft layers."""
-    lr: float = 6e-4
-    """Peak learning rate (paper: 6e-4)."""
+    lr: float | None = None
+    """Peak learning rate (paper: 6e-4). None = chosen for the target and batch."""
     weight_decay: float = 0.0
     """AdamW weight decay (paper: 0)."""
     warmup_ratio: float = 0.04
@@ -99,9 +101,9 @@ class TrainConfig:
     """Compute dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16" or "float32". Master weights are fp32."""
     attention: str = "auto"
     """Drafter attention: "flex" (BlockMask), "sdpa" (dense mask), or "auto" (flex on CUDA, sdpa on CPU)."""
-    compile_drafter: bool | str = False
-    """torch.compile the drafter (opt-in; the eager + CUDA-graph path is the default); "auto" = compile on CUDA
-    workers only (the CPU path stays eager)."""
+    compile_drafter: bool | str | None = None
+    """torch.compile the drafter; "auto" = compile on CUDA workers only (the CPU path stays eager); False = eager +
+    CUDA graphs. None = chosen for the target ("auto" for real targets)."""
     cuda_graphs: bool = True
     """Capture the drafter step as a CUDA graph on GPU workers (ignored on CPU)."""
     overlap_steps: bool = True
@@ -164,8 +166,9 @@ class TrainConfig:
     """torch.compile the target's layer loop (RoPE, norms, residual glue, FP8 casts) for feature extraction; the
     engine still captures it as a CUDA graph. Opt-in until measured."""
     # loss weighting (D-PACE; loss_weights.py, docs/ablations.md)
-    loss_weighting: str = "decay"
-    """"decay" (paper: w_k = exp(-(k-1)/gamma)) or "dpace" (D-PACE, arXiv 2605.18810, detached self-weights)."""
+    loss_weighting: str | None = None
+    """"decay" (paper: w_k = exp(-(k-1)/gamma)) or "dpace" (D-PACE, arXiv 2605.18810, detached self-weights). None =
+    chosen for the target (D-PACE for real targets)."""
     dpace_alpha: float = 0.5
     """D-PACE smoothing in (0, 1]: q~ = (1 - alpha) * exp(-CE) + alpha."""
     loss_normalizer: str = "valid_anchors"
@@ -190,18 +193,19 @@ class TrainConfig:
     (a frozen (d, H) slice of the target head; labels outside it carry no loss and count as wrong). None = the full
     target vocabulary (draft_vocab.py, docs/ablations.md)."""
     # features reused across epochs
-    feature_store_gib: float = 0.0
+    feature_store_gib: float | None = None
     """GiB of device memory (per target replica) that keep each training window's target features once computed, so
     the frozen target runs once per window instead of once per epoch (train/feature_store.py). 0 = recompute every
     step. The store never holds more rows than the data has windows, nor more than fit on the GPU beside the run
     (the memory model's need and 4 GiB to spare, read before anything loads: a WARNING line names the windows held
-    and those computed each time); the hit rate is logged."""
-    feature_store_host_gib: float = 0.0
+    and those computed each time); the hit rate is logged. None = chosen for the run: on (every window asked for) when
+    the data is seen more than once on GPUs."""
+    feature_store_host_gib: float | None = None
     """GiB of host memory (per target replica) for the windows the GPU store has no room for: a batch is served from
     the store only when it holds all of its windows, so a store that holds most but not all of them seldom pays.
     Host rows are copied in through a pinned staging buffer (train/feature_store.py); at most what the machine has
     available less 8 GiB when the run starts (torchrun ranks sharing a machine each count it alone: give each a
-    share). 0 = GPU only."""
+    share). 0 = GPU only. None = chosen with feature_store_gib."""
     feature_store_dtype: str = "auto"
     """How the store keeps features: "auto" = their own dtype (bf16 on a GPU: exactly what the target computed);
     "float8" = E4M3 with one scale per position and target layer, half the memory (twice the windows in the same
@@ -229,6 +233,8 @@ class TrainConfig:
                  "num_anchors": "use num_anchors >= 1 (paper: 512)", "steps": "use steps >= 1"}
         for name, lo in ints.items():
             v = getattr(self, name)
+            if v is None and name in RESOLVED_FIELDS:  # chosen for the target when the run is prepared
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 fail(c, name, v, f"must be an integer >= {lo}", fixes.get(name, f"set {name} >= {lo}"))
         if self.time_budget_s is not None and not self.time_budget_s > 0:
@@ -238,10 +244,10 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 fail(c, name, v, "must be an integer >= 0", f"set {name} to 0 (off) or a positive interval")
-        if self.seq_len < 2 * self.block_size:
+        if None not in (self.seq_len, self.block_size) and self.seq_len < 2 * self.block_size:
             fail(c, "seq_len", self.seq_len, f"it must hold at least two blocks (2 * block_size = "
                  f"{2 * self.block_size})", f"use seq_len >= {2 * self.block_size}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             fail(c, "lr", self.lr, "must be a positive finite number", "use e.g. 6e-4")
         if not 0 <= self.warmup_ratio < 1:
             fail(c, "warmup_ratio", self.warmup_ratio, "must be in [0, 1)", "use e.g. 0.04")
@@ -259,7 +265,7 @@ class TrainConfig:
             fail(c, "seed", self.seed, "must be in [0, 2**63)", "use a non-negative integer, e.g. 0")
         # Anchors are distinct positions p with p and p + 1 in the sequence: more than seq_len - 1 can never be
         # sampled, and the surplus would still be allocated (num_anchors * block_size positions per sequence).
-        if self.num_anchors > self.seq_len - 1:
+        if None not in (self.num_anchors, self.seq_len) and self.num_anchors > self.seq_len - 1:
             fail(c, "num_anchors", self.num_anchors, f"at most seq_len - 1 = {self.seq_len - 1} anchors fit in a "
                  f"sequence of seq_len={self.seq_len}", f"use num_anchors <= {self.seq_len - 1} (paper: 512 for "
                  "seq_len 3072), or raise seq_len")
@@ -279,7 +285,7 @@ class TrainConfig:
         for t in self.layer_types:
             if t not in LAYER_TYPES:
                 fail(c, "layer_types", self.layer_types, f"unknown layer type {t!r}", f"use only {LAYER_TYPES}")
-        if self.layer_types and len(self.layer_types) != self.num_draft_layers:
+        if self.layer_types and self.num_draft_layers is not None and len(self.layer_types) != self.num_draft_layers:
             fail(c, "layer_types", self.layer_types,
                  f"{len(self.layer_types)} entries for {self.num_draft_layers} draft layers",
                  "give one type per draft layer or leave it empty")
@@ -291,7 +297,7 @@ class TrainConfig:
             object.__setattr__(self, "target_devices", tuple(self.target_devices))
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
-        if self.batch_size % len(self.devices):
+        if self.batch_size is not None and self.batch_size % len(self.devices):
             fail(c, "batch_size", self.batch_size, f"it must split evenly over {len(self.devices)} drafter workers",
                  f"use a multiple of {len(self.devices)}")
         # validation
@@ -318,6 +324,16 @@ class TrainConfig:
         check_pack_fields(self)
         check_draft_vocab_fields(self)
         check_distill_fields(self)
+
+    def compiles_on(self, device_type: str) -> bool:
+        """Whether the drafter is torch.compiled on a device of this type: True everywhere, "auto" on CUDA only
+        (fixed shapes there; the CPU path stays eager)."""
+        return self.compile_drafter is True or (self.compile_drafter == "auto" and device_type == "cuda")
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """The fields still None, to be chosen for the target when the run is prepared (recipe_defaults.py)."""
+        return tuple(f for f in RESOLVED_FIELDS if getattr(self, f) is None)
 
     @property
     def resolved_gamma(self) -> float:

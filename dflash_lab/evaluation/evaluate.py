@@ -42,6 +42,7 @@ from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
 from dflash_lab.config.threads import threads_arg, torch_threads
+from dflash_lab.runs.gpu_time import gpu_seconds_at
 from dflash_lab.runs.checkpoint import CheckpointError
 from dflash_lab.runs.rundir import resolve_runs_dir
 from dflash_lab.target.load import TargetLoadError, resolve_target_path
@@ -261,7 +262,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
                       decoding=f"{type(decoders['trained']).__name__}: {how}", seed=plan.seed,
-                      prompt_sets={k: v.to_dict() for k, v in infos.items()}, stopped=stopped)
+                      prompt_sets={k: v.to_dict() for k, v in infos.items()}, stopped=stopped,
+                      train_gpu_seconds=gpu_seconds_at(src.run_dir, src.step) if src.run_dir else None)
 
 
 def load_report(path: str | Path) -> dict:

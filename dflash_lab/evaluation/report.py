@@ -44,12 +44,13 @@ class EvalReport:
     prompt_sets: dict = field(default_factory=dict)  # {set name: PromptSetInfo.to_dict()}: file, size, sha256
     seed: int = 0  # of the bootstrap resampling
     stopped: str = ""  # why fewer prompts were decoded than planned (a time budget), "" when every one was
+    train_gpu_seconds: float | None = None  # what the evaluated weights cost to train (runs/gpu_time.py), if logged
 
     @classmethod
     def from_dict(cls, d: dict) -> "EvalReport":
         keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
-        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets", "stopped")
-                 if k in d}
+        extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets", "stopped",
+                                   "train_gpu_seconds") if k in d}
         if "interval" in d:
             extra["seed"] = d["interval"].get("seed", 0)
         return cls(**{k: d[k] for k in keys}, **extra)
@@ -190,7 +191,7 @@ class EvalReport:
                 "block_size": self.block_size, "temperature": self.temperature,
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
                 "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "prompt_sets": self.prompt_sets,
-                "stopped": self.stopped,
+                "stopped": self.stopped, "train_gpu_seconds": self.train_gpu_seconds,
                 "interval": {"level": LEVEL, "resamples": RESAMPLES, "seed": self.seed,
                              "method": "bootstrap over prompts, pooled tau (accepted / iterations + 1) per resample"},
                 "summary": self.rows(), "verdicts": self.verdicts(),

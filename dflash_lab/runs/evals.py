@@ -70,3 +70,34 @@ def eval_summary(path: str | Path) -> dict:
     return {"eval_tau": tau, "eval_block_size": d.get("block_size"),
             "eval_temperature": d.get("temperature"), "eval_dtype": d.get("dtype"), "eval_step": d.get("step"),
             "eval_speedup": sum(speed) / len(speed) if speed else None, "eval_dir": str(Path(path).parent)}
+
+
+def temperature_table(run_dir: str | Path) -> list[dict]:
+    """The trained drafter's tau on each prompt set at every temperature this run was evaluated at (T=0 beside T=1
+    when both were measured): the newest evaluation of each (temperature, block size, draft sampling), T=0 first.
+    A cut-off eval.json is left out (eval_summary says why where a listing shows it)."""
+    newest: dict[tuple, tuple[Path, dict]] = {}
+    for folder in eval_dirs(run_dir):
+        try:
+            d = json.loads((folder / EVAL_FILE).read_text())
+            key = (float(d["temperature"]), int(d["block_size"]), drafts_of(d.get("decoding", "")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        newest[key] = (folder, d)  # folders are oldest first: the last one of a key is its newest
+    rows = []
+    for (temperature, block, sampling), (folder, d) in sorted(newest.items()):
+        for r in d.get("summary", []):
+            if r.get("decoder") == "trained":
+                rows.append({"temperature": temperature, "block_size": block,
+                             "drafts": sampling if temperature > 0 else "argmax", "prompt_set": r["prompt_set"],
+                             "prompts": r.get("prompts"), "tau": r.get("tau"), "tau_low": r.get("tau_low"),
+                             "tau_high": r.get("tau_high"), "speedup": r.get("speedup"), "step": d.get("step"),
+                             "eval_dir": folder.name})
+    return rows
+
+
+def drafts_of(decoding: str) -> str:
+    """How an evaluation drafted, read from its `decoding` line: "argmax", "sample" or "coupled"."""
+    if "drafts sampled" not in decoding:
+        return "argmax"
+    return "coupled" if "one shared uniform" in decoding else "sample"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import rundir
 from .evals import eval_summary, latest_eval
+from .gpu_time import best_tau
 from .run_state import run_status  # noqa: F401 (listed here, where the table reads it)
 from .run_files import RunFileError, read_json, read_metrics
 
@@ -199,6 +200,13 @@ def _eval_columns(run_dir: Path, metrics: list[dict]) -> dict:
             "heldout_tau": logged, "val_sim_tau": _last_logged(metrics, "val_sim_tau")}
 
 
+def _best_tau_columns(metrics: list[dict]) -> dict:
+    """The best real tau measured while training, and the GPU-minutes the run had spent when it measured it."""
+    best = best_tau(metrics)
+    return {"best_tau": best["tau"] if best else None, "best_tau_step": best["step"] if best else None,
+            "best_tau_gpu_minutes": best["gpu_minutes"] if best else None}
+
+
 def _last_logged(metrics: list[dict], *keys: str):
     """The newest value any of `keys` was logged with (None if never)."""
     return next((r[k] for r in reversed(metrics) for k in keys if r.get(k) is not None), None)
@@ -230,7 +238,7 @@ def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
             "run": d.name, "status": "config.json unreadable" if bad_config else run_status(d),
             "step": last.get("step", 0), "steps": cfg.get("steps"),
             "loss": last.get("loss"), "sim_tau": last.get("sim_tau"), "acc": last.get("acc"),
-            **_eval_columns(d, metrics),
+            **_eval_columns(d, metrics), **_best_tau_columns(metrics),
             "tokens_per_s": steady[-1] if steady else last.get("tokens_per_s"),
             "peak_memory_gb": max(mem) if mem else None,
             "target": cfg.get("target"), "devices": ",".join(map(str, devices)) if isinstance(devices, list) else None,
@@ -247,7 +255,8 @@ def runs_table(run_dirs, *, log=print) -> "pandas.DataFrame":  # noqa: F821
 # Short text columns: (header, runs_table column, format). Every missing value prints "-" (never NaN or None).
 COMPACT_COLUMNS = (("status", "status", "s"), ("step", "step", "step"), ("loss", "loss", ".3f"),
                    ("sim tau", "sim_tau", ".2f"), ("val tau", "val_sim_tau", ".2f"), ("real tau", "heldout_tau", ".2f"),
-                   ("eval tau", "eval_tau", "tau@step"), ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
+                   ("eval tau", "eval_tau", "tau@step"), ("best", "best_tau", "tau@min"),
+                   ("tok/s", "tokens_per_s", "rate"), ("GiB", "peak_memory_gb", ".1f"),
                    ("target", "target", "name"))
 
 
@@ -278,6 +287,9 @@ def _cell(value, fmt: str, row) -> str:
         at = row.get("eval_step")
         stale = _is_number(at) and at == at and _is_number(row.get("step")) and at < row.get("step")
         return f"{value:.2f} @step {int(at)}" if stale else f"{value:.2f}"
+    if fmt == "tau@min":  # the best real tau while training, and the GPU-minutes spent to reach it
+        minutes = row.get("best_tau_gpu_minutes")
+        return f"{value:.2f}@{minutes:.3g}" if _is_number(minutes) and minutes == minutes else f"{value:.2f}"
     if fmt == "rate":
         v = float(value)
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e3 else f"{v:.0f}"
@@ -349,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         width = max(len(r) for r in text["run"])
         print(text.to_string(index=False, formatters={"run": lambda r: r.ljust(width)}))  # in full, never "..."
         print("sim tau: training batch | val tau: held-out, simulated | real tau: held-out, real decoding while "
-              "training\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
+              "training\nbest: best real tau while training @ the GPU-minutes (devices x wall time) spent to reach it"
+              "\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
               " (CPU runs: RSS)")
         return 0
     html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)

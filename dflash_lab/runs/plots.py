@@ -136,3 +136,37 @@ def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
         ax.invert_yaxis()
     fig.tight_layout()
     return save_png(fig, out)
+
+
+def plot_tau_cost(frame, *, out: str | Path | None = None) -> PngImage:
+    """Real tau measured while training (and the newest evaluation) against step and against the GPU-minutes spent
+    to reach it (`gpu_seconds`, gpu_time.py): one line per run (runs.load_metrics). Runs on different GPU counts or
+    speeds line up by cost on the right panel, not by step."""
+    fig, axes = new_figure(12, 3.6, 2)
+    labels = list(dict.fromkeys(frame["label"])) if len(frame) else []
+    drawn = 0
+    for label in labels:
+        part = frame[frame["label"] == label].sort_values("step")
+        tau = part["real_tau"] if "real_tau" in part else None
+        if "eval_tau" in part:
+            tau = part["eval_tau"] if tau is None else tau.fillna(part["eval_tau"])
+        if tau is None or tau.isna().all():
+            continue
+        rows = part[tau.notna()]
+        axes[0].plot(rows["step"], tau[tau.notna()].astype(float), "o-", ms=4, lw=1.2, label=label)
+        if "gpu_seconds" in rows and rows["gpu_seconds"].notna().any():
+            timed = rows[rows["gpu_seconds"].notna()]
+            axes[1].plot(timed["gpu_seconds"].astype(float) / 60, tau[timed.index].astype(float), "o-", ms=4,
+                         lw=1.2, label=label, color=f"C{drawn}")
+        drawn += 1
+    for ax, xlabel in zip(axes, ("step", "GPU-minutes (devices x wall time of training)")):
+        ax.set_title("real tau on held-out prompts", fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("tau", fontsize=9)
+        ax.grid(alpha=0.3)
+    if drawn:
+        axes[0].legend(fontsize=8)
+    else:
+        axes[0].text(0.5, 0.5, "no real tau measured", ha="center", va="center", transform=axes[0].transAxes)
+    fig.tight_layout()
+    return save_png(fig, out)

@@ -84,8 +84,11 @@ def build_engine(config, placement, targets: list, drafter_config, *, target_con
         forward = drafter
         if cfg.drafter_fp8:  # FP8 GEMMs in the drafter's linear layers, same parameters
             fp8_train_linears(drafter, weight_grad=cfg.drafter_fp8_weight_grad)
-        if cfg.compile_drafter is True or (cfg.compile_drafter == "auto" and dev.type == "cuda"):
+        if cfg.compiles_on(dev.type):
             forward = torch.compile(drafter, dynamic=False, backend=compile_backend, mode=cfg.compile_mode)
+        if cfg.compile_drafter == "auto" and i == 0 and log is not None:  # say what "auto" decided
+            log("drafter: compile_drafter='auto' -> " + ("compiled (torch.compile, fixed shapes)" if
+                cfg.compiles_on(dev.type) else "eager (auto compiles on CUDA only)") + f" on {dev}")
         if placement.colocated:
             src = targets[i]
         else:  # any replica will do (identical); prefer one on this device (CPU tests)

@@ -26,13 +26,19 @@ from pathlib import Path
 from dflash_lab.runs import rundir
 from dflash_lab.config import TrainConfig
 from .distributed import DIST_CONFIG_FILE, DistConfig
+from .prepare import resolve_settings
 
 LOG_FILE = "launch.log"
 LAUNCH_FILE = "launch.json"
 
 
-def prepare_run(config: TrainConfig, dist: DistConfig | None = None, *, run_dir: str | Path | None = None) -> Path:
-    """A new run directory (runs/<stamp>-<name>-<id>/) holding config.json and distributed.json; returns it."""
+def prepare_run(config: TrainConfig, dist: DistConfig | None = None, *, run_dir: str | Path | None = None,
+                log=print) -> Path:
+    """A new run directory (runs/<stamp>-<name>-<id>/) holding config.json and distributed.json; returns it. Fields
+    left unset are chosen here, once, for the target, data and GPUs (prepare.resolve_settings): every rank reads the
+    same values from config.json."""
+    if config.unresolved and not config.resume_from:
+        config = resolve_settings(config, log=log)[0].config
     path = Path(run_dir) if run_dir else rundir.new_run_dir(config.runs_dir, config.run_name)
     path.mkdir(parents=True, exist_ok=True)
     rundir.write_json(path / rundir.CONFIG_FILE, config.to_dict())

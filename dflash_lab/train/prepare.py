@@ -24,13 +24,15 @@ import torch
 from dflash_lab.runs import checkpoint, resume_checks
 from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.config.feature_checks import check_distill_vocab
+from dflash_lab.config.recipe_defaults import Resolved, TargetFacts, resolve_defaults
 from dflash_lab.drafter.batches import BatchSampler
 from dflash_lab.data.tokenize import TokenizedData, load_dataset
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
 from .feature_store import GIB, check_holds_a_window, feature_width, row_bytes
-from .placement import DevicePlan, Placement, check_placement, device_plan, make_placement, resolve_dtype
+from .placement import (DevicePlan, Placement, PlacementError, check_placement, device_plan, make_placement,
+                        resolve_dtype)
 from .resume import Override, resumed_config
 from .schedule import LRSchedule
 from dflash_lab.target.load import load_target_config, load_tokenizer
@@ -131,6 +133,7 @@ class PreparedRun:
     resume: checkpoint.Checkpoint | None = None
     overrides: tuple[Override, ...] = field(default=())
     draft_vocab: DraftVocab | None = None  # None = the full target vocabulary
+    settings: Resolved | None = None  # the values chosen for fields left unset, and why (recipe_defaults.py)
     # windows each target replica's feature store keeps on its GPU (the data's windows, or fewer where the GPU has
     # no room for more beside the run: check_placement fits it) and in host memory (feature_store_host_gib)
     feature_store_rows: int = 0
@@ -179,26 +182,23 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     if config.resume_from:
         resume = checkpoint.load_checkpoint(config.resume_from)
         config, overrides = resumed_config(resume, config, explicit=explicit, log=log)
-    cfg = config
-    torch.manual_seed(cfg.seed)
-    tokenizer = load_tokenizer(cfg.target)
-    target_config = load_target_config(cfg.target)
-    check_distill_vocab(cfg, target_config.vocab_size)
-    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
-    drafter_config = DrafterConfig.from_target(
-        target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
-        target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
-        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows,
-        draft_vocab_size=cfg.draft_vocab_size)
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.target)
+    target_config = load_target_config(config.target)
+    check_distill_vocab(config, target_config.vocab_size)
     # Devices, batch split and free GPU memory are checked BEFORE anything loads (placement.py).
-    placement = placement if placement is not None else make_placement(cfg.devices, cfg.target_devices)
+    placement = placement if placement is not None else make_placement(config.devices, config.target_devices)
+    # Fields left unset are chosen for this target, data and machine, the same way on every path (recipe_defaults.py);
+    # a resumed config is the checkpoint's, already whole.
+    settings, facts = resolve_settings(config, tokenizer=tokenizer, target_config=target_config, placement=placement,
+                                       log=log, check_memory=check_memory)
+    cfg = settings.config
+    drafter_config = drafter_config_of(cfg, target_config, tokenizer)
     check_distill_placement(cfg, placement)
     plans = {d: plan_device(cfg, d) for d in placement.devices}
     if cfg.feature_cache:  # a wrong cache (layers, path) fails now, not after the target loaded
         CachedFeatureExtractor(cfg.feature_cache, layer_ids=drafter_config.target_layer_ids)
-    data = load_dataset(tokenizer, cfg.data, seq_len=cfg.seq_len, block_size=cfg.block_size,
-                        enable_thinking=cfg.enable_thinking, data_format=cfg.data_format, on_error=cfg.data_errors,
-                        log=log)
+    data = facts.data_for(cfg)
     if data.report.total_skipped and log is not None:  # never silent: counts here, file:line in data_report.json
         first = next(e for examples in data.report["examples"].values() for e in examples)
         log(f"data: kept {len(data)} of {data.report['records']} records, skipped {data.report['skipped']} (e.g. "
@@ -254,4 +254,128 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
     return PreparedRun(config=cfg, tokenizer=tokenizer, target_config=target_config, drafter_config=drafter_config,
                        data=data, sampler=sampler, placement=placement, plans=plans, memory_estimate=memory,
                        feature_store_rows=rows, feature_store_host_rows=host_rows,
-                       schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides, draft_vocab=draft_vocab)
+                       schedule=LRSchedule.of(cfg), resume=resume, overrides=overrides, draft_vocab=draft_vocab,
+                       settings=settings)
+
+
+def resolve_settings(config: TrainConfig, *, tokenizer=None, target_config=None, placement: Placement | None = None,
+                     log=print, check_memory: bool = True, **machine) -> tuple[Resolved, "RunFacts"]:
+    """The values chosen for `config`'s unset fields on this target, data and machine (recipe_defaults.py), logged as
+    the run's first settings line, and the facts measured for them (the data, tokenized once). Every way to start a
+    run comes through here: prepare_run (Trainer, torchrun ranks, preflight), launch.prepare_run and the CLI, which
+    write the chosen values into config.json so every rank reads the same. `machine`: RunFacts' stand-ins for
+    this machine's memory (mem_get_info, host_room)."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.target)
+    target_config = target_config if target_config is not None else load_target_config(config.target)
+    placement = placement if placement is not None else make_placement(config.devices, config.target_devices)
+    facts = RunFacts(config, tokenizer, target_config, placement, log=log, check_memory=check_memory, **machine)
+    settings = resolve_defaults(config, target=TargetFacts.of(config.target, target_config), facts=facts)
+    if settings.choices and log is not None:
+        log(settings.line())
+    return settings, facts
+
+
+def drafter_config_of(cfg: TrainConfig, target_config, tokenizer) -> DrafterConfig:
+    """The drafter's shape for a resolved `cfg` on this target (MASK id: the config's, else the tokenizer's)."""
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
+    return DrafterConfig.from_target(
+        target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
+        target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
+        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows,
+        draft_vocab_size=cfg.draft_vocab_size)
+
+
+class RunFacts:
+    """What recipe_defaults.resolve_defaults asks about the data and the machine, measured here: the data is
+    tokenized once (at the longest window a resolved run may use, then cut to the one chosen), the memory model
+    says which batch fits, the store's row size gives the GiB every window needs."""
+
+    def __init__(self, config: TrainConfig, tokenizer, target_config, placement: Placement, *, log=print,
+                 check_memory: bool = True, mem_get_info=None, host_room: int | None = None):
+        """`mem_get_info(device) -> (free, total)` and `host_room` (bytes) stand for this machine's GPUs and host
+        memory (check_placement, host_room_bytes) where a plan is made for another machine, and in tests."""
+        self.config, self.tokenizer, self.target_config, self.placement = config, tokenizer, target_config, placement
+        self.log, self.check_memory = log, check_memory
+        self.mem_get_info, self.host_room = mem_get_info, host_room
+        self.cuda = placement.is_cuda
+        self._data: tuple[int, int, TokenizedData] | None = None  # (seq_len, block_size, data) tokenized
+        self._given: TokenizedData | None = None
+
+    def given(self, data: TokenizedData) -> "RunFacts":
+        """Facts about `data` as tokenized already (preflight of a plan): it stands for the data at every window."""
+        self._given = data
+        return self
+
+    def _load(self, cfg: TrainConfig, seq_len: int) -> TokenizedData:
+        if self._given is not None:
+            return self._given
+        if self._data is None or self._data[:2] != (seq_len, cfg.block_size):
+            data = load_dataset(self.tokenizer, cfg.data, seq_len=seq_len, block_size=cfg.block_size,
+                                enable_thinking=cfg.enable_thinking, data_format=cfg.data_format,
+                                on_error=cfg.data_errors, log=self.log)
+            self._data = (seq_len, cfg.block_size, data)
+        return self._data[2]
+
+    def longest_sample(self, cfg: TrainConfig, cap: int) -> int:
+        return int(self._load(cfg, cap).lengths.max())
+
+    def windows(self, cfg: TrainConfig) -> int:
+        data = self.data_for(cfg)
+        if cfg.pack_sequences:
+            return fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)["packed_windows"]
+        return len(data)
+
+    def data_for(self, cfg: TrainConfig) -> TokenizedData:
+        """The data at cfg.seq_len: the tokenized copy cut to it when it was read at a longer window that no
+        sample filled beyond it (the same rows, truncations and skips), else read now."""
+        if self._data is not None and self._data[1] == cfg.block_size and self._data[0] > cfg.seq_len:
+            data = self._data[2]
+            if int(data.lengths.max()) <= cfg.seq_len:
+                return cut_to(data, cfg.seq_len)
+        return self._load(cfg, cfg.seq_len)
+
+    def batch_fits(self, cfg: TrainConfig) -> bool:
+        if not self.check_memory:
+            return True
+        try:
+            check_placement(self.placement, target_config=self.target_config,
+                            drafter_config=drafter_config_of(cfg, self.target_config, self.tokenizer),
+                            seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
+                            chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                            mem_get_info=self.mem_get_info)
+        except PlacementError:
+            return False
+        return True
+
+    def _row_bytes(self, cfg: TrainConfig, dc: DrafterConfig) -> int:
+        return row_bytes(seq_len=cfg.seq_len, width=feature_width(dc), soft_top_k=distill_top_k(cfg),
+                         dtype=plan_device(cfg, self.placement.target_devices[0]).dtype,
+                         groups=dc.num_target_features, storage=cfg.feature_store_dtype)
+
+    def store_gib(self, cfg: TrainConfig) -> float:
+        dc = drafter_config_of(cfg, self.target_config, self.tokenizer)
+        return self.windows(cfg) * self._row_bytes(cfg, dc) / GIB
+
+    def store_room_gib(self, cfg: TrainConfig) -> tuple[float, float] | None:
+        if not (self.check_memory and self.placement.is_cuda):
+            return None
+        dc = drafter_config_of(cfg, self.target_config, self.tokenizer)
+        per_row, windows = self._row_bytes(cfg, dc), self.windows(cfg)
+        report = check_placement(self.placement, target_config=self.target_config, drafter_config=dc,
+                                 seq_len=cfg.seq_len, num_anchors=cfg.num_anchors, batch_size=cfg.batch_size,
+                                 chunk_size=cfg.loss_chunk_size, plan=lambda d: plan_device(cfg, d),
+                                 feature_store_bytes=windows * per_row, store_row_bytes=per_row,
+                                 mem_get_info=self.mem_get_info)
+        fitted = [r["feature_store_rows"] for r in report.values() if "feature_store_rows" in r]
+        replicas = len(dict.fromkeys(self.placement.target_devices))  # each keeps its own host tier
+        host = self.host_room if self.host_room is not None else host_room_bytes()
+        return (fitted[0] if fitted else 0) * per_row / GIB, host / replicas / GIB
+
+
+def cut_to(data: TokenizedData, seq_len: int) -> TokenizedData:
+    """`data` (no row longer than `seq_len`) in windows of `seq_len`: the padding beyond it dropped."""
+    report = type(data.report)(data.report)
+    report.update(seq_len=seq_len, padded_tokens=len(data) * seq_len)
+    return TokenizedData(data.input_ids[:, :seq_len].contiguous(), data.loss_mask[:, :seq_len].contiguous(),
+                         data.lengths, report, data.sample_ids,
+                         None if data.doc_ids is None else data.doc_ids[:, :seq_len].contiguous())

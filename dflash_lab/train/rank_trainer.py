@@ -23,6 +23,7 @@ from dflash_lab.config import ConfigError, TrainConfig
 from .distributed import DistContext, full_tensor, share_frozen_head, wrap_ddp, wrap_fsdp2
 from .engine_build import build_engine, initial_drafter
 from dflash_lab.data.draft_vocab import draft_head, set_draft_vocab
+from dflash_lab.runs.gpu_time import TrainClock
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .muon import make_optimizer
 from .placement import make_placement
@@ -47,22 +48,21 @@ class RankTrainer:
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, run_dir: Path, *, log=print, checkpoints: bool = True,
                  explicit=None):
-        """`explicit`: on resume, the config fields set on the command line (`--steps`); only these override the
-        checkpoint's config (resume.py)."""
-        self.ctx, self.run_dir = ctx, Path(run_dir)
+        """`explicit`: on resume, the fields set on the command line (`--steps`): only these override (resume.py)."""
+        self.ctx, self.run_dir, self.gpu_clock = ctx, Path(run_dir), TrainClock(devices=ctx.world_size)
         self.checkpoints = checkpoints  # False: benchmarks that must not spend minutes writing optimizer state
         self.log = (lambda *a: log(*a, flush=True)) if log is print else log
         self.phase = "loading"
         dev = ctx.device
-        if cfg.batch_size % ctx.num_drafters:
-            raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
-                              f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
         # The same preparation as the notebook Trainer (prepare.py): data format, error policy, thinking mode,
         # feature cache and resume rules hold here by construction. This rank's placement is its own device.
         log_main = self.log if ctx.is_main else None  # every rank tokenizes; rank 0 reports
         self.prepared = prep = prepare_run(cfg, explicit=explicit, placement=make_placement((str(dev),)),
                                            log=log_main, check_memory=False)
         self.cfg = self.config = cfg = prep.config
+        if cfg.batch_size % ctx.num_drafters:  # checked once chosen: config.json may leave it to the target
+            raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} does not split over {ctx.num_drafters} "
+                              f"drafter ranks. Fix: use a multiple of {ctx.num_drafters}.")
         self.resume, self.schedule = prep.resume, prep.schedule
         self.dtype, self.attention = prep.dtype(dev), prep.attention(dev)
         self.tokenizer, self.drafter_config = prep.tokenizer, prep.drafter_config
@@ -121,7 +121,7 @@ class RankTrainer:
             model = wrap_fsdp2(drafter, ctx, self.dtype)
         else:
             drafter.to(device=ctx.device, dtype=self.dtype)
-            model = wrap_ddp(torch.compile(drafter) if cfg.compile_drafter else drafter, ctx)
+            model = wrap_ddp(torch.compile(drafter) if cfg.compiles_on(ctx.device.type) else drafter, ctx)
         self.model, self.drafter = model, drafter
         self.optimizer = make_optimizer(cfg, model)
         self.param_names = train_state.trainable_names(drafter)
@@ -168,6 +168,7 @@ class RankTrainer:
         self.metrics = MetricsLogger(metrics_path)
         for row in previous:
             self.metrics.ring.append(row)
+        self.gpu_clock.continue_from(previous)  # GPU time of the earlier jobs of this run
         rundir.log_event(rd, "start", step=self.step_count, **self.ctx.describe())
         link = rd / rundir.SYSTEM_FILE  # the dashboard follows system.jsonl: rank 0's samples (all GPUs of node 0)
         if not link.exists() and not link.is_symlink():
@@ -335,8 +336,7 @@ class RankTrainer:
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "epoch": self.sampler.position(step)[0], **self.throughput.as_dict(),
             "world_size": ctx.world_size, "drafter_ranks": ctx.num_drafters,
-            "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0,
-        }
+            "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0, **self.gpu_clock.fields()}
         if feature_wait is not None:  # this rank's wait (rank 0 logs; its feeder serves like every other)
             record["feature_wait_s"] = waited = feature_wait()
             record["feature_wait_frac"] = waited / dt if dt > 0 else 0.0

@@ -27,6 +27,7 @@ from dflash_lab.config import TrainConfig
 from .controls import CONTROL_EVENT, STOP_FILE, Controls, counted_loop
 from dflash_lab.drafter.model import DFlashDrafter
 from .engine_build import build_engine
+from dflash_lab.runs.gpu_time import TrainClock
 from dflash_lab.runs.metrics import MetricsLogger, Throughput
 from .prepare import prepare_run
 from .progress import device_memory, progress_line
@@ -47,11 +48,13 @@ def _print_flush(*args) -> None:
 
 class Trainer:
     def __init__(self, config: TrainConfig, *, run_dir: str | Path | None = None, write_run_dir: bool = True,
-                 log=_print_flush, explicit=None, overwrite_run_dir: bool = False):
+                 log=_print_flush, explicit=None, overwrite_run_dir: bool = False, clock=time.monotonic):
         """`explicit`: on resume, the config fields you set (only these override the checkpoint's config); None =
         those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params).
-        `overwrite_run_dir`: empty a `run_dir` holding another run first (else refused: rundir.refuse_used_run_dir)."""
+        `overwrite_run_dir`: empty a `run_dir` holding another run first (else refused: rundir.refuse_used_run_dir).
+        `clock`: the wall clock of the GPU time on every metrics row (gpu_time.py; tests feed one)."""
         self.log = log
+        built = clock()
         started = stopping.now()  # a time budget counts from here: loading is part of the job
         if write_run_dir and run_dir and config.resume_from is None and not overwrite_run_dir:
             rundir.refuse_used_run_dir(run_dir)  # refused now, not after minutes of loading targets
@@ -95,6 +98,8 @@ class Trainer:
         self.metrics.sink = with_sinks(self.metrics.sink, cfg.metric_sinks, self.run_dir, config=cfg.to_dict(), log=log)
         for row in previous_rows:
             self.metrics.ring.append(row)
+        self.gpu_clock = TrainClock(devices=len(self.placement.devices), previous=previous_rows, clock=clock,
+                                    started=built)
         self.throughput = Throughput()
         self.controls = Controls(record=lambda action, **f: self._event(CONTROL_EVENT, action=action,
                                                                          step=self.step_count, **f))
@@ -121,6 +126,8 @@ class Trainer:
             self.last_checkpoint, self.last_checkpoint_step = resume.path, resume.step
             self._event("resumed", step=resume.step, checkpoint=str(resume.path),
                         changed=[list(o) for o in prep.overrides])
+        if prep.settings is not None and prep.settings.choices:  # what was chosen for the fields left unset, and why
+            self._event("settings", chosen=prep.settings.as_dict())
         if self.run_dir is not None:
             self._start_monitor()
         self.phase = "ready"
@@ -234,7 +241,7 @@ class Trainer:
             "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
             **self.engine.metrics(tokens_per_s=self.throughput.steady_tps or self.throughput.instant_tps),
-            **device_memory(w.device for w in self.workers),
+            **device_memory(w.device for w in self.workers), **self.gpu_clock.fields(),
         }
         finite = math.isfinite(loss) and math.isfinite(record["grad_norm"])
         if finite and cfg.eval_every and self.step_count % cfg.eval_every == 0:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dflash_lab.config import DrafterConfig, TrainConfig
+from dflash_lab.config.recipe_defaults import TargetFacts, resolve_defaults
 from dflash_lab.config.model_size import drafter_parameters, target_parameters
 from dflash_lab.train.placement import Placement, rows_that_fit
 
@@ -34,8 +35,8 @@ config_param_count = target_parameters  # the parameter model is model_size.py's
 from dflash_lab.train.feature_store import feature_width, row_bytes, store_bytes
 from dflash_lab.train.memory_model import (CUDA_OVERHEAD_BYTES, GIB, STORE_ITEM,  # noqa: F401 (re-exported)
                                            device_memory)
-from dflash_lab.train.prepare import (HOST_KEEP_FREE, distill_top_k, host_room_bytes, plan_device, prepare_run,
-                                      store_note, store_rows)
+from dflash_lab.train.prepare import (HOST_KEEP_FREE, RunFacts, distill_top_k, host_room_bytes, plan_device,
+                                      prepare_run, store_note, store_rows)
 from dflash_lab.target.load import load_target_config, resolve_target_path
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -213,11 +214,16 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
     if data is None:  # the same preparation as a run (prepare.py): tokenizer, every data setting, drafter config
         prep = prepare_run(cfg, placement=Placement(tuple(cfg.devices), tuple(cfg.target_devices or cfg.devices)),
                            check_memory=False, log=log)  # devices unchecked: estimate a GPU job from any machine
-        data = prep.data
+        data, cfg = prep.data, prep.config  # fields left unset chosen as the run will (recipe_defaults.py)
     path = None
     if target_config is None:
         path = resolve_target_path(cfg.target)
         target_config = prep.target_config if prep is not None else load_target_config(cfg.target)
+    if cfg.unresolved:  # a plan for data tokenized already: its unset fields chosen as a run would choose them
+        facts = RunFacts(cfg, None, target_config, Placement(tuple(cfg.devices), tuple(cfg.target_devices or
+                                                                                       cfg.devices)),
+                         log=None, check_memory=False).given(data)
+        cfg = resolve_defaults(cfg, target=TargetFacts.of(cfg.target, target_config), facts=facts).config
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     if prep is not None:
         dc = prep.drafter_config

@@ -13,6 +13,7 @@ import html
 import json
 from pathlib import Path
 
+from dflash_lab.runs.gpu_time import best_tau, tau_points
 from dflash_lab.runs.generalisation import checks_table, held_out_stopped_at
 from dflash_lab.runs.listing import run_metrics
 from dflash_lab.runs.run_files import RunFileError, read_json
@@ -111,7 +112,7 @@ def train_figures(run_dir: Path, summary: dict, log) -> dict:
     data = {k: report.get(k) for k in ("records", "kept", "dropped_short", "truncated", "supervised_tokens")}
     rows = run_metrics(run_dir)
     curve = [{k: r.get(k) for k in ("step", "loss", "acc", "sim_tau", "val_acc", "val_sim_tau", "val_chain_tau",
-                                    "real_tau") if r.get(k) is not None}
+                                    "real_tau", "gpu_seconds") if r.get(k) is not None}
              for r in rows if "loss" in r]
     dc = read_json(run_dir / "drafter_config.json")
     # past some epochs training accuracy keeps rising while held-out accuracy stops: more steps on these data
@@ -129,6 +130,8 @@ def train_figures(run_dir: Path, summary: dict, log) -> dict:
                 tokens_per_s=summary.get("steady_tokens_per_s"),
                 tokens_per_s_fastest_job=max((r["steady_tokens_per_s"] for r in rows
                                               if r.get("steady_tokens_per_s")), default=None), curve=curve,
+                # GPU-minutes (devices x wall time of training) when each real tau was measured, and to the best
+                time_to_tau=tau_points(rows), best_tau=best_tau(rows),
                 drafter={k: dc.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
                                                 "head_dim", "target_layer_ids", "mask_token_id",
                                                 "tie_word_embeddings")})

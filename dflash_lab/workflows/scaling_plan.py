@@ -7,12 +7,14 @@ smaller one and two points differ by how much data they saw, not by which.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
 from pathlib import Path
 
 from dflash_lab.config import ConfigError
+from dflash_lab.train.prepare import resolve_settings
 
 
 def count_lines(path: str | Path) -> int:
@@ -50,8 +52,13 @@ def write_subsets(pool: str | Path, sizes: tuple, out_dir: Path, seed: int) -> d
 def plan_points(cfg, subsets: dict[int, Path]) -> list[dict]:
     """Every point of a study (cfg: scaling.ScalingConfig): its series, size, steps, epochs and depth (validated
     TrainConfigs)."""
-    batch = cfg.train_config(size=1, steps=1, data=cfg.pool).batch_size
-    base_depth = cfg.train_config(size=1, steps=1, data=cfg.pool).num_draft_layers
+    pool = cfg.train_config(size=1, steps=1, data=cfg.pool)
+    shape = [f for f in pool.unresolved if f not in ("feature_store_gib", "feature_store_host_gib")]
+    if shape:  # every point trains at one shape, chosen once on the whole pool (each run still sizes its own store)
+        chosen = resolve_settings(pool, log=None)[0].config
+        cfg = dataclasses.replace(cfg, base={**cfg.base, **{f: getattr(chosen, f) for f in shape}})
+        pool = cfg.train_config(size=1, steps=1, data=cfg.pool)
+    batch, base_depth = pool.batch_size, pool.num_draft_layers
     points = []
 
     def add(series, n, steps, depth, name=None, overrides=None):
