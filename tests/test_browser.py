@@ -481,6 +481,8 @@ def test_compare_table_fits_a_1024_px_page(tmp_path):
             page = browser.new_page(viewport={"width": 1024, "height": 900})
             page.goto(html.as_uri())
             tables = page.evaluate(JS_TABLES)
+            images = page.evaluate("() => Array.from(document.querySelectorAll('img')).map((i) => "
+                                   "({shown: i.getBoundingClientRect().width, natural: i.naturalWidth}))")
             page.screenshot(path=str(ARTIFACTS / "compare-1024.png"), full_page=True)
         finally:
             browser.close()
@@ -488,3 +490,5 @@ def test_compare_table_fits_a_1024_px_page(tmp_path):
     for t in tables:
         assert t["right"] <= min(t["area"], 1024) + 1, f"table clipped at 1,024 px: {tables}"
     assert tables[0]["columns"] >= 10  # still every figure: status ... target
+    # the figures are shown at >= 85% of their size (10-11 pt at 90 dpi: >= 11 px text), two panels a row
+    assert len(images) >= 2 and all(i["shown"] >= 0.85 * i["natural"] for i in images), images
