@@ -61,7 +61,7 @@ def _figure_widget():
 
         fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.07, vertical_spacing=0.17,
                             subplot_titles=("training loss (decayed CE)", "learning rate",
-                                            "tokens/s (shaded: warm-up)", "acceptance length tau"))
+                                            "tokens/s (warm-up shaded once it ends)", "acceptance length tau"))
         for key, name, r, c, legend in CURVES:
             fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers" if key in ("val_sim_tau", "real_tau")
                                      else "lines", opacity=0.45 if key == "loss" else 1.0,

@@ -87,9 +87,10 @@ def render(fig: dict) -> str:
     lines += ["",
               f"Written by `python -m dflash_lab.workflows.demo --write-figures` at commit `{fig['commit']}` on "
               f"{fig['date']} ({fig['steps']} steps, torch {fig['torch']}, {fig['threads']} CPU threads; the loss "
-              f"fell from {fig['loss_first']:.2f} to {fig['loss_last']:.2f}). The tau figures are the same on any "
-              "machine at that commit (greedy, fp32, a fixed thread count); the speedups are CPU timings and move "
-              f"with the machine and its load. The demo itself took {_minutes(fig['total_s'])} "
+              f"fell from {fig['loss_first']:.2f} to {fig['loss_last']:.2f}). The tau figures do not move with the "
+              "machine's cores or load (greedy, fp32, training on a fixed thread count; tests/test_demo.py checks "
+              "it), though a CPU with other vector instructions may round differently; the speedups are CPU timings "
+              f"and move with the machine and its load. The demo itself took {_minutes(fig['total_s'])} "
               f"({_minutes(fig['train_s'])} of training, the rest the evaluation) on {m['cores']} cores of an "
               f"{m['cpu']} with a load average of {load['start']:.1f} at the start and {load['end']:.1f} at the "
               "end (other jobs shared the machine); a first `make demo` also creates `.venv` before it (see Start).",
