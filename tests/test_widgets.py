@@ -351,6 +351,8 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     assert c.message.startswith(f"checkpoint written at step {paused_at}")
     # Step N while paused: the paused loop takes N steps and stays paused
     assert c.step_n(3) == f"stepping 3 while paused (from step {paused_at})"
+    # Checkpoint now while those steps run: not "the loop is paused" (it is stepping)
+    assert "the loop is taking Step N's steps" in c.checkpoint()
     _until(lambda: trainer.step_count == paused_at + 3 and trainer.phase == "paused", 60, "3 steps while paused")
     time.sleep(0.5)
     assert trainer.step_count == paused_at + 3 and c.loop_active()
