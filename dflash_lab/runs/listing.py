@@ -25,7 +25,6 @@ from .evals import eval_summary, latest_eval
 from .run_state import run_status  # noqa: F401 (listed here, where the table reads it)
 from .run_files import RunFileError, read_json, read_metrics
 
-_STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -39,11 +38,12 @@ def list_runs(runs_dir: str | Path = "runs", *, newest_first: bool = True) -> li
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if is_run_dir(p)]
-    found.sort(key=lambda p: (p.name if _STAMP.match(p.name) else "", p.stat().st_mtime), reverse=newest_first)
+    found.sort(key=lambda p: ((rundir.run_folder_parts(p) or {}).get("stamp", ""), p.stat().st_mtime),
+               reverse=newest_first)
     return found
 
 
-DEMO_NAME = "-demo-"  # `make demo`'s run folders: runs/<stamp>-demo-<id>
+DEMO_NAME = "demo"  # `make demo`'s run folders: runs/demo-<stamp>-<id> (before: <stamp>-demo-<id>)
 ENDED = ("finished", "stopped", "diverged")  # run states that compare prefers (not interrupted, killed, running)
 
 
@@ -60,7 +60,7 @@ def _select(found: list[Path], newest: int) -> tuple[list[Path], dict[Path, str]
     finished = [p for p in found if status[p].startswith("finished")]
     ended = [p for p in found if status[p].startswith(ENDED) and p not in finished]
     pick = (finished + ended)[:newest]
-    demo = next((p for p in finished + ended if DEMO_NAME in p.name), None)
+    demo = next((p for p in finished + ended if (rundir.run_folder_parts(p) or {}).get("name") == DEMO_NAME), None)
     if demo is not None and demo not in pick and pick:
         pick[-1] = demo
     pick += [p for p in found if p not in pick][:newest - len(pick)]
@@ -106,16 +106,18 @@ def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4)
         p = Path(d).expanduser()
         if not is_run_dir(p):
             raise FileNotFoundError(f"{d!r} is not a run directory (no {rundir.CONFIG_FILE}). Fix: pass folders "
-                                    f"like runs/<stamp>-<name>-<id>; available: {[q.name for q in list_runs(runs_dir)][:8]}")
+                                    f"like runs/<name>-<stamp>-<id>; available: {[q.name for q in list_runs(runs_dir)][:8]}")
         out.append(p)
     return out
 
 
 def run_label(run_dir: Path) -> str:
     """`<name>-<id>` plus the stamp's date and time, short enough for a legend."""
-    name = Path(run_dir).name
-    m = _STAMP.match(name)
-    return f"{name[m.end():]} ({name[4:8]}-{name[9:13]})" if m else name
+    parts = rundir.run_folder_parts(run_dir)
+    if parts is None:
+        return Path(run_dir).name
+    stamp = parts["stamp"]
+    return f"{parts['name']}-{parts['id']} ({stamp[4:8]}-{stamp[9:13]})"
 
 
 def _is_number(v) -> bool:

@@ -7,6 +7,7 @@ returned as `PngImage`, which a notebook shows as a plain PNG output: GitHub and
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 from . import run_files
@@ -144,7 +145,7 @@ def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
     """Final figures per run as bars (runs.runs_table): last loss, steady tokens/s, peak memory, simulated tau."""
     names = [str(i) for i in table.index] if len(table) else []
     fig, axes = new_grid(4, height=max(2.4, 1.2 + 0.35 * len(names)))
-    short = [n[17:] if len(n) > 17 else n for n in names]  # drop the UTC stamp for the axis labels
+    short = [re.sub(r"-?\d{8}T\d{6}Z-?", "-", n).strip("-") for n in names]  # the UTC stamp out of the labels
     for ax, (key, title) in zip(axes, (("loss", "last loss"), ("tokens_per_s", "tokens/s (steady)"),
                                        ("peak_memory_gb", "peak memory (GiB)"), ("sim_tau", "last simulated tau"))):
         vals = [float(v) if v is not None and v == v else 0.0 for v in (table[key] if key in table else [])]

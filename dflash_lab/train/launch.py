@@ -32,7 +32,7 @@ LAUNCH_FILE = "launch.json"
 
 
 def prepare_run(config: TrainConfig, dist: DistConfig | None = None, *, run_dir: str | Path | None = None) -> Path:
-    """A new run directory (runs/<stamp>-<name>-<id>/) holding config.json and distributed.json; returns it."""
+    """A new run directory (runs/<name>-<stamp>-<id>/) holding config.json and distributed.json; returns it."""
     path = Path(run_dir) if run_dir else rundir.new_run_dir(config.runs_dir, config.run_name)
     path.mkdir(parents=True, exist_ok=True)
     rundir.write_json(path / rundir.CONFIG_FILE, config.to_dict())
