@@ -312,6 +312,8 @@ class Trainer:
                     break
                 if self.controls.pause.is_set() and not self.controls.take_paused_step():
                     self._settle()  # paused with the weights of a booked step, nothing running
+                    if self.phase != "paused":  # where the loop stopped stepping: the dashboard's pause marker
+                        self._event("paused", step=self.step_count)
                     self.phase = "paused"
                     if self.run_dir and self.controls.checkpoint.is_set():  # "Checkpoint now" acts while paused
                         self._checkpoint_or_warn("requested")
