@@ -199,6 +199,7 @@ def test_first_steps_in_the_browser_as_fast_as_headless(lab_first_steps, tmp_pat
             page.wait_for_selector(".dflash-dashboard", timeout=120_000)
             # the finish cell's summary: every step is in metrics.jsonl
             page.wait_for_selector(".jp-OutputArea-output:has-text(\"'status': 'finished'\")", timeout=600_000)
+            controls, title = _controls_at_1024_with_the_file_browser(page)
         except BaseException:
             page.screenshot(path=str(ARTIFACTS / "first-steps-failure.png"), full_page=True)
             raise
@@ -209,8 +210,43 @@ def test_first_steps_in_the_browser_as_fast_as_headless(lab_first_steps, tmp_pat
     after = _headless_first_steps(lab["root"], tmp_path / "headless-after")
     headless = max(before, after)
     print(f"first {FIRST_STEPS} steps: browser {live:.2f} s, headless {before:.2f} s before / {after:.2f} s after "
-          f"(ratio {live / headless:.2f})")
+          f"(ratio {live / headless:.2f}); controls at 1,024 px: {controls}")
     assert live <= 3.0 * headless, (live, before, after)
+    # at 1,024 px with the file browser open the control row stays one line inside the dashboard
+    assert controls["browser_open"] and len(set(controls["tops"])) == 1, controls
+    assert controls["right"] <= controls["dash_right"] + 1, controls
+    assert "warm-up shaded once it ends" in title, title  # no promise of a shading that is not there yet
+
+
+JS_CONTROLS = """() => {
+  const dash = document.querySelector('.dflash-dashboard');
+  const items = Array.from(dash.querySelectorAll('button[class*="dfl-btn-"], .dfl-step-n-input, .dfl-lr-input'));
+  const side = document.querySelector('.jp-FileBrowser');
+  return {tops: items.map((e) => Math.round(e.getBoundingClientRect().top)),
+          right: Math.max(...items.map((e) => e.getBoundingClientRect().right)),
+          dash_right: dash.getBoundingClientRect().right, n: items.length,
+          browser_open: !!side && side.getBoundingClientRect().width > 100};
+}"""
+
+
+def _controls_at_1024_with_the_file_browser(page) -> tuple[dict, str]:
+    """The control row's buttons and inputs at a 1,024 px window with the file browser open (opened if closed),
+    and the tokens/s panel's title."""
+    page.set_viewport_size({"width": 1024, "height": 900})
+    if not page.evaluate(JS_CONTROLS)["browser_open"]:
+        page.keyboard.press("Control+Shift+F")  # JupyterLab: show the file browser
+    deadline, last = time.monotonic() + 30, None
+    while True:  # JupyterLab lays the notebook out again for the new width: wait until two reads a second apart agree
+        time.sleep(1.0)
+        c = page.evaluate(JS_CONTROLS)
+        settled = c["browser_open"] and c["dash_right"] <= 1024 and c == last
+        if settled or time.monotonic() > deadline:
+            break
+        last = c
+    page.locator(".dflash-dashboard").first.screenshot(path=str(ARTIFACTS / "controls-1024-file-browser.png"))
+    titles = page.evaluate("() => Array.from(document.querySelectorAll('.dflash-dashboard .gtitle, "
+                           ".dflash-dashboard .annotation-text')).map((e) => e.textContent)")
+    return c, " | ".join(titles)
 
 
 JS_READ = """() => {
