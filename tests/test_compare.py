@@ -129,6 +129,7 @@ def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     assert str(tmp_path) not in raw and str(rundir.PROJECT_ROOT) not in raw
     text = html.read_text()
     assert text.count("src=\"data:image/png;base64") == 2 and a.name in text and b.name in text
+    assert 'class="dfl-selection"' in text and "compared 2 run(s) of 2: 1 diverged, 1 finished" in text  # what it took
 
 
 def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):

@@ -352,9 +352,15 @@ def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
     root = rundir.resolve_runs_dir(runs_dir)
+    note = "" if run_dirs else selection_note(list_runs(runs_dir), newest)  # the default's choice, said on the page
     execute(REPO / "notebooks" / "compare.ipynb", out, cwd=REPO, log_output=False, relative_to=[root.parent],
             parameters={"run_dirs": selected, "runs_dir": str(root), "newest": newest})
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
+    if note:
+        import html as _html
+
+        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + '<p class="dfl-selection" style="font-family:'
+                      f'sans-serif;font-size:14px;margin:8px 16px">{_html.escape(note)}</p>', body, count=1)
     html = out.with_suffix(".html")
     html.write_text(body)
     return html
