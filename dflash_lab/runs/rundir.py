@@ -70,6 +70,16 @@ def run_folder_parts(folder: str | Path) -> dict[str, str] | None:
     return m.groupdict() if m else None
 
 
+def shown_path(path: str | Path) -> str:
+    """A path as printed into a notebook that may be shared: relative to the project (`runs/x-.../STOP`, what a shell
+    at the project's root types) when under it, else as it is. Files keep absolute paths; only what is shown changes."""
+    p = Path(path)
+    try:
+        return str(p.relative_to(PROJECT_ROOT)) if p.is_absolute() else str(p)
+    except ValueError:
+        return str(p)
+
+
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"

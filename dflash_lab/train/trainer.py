@@ -303,8 +303,9 @@ class Trainer:
             return self.last_metrics
         last_print = time.monotonic()
         self.log(f"training from step {self.step_count} to {target}"
-                 + (f" | run dir {self.run_dir}" if self.run_dir else "")
-                 + (f" | touch {self.run_dir / STOP_FILE} to stop after a checkpoint" if self.run_dir else ""))
+                 + (f" | run dir {rundir.shown_path(self.run_dir)}" if self.run_dir else "")
+                 + (f" | touch {rundir.shown_path(self.run_dir / STOP_FILE)} to stop after a checkpoint"
+                    if self.run_dir else ""))
         self._ahead_until = target  # steps may start ahead of their bookkeeping up to here (overlap_steps)
         try:
             while self.step_count < target:
