@@ -64,7 +64,7 @@ from pathlib import Path
 runs, out = Path(sys.argv[1]), Path(sys.argv[2])
 summary = {}
 for arm in ("new", "old"):
-    run = sorted(runs.glob(f"*-ab-{arm}-*"))[-1]
+    run = sorted(runs.glob(f"ab-{arm}-2*"))[-1]  # <name>-<UTC stamp>-<id>
     cfg = json.loads((run / "config.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = rows[-1]

@@ -362,3 +362,13 @@ def test_a_data_folder_read_leaves_held_out_files_and_the_tools_reports_out(tmp_
     assert sum("held-out file: never training data" in skipped[str(tmp_path / n)] for n in names[1:4]) == 3
     assert sum("report or settings file" in skipped[str(tmp_path / n)] for n in names[4:6]) == 2
     assert find_data_files(tmp_path / "heldout.jsonl")[0] == [tmp_path / "heldout.jsonl"]  # named: read as asked
+
+
+def test_a_truncated_line_is_reported_as_cut_off_not_as_a_control_character():
+    from dflash_lab.data.files import _parse_line
+
+    issue = _parse_line(b'{"messages": [{"role": "user", "content": "hel\n')  # the writer stopped mid-record
+    text = str(issue)
+    assert "Invalid control character" not in text
+    assert "cut-off (truncated) line" in text and "unterminated string starting at column 43" in text
+    assert "Expecting value at column 7" in str(_parse_line(b'{"a": x}\n'))  # a bad value mid-line stays itself

@@ -45,7 +45,7 @@ def two_runs(tmp_path):
 def test_list_and_resolve_runs(two_runs):
     root, a, b = two_runs
     assert runs.list_runs(root) == [b, a]  # newest first, folders without config.json ignored
-    assert runs.resolve_runs([], runs_dir=root, newest=1) == [b]
+    assert runs.resolve_runs([], runs_dir=root, newest=1) == [a]  # finished before the newer diverged run
     assert runs.resolve_runs([str(a)], runs_dir=root) == [a]
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         runs.resolve_runs([str(root / "not-a-run")], runs_dir=root)
@@ -104,6 +104,17 @@ def test_plot_compare_is_a_png(two_runs, tmp_path):
     assert bars.data[:4] == b"\x89PNG"
 
 
+def test_compare_figures_fit_a_1024_px_page_at_full_size(two_runs):
+    """Two panels a row, ~1,000 px wide: a 1,024 px page shows them at ~full size (text 12-14 px), not the four-in-a-
+    row 1,620 px figure it scaled to 0.55 (5-6 px text)."""
+    import struct
+
+    root, a, b = two_runs
+    for img in (plots.plot_compare(runs.load_metrics([a, b])), plots.plot_compare_bars(runs.runs_table([a, b]))):
+        width, height = struct.unpack(">II", img.data[16:24])  # the PNG's IHDR
+        assert 900 <= width <= 1000 and height > 0.4 * width, (width, height)  # 2 columns, 2 rows
+
+
 def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     root, a, b = two_runs
     html = runs.compare([], runs_dir=str(root), out=tmp_path / "out" / "compare.ipynb")
@@ -118,6 +129,7 @@ def test_compare_notebook_renders_images_and_html(two_runs, tmp_path):
     assert str(tmp_path) not in raw and str(rundir.PROJECT_ROOT) not in raw
     text = html.read_text()
     assert text.count("src=\"data:image/png;base64") == 3 and a.name in text and b.name in text
+    assert 'class="dfl-selection"' in text and "compared 2 run(s) of 2: 1 diverged, 1 finished" in text  # what it took
 
 
 def test_runs_list_is_narrow_and_says_missing_the_same_way(two_runs, capsys):

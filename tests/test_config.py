@@ -152,3 +152,21 @@ def test_the_papermill_hint_shows_a_value_of_the_fields_own_type(field, hint):
     with pytest.raises(ConfigError) as e:
         TrainConfig(**{field: "abc"})
     assert hint in str(e.value) and (field == "lr" or "0.001" not in str(e.value))
+
+
+def test_gpus_given_as_text_says_to_pass_a_list():
+    """`-p gpus "[0]"` hands the notebook the string "[0]": the error names gpus and the -y fix, not `devices`."""
+    with pytest.raises(ConfigError, match=r"gpus='\[0\]' is text.*-y 'gpus: \[0\]'"):
+        devices_for("[0]")
+
+
+def test_no_gpu_error_names_each_device_once():
+    import torch
+
+    from dflash_lab.train.placement import PlacementError, make_placement
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU error cannot happen")
+    with pytest.raises(PlacementError) as err:
+        make_placement(devices_for([0]))
+    assert "('cuda:0',) ask for GPUs" in str(err.value) and str(err.value).count("cuda:0") == 1

@@ -55,11 +55,14 @@ def test_a_cpu_machine_has_one_host_strip():
     assert ram.startswith('style="grid-column:2/span 4"') and "6.0 / 24.0 GB" in ram.split("</span>")[0]
 
 
-EVENTS = [{"event": "control", "action": "run", "step": 0}, {"event": "control", "action": "pause", "step": 30},
+# Pause clicked at step 29 (the loop paused after booking step 30), Stop clicked at 51 (stopped after 52).
+EVENTS = [{"event": "control", "action": "run", "step": 0}, {"event": "control", "action": "pause", "step": 29},
+          {"event": "paused", "step": 30},
           {"event": "control", "action": "set_lr", "step": 30, "lr": 1e-4}, {"event": "lr_override", "step": 31,
                                                                                "lr": 1e-4},
           {"event": "control", "action": "resume", "step": 33}, {"event": "checkpoint", "step": 40, "reason": "periodic"},
-          {"event": "stop_requested", "step": 52, "source": "controls.stop"}, {"event": "finish", "step": 52}]
+          {"event": "stop_requested", "step": 51, "source": "controls.stop"},
+          {"event": "stopped", "step": 52, "reason": "stop button"}, {"event": "finish", "step": 52}]
 
 
 def test_events_and_evaluations_become_markers_on_every_panel():
@@ -68,14 +71,14 @@ def test_events_and_evaluations_become_markers_on_every_panel():
 
     marks = markers_from_events(EVENTS)
     assert [(m.kind, m.step) for m in marks] == [("pause", 30), ("lr", 31), ("resume", 33), ("checkpoint", 40),
-                                                ("stop", 52)]  # run / set_lr clicks / finish draw nothing extra
+                                                ("stop", 52)]  # where it happened; run / set_lr clicks, finish: nothing
     assert marks[1].text == "LR change at step 31 (lr 0.0001)"
     m = DashboardModel()
     m.add_metrics([{"step": k, "loss": 3.0, "sim_tau": 1.5} for k in range(1, 50)]
                   + [{"step": 50, "loss": 2.0, "sim_tau": 2.0, "val_sim_tau": 1.8, "real_tau": 1.6}])
     v0 = m.markers_version
     m.add_events(EVENTS)
-    m.add_events(EVENTS[:3])  # read again (a second view of the same file): no duplicates
+    m.add_events(EVENTS[:4])  # read again (a second view of the same file): no duplicates
     s = m.state(phase="stopped")
     assert [(x.kind, x.step) for x in s.markers] == [("pause", 30), ("lr", 31), ("resume", 33), ("checkpoint", 40),
                                                      ("eval", 50), ("stop", 52)]

@@ -86,3 +86,11 @@ def test_papermill_resume_with_only_resume_from_continues_the_original_run(tmp_p
     assert {r["step"]: r["loss"] for r in rows} == pytest.approx(losses, rel=1e-6)
     assert checkpoint.latest_checkpoint(run).name == "step-0000006"
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_mistyped_parameter_gets_a_did_you_mean():
+    ns = {**notebook_params.parameter_defaults("explore.ipynb"), "In": ["# Parameters\nstep = 50\nzzz = 1\n"]}
+    with pytest.raises(notebook_params.UnknownParameterError) as err:
+        notebook_params.check(ns, "explore.ipynb")
+    text = str(err.value)
+    assert "'step': did you mean 'steps'?" in text and text.count("did you mean") == 1  # zzz resembles nothing

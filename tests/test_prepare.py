@@ -125,6 +125,7 @@ def test_skipped_lines_are_counted_with_an_example_and_where_the_rest_are(tmp_pa
     assert len(prepared.data) == 6 and prepared.data.report["skipped"] == {"malformed_json": 2}
     (line,) = [m for m in logged if m.startswith("data: kept")]
     assert line == (f"data: kept 6 of 8 records, skipped {{'malformed_json': 2}} (e.g. {path}:4: not valid JSON: "
-                    f"Invalid control character at column 27); the run folder's data_report.json names the "
+                    f"the line ends before the record does (unterminated string starting at column 14): a cut-off (truncated) "
+                    f"line); the run folder's data_report.json names the "
                     f"file:line of the first 5 of each reason")
     assert prepared.data.report["examples"]["malformed_json"][1].startswith(f"{path}:8: not valid JSON: Expecting")

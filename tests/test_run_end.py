@@ -86,3 +86,18 @@ def test_a_full_disk_after_the_weights_names_every_file_not_written_and_what_is_
         assert trainer.finish()["status"] == "finished" and (run / "summary.json").is_file()
     finally:
         trainer.close()
+
+
+def test_summary_shows_project_paths_relative_and_keeps_them_absolute():
+    """An executed notebook that is shared shows `runs/...`, not this machine's folders; the values stay absolute."""
+    from IPython.lib.pretty import pretty
+
+    from dflash_lab.runs import rundir
+    from dflash_lab.runs.run_end import RunSummary
+
+    run = rundir.PROJECT_ROOT / "runs" / "x-20260101T000000Z-abc123"
+    s = RunSummary({"status": "finished", "run_dir": str(run), "drafter": "/elsewhere/drafter.safetensors"})
+    shown = pretty(s)
+    assert "'run_dir': 'runs/x-20260101T000000Z-abc123'" in shown and str(rundir.PROJECT_ROOT) not in shown
+    assert "'/elsewhere/drafter.safetensors'" in shown  # outside the project: as it is
+    assert s["run_dir"] == str(run) and isinstance(s, dict)

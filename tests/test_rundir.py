@@ -13,7 +13,7 @@ from dflash_lab.runs import rundir
 
 def test_new_run_dir_name_and_layout(tmp_path):
     p = rundir.new_run_dir(tmp_path, "my run/1")
-    assert re.fullmatch(r"\d{8}T\d{6}Z-my-run-1-[0-9a-f]{6}", p.name)
+    assert re.fullmatch(r"my-run-1-\d{8}T\d{6}Z-[0-9a-f]{6}", p.name)  # the name first: a file browser shows it
     assert (p / "checkpoints").is_dir() and (p / "plots").is_dir()
     q = rundir.new_run_dir(tmp_path, "my run/1")
     assert q != p  # the short id keeps two runs started in the same second apart

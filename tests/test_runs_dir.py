@@ -149,3 +149,42 @@ def test_compare_by_default_takes_ended_runs_and_keeps_the_demo(tmp_path):
     picked = runs.resolve_runs([], runs_dir=root, newest=4)
     assert picked == [done[3], done[2], done[1], demo]  # newest first; the demo replaces the 4th newest
     assert runs.resolve_runs([], runs_dir=root, newest=8) == [*aborted[::-1], *done[::-1], demo]
+
+
+def test_compare_prefers_finished_runs_to_runs_stopped_early_and_says_so(tmp_path):
+    import json
+
+    from dflash_lab.runs import lock as run_lock
+    from dflash_lab.runs.run_state import run_status
+
+    root = tmp_path / "runs"
+    done = [_run(root, f"done{k}", metrics=_rows(1, 6)) for k in range(3)]
+    stopped = [_run(root, f"tried{k}", steps=300, metrics=_rows(1, 14 + 3 * k), summary=None,
+                    events=json.dumps({"event": "start"}) + "\n" + json.dumps({"event": "stopped", "resumable": True})
+                    + "\n") for k in range(2)]  # newest: a Stop click after 14 and 17 steps
+    for s in stopped:
+        (s / run_lock.LOCK_FILE).write_text("")
+    assert [run_status(s) for s in stopped] == ["stopped (resumable)"] * 2
+    picked = runs.resolve_runs([], runs_dir=root, newest=4)
+    assert picked == [stopped[1], done[2], done[1], done[0]]  # the 3 finished, then the newest stopped one
+    note = runs.selection_note(runs.list_runs(root), 4)
+    assert note.startswith("compared 4 run(s) of 5: 1 stopped, 3 finished")
+    assert "left out 0" not in note and "finished runs first" in note
+    note3 = runs.selection_note(runs.list_runs(root), 3)
+    assert "3 finished" in note3 and "left out 2 newer" in note3 and "step 17" in note3 and "step 14" in note3
+
+
+def test_run_folders_old_and_new_names_list_in_stamp_order(tmp_path):
+    """New folders put the name first (`mydrafter-<stamp>-<id>`: the file browser shows the name); folders made
+    before (`<stamp>-<name>-<id>`) still list, in the order of their stamps, and keep their labels."""
+    root = tmp_path / "runs"
+    old = root / "20260101T000000Z-demo-abc123"
+    mid = root / "mydrafter-20260102T000000Z-def456"
+    new = rundir.new_run_dir(root, "mydrafter")
+    for d in (old, mid, new):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / rundir.CONFIG_FILE).write_text("{}")
+    assert new.name.startswith("mydrafter-2") and rundir.run_folder_parts(new)["name"] == "mydrafter"
+    assert runs.list_runs(root) == [new, mid, old]  # newest first, by stamp whatever the layout
+    assert rundir.run_folder_parts(old) == {"stamp": "20260101T000000Z", "name": "demo", "id": "abc123"}
+    assert runs.run_label(old) == "demo-abc123 (0101-0000)" and runs.run_label(mid) == "mydrafter-def456 (0102-0000)"

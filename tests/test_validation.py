@@ -292,4 +292,13 @@ def test_validation_takes_distinct_held_out_conversations_spread_after_tokenizin
     assert vs.taken == [f"heldout.jsonl:{k}" for k in (1, 17, 21, 25, 29, 33, 37, 41)]
     assert "9 duplicates and 4 also in the training data (tiny), left out" in vs.choice_text()
     assert "31 long enough to score, 8 spread over them: heldout.jsonl:1, heldout.jsonl:17" in vs.choice_text()
+    assert vs.choice_text().endswith("heldout.jsonl:21, ... (5 more)")  # three named: the line stays short
     assert len(vs.prompts) == 31  # the real-tau prompts: distinct, the trained ones left out
+
+
+def test_a_run_shorter_than_one_validation_interval_says_validation_is_off():
+    logged = []
+    Trainer(TrainConfig(**TINY, steps=20), write_run_dir=False, log=logged.append).step(1)  # auto interval: 50
+    (line,) = [m for m in logged if m.startswith("validation: ")]
+    assert "off for this run: its 20 steps are fewer than one validation interval (50 steps)" in line
+    assert len(line) < 400  # the held-out conversations are named by their first three

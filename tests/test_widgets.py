@@ -342,6 +342,10 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     assert trainer.step_count == paused_at
     assert view.state().phase_text.startswith(f"paused: at step {paused_at}")
     assert view.state().eta_text == "-"  # no ETA while paused
+    from dflash_lab.runs import rundir
+
+    events = rundir.read_jsonl(trainer.run_dir / rundir.EVENTS_FILE)
+    assert [e["step"] for e in events if e.get("event") == "paused"] == [paused_at]  # where it paused, not the click
     # Checkpoint now acts while paused (the paused loop writes it), without Run
     assert "written now" in c.checkpoint()
     _until(lambda: trainer.last_checkpoint_step == paused_at, 30, "the checkpoint written while paused")
@@ -352,6 +356,8 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     assert c.message.startswith(f"checkpoint written at step {paused_at}")
     # Step N while paused: the paused loop takes N steps and stays paused
     assert c.step_n(3) == f"stepping 3 while paused (from step {paused_at})"
+    # Checkpoint now while those steps run: not "the loop is paused" (it is stepping)
+    assert "the loop is taking Step N's steps" in c.checkpoint()
     _until(lambda: trainer.step_count == paused_at + 3 and trainer.phase == "paused", 60, "3 steps while paused")
     time.sleep(0.5)
     assert trainer.step_count == paused_at + 3 and c.loop_active()
@@ -366,6 +372,7 @@ def test_controls_run_pause_lr_checkpoint_stop_step_on_a_real_trainer(live):
     assert trainer.phase == "stopped" and not c.loop_active()
     stopped_at = trainer.step_count
     assert trainer.last_checkpoint_step == stopped_at
+    assert [m.step for m in view.state().markers if m.kind == "stop"] == [stopped_at]  # the marker where it stopped
     # After Stop, a later cell's step()/train() (Run All) does not train on without a checkpoint
     trainer.step(5)
     trainer.train()

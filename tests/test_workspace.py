@@ -83,3 +83,18 @@ def test_runs_are_reachable_from_the_served_root_through_a_link(tmp_path, capsys
     assert os.environ.get("DFLASH_LAB_RUNS")  # tests/conftest.py: the command links the session's runs, not the user's
     assert main(["--into", str(tmp_path / "made")]) == 0
     assert f"runs: runs/ -> {os.environ['DFLASH_LAB_RUNS']}" in capsys.readouterr().out
+
+
+def test_result_notebooks_open_from_the_lab(tmp_path):
+    """`make lab` copies the result notebooks too (lab/results/, lab/recipes/results/): the file browser serves lab/
+    only, so without a copy a newcomer could not open them."""
+    from widgets.workspace import RESULTS, main
+
+    lab = tmp_path / "lab"
+    assert main(["--into", str(lab)]) == 0
+    for folder in ("results", "recipes/results"):
+        made = sorted(p.name for p in (lab / folder).glob("*.ipynb"))
+        assert made == sorted(p.name for p in (ROOT / "notebooks" / folder).glob("*.ipynb")) and made
+    again = make_copies(lab, patterns=RESULTS)
+    assert not again["copied"] and len(again["current"]) == len(list((lab / "results").glob("*.ipynb"))) + len(
+        list((lab / "recipes" / "results").glob("*.ipynb")))

@@ -3,7 +3,7 @@
     from widgets import TrainingView, AttachedView
     view = TrainingView(trainer); view                 # live widgets in JupyterLab, a static PNG under papermill
     trainer.train(callbacks=[view.callback])
-    AttachedView("runs/20260101T000000Z-big-1a2b3c")   # follow a run written by another process
+    AttachedView("runs/big-20260101T000000Z-1a2b3c")   # follow a run written by another process
 
 Reads dflash_lab's public API and ring buffers; dflash_lab never imports this package. Names are imported lazily,
 so `widgets.model` and `widgets.overhead` work where ipywidgets / plotly are not installed (GPU servers).

@@ -61,7 +61,7 @@ def _figure_widget():
 
         fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.07, vertical_spacing=0.17,
                             subplot_titles=("training loss (decayed CE)", "learning rate",
-                                            "tokens/s (shaded: warm-up)", "acceptance length tau"))
+                                            "tokens/s (warm-up shaded once it ends)", "acceptance length tau"))
         for key, name, r, c, legend in CURVES:
             fig.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers" if key in ("val_sim_tau", "real_tau")
                                      else "lines", opacity=0.45 if key == "loss" else 1.0,
@@ -150,8 +150,10 @@ class LiveDashboard:
         row = []
 
         def wire(label, fn, *, style="", tooltip="", arg=None):
+            # compact (6 px padding, inputs 64 / 84 px): the row fits one line in a ~560 px cell, a 1,024 px
+            # window with JupyterLab's file browser open (the default 12 px padding wrapped Set LR to a second line)
             b = W.Button(description=label, button_style=style, tooltip=tooltip,
-                         layout=W.Layout(width="auto"))
+                         layout=W.Layout(width="auto", padding="0 6px"))
             b.add_class(f"dfl-btn-{label.lower().replace(' ', '-')}")
 
             def on_click(_):  # runs on a kernel subshell while a cell is busy: only sets events / starts a thread
@@ -174,12 +176,12 @@ class LiveDashboard:
         if "checkpoint" in buttons:
             row.append(wire("Checkpoint now", buttons["checkpoint"], tooltip="save at the next step boundary"))
         if "step_n" in buttons:
-            n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="90px"))
+            n = W.BoundedIntText(value=10, min=1, max=10**9, layout=W.Layout(width="64px"))
             n.add_class("dfl-step-n-input")
             row += [wire("Step N", buttons["step_n"], arg=n, tooltip="run N steps (while paused: N steps, then "
                                                                    "paused again)"), n]
         if "set_lr" in buttons:
-            lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="110px"))
+            lr = W.FloatText(value=float(self.initial_lr), layout=W.Layout(width="84px"))
             lr.add_class("dfl-lr-input")
             row += [wire("Set LR", buttons["set_lr"], arg=lr, tooltip="override the schedule from the next step"), lr]
         for w in row:

@@ -12,9 +12,12 @@ import html
 from dataclasses import dataclass, field
 
 # event -> marker kind (events.jsonl); evaluation markers come from metric records that carry held-out figures
-EVENT_KINDS = {"stop_requested": "stop", "interrupted": "stop", "checkpoint": "checkpoint", "lr_override": "lr",
-               "resumed": "resume", "diverged": "failed"}
-CONTROL_KINDS = {"pause": "pause", "resume": "resume"}  # clicks whose effect leaves no other event
+# Pause and stop are drawn where the loop paused or stopped (`paused`, `stopped`: the step after the one running when
+# the button was clicked, once it is booked), not at the click (`control` pause, `stop_requested`), which named the
+# step before.
+EVENT_KINDS = {"stopped": "stop", "interrupted": "stop", "checkpoint": "checkpoint", "lr_override": "lr",
+               "resumed": "resume", "diverged": "failed", "paused": "pause"}
+CONTROL_KINDS = {"resume": "resume"}  # clicks whose effect leaves no other event
 EVAL_KEYS = ("real_tau", "eval_tau", "val_sim_tau")
 KIND_STYLE = {  # colour, plotly dash, label
     "pause": ("#9a6700", "dot", "pause"), "resume": ("#1a7f37", "dot", "resume"), "stop": ("#cf222e", "solid", "stop"),
@@ -89,8 +92,8 @@ def markers_from_events(events: list[dict]) -> list[Marker]:
         if kind is None:
             continue
         detail = {"lr": f"lr {e.get('lr'):.3g}" if isinstance(e.get("lr"), (int, float)) else "",
-                  "checkpoint": str(e.get("reason") or ""), "stop": str(e.get("source") or ev).replace("controls.",
-                                                                                                      "")}.get(kind, "")
+                  "checkpoint": str(e.get("reason") or ""), "stop": str(e.get("reason") or e.get("source") or ev)
+                                                                               .replace("controls.", "")}.get(kind, "")
         out.append(Marker(int(step), kind, f"{KIND_STYLE[kind][2]} at step {int(step)}" + (f" ({detail})" if detail
                                                                                          else "")))
     return out

@@ -169,7 +169,7 @@ class RunDirSource:
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise FileNotFoundError(f"run directory {self.run_dir} does not exist. Fix: pass the directory that holds "
-                                    "the run's config.json / metrics.jsonl (runs/<stamp>-<name>-<id>/).")
+                                    "the run's config.json / metrics.jsonl (runs/<name>-<stamp>-<id>/).")
         self.metrics = JsonlFollower(self.run_dir / "metrics.jsonl")
         self.system = JsonlFollower(self.run_dir / "system.jsonl")
         self.events = JsonlFollower(self.run_dir / "events.jsonl")

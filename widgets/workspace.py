@@ -29,7 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-DRIVERS = ("*.ipynb", "recipes/*.ipynb")  # not results/: executed examples, read on GitHub
+DRIVERS = ("*.ipynb", "recipes/*.ipynb")
+# The executed result notebooks (what a run looks like, the measured results), copied to the same relative paths so
+# the file browser opens them; the same update rules as the drivers (a copy someone ran is kept).
+RESULTS = ("results/*.ipynb", "recipes/results/*.ipynb")
 SOURCES = ".sources.json"
 RUNS_LINK = "runs"
 
@@ -38,9 +41,11 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_copies(into: str | Path = ROOT / "lab", source: Path = NOTEBOOKS) -> dict[str, list[str]]:
-    """Copy each driver notebook of `source` into `into` as the rules above say; returns what happened to which
-    notebook: {"copied": [...], "updated": [...], "kept": [...], "current": [...]} (paths relative to `into`)."""
+def make_copies(into: str | Path = ROOT / "lab", source: Path = NOTEBOOKS,
+                patterns: tuple[str, ...] = DRIVERS) -> dict[str, list[str]]:
+    """Copy each notebook of `source` matching `patterns` (default: the drivers) into `into` as the rules above say;
+    returns what happened to which notebook: {"copied": [...], "updated": [...], "kept": [...], "current": [...]}
+    (paths relative to `into`)."""
     into = Path(into)
     into.mkdir(parents=True, exist_ok=True)
     manifest_path = into / SOURCES
@@ -49,7 +54,7 @@ def make_copies(into: str | Path = ROOT / "lab", source: Path = NOTEBOOKS) -> di
     except (OSError, ValueError):
         made_from = {}
     out: dict[str, list[str]] = {"copied": [], "updated": [], "kept": [], "current": []}
-    for pattern in DRIVERS:
+    for pattern in patterns:
         for nb in sorted(source.glob(pattern)):
             rel = nb.relative_to(source).as_posix()
             dst, sha = into / rel, _sha(nb)
@@ -93,6 +98,8 @@ def report(result: dict[str, list[str]], into: Path) -> str:
         lines.append(f"  runs: {result['runs']}")
     if result["copied"]:
         lines.append(f"  copied: {', '.join(result['copied'])}")
+    lines.append(f"  result notebooks (executed examples, what each ran on and how to read it): {into.name}/results/, "
+                 f"{into.name}/recipes/results/")
     if result["updated"]:
         lines.append(f"  updated to the new version (unused copies): {', '.join(result['updated'])}")
     for rel in result["kept"]:
@@ -107,6 +114,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     into = Path(args.into)
     result = make_copies(into)
+    for key, names in make_copies(into, patterns=RESULTS).items():
+        result[key] += names
     result["runs"] = link_runs(into)
     print(report(result, into))
     return 0

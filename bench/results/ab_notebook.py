@@ -40,9 +40,13 @@ def write(name: str, folder: str, *, intro: str, evaluation: str, arms: str, rea
 
 
 def save(cells: list, name: str) -> Path:
-    """Writes /tmp/nbgen/<name>-src.ipynb from `cells`, the second of which is papermill's parameters cell."""
-    nb = nbf.v4.new_notebook(cells=cells)
-    nb.cells[1].metadata["tags"] = ["parameters"]
+    """Writes /tmp/nbgen/<name>-src.ipynb: the notebook's header cell (result_headers.py), then `cells`, the second of
+    which is papermill's parameters cell."""
+    from result_headers import header_for  # bench/results/result_headers.py: what it is, ran on, how to read
+
+    nb = nbf.v4.new_notebook(cells=[nbf.v4.new_markdown_cell(header_for(name), metadata={"tags": ["result-header"]}),
+                                    *cells])
+    nb.cells[2].metadata["tags"] = ["parameters"]
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     out = Path("/tmp/nbgen") / f"{name}-src.ipynb"
     out.parent.mkdir(exist_ok=True)

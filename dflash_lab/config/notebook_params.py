@@ -98,9 +98,14 @@ def check(namespace: dict, notebook: str | Path) -> NotebookParameters:
     injected = injected_names(namespace)
     unknown = [n for n in injected if n not in defaults]
     if unknown:
+        import difflib
+
+        guesses = {n: difflib.get_close_matches(n, list(defaults), n=1, cutoff=0.6) for n in unknown}
+        meant = "; ".join(f"{n!r}: did you mean {g[0]!r}?" for n, g in guesses.items() if g)
         raise UnknownParameterError(
-            f"{Path(notebook).name} does not define the parameter(s) {unknown}: nothing would read them, so the run "
-            f"would silently use the defaults. Fix: use one of the notebook's parameters: {sorted(defaults)} "
+            f"{Path(notebook).name} does not define the parameter(s) {unknown}"
+            + (f" ({meant})" if meant else "") + ": nothing would read them, so the run would silently use the "
+            f"defaults. Fix: use one of the notebook's parameters: {sorted(defaults)} "
             "(`papermill --help-notebook` lists them with their meaning).")
     values = {n: namespace[n] for n in defaults if n in namespace}
     changed = [n for n in defaults if n in values and values[n] != defaults[n]]

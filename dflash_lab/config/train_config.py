@@ -46,7 +46,7 @@ class TrainConfig:
     """Directory of an offline feature cache (`python -m dflash_lab.data.feature_cache`): features are read from it
     instead of running the target's layers (only its embedding and LM head are used). None = online features."""
     run_name: str = "run"
-    """Short name used in the run directory `runs/<UTC stamp>-<run_name>-<id>/`."""
+    """Short name used in the run directory `runs/<run_name>-<UTC stamp>-<id>/`."""
     runs_dir: str = "runs"
     """Where run directories are created."""
     steps: int = 200

@@ -214,9 +214,15 @@ def _parse_line(raw: bytes) -> object:
         return RecordIssue("unreadable", f"byte {e.start} is not valid UTF-8")
     if not line.strip():
         return _BLANK
+    # Without its line ending: inside a string cut off by the end of the line, json reads the newline as an
+    # "Invalid control character"; the line is unterminated, and that is what the report should say.
+    line = line.rstrip("\r\n")
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
+        if e.pos >= len(line.rstrip()) or e.msg.startswith("Unterminated"):
+            return RecordIssue("malformed_json", f"not valid JSON: the line ends before the record does "
+                                                 f"({e.msg.lower()} column {e.colno}): a cut-off (truncated) line")
         # json's own message may end in "at" ("Unterminated string starting at"): the column completes it
         at = "" if e.msg.endswith(" at") else " at"
         return RecordIssue("malformed_json", f"not valid JSON: {e.msg}{at} column {e.colno}")

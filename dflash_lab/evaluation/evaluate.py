@@ -108,7 +108,7 @@ def plan_eval(run: str | Path, *, prompts=None, block_size: int | None = None, t
     from .export import resolve_drafter, train_config_of
 
     if not str(run).strip():
-        raise EvalError("run is empty. Fix: pass the run directory (runs/<stamp>-<name>-<id>/), a checkpoint "
+        raise EvalError("run is empty. Fix: pass the run directory (runs/<name>-<stamp>-<id>/), a checkpoint "
                         "directory, an exported directory or a drafter .safetensors file.")
     src = resolve_drafter(run, checkpoint)
     found = train_config_of(src)

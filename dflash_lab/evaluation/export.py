@@ -216,7 +216,7 @@ def resolve_drafter(path: str | Path, checkpoint: str | None = None) -> DrafterS
         kind = "checkpoint" if checkpoint != "latest" else "run"
         return DrafterSource(hit[0], w, p, kind, _step_of(w))
     if not p.exists():
-        raise DrafterNotFoundError(f"{p} does not exist. Pass a run directory (runs/<stamp>-<name>-<id>/), a "
+        raise DrafterNotFoundError(f"{p} does not exist. Pass a run directory (runs/<name>-<stamp>-<id>/), a "
                                    f"checkpoint directory holding {WEIGHTS}, an exported directory, or a "
                                    ".safetensors file.")
     if p.is_file():

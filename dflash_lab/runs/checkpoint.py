@@ -97,7 +97,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     if not p.exists():
         raise CheckpointError(f"resume_from={str(path)!r} does not exist. Fix: pass a run directory "
-                              "(runs/<stamp>-<name>-<id>) or one of its checkpoints/step-XXXXXXX folders.")
+                              "(runs/<name>-<stamp>-<id>) or one of its checkpoints/step-XXXXXXX folders.")
     latest = latest_checkpoint(p)
     if latest is None:
         partial = sorted(q.name for q in (p / CHECKPOINTS_DIR).glob("*.tmp")) if (p / CHECKPOINTS_DIR).is_dir() else []

@@ -26,7 +26,6 @@ from .gpu_time import best_tau
 from .run_state import run_status  # noqa: F401 (listed here, where the table reads it)
 from .run_files import RunFileError, read_json, read_metrics
 
-_STAMP = re.compile(r"^\d{8}T\d{6}Z-")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,27 +39,57 @@ def list_runs(runs_dir: str | Path = "runs", *, newest_first: bool = True) -> li
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if is_run_dir(p)]
-    found.sort(key=lambda p: (p.name if _STAMP.match(p.name) else "", p.stat().st_mtime), reverse=newest_first)
+    found.sort(key=lambda p: ((rundir.run_folder_parts(p) or {}).get("stamp", ""), p.stat().st_mtime),
+               reverse=newest_first)
     return found
 
 
-DEMO_NAME = "-demo-"  # `make demo`'s run folders: runs/<stamp>-demo-<id>
+DEMO_NAME = "demo"  # `make demo`'s run folders: runs/demo-<stamp>-<id> (before: <stamp>-demo-<id>)
 ENDED = ("finished", "stopped", "diverged")  # run states that compare prefers (not interrupted, killed, running)
 
 
 def default_selection(found: list[Path], newest: int) -> list[Path]:
-    """Which runs compare takes when none are named: the newest that reached an end of their own (finished, stopped,
-    diverged), the newest demo run among them, then the newest others if fewer than `newest` ended; newest first. A
-    few aborted attempts (or a test's leftovers) then no longer push the demo and every finished run out of the
-    default comparison."""
-    ended = [p for p in found if run_status(p).startswith(ENDED)]
-    pick = ended[:newest]
-    demo = next((p for p in ended if DEMO_NAME in p.name), None)
+    """Which runs compare takes when none are named: finished runs first, then runs that ended otherwise (stopped,
+    diverged), then the rest (interrupted, killed, running), newest first within each, and the newest demo run among
+    the ended ones; shown newest first. Runs stopped after a few steps (a Stop click while trying the dashboard) or
+    aborted attempts then no longer push finished runs out of the default comparison."""
+    return _select(found, newest)[0]
+
+
+def _select(found: list[Path], newest: int) -> tuple[list[Path], dict[Path, str]]:
+    status = {p: run_status(p) for p in found}
+    finished = [p for p in found if status[p].startswith("finished")]
+    ended = [p for p in found if status[p].startswith(ENDED) and p not in finished]
+    pick = (finished + ended)[:newest]
+    demo = next((p for p in finished + ended if (rundir.run_folder_parts(p) or {}).get("name") == DEMO_NAME), None)
     if demo is not None and demo not in pick and pick:
         pick[-1] = demo
     pick += [p for p in found if p not in pick][:newest - len(pick)]
     order = {p: i for i, p in enumerate(found)}
-    return sorted(pick, key=order.get)
+    return sorted(pick, key=order.get), status
+
+
+def selection_note(found: list[Path], newest: int) -> str:
+    """What compare picked by default and what it left out, in one line: `compared 3 finished runs and 1 stopped
+    (step 14); left out 2 newer: stopped at step 17, interrupted (ckpt @5)`."""
+    pick, status = _select(found, newest)
+    counts: dict[str, int] = {}
+    for p in pick:
+        word = status[p].split(" ")[0]
+        counts[word] = counts.get(word, 0) + 1
+    said = ", ".join(f"{n} {w}" for w, n in counts.items())
+    newer = [p for p in found[:found.index(pick[-1])] if p not in pick] if pick else []
+    note = f"compared {len(pick)} run(s) of {len(found)}: {said} (finished runs first, then other ended runs)"
+    if newer:
+        left = ", ".join(f"{p.name} ({status[p]}{_at_step(p)})" for p in newer[:4])
+        note += f"; left out {len(newer)} newer: {left}{' ...' if len(newer) > 4 else ''}"
+    return note + ". Name runs to compare others: python -m dflash_lab.runs compare RUN_DIR ..."
+
+
+def _at_step(run_dir: Path) -> str:
+    rows = read_metrics(run_dir / rundir.METRICS_FILE) if (run_dir / rundir.METRICS_FILE).is_file() else []
+    step = next((r["step"] for r in reversed(rows) if isinstance(r.get("step"), int)), None)
+    return f", step {step}" if step is not None else ""
 
 
 def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4) -> list[Path]:
@@ -78,16 +107,18 @@ def resolve_runs(run_dirs=(), *, runs_dir: str | Path = "runs", newest: int = 4)
         p = Path(d).expanduser()
         if not is_run_dir(p):
             raise FileNotFoundError(f"{d!r} is not a run directory (no {rundir.CONFIG_FILE}). Fix: pass folders "
-                                    f"like runs/<stamp>-<name>-<id>; available: {[q.name for q in list_runs(runs_dir)][:8]}")
+                                    f"like runs/<name>-<stamp>-<id>; available: {[q.name for q in list_runs(runs_dir)][:8]}")
         out.append(p)
     return out
 
 
 def run_label(run_dir: Path) -> str:
     """`<name>-<id>` plus the stamp's date and time, short enough for a legend."""
-    name = Path(run_dir).name
-    m = _STAMP.match(name)
-    return f"{name[m.end():]} ({name[4:8]}-{name[9:13]})" if m else name
+    parts = rundir.run_folder_parts(run_dir)
+    if parts is None:
+        return Path(run_dir).name
+    stamp = parts["stamp"]
+    return f"{parts['name']}-{parts['id']} ({stamp[4:8]}-{stamp[9:13]})"
 
 
 def _is_number(v) -> bool:
@@ -333,9 +364,15 @@ def compare(run_dirs, *, runs_dir: str = "runs", newest: int = 4, out: str | Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = [str(Path(p).resolve()) for p in resolve_runs(run_dirs, runs_dir=runs_dir, newest=newest)]
     root = rundir.resolve_runs_dir(runs_dir)
+    note = "" if run_dirs else selection_note(list_runs(runs_dir), newest)  # the default's choice, said on the page
     execute(REPO / "notebooks" / "compare.ipynb", out, cwd=REPO, log_output=False, relative_to=[root.parent],
             parameters={"run_dirs": selected, "runs_dir": str(root), "newest": newest})
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(out), as_version=4))
+    if note:
+        import html as _html
+
+        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + '<p class="dfl-selection" style="font-family:'
+                      f'sans-serif;font-size:14px;margin:8px 16px">{_html.escape(note)}</p>', body, count=1)
     html = out.with_suffix(".html")
     html.write_text(body)
     return html
@@ -365,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
               "\neval tau: newest evaluation (evals/) | tok/s: steady sequence tokens/s | GiB: peak per device"
               " (CPU runs: RSS)")
         return 0
+    if not args.run_dirs:
+        found = list_runs(args.runs_dir)
+        if found:
+            print(selection_note(found, args.newest))
     html = compare(args.run_dirs, runs_dir=args.runs_dir, newest=args.newest, out=args.out)
     print(f"wrote {Path(args.out)} and {html}")
     return 0

@@ -7,6 +7,7 @@ returned as `PngImage`, which a notebook shows as a plain PNG output: GitHub and
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 from . import run_files
@@ -43,6 +44,25 @@ def new_figure(width: float, height: float, ncols: int):
 
     fig = Figure(figsize=(width, height))
     return fig, fig.subplots(1, ncols)
+
+
+# Shared pages (compare.html, a notebook on GitHub) are read in windows ~1,000 px wide: two panels a row, 5.5 x 3.4 in
+# each at 90 dpi, is ~1,000 px in all, so 10-11 pt text stays 12-14 px on screen. Four panels in one 18 in row were
+# scaled to ~0.55 of their size there: 5-6 px text.
+PANEL_W_IN, PANEL_H_IN, PANELS_PER_ROW = 5.5, 3.4, 2
+
+
+def new_grid(n: int, *, height: float = PANEL_H_IN):
+    """A Figure with `n` panels, PANELS_PER_ROW to a row, and its axes in reading order (spare cells hidden)."""
+    from matplotlib.figure import Figure
+
+    cols = min(PANELS_PER_ROW, max(1, n))
+    rows = -(-n // cols)
+    fig = Figure(figsize=(PANEL_W_IN * cols, height * rows))
+    axes = list(fig.subplots(rows, cols, squeeze=False).flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
 
 
 def save_png(fig, out: str | Path | None, dpi: int = 90) -> PngImage:
@@ -93,7 +113,7 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
 
     `smooth` > 1 applies a rolling mean over that many logged points per run (loss and tokens/s are noisy).
     """
-    fig, axes = new_figure(18, 3.8, len(COMPARE_PANELS))
+    fig, axes = new_grid(len(COMPARE_PANELS))
     labels = list(dict.fromkeys(frame["label"])) if len(frame) else []
     for ax, (key, title, unit) in zip(axes, COMPARE_PANELS):
         for label in labels:
@@ -108,12 +128,13 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
                 real = part[part["eval_tau"].notna()]
                 ax.plot(real["step"], real["eval_tau"].astype(float), "o--", ms=4, lw=1, color=line.get_color(),
                         label=f"{label} (real tau)")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel(unit, fontsize=9)
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel("step", fontsize=10)
+        ax.set_ylabel(unit, fontsize=10)
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
     if labels:
-        axes[0].legend(fontsize=8)
+        axes[0].legend(fontsize=9)
     else:
         axes[0].text(0.5, 0.5, "no logged steps", ha="center", va="center", transform=axes[0].transAxes)
     fig.tight_layout()
@@ -122,15 +143,15 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
 
 def plot_compare_bars(table, *, out: str | Path | None = None) -> PngImage:
     """Final figures per run as bars (runs.runs_table): last loss, steady tokens/s, peak memory, simulated tau."""
-    fig, axes = new_figure(18, 3.2, 4)
     names = [str(i) for i in table.index] if len(table) else []
-    short = [n[17:] if len(n) > 17 else n for n in names]  # drop the UTC stamp for the axis labels
+    fig, axes = new_grid(4, height=max(2.4, 1.2 + 0.35 * len(names)))
+    short = [re.sub(r"-?\d{8}T\d{6}Z-?", "-", n).strip("-") for n in names]  # the UTC stamp out of the labels
     for ax, (key, title) in zip(axes, (("loss", "last loss"), ("tokens_per_s", "tokens/s (steady)"),
                                        ("peak_memory_gb", "peak memory (GiB)"), ("sim_tau", "last simulated tau"))):
         vals = [float(v) if v is not None and v == v else 0.0 for v in (table[key] if key in table else [])]
         ax.barh(short, vals, color=[f"C{i}" for i in range(len(vals))])
-        ax.set_title(title, fontsize=10)
-        ax.tick_params(axis="y", labelsize=8)
+        ax.set_title(title, fontsize=11)
+        ax.tick_params(labelsize=9)
         ax.locator_params(axis="x", nbins=4)  # large numbers (tokens/s) would overlap with more ticks
         ax.grid(alpha=0.3, axis="x")
         ax.invert_yaxis()

@@ -44,6 +44,16 @@ def _not_saved(path: Path, step: int, e: Exception) -> str:
             f"{kept}{old}. Fix: free disk space, then call finish() again (the weights are still in memory).")
 
 
+class RunSummary(dict):
+    """summary.json's content as finish() returns it: a plain dict whose paths stay absolute, shown in a notebook
+    with the project's own paths relative (runs/...): an executed notebook that is shared (papermill's output, the
+    copy in the run folder) then carries no folder of this machine."""
+
+    def _repr_pretty_(self, p, cycle):
+        p.pretty({k: rundir.shown_path(v) if isinstance(v, str) and v.startswith("/") else v
+                  for k, v in self.items()})
+
+
 def finish_run(trainer) -> dict:
     """Summary of a Trainer's run; with a run directory also the drafter, plots/training.png, the notebook and
     summary.json. A diverged run keeps its last good checkpoint and saves no drafter (its weights are not finite)."""
@@ -52,10 +62,10 @@ def finish_run(trainer) -> dict:
     status = "diverged" if trainer.diverged_at is not None else (
         "finished" if trainer.step_count >= trainer.config.steps else
         STOPPED_RESUMABLE if resumable else "stopped")
-    summary = {"status": status, "steps": trainer.step_count, "target_steps": trainer.config.steps,
-               "run_dir": str(trainer.run_dir) if trainer.run_dir else None,
-               "last_checkpoint": str(trainer.last_checkpoint) if trainer.last_checkpoint else None,
-               "diverged_at": trainer.diverged_at}
+    summary = RunSummary({"status": status, "steps": trainer.step_count, "target_steps": trainer.config.steps,
+                          "run_dir": str(trainer.run_dir) if trainer.run_dir else None,
+                          "last_checkpoint": str(trainer.last_checkpoint) if trainer.last_checkpoint else None,
+                          "diverged_at": trainer.diverged_at})
     hist = [r for r in trainer.history if "loss" in r]
     if hist:
         summary.update(loss_first=hist[0]["loss"], loss_last=hist[-1]["loss"], sim_tau_last=hist[-1]["sim_tau"],

@@ -1,4 +1,4 @@
-"""Run directories: `runs/<UTC stamp>-<name>-<short id>/` holding config, env, metrics, checkpoints and notebooks.
+"""Run directories: `runs/<name>-<UTC stamp>-<short id>/` holding config, env, metrics, checkpoints and notebooks.
 
     config.json          resolved TrainConfig            drafter_config.json   the drafter's shape
     env.json             git commit + dirty flag, package versions, driver, GPUs (names, UUIDs), CUDA_VISIBLE_DEVICES
@@ -56,10 +56,34 @@ PACKAGES = ("dflash-lab", "torch", "transformers", "safetensors", "numpy", "nvid
             "ipykernel", "ipywidgets", "jupyterlab", "plotly", "matplotlib", "pandas")
 
 
+# Run folders are named `<name>-<UTC stamp>-<id>`: the name first, so a file browser that cuts long names (JupyterLab
+# shows ~20 characters) still tells runs apart; folders made before read `<UTC stamp>-<name>-<id>` and still list,
+# sort by their stamp and resume.
+RUN_FOLDER = re.compile(r"^(?P<name>.+)-(?P<stamp>\d{8}T\d{6}Z)-(?P<id>[0-9a-f]+)$")
+OLD_RUN_FOLDER = re.compile(r"^(?P<stamp>\d{8}T\d{6}Z)-(?P<name>.+)-(?P<id>[0-9a-f]+)$")
+
+
+def run_folder_parts(folder: str | Path) -> dict[str, str] | None:
+    """{"name", "stamp", "id"} of a run folder's name in either layout; None for a name in neither."""
+    text = Path(folder).name
+    m = OLD_RUN_FOLDER.match(text) or RUN_FOLDER.match(text)
+    return m.groupdict() if m else None
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as printed into a notebook that may be shared: relative to the project (`runs/x-.../STOP`, what a shell
+    at the project's root types) when under it, else as it is. Files keep absolute paths; only what is shown changes."""
+    p = Path(path)
+    try:
+        return str(p.relative_to(PROJECT_ROOT)) if p.is_absolute() else str(p)
+    except ValueError:
+        return str(p)
+
+
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
-    path = resolve_runs_dir(runs_dir) / f"{stamp}-{safe}-{secrets.token_hex(3)}"
+    path = resolve_runs_dir(runs_dir) / f"{safe}-{stamp}-{secrets.token_hex(3)}"
     (path / "checkpoints").mkdir(parents=True)
     (path / "plots").mkdir()
     return path
@@ -104,7 +128,7 @@ def open_run_dir(run_dir: str | Path | None, *, runs_dir: str | Path, name: str,
 
     `run_dir` given: that folder (created if needed); one that already holds another run is refused unless
     `overwrite` (refuse_used_run_dir). Resuming without one: the checkpoint's own run directory, its metrics.jsonl
-    cut back to `resume_step`. Otherwise a new `runs_dir/<stamp>-<name>-<id>/`. This process takes the folder's lock
+    cut back to `resume_step`. Otherwise a new `runs_dir/<name>-<stamp>-<id>/`. This process takes the folder's lock
     (run_lock.py) first: another live process using it makes this raise RunDirLocked.
     """
     if run_dir:

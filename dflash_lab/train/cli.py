@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(several GPUs: torchrun, or notebooks/train.ipynb)")
     p.add_argument("--heldout-data", default=None, help="with --data: held-out conversations (JSONL) for validation "
                    "and real tau (default: the data's own held-out split)")
-    p.add_argument("--run-name", default=None, help="with --data: name part of runs/<stamp>-<name>-<id>/ (default "
+    p.add_argument("--run-name", default=None, help="with --data: name part of runs/<name>-<stamp>-<id>/ (default "
                    "train; or --set run_name=NAME, not both)")
     p.add_argument("--runs-dir", default=None, help="with --data: where the new run dir goes (default runs/)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="with --data: any TrainConfig "

@@ -70,7 +70,11 @@ class ValidationSet:
                    f"{c['in_training']} also in the training data ({c.get('train_source')}), left out")
         return (f"{c.get('conversations')} conversations: {c.get('duplicates')} duplicates and {trained}; "
                 f"{c.get('usable')} long enough to score, {len(self.taken)} spread over them: "
-                + ", ".join(self.taken))
+                + ", ".join(self.taken[:SHOWN]) + (f", ... ({len(self.taken) - SHOWN} more)"
+                                                   if len(self.taken) > SHOWN else ""))
+
+
+SHOWN = 3  # conversations named in the log line (all of them made a ~700-character line on every run)
 
 
 def training_prompts(cfg) -> TrainingPrompts | None:

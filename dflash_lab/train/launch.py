@@ -34,7 +34,7 @@ LAUNCH_FILE = "launch.json"
 
 def prepare_run(config: TrainConfig, dist: DistConfig | None = None, *, run_dir: str | Path | None = None,
                 log=print) -> Path:
-    """A new run directory (runs/<stamp>-<name>-<id>/) holding config.json and distributed.json; returns it. Fields
+    """A new run directory (runs/<name>-<stamp>-<id>/) holding config.json and distributed.json; returns it. Fields
     left unset are chosen here, once, for the target, data and GPUs (prepare.resolve_settings): every rank reads the
     same values from config.json."""
     if config.unresolved and not config.resume_from:

@@ -125,7 +125,8 @@ def make_placement(devices, target_devices=None) -> Placement:
                              "and the drafter on GPUs (or both on 'cpu' for tests).")
     if "cuda" in kinds:
         if not torch.cuda.is_available():
-            raise PlacementError(f"devices {drafters + targets} ask for GPUs but no CUDA GPU is visible. Fix: train "
+            raise PlacementError(f"devices {tuple(dict.fromkeys(drafters + targets))} ask for GPUs but no CUDA GPU is "
+                                 "visible. Fix: train "
                                  "on the CPU (notebooks: -y 'gpus: []'; Python: devices=('cpu',)) or run on a GPU "
                                  "machine with a CUDA build of torch (check CUDA_VISIBLE_DEVICES).")
         n = torch.cuda.device_count()
@@ -255,6 +256,9 @@ def devices_for(gpus) -> tuple[str, ...]:
     """Notebook helper: [] / None -> ("cpu",); [0, 1] -> ("cuda:0", "cuda:1"); strings pass through."""
     if not gpus:
         return ("cpu",)
+    if isinstance(gpus, str) and gpus.strip().startswith("["):  # papermill's -p passes a list as its text
+        raise ConfigError(f"gpus={gpus!r} is text, not a list: `-p gpus {gpus}` passes a string. Fix: "
+                          f"-y 'gpus: {gpus.strip()}' (YAML: a list), or gpus = {gpus.strip()} in the notebook.")
     if isinstance(gpus, (int, str)):
         gpus = [gpus]
     out = []

@@ -310,8 +310,9 @@ class Trainer:
             return self.last_metrics
         last_print = time.monotonic()
         self.log(f"training from step {self.step_count} to {target}"
-                 + (f" | run dir {self.run_dir}" if self.run_dir else "")
-                 + (f" | touch {self.run_dir / STOP_FILE} to stop after a checkpoint" if self.run_dir else ""))
+                 + (f" | run dir {rundir.shown_path(self.run_dir)}" if self.run_dir else "")
+                 + (f" | touch {rundir.shown_path(self.run_dir / STOP_FILE)} to stop after a checkpoint"
+                    if self.run_dir else ""))
         self._ahead_until = target  # steps may start ahead of their bookkeeping up to here (overlap_steps)
         try:
             while self.step_count < target:
@@ -319,6 +320,8 @@ class Trainer:
                     break
                 if self.controls.pause.is_set() and not self.controls.take_paused_step():
                     self._settle()  # paused with the weights of a booked step, nothing running
+                    if self.phase != "paused":  # where the loop stopped stepping: the dashboard's pause marker
+                        self._event("paused", step=self.step_count)
                     self.phase = "paused"
                     if self.run_dir and self.controls.checkpoint.is_set():  # "Checkpoint now" acts while paused
                         self._checkpoint_or_warn("requested")

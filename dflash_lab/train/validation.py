@@ -176,6 +176,9 @@ class Validator:
         # the best held-out real tau so far (a resumed run continues from its best.json)
         marker = best_marker(trainer.run_dir) if trainer.run_dir else None
         self.best_tau = marker.get("real_tau") if marker else None
+        if 0 < cfg.steps < self.val_every:  # `due` measures nothing in a run shorter than one interval: say so now
+            trainer.log(f"validation: off for this run: its {cfg.steps} steps are fewer than one validation interval "
+                        f"({self.val_every} steps). Fix: -p val_every N (TrainConfig(val_every=N)) to measure sooner")
 
     def _load(self, trainer) -> None:
         """The held-out set, once, at the first measurement due (a short run that measures nothing reads nothing)."""

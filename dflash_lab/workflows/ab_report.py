@@ -52,7 +52,7 @@ def load_ab(folder: str | Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(p / METRICS_TGZ) as tgz:
         tgz.extractall(tmp, filter="data")
         for arm, state in ab["arms"].items():
-            run = Path(tmp) / "runs" / Path(state["run_dir"]).name  # runs/<stamp>-<arm>-<id>, as on the GPU
+            run = Path(tmp) / "runs" / Path(state["run_dir"]).name  # runs/<arm>-<stamp>-<id>, as on the GPU
             if not (run / "metrics.jsonl").is_file():
                 raise ConfigError(f"{p / METRICS_TGZ} holds no runs/{run.name}/metrics.jsonl for arm {arm!r}. Fix: "
                                   "re-pack the arms' run folders (run.sh eval does it).")

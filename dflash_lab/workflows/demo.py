@@ -3,6 +3,11 @@ evaluate it with real speculative decoding. Prints the run directory, the loss a
 and a final line quoting its held-out rows (tau trained vs untrained, speedup) and the time.
 
     python -m dflash_lab.workflows.demo [--steps 600] [--runs-dir runs] [--eval-prompts 20] [--eval-tokens 128]
+    python -m dflash_lab.workflows.demo --write-figures   # also docs/demo-figures.json and the README's table
+
+The training kernel runs DEMO_THREADS CPU threads whatever the machine has: torch splits a reduction by thread
+count, so the trained drafter (and every tau figure) would otherwise depend on the cores of the machine (3 threads
+gave another loss at step 30 than 1, 2 or 8). The evaluation decodes on 1 thread (its own default).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]  # the repository root (dflash_lab/workflows/demo.py)
 
 # The demo's shape: small enough for a 2-core CPU in a few minutes, big enough for a measurable acceptance length.
+DEMO_THREADS = 2  # the CI machine's cores; fixed so that every machine trains the same drafter
 DEMO_PARAMETERS = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
                        num_draft_layers=2, lr=3e-3, seed=0, log_every=10, progress_every_s=10.0, run_name="demo")
 
@@ -29,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-eval", action="store_true", help="skip the speculative-decoding evaluation")
     ap.add_argument("--eval-prompts", type=int, default=20, help="prompts per prompt set in the evaluation")
     ap.add_argument("--eval-tokens", type=int, default=128, help="new tokens per prompt in the evaluation")
+    ap.add_argument("--write-figures", action="store_true",
+                    help="after the evaluation, write docs/demo-figures.json and rewrite the README's demo table "
+                         "from it (the figures the README quotes, at this commit)")
     args = ap.parse_args(argv)
 
     from ..runs import rundir
+    from . import demo_figures
     from dflash_lab.runs.notebook_exec import execute
     from dflash_lab.tiny import ensure_tiny_target
 
@@ -44,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     pm_log.propagate = False
 
     t0 = time.perf_counter()
+    load_start, tree = demo_figures.loadavg(), demo_figures.commit()  # the code as it starts
     ensure_tiny_target()
     run_dir = rundir.new_run_dir(args.runs_dir, DEMO_PARAMETERS["run_name"])
     out_nb = run_dir / "train.ipynb"
     print(f"[demo] training {args.steps} steps on the embedded tiny target (CPU); run dir: {run_dir}", flush=True)
     os.environ["DFLASH_NOTEBOOK_OUTPUT"] = str(out_nb)
+    os.environ["OMP_NUM_THREADS"] = str(DEMO_THREADS)  # the kernel's torch starts with this many threads
     execute(REPO / "notebooks" / "train.ipynb", out_nb, cwd=REPO,
             parameters={**DEMO_PARAMETERS, "steps": args.steps, "runs_dir": args.runs_dir, "run_dir": str(run_dir)})
     train_s = time.perf_counter() - t0
@@ -63,7 +75,14 @@ def main(argv: list[str] | None = None) -> int:
                           str(args.eval_tokens)]) != 0:
             return 2
         quoted = "; " + headline(evaluate.load_report(run_dir))
-    print(f"[demo] done in {time.perf_counter() - t0:.0f} s{quoted}; results in {run_dir}", flush=True)
+    total_s = time.perf_counter() - t0
+    print(f"[demo] done in {total_s:.0f} s{quoted}; results in {run_dir}", flush=True)
+    if args.write_figures and not args.no_eval:
+        fig = demo_figures.figures(evaluate.load_report(run_dir), summary, steps=args.steps, threads=DEMO_THREADS,
+                                   train_s=train_s, total_s=total_s, load=(load_start, demo_figures.loadavg()),
+                                   date=time.strftime("%Y-%m-%d", time.gmtime()), tree=tree)
+        demo_figures.write(fig)
+        print(f"[demo] wrote {demo_figures.FIGURES} and the README's demo table from this run", flush=True)
     return 0
 
 
