@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from dflash_lab.config import TrainConfig
+from dflash_lab.config.recipe_defaults import RESOLVED_FIELDS
 from dflash_lab.runs.listing import list_runs, run_config
 from dflash_lab.runs.run_files import RunFileError, read_json
 from dflash_lab.runs.run_state import STOPPED_RESUMABLE, run_status
@@ -96,7 +97,9 @@ def run_to_continue(config: TrainConfig, data_files, log) -> tuple[str, Path | N
     run = runs[0]
     saved, unreadable = run_config(run)
     now = config.to_dict()
-    differ = [k for k in now if k not in NOT_THE_RUN and not _same(saved.get(k), now[k])]
+    # A field left unset (None) asks for the value chosen for the target: the run's config.json holds that choice.
+    differ = [k for k in now if k not in NOT_THE_RUN and not (k in RESOLVED_FIELDS and now[k] is None)
+              and not _same(saved.get(k), now[k])]
     if unreadable or differ:
         log(f"[recipe] train: a new run: the newest run {run} " + (unreadable or "trained other settings: "
                                                                      + ", ".join(differ)))
