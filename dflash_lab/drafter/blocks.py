@@ -39,6 +39,8 @@ class BlockBatch:
     loss_weights: torch.Tensor  # (b, N*B) float32: w_k * valid / global sum (sums to 1 over the GLOBAL batch)
     block_size: int
     doc_ids: torch.Tensor | None = None  # (b, S) long document id per token of a packed window; None = unpacked
+    prev_ids: torch.Tensor | None = None  # (b, N*B) long: token[p + k - 1], the TRUE previous token of slot k (the
+    # Markov head's teacher forcing, drafter/dspark.py; slot 0 reads token[p - 1], never used); None where not built
 
     @property
     def num_anchors(self) -> int:
@@ -58,7 +60,7 @@ class BlockBatch:
 
 
 _TENSOR_FIELDS = ("input_ids", "loss_mask", "anchors", "anchor_valid", "draft_ids", "position_ids", "labels",
-                  "loss_weights", "doc_ids")
+                  "loss_weights", "doc_ids", "prev_ids")
 
 
 def _maybe(t, fn):
@@ -137,10 +139,11 @@ def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors:
     total = float(raw.sum()) if weight_total is None else weight_total
     weights = raw / max(total, 1e-12)
     labels = torch.where(has_loss, tokens, torch.zeros_like(tokens))
+    prev_ids = input_ids.gather(1, (gather_pos - 1).clamp(min=0).flatten(1))  # whatever its loss mask says
     return BlockBatch(
         input_ids=input_ids, loss_mask=loss_mask.bool(), anchors=anchors, anchor_valid=anchor_valid,
         draft_ids=draft_ids.flatten(1), position_ids=pos.flatten(1), labels=labels.flatten(1),
-        loss_weights=weights.flatten(1).float(), block_size=B, doc_ids=doc_ids,
+        loss_weights=weights.flatten(1).float(), block_size=B, doc_ids=doc_ids, prev_ids=prev_ids,
     )
 
 

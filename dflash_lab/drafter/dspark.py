@@ -154,7 +154,7 @@ class MarkovHeadCE(torch.autograd.Function):
             grad_w2 += (g2.t() @ embed[sl].to(w2.dtype)).float()
         ctx.save_for_backward(grad_h, grad_e, grad_w2.to(w2.dtype))
         ctx.mark_non_differentiable(ce, l1, preds, accept)
-        return ce_weight * ce + l1_weight * l1, ce.clone(), l1.clone(), preds, accept
+        return ce_weight * ce + l1_weight * l1, ce, l1, preds, accept
 
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
@@ -176,11 +176,12 @@ def target_distribution(labels: torch.Tensor, rows: tuple | None) -> tuple[torch
 
 def dspark_head_loss(heads: DSparkHeads, hidden: torch.Tensor, head_weight: torch.Tensor, labels: torch.Tensor,
                      weights: torch.Tensor, prev_ids: torch.Tensor, chunk_size: int, rows: tuple | None,
-                     loss_weights: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     loss_weights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DSpark's loss over the supervised rows (module docstring). hidden (M, H) backbone output after its norm;
     labels (M,) draft ids; weights (M,) normalised slot weights (0: no loss); prev_ids (M,) the TRUE previous token
-    of each row (target ids: teacher forcing); rows: soft_row_targets or None; loss_weights: {"ce", "l1",
-    "confidence"}. Returns (loss, argmax of the corrected logits (M,), METRICS values (len(METRICS),) detached)."""
+    of each row (target ids: teacher forcing); rows: soft_row_targets or None; loss_weights: the pairs
+    (("ce", w), ("l1", w), ("confidence", w)) of LossWeighting.head_terms. Returns (loss, argmax of the corrected logits (M,), METRICS values (len(METRICS),) detached)."""
+    loss_weights = dict(loss_weights)
     embed = heads.markov_embed(prev_ids)  # (M, r): one gather for every slot of every block
     q_ids, q_p = target_distribution(labels, rows)
     loss, ce, l1, preds, accept = MarkovHeadCE.apply(hidden, embed, heads.markov_head.markov_w2.weight, head_weight,
@@ -197,4 +198,4 @@ def dspark_head_loss(heads: DSparkHeads, hidden: torch.Tensor, head_weight: torc
             prob = torch.sigmoid(logit)
             err = ((prob - accept).abs() * weights).sum()
             acc = (((prob > 0.5) == (preds == labels)).float() * weights).sum()
-    return loss, preds, torch.stack([ce, l1, bce.detach(), err, acc])
+    return loss, preds, torch.stack([ce, l1, bce, err, acc]).detach()

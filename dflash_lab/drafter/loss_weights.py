@@ -40,6 +40,8 @@ class LossWeighting:
     mode: str = "decay"
     alpha: float = 0.5
     normalizer: str = "valid_anchors"
+    head_terms: tuple[tuple[str, float], ...] = (("ce", 0.1), ("l1", 0.9), ("confidence", 1.0))
+    """A variant's loss-term weights (drafter/dspark.py: TrainConfig.dspark_*_weight; DeepSpec's by default)."""
 
     @property
     def dpace(self) -> bool:
@@ -51,7 +53,9 @@ DECAY = LossWeighting()
 
 def loss_weighting_of(cfg) -> LossWeighting:
     """The LossWeighting of a TrainConfig (its fields loss_weighting, dpace_alpha, loss_normalizer)."""
-    return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer)
+    return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer,
+                         (("ce", cfg.dspark_ce_weight), ("l1", cfg.dspark_l1_weight),
+                          ("confidence", cfg.dspark_confidence_weight)))
 
 
 def dpace_weights(q: torch.Tensor, has_loss: torch.Tensor, alpha: float) -> torch.Tensor:

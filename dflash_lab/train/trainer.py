@@ -230,6 +230,7 @@ class Trainer:
         record = {
             "step": self.step_count, "loss": loss, "lr": launched.lr, "grad_norm": values["grad_norm"],
             "acc": values["acc"], "sim_tau": values["sim_tau"], "slot_acc": values["slot_acc"],
+            **values.get("terms", {}),  # a variant's own loss terms (DSpark: markov_ce, confidence_acc, ...)
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),
