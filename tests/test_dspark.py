@@ -252,3 +252,35 @@ def test_training_feeds_the_true_token_and_decoding_the_drafted_one():
             prev = drafted
     torch.testing.assert_close(decode_logits[0], train_logits[:, :, 1])  # slot 1 reads the anchor either way
     assert differs > 0  # the case that tells teacher forcing from decoding occurred
+
+
+@pytest.mark.parametrize("over", [{}, {"draft_vocab_size": 100}, {"confidence_head_with_markov": False},
+                                  {"enable_confidence_head": False}])
+def test_parameter_and_flop_models_count_the_heads(over):
+    from dflash_lab.config.model_size import drafter_parameters, variant_head_flops_per_row, variant_head_parameters
+
+    for name in VARIANTS:  # every variant of the table: the config floor's count is the real module's
+        d = DFlashDrafter(_dc(drafter_variant=name, **over))
+        assert drafter_parameters(d.config) == d.num_parameters(), name
+        heads = 0 if d.heads is None else sum(p.numel() for p in d.heads.parameters())
+        assert variant_head_parameters(d.config) == heads, name
+    dc = _dc(**over)
+    v_draft = dc.draft_vocab_size or 256
+    conf = 64 + 16 if dc.enable_confidence_head else 0
+    assert variant_head_flops_per_row(dc) == 6 * (16 * v_draft + conf)
+    assert variant_head_flops_per_row(_dc(drafter_variant="dflash")) == 0
+
+
+def test_memory_and_flops_grow_by_the_heads():
+    from dflash_lab.runs.metrics import flops_per_sequence
+    from dflash_lab.train.memory_model import drafter_activation_bytes
+
+    kw = dict(batch=2, seq_len=256, num_anchors=16, dtype_bytes=2, chunk_size=64, backend="flex", fused_norms=True)
+    dflash, dspark = _dc(drafter_variant="dflash"), _dc(markov_rank=16)
+    rows = 2 * 16 * 7
+    extra = rows * (2 * 16 * 2 + 4 * (64 + 16 + 2)) + 256 * 16 * 6 + 64 * 256 * 8
+    assert drafter_activation_bytes(dspark, **kw) - drafter_activation_bytes(dflash, **kw) == extra
+    tc = make_tiny_qwen3().config
+    f0, f1 = (flops_per_sequence(target_cfg=tc, drafter_cfg=d, seq_len=256, num_anchors=16) for d in (dflash, dspark))
+    assert f0["heads"] == 0 and f1["heads"] == 16 * 7 * 6 * (16 * 256 + 80)
+    assert f1["total"] - f0["total"] == f1["heads"]

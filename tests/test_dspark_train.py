@@ -174,3 +174,19 @@ def test_dspark_graph_replay_equals_eager_on_the_gpu():
         eng.shutdown()
     for (lg, tg), (le, te) in zip(runs[True], runs[False]):
         assert lg == pytest.approx(le, rel=1e-5) and tg == pytest.approx(te, rel=1e-4, abs=1e-6)
+
+
+def test_the_dashboard_shows_the_heads_terms_of_a_dspark_run(straight):
+    from widgets.html import header_html
+    from widgets.model import DashboardModel
+
+    _, rows, _ = straight
+    m = DashboardModel(total_steps=STEPS)
+    m.add_metrics([rows[s] for s in sorted(rows)])
+    state = m.state()
+    assert state.heads == {k: rows[STEPS][k] for k in METRICS}
+    html = header_html(state)
+    assert f'markov_ce {rows[STEPS]["markov_ce"]:.3g}' in html and "confidence_acc" in html
+    plain = DashboardModel(total_steps=STEPS)
+    plain.add_metrics([{k: v for k, v in rows[s].items() if k not in METRICS} for s in sorted(rows)])
+    assert plain.state().heads == {} and "markov_ce" not in header_html(plain.state())

@@ -62,6 +62,16 @@ class DSparkHeads(nn.Module):
         self.confidence_head = (ConfidenceHead(config.hidden_size + (r if self.with_markov else 0))
                                 if config.enable_confidence_head else None)
 
+    @staticmethod
+    def activation_bytes(config: DrafterConfig, *, rows: int, chunk_rows: int, dtype_bytes: int) -> int:
+        """What the step keeps for the heads beyond the DFlash head's (train/memory_model.py): per supervised row
+        the Markov embedding and its gradient (r each) and the confidence head's fp32 input (H + r) and logit;
+        markov_w2's fp32 gradient accumulator and its cast; per chunk row the epilogue's extra fp32 (c, V_draft)
+        passes (probabilities, the L1 gradient) over the DFlash CE's."""
+        r, v_draft = config.markov_rank, config.draft_vocab_size or config.vocab_size
+        per_row = 2 * r * dtype_bytes + (4 * (config.hidden_size + r + 2) if config.enable_confidence_head else 0)
+        return rows * per_row + v_draft * r * (4 + dtype_bytes) + chunk_rows * v_draft * 8
+
     def markov_embed(self, prev_ids: torch.Tensor) -> torch.Tensor:
         """(...) previous tokens, TARGET ids -> (..., r) Markov embeddings."""
         return self.markov_head.markov_w1(prev_ids)
