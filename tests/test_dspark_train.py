@@ -190,3 +190,21 @@ def test_the_dashboard_shows_the_heads_terms_of_a_dspark_run(straight):
     plain = DashboardModel(total_steps=STEPS)
     plain.add_metrics([{k: v for k, v in rows[s].items() if k not in METRICS} for s in sorted(rows)])
     assert plain.state().heads == {} and "markov_ce" not in header_html(plain.state())
+
+
+def test_the_step_benchmark_times_both_variants_in_one_process(capsys):
+    """`python -m dflash_lab.benchmarks.step --drafter-variants dflash,dspark@8` on the CPU: one row per arm, the
+    DSpark arm at its own block size with its loss (the GPU job compares their step times the same way)."""
+    import json
+
+    from dflash_lab.benchmarks import step as bench
+
+    bench.main(["--shape", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
+                "--drafter-variants", "dflash,dspark@8", "--markov-rank", "16"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [(r["drafter_variant"], r["block_size"], r.get("error")) for r in rows] == [("dflash", 16, None),
+                                                                                       ("dspark", 8, None)]
+    assert rows[1]["markov_rank"] == 16 and "markov_rank" not in rows[0]
+    assert all(r["step_ms_median"] > 0 and r["loss_first"] == r["loss_first"] for r in rows)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--drafter-variants", "dflash,eagle3"])
