@@ -208,3 +208,30 @@ def test_the_step_benchmark_times_both_variants_in_one_process(capsys):
     assert all(r["step_ms_median"] > 0 and r["loss_first"] == r["loss_first"] for r in rows)
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--drafter-variants", "dflash,eagle3"])
+
+
+def test_the_torchrun_rank_loop_trains_dspark_as_the_engine_does(tmp_path, data_file):
+    """RankTrainer (one gloo process: the DDP/FSDP2 path's step.train_step, the heads called beside the wrapped
+    drafter's forward) gives the engine's losses and heads' terms."""
+    from dflash_lab.train.distributed import DistConfig, DistContext
+    from dflash_lab.train.rank_trainer import RankTrainer
+    from tests import golden
+
+    cfg = _config(tmp_path, data_file, steps=4, checkpoint_every=0)
+    t = Trainer(cfg, write_run_dir=False, log=lambda *a: None)
+    try:
+        t.step(cfg.steps)
+        engine = [{k: r[k] for k in ("loss", *METRICS)} for r in t.history]
+    finally:
+        t.close()
+    ctx = DistContext(DistConfig(backend="gloo"), train_devices=cfg.devices, env=None)
+    rt = RankTrainer(cfg, ctx, tmp_path / "rank_run", log=lambda *a: None, checkpoints=False)
+    try:
+        rt.train(progress_every_s=1e9)
+        rank = [{k: r[k] for k in ("loss", *METRICS)} for r in rt.metrics.ring.snapshot()]
+    finally:
+        rt.close()
+        ctx.close()
+    assert len(rank) == len(engine) == cfg.steps
+    for a, b in zip(rank, engine):
+        assert a == pytest.approx(b, **golden.TOLERANCE)

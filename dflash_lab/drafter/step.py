@@ -352,10 +352,12 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
     the sum, then `optimizer.step` on every worker.
 
-    Returns tensors {loss, grad_norm, correct, has_loss, terms}; reading them (.item()) syncs the device.
+    Returns tensors {loss, grad_norm, correct, has_loss, terms} and the terms' names; reading the tensors (.item())
+    syncs the device.
     """
     optimizer.zero_grad()
     loss, correct, has_loss, terms = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size,
                                                       weighting, label_map, soft)
     grad_norm = optimizer.step(lr, grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss, "terms": terms}
+    return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss, "terms": terms,
+            "term_names": variant_of(drafter_config(drafter)).metrics}
