@@ -15,7 +15,7 @@ from dflash_lab.train.trainer import Trainer
 STEPS = 12
 SMALL = dict(target="tiny", steps=STEPS, seq_len=64, batch_size=2, block_size=8, num_anchors=4, num_draft_layers=2,
              lr=3e-3, log_every=1, checkpoint_every=4, keep_checkpoints=3, seed=0, drafter_variant="dspark",
-             markov_rank=8)
+             markov_rank=8, val_every=6, real_tau_every=0)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,10 @@ def data_file(tmp_path_factory):
 
 
 def _config(tmp_path, data_file, **kw):
-    return TrainConfig(**{**SMALL, "data": str(data_file), "runs_dir": str(tmp_path / "runs"), **kw})
+    from dflash_lab.tiny import tiny_heldout_path
+
+    return TrainConfig(**{**SMALL, "data": str(data_file), "runs_dir": str(tmp_path / "runs"),
+                          "heldout_data": str(tiny_heldout_path()), **kw})
 
 
 def _rows(run_dir):
@@ -57,6 +60,8 @@ def test_a_dspark_run_learns_and_logs_its_heads_terms(straight):
                                           rel=1e-5)
         assert 0 <= r["markov_l1"] <= 2 and 0 <= r["confidence_err"] <= 1 and 0 <= r["confidence_acc"] <= 1
     assert rows[STEPS]["confidence_bce"] < rows[1]["confidence_bce"]
+    # held-out validation scores the drafter as training does: accuracy of the Markov-corrected logits
+    assert all(0 < rows[s]["val_acc"] < 1 and len(rows[s]["val_slot_acc"]) == 7 for s in (6, 12))
     ckpt = checkpoint.load_checkpoint(run_dir)
     assert ckpt.state["drafter_config"]["drafter_variant"] == "dspark"
     assert {"heads.markov_head.markov_w1.weight", "heads.confidence_head.proj.weight"} <= set(ckpt.drafter)
@@ -235,3 +240,44 @@ def test_the_torchrun_rank_loop_trains_dspark_as_the_engine_does(tmp_path, data_
     assert len(rank) == len(engine) == cfg.steps
     for a, b in zip(rank, engine):
         assert a == pytest.approx(b, **golden.TOLERANCE)
+
+
+def test_a_feature_store_trains_dspark_exactly_as_without(tmp_path):
+    """Later epochs read features and the target's top-k from the store: the same losses and heads' terms."""
+    from tests.test_feature_store import _tiny_losses
+
+    dspark = dict(drafter_variant="dspark", markov_rank=8, distill_weight=1.0, distill_top_k=4)
+    curves, last, windows = _tiny_losses(tmp_path, {"none": dspark, "store": {**dspark, "feature_store_gib": 0.01}})
+    assert curves["store"] == pytest.approx(curves["none"], rel=1e-6, abs=1e-6)
+    assert last["store"]["feature_store_stored"] == windows and last["store"]["feature_store_hit_rate"] > 0
+    for k in METRICS:
+        assert last["store"][k] == pytest.approx(last["none"][k], rel=1e-5, abs=1e-6), k
+
+
+def test_a_compiled_dspark_drafter_trains_as_the_eager_one():
+    """compile_drafter: the backbone is traced in the worker threads, the heads' loss runs beside it; the losses
+    and terms equal the eager engine's, with no recompile after the first step."""
+    from dflash_lab.config import DrafterConfig
+    from dflash_lab.train.engine_build import build_engine
+    from dflash_lab.train.placement import make_placement
+    from tests.conftest import make_tiny_qwen3
+    from tests.test_engine import _batch, B, N, S
+
+    target = make_tiny_qwen3()
+    runs = {}
+    for compiled in (False, True):
+        cfg = TrainConfig(seq_len=S, num_anchors=N, block_size=B, batch_size=2, devices=("cpu",), mask_token_id=255,
+                          num_draft_layers=2, lr=1e-3, compile_drafter=compiled, drafter_variant="dspark",
+                          markov_rank=8)
+        dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=B, mask_token_id=255,
+                                       drafter_variant="dspark", markov_rank=8)
+        engine = build_engine(cfg, make_placement(cfg.devices, None), [target], dc, target_config=target.config,
+                              compile_backend="eager")
+        outs = [engine.step(_batch(s), step=s, lr=1e-3) for s in range(3)]
+        runs[compiled] = [(o["loss"].item(), o["terms"].tolist()) for o in outs]
+        m = engine.metrics()
+        engine.shutdown()
+        if compiled:
+            assert m["compiled_graphs"] >= 1 and m["recompiles_after_first_step"] == 0
+    for (lc, tc), (le, te) in zip(runs[True], runs[False]):
+        assert lc == pytest.approx(le, rel=1e-5) and tc == pytest.approx(te, rel=1e-4, abs=1e-6)
