@@ -281,3 +281,16 @@ def test_a_compiled_dspark_drafter_trains_as_the_eager_one():
             assert m["compiled_graphs"] >= 1 and m["recompiles_after_first_step"] == 0
     for (lc, tc), (le, te) in zip(runs[True], runs[False]):
         assert lc == pytest.approx(le, rel=1e-5) and tc == pytest.approx(te, rel=1e-4, abs=1e-6)
+
+
+def test_a_trained_dspark_run_loads_with_its_heads(straight):
+    """evaluation.export.load_drafter on a dspark run: the backbone and the heads as trained (the decoders and the
+    export start from it)."""
+    from dflash_lab.evaluation.export import load_drafter
+
+    run_dir, _, weights = straight
+    _, drafter = load_drafter(run_dir, log=lambda *a: None)
+    assert drafter.heads is not None and drafter.config.drafter_variant == "dspark"
+    for k, v in drafter.state_dict().items():
+        if not k.startswith("rotary_emb."):
+            assert torch.equal(v, weights[k].float()), k

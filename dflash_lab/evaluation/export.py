@@ -35,8 +35,10 @@ from dflash_lab.runs import weights
 from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .export_format import config_from_export, export_config, export_state_names, is_exported  # noqa: F401 (public)
+from .export_variant import with_variant
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.drafter.variants import variant_of
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
 WEIGHTS = "drafter.safetensors"
@@ -267,7 +269,8 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype:
 
 
 def _load_state(drafter: DFlashDrafter, state: dict, where: str) -> None:
-    want = export_state_names(drafter.config)
+    heads = variant_of(drafter.config).export_tensor_prefix  # a variant's heads are trained weights too
+    want = export_state_names(drafter.config) + [k for k in drafter.state_dict() if k.startswith(heads)]
     got = {k for k in state if not k.startswith("rotary_emb.")}  # RoPE tables are recomputed, never learned
     missing, extra = sorted(set(want) - got), sorted(got - set(want))
     if missing or extra:
@@ -312,17 +315,19 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
                .contiguous() for k in names}  # d2t stays int64
     H, nH = src.config.hidden_size, src.config.num_target_features * src.config.hidden_size
     assert tensors["fc.weight"].shape == (H, nH), tensors["fc.weight"].shape  # [H, n*H] per the format
+    extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
+    if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
+        extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
+    # a drafter variant's heads and config entries, as the engines load them (export_variant.py)
+    tensors, config_json = with_variant(src.config, state, tensors, export_config(src.config, dtype=dtype,
+                                                                                  extra=extra), _DTYPES[dtype], log)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-{secrets.token_hex(4)}")
     tmp.mkdir()  # mkdir (not tempfile.mkdtemp, which is 0700) so the folder follows the umask
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(src.weights)})
         respect_umask(tmp / "model.safetensors")  # safetensors writes 0600
-        extra = {"dflash_lab": {"source": str(src.weights), "step": src.step}}
-        if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
-            extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
-        (tmp / "config.json").write_text(json.dumps(export_config(src.config, dtype=dtype, extra=extra), indent=2)
-                                         + "\n")
+        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
         shutil.copyfile(TEMPLATE, tmp / "dflash.py")
         swap_into_place(tmp, out)
     finally:
