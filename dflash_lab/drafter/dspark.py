@@ -154,7 +154,8 @@ class MarkovHeadCE(torch.autograd.Function):
         ce = l1 = torch.zeros((), dtype=torch.float32, device=hidden.device)
         epilogue = _chunk_fn(hidden.device)
         for sl in _chunk_slices(M, chunk_size):
-            z = hidden[sl] @ weight.t() + (embed[sl] @ w2.t()).to(hidden.dtype)  # (c, V_draft): one chunk alive
+            # (c, V_draft), the only logits alive at once; the bias added in the second GEMM's epilogue (beta = 1)
+            z = torch.addmm(hidden[sl] @ weight.t(), embed[sl].to(hidden.dtype), w2.t().to(hidden.dtype))
             ce_c, l1_c, preds[sl], accept[sl], g = epilogue(z, labels[sl], weights[sl], q_ids[sl], q_p[sl],
                                                             ce_weight, l1_weight)
             ce, l1 = ce + ce_c, l1 + l1_c
