@@ -284,3 +284,16 @@ def test_memory_and_flops_grow_by_the_heads():
     f0, f1 = (flops_per_sequence(target_cfg=tc, drafter_cfg=d, seq_len=256, num_anchors=16) for d in (dflash, dspark))
     assert f0["heads"] == 0 and f1["heads"] == 16 * 7 * 6 * (16 * 256 + 80)
     assert f1["total"] - f0["total"] == f1["heads"]
+
+
+def test_preflight_counts_the_heads_of_a_dspark_config():
+    from dflash_lab.workflows.preflight import estimate
+    from tests.test_preflight import PAPER, fake_data, qwen3_8b_config
+
+    plain, dspark = (estimate(TrainConfig(**PAPER, **kw), data=fake_data(100, 3072, 1500, 1000),
+                              target_config=qwen3_8b_config(), gpu_memory_gib=139.8)
+                     for kw in ({}, {"drafter_variant": "dspark"}))
+    V, H, r = 151936, 4096, 256
+    assert dspark.drafter_params - plain.drafter_params == 2 * V * r + H + r + 1
+    (a,), (b,) = plain.devices, dspark.devices
+    assert b.items["fp32 master + AdamW m, v"] - a.items["fp32 master + AdamW m, v"] == 12 * (2 * V * r + H + r + 1)
