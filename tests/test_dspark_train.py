@@ -294,3 +294,45 @@ def test_a_trained_dspark_run_loads_with_its_heads(straight):
     for k, v in drafter.state_dict().items():
         if not k.startswith("rotary_emb."):
             assert torch.equal(v, weights[k].float()), k
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The dspark run of tests/test_distributed.py's tiny shape in one process (no process group): its losses and
+    the gradients it dumps each step."""
+    from dflash_lab.tiny import tiny_data_path
+    from tests.test_distributed import CFG, DATA_LINES, _losses, _ok, _run
+    from dflash_lab.train.distributed import DistConfig
+    from dflash_lab.train.launch import prepare_run
+
+    base = tmp_path_factory.mktemp("dist")
+    data = base / "train-slice.jsonl"
+    data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:DATA_LINES]))
+    cfg = CFG.replace(data=str(data), drafter_variant="dspark", markov_rank=8)
+    run_dir = prepare_run(cfg, DistConfig(), run_dir=base / "one")
+    proc, _ = _run(run_dir, 0, DFLASH_DUMP_GRADS=base / "one-grads")
+    _ok(proc)
+    return cfg, base, _losses(run_dir)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_gloo_ranks_train_dspark_as_one_process(one_process, parallel):
+    """torchrun, 2 gloo ranks: the heads run beside the DDP / FSDP2-wrapped backbone's forward (their loss is
+    outside it) and their gradients are summed with the backbone's: losses and every gradient, heads' included,
+    equal one process."""
+    from tests.test_distributed import TOL, _grads, _losses, _max_diff, _ok, _run
+    from dflash_lab.train.distributed import DistConfig
+    from dflash_lab.train.launch import prepare_run
+
+    cfg, base, one = one_process
+    run_dir = prepare_run(cfg, DistConfig(parallel=parallel, timeout_s=30), run_dir=base / parallel)
+    proc, _ = _run(run_dir, 2, DFLASH_DUMP_GRADS=base / f"{parallel}-grads")
+    _ok(proc)
+    losses = _losses(run_dir)
+    assert sorted(one) == sorted(losses) == [1, 2, 3, 4] and one[4] < one[1]
+    for step in (1, 2, 3, 4):
+        assert abs(losses[step] - one[step]) <= TOL * max(1.0, abs(one[step])), step
+        want = _grads(base / "one-grads", 0, step)
+        assert any(k.startswith("heads.markov_head") for k in want) and any("confidence" in k for k in want)
+        for rank in (0, 1):
+            assert _max_diff(_grads(base / f"{parallel}-grads", rank, step), want) < TOL, (step, rank)
