@@ -297,3 +297,34 @@ def test_preflight_counts_the_heads_of_a_dspark_config():
     assert dspark.drafter_params - plain.drafter_params == 2 * V * r + H + r + 1
     (a,), (b,) = plain.devices, dspark.devices
     assert b.items["fp32 master + AdamW m, v"] - a.items["fp32 master + AdamW m, v"] == 12 * (2 * V * r + H + r + 1)
+
+
+@pytest.mark.parametrize("over", [{"confidence_head_with_markov": False}, {"enable_confidence_head": False}])
+def test_the_confidence_head_options_change_only_its_term(over):
+    """Without the Markov embedding the confidence head reads the hidden state alone; without the head its term is
+    gone and the loss is the two Markov terms (DeepSpec's loss with confidence_head_alpha 0)."""
+    from dflash_lab.drafter.dspark import dspark_head_loss
+
+    torch.manual_seed(1)
+    M, H, V = 17, 64, 256
+    heads = _heads(**over)
+    W = torch.randn(V, H) * 0.3
+    hidden = torch.randn(M, H)
+    labels, prev = torch.randint(0, V, (M,)), torch.randint(0, V, (M,))
+    weights = torch.full((M,), 1 / M)
+    loss, _, terms = dspark_head_loss(heads, hidden, W, labels, weights, prev, 4, None, DECAY_TERMS)
+    mh, ch = heads.markov_head, heads.confidence_head
+    if ch is None:
+        q = torch.nn.functional.one_hot(labels, V).float()
+        e = mh.markov_w1.weight[prev]
+        p = torch.softmax(hidden @ W.t() + e @ mh.markov_w2.weight.t(), -1)
+        ce = -(p.log().gather(1, labels[:, None]).squeeze(1) * weights).sum()
+        l1 = ((p - q).abs().sum(-1) * weights).sum()
+        torch.testing.assert_close(loss, 0.1 * ce + 0.9 * l1, rtol=1e-5, atol=1e-6)
+        assert torch.equal(terms[2:], torch.zeros(3))
+    else:
+        ref, _ = _reference_loss(hidden, W, mh.markov_w1.weight, mh.markov_w2.weight, ch.proj.weight, ch.proj.bias,
+                                 labels, weights, prev, torch.nn.functional.one_hot(labels, V).float(),
+                                 with_markov=False)
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+        assert ch.proj.weight.shape == (1, H)
