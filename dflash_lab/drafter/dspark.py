@@ -22,6 +22,13 @@ at that position (with soft labels: its top-k, renormalised; without them the da
 T=0 when the data is the target's own writing). The confidence target is the slot's acceptance probability under
 speculative sampling, detached; it is not gated by the earlier slots (the chain's product is taken at decoding).
 There is no schedule: the three weights hold from the first step.
+
+Published settings (DeepSpec's config/dspark/*.py, every target): rank 256, confidence head with the Markov
+embedding, weights 0.1 / 0.9 / 1.0, slot decay gamma 4, block of 7 drafts, lr 6e-4 with 4% warm-up; its DFlash
+baseline drafts the same 7 a block with the CE alone. Their block puts the anchor in the first query slot, which
+predicts the next token (7 slots, 7 drafts); ours keeps DFlash's [anchor, MASK x (B - 1)] with slot k predicting
+token[p + k], so their 7 drafts are block_size=8 here and a served drafter says so with vLLM's fill-in layout
+(`sample_from_anchor: false`). The previous token of slot k is the same token[p + k - 1] in both.
 """
 
 from __future__ import annotations
