@@ -252,3 +252,29 @@ def test_decoding_options_a_drafter_cannot_honour_are_refused():
         SpeculativeDecoder(target, drafter, draft_topk=10 ** 6)
     with pytest.raises(ValueError, match="confidence head"):
         SpeculativeDecoder(target, dspark_models(False)[2], verify_policy=VerifyPolicy(rule="threshold", lag=0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dspark_cuda_graphs_equal_the_eager_static_step_and_fp32_is_lossless(dtype):
+    """On the GPU: the Markov chain inside the captured iteration gives the eager step's tokens, accepted and
+    verified counts (greedy with a cost policy, sampled top-k drafts at T=1 between two graphs), and in fp32 the
+    greedy output is the target's own."""
+    target, tok, drafter = dspark_models()
+    target, drafter = target.to("cuda", dtype), drafter.to("cuda", dtype)
+    eos = tok.eos_token_id
+    policy = VerifyPolicy(rule="cost", verify_ms=tuple(1.0 + 0.4 * i for i in range(8)), draft_ms=0.5)
+    try:
+        for kw, temperature in ((dict(verify_policy=policy), 0.0), (dict(draft_sampling="sample", draft_topk=8), 1.0)):
+            graphed, eager = (StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, graphs=g, **kw)
+                              for g in (True, False))
+            for i, ids in enumerate(heldout_prompt_ids(tok, 6)):
+                g, e = (d.generate(ids, max_new_tokens=48, temperature=temperature,
+                                   generator=torch.Generator().manual_seed(i)) for d in (graphed, eager))
+                assert g.output_ids == e.output_ids and g.accepted == e.accepted and g.verified == e.verified
+                if dtype == torch.float32 and temperature == 0:
+                    assert g.output_ids == _greedy(target, ids, 48, eos)
+            assert graphed.graph_status.startswith("graphs: captured"), graphed.graph_status
+    finally:
+        target.to("cpu", torch.float32)
+        drafter.to("cpu", torch.float32)
