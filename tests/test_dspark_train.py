@@ -336,3 +336,17 @@ def test_two_gloo_ranks_train_dspark_as_one_process(one_process, parallel):
         assert any(k.startswith("heads.markov_head") for k in want) and any("confidence" in k for k in want)
         for rank in (0, 1):
             assert _max_diff(_grads(base / f"{parallel}-grads", rank, step), want) < TOL, (step, rank)
+
+
+def test_the_command_line_takes_the_variant_with_set(tmp_path):
+    """`python -m dflash_lab.train --data ... --set drafter_variant=dspark --set markov_rank=64` writes a dspark run
+    dir; a variant not in the table is refused naming the fix."""
+    from dflash_lab.config import ConfigError
+    from dflash_lab.train.cli import new_run, parse_args
+
+    run_dir = new_run(parse_args(["--data", "tiny", "--runs-dir", str(tmp_path), "--set", "drafter_variant=dspark",
+                                  "--set", "markov_rank=64"]))
+    cfg = TrainConfig.from_json(run_dir / "config.json")
+    assert (cfg.drafter_variant, cfg.markov_rank, cfg.dspark_l1_weight) == ("dspark", 64, 0.9)
+    with pytest.raises(ConfigError, match="unknown drafter variant"):
+        new_run(parse_args(["--data", "tiny", "--runs-dir", str(tmp_path), "--set", "drafter_variant=dflash2"]))
