@@ -13,6 +13,9 @@ target's own top-k distribution at that position; the same chunk loop, plus a (r
 D-PACE (loss_weights.py) needs every slot's CE of a block before it knows any slot's weight: the same chunk loop keeps
 per-row CE (M,) and the gradient with the base weights, then scales both rows by the detached D-PACE factors once all
 chunks are done (still 2x the head's forward, no second head pass).
+
+A drafter variant with heads (variants.py; DSpark: dspark.py) replaces the chunked CE with its own loss over the same
+supervised rows, asked of the variant table, never by name.
 """
 
 from __future__ import annotations
@@ -334,7 +337,7 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                      inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
                      label_map: torch.Tensor | None = None,
-                     soft: SoftTargets | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     soft: SoftTargets | None = None) -> tuple[torch.Tensor, ...]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
     (loss, correct (b, N, B-1), has_loss (b, N, B-1), the variant's terms (len(variant.metrics),)). This is what a
     CUDA graph captures (workers.py)."""
