@@ -219,6 +219,7 @@ def test_drafter_loss_is_the_published_loss_with_the_true_previous_token_at_ever
     # the bias matters: without it (the DFlash logits) some supervised slot's argmax differs
     assert bool(((h @ W.t()).argmax(-1) != ref_preds)[has_loss].any())
     # the hole at positions 20..22 of row 0: a supervised slot right after it reads the unsupervised token before
+    # (this batch keeps every supervised slot; DSpark training drops the ones after a hole, tested below)
     after_hole = (bb.position_ids.view(b, N, B)[0, :, 1:] == 23) & raw["has_loss"][0]
     assert after_hole.any(), "the batch's anchors changed: pick a seed whose blocks cross the hole"
     assert int(prev.view(b, N, B - 1)[0][after_hole][0]) == int(bb.input_ids[0, 22])
@@ -328,3 +329,33 @@ def test_the_confidence_head_options_change_only_its_term(over):
                                  with_markov=False)
         torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
         assert ch.proj.weight.shape == (1, H)
+
+
+def test_dspark_supervises_each_blocks_contiguous_prefix():
+    """DeepSpec's eval mask is a cumulative product over the block: a slot after a hole carries no loss (a draft
+    after a rejected one is never accepted). The variant asks for it (Variant.prefix_only), the batch builder and the
+    global normaliser apply it; DFlash keeps every supervised slot."""
+    from dflash_lab.drafter.blocks import build_block_batch, raw_weight_total, sample_anchors
+    from dflash_lab.drafter.loss_weights import loss_weighting_of
+
+    assert loss_weighting_of(TrainConfig(drafter_variant="dspark")).prefix_only
+    assert not loss_weighting_of(TrainConfig()).prefix_only
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 250, (2, 48), generator=g)
+    mask = torch.ones(2, 48, dtype=torch.bool)
+    mask[:, :6] = False
+    mask[0, 20:23] = False
+    anchors, valid = sample_anchors(mask, 20, g)
+    kw = dict(block_size=8, mask_token_id=255, gamma=4.0)
+    every = build_block_batch(ids, mask, anchors, valid, **kw)
+    total = raw_weight_total(mask, anchors, valid, block_size=8, gamma=4.0, prefix_only=True)
+    prefix = build_block_batch(ids, mask, anchors, valid, **kw, weight_total=total, prefix_only=True)
+    assert float(prefix.loss_weights.sum()) == pytest.approx(1.0, abs=1e-6)  # the normaliser counts the same slots
+    has_every = (every.loss_weights > 0).view(2, 20, 8)
+    has_prefix = (prefix.loss_weights > 0).view(2, 20, 8)
+    want = has_every.clone()
+    want[:, :, 1:] = has_every[:, :, 1:].long().cumprod(-1).bool()
+    assert torch.equal(has_prefix, want)
+    dropped = has_every & ~has_prefix
+    assert dropped.sum() > 0 and bool((prefix.position_ids.view(2, 20, 8)[dropped] >= 23).all())
+    assert torch.equal(every.prev_ids, prefix.prev_ids) and torch.equal(every.draft_ids, prefix.draft_ids)

@@ -23,20 +23,22 @@ class Variant:
     supervised rows in place of step.py's chunked CE (None: the DFlash CE); metrics: the extra loss terms and
     statistics its step logs, in the order its loss returns them; export_config_keys: DrafterConfig fields the
     exported config.json carries for this variant only; export_tensor_prefix: where its parameters sit in the
-    drafter's state dict (stripped on export, so the names are the ones the engines load)."""
+    drafter's state dict (stripped on export, so the names are the ones the engines load); prefix_only: supervise only
+    each block's contiguous supervised prefix (blocks.build_block_batch)."""
 
     name: str
     heads: type[nn.Module] | None
     head_loss: Callable | None
     metrics: tuple[str, ...]
     export_config_keys: tuple[str, ...]
+    prefix_only: bool = False
     export_tensor_prefix: str = "heads."
 
 
 VARIANTS: dict[str, Variant] = {
     "dflash": Variant("dflash", None, None, (), ()),
     "dspark": Variant("dspark", dspark.DSparkHeads, dspark.dspark_head_loss, dspark.METRICS,
-                      ("markov_rank", "enable_confidence_head", "confidence_head_with_markov")),
+                      ("markov_rank", "enable_confidence_head", "confidence_head_with_markov"), prefix_only=True),
 }
 
 
