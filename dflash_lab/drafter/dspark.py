@@ -17,7 +17,8 @@ Submodule and parameter names are the ones vLLM's `qwen3_dspark.py` loads (`mark
 The loss (DeepSpec's deepspec/modeling/dspark/loss.py, with its published weights in TrainConfig):
     ce_weight * CE(corrected logits, data token) + l1_weight * ||softmax(corrected) - q||_1
     + confidence_weight * BCE(confidence logit, sum_v min(softmax(corrected)_v, q_v))
-every term a mean over supervised slots under the same decayed slot weights, q the target's next-token distribution
+every term a mean over the supervised slots under the same decayed slot weights (only each block's contiguous
+supervised prefix, as DeepSpec's cumulative eval mask: Variant.prefix_only), q the target's next-token distribution
 at that position (with soft labels: its top-k, renormalised; without them the data token stands in for it, exact at
 T=0 when the data is the target's own writing). The confidence target is the slot's acceptance probability under
 speculative sampling, detached; it is not gated by the earlier slots (the chain's product is taken at decoding).
