@@ -4,6 +4,7 @@
 # Prepared here, once:   bash bench/dspark_ab.sh prepare     (parts into $CARRY/x1 x2 x3; code into each)
 #   call 1 (carry [$CARRY rel]/x1): bash $C/x1/run.sh call1     GGUF part 1 staged; GPU tests of DSpark decoding
 #   call 2 (carry .../x2):          bash $C/x2/run.sh call2     part 2 staged; the training step of each variant
+#   (alone, carry a folder with code.txz + run.sh: bash $C/step/run.sh step, ~1 min on a warm machine)
 #   call 3 (carry .../x3):          bash $C/x3/run.sh call3     part 3 + wheels: model, data, both arms trained side
 #                                   by side for ARM_S seconds each, then T=0 (alone: speeds), the confidence head's
 #                                   verify policies (alone), T=1 argmax and sample drafts
@@ -12,7 +13,7 @@
 # Results under $OUT: run.log, env.txt, ab.json, results.json (recipe_ab eval rows), verify.json, step-*.jsonl,
 # gpu-tests.log, logs.tgz.
 set -u
-MODE=${1:?prepare, call1, call2 or call3}
+MODE=${1:?prepare, call1, call2, call3 or step}
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 STAGE=/tmp/recipe-smollm2
@@ -63,11 +64,13 @@ call1)
   (cd $LAB && timeout ${T_TESTS:-240} $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_dspark_decode.py \
      tests/test_speculative.py -k "cuda" > "$OUT/gpu-tests.log" 2>&1); tail -4 "$OUT/gpu-tests.log" | tee -a "$OUT/run.log"
   ;;
-call2)
-  stage; code
+call2|step)  # step: the step benchmark alone (carry a folder with code.txz and run.sh only)
+  [ "$MODE" = call2 ] && stage
+  code
   say "the training step at the recipe's shape (batch 32, graphs): dflash, dspark, dspark at its published block 8"
-  timeout ${T_STEP:-300} $PY -m dflash_lab.benchmarks.step --shape recipe --batch-size 32 \
-    --drafter-variants dflash,dspark,dspark@8 --variants graph > "$OUT/step.jsonl" 2> "$OUT/step.log"
+  # from $LAB: `python -m` puts the working directory first on sys.path, and the tree's own dflash_lab is older
+  (cd $LAB && timeout ${T_STEP:-300} $PY -m dflash_lab.benchmarks.step --shape recipe --batch-size 32 \
+    --drafter-variants dflash,dspark,dspark@8 --variants graph > "$OUT/step.jsonl" 2> "$OUT/step.log")
   say "rc=$?"; cut -c1-400 "$OUT/step.jsonl" | tee -a "$OUT/run.log"
   ;;
 call3)
@@ -103,6 +106,6 @@ call3)
   (cd $WORK && tar czf "$OUT/arm-metrics.tgz" runs/*/metrics.jsonl runs/*/summary.json runs/*/config.json 2>/dev/null)
   (cd $OUT && ls *.log | grep -v '^run.log$' > /tmp/logs.txt && tar czf logs.tgz -T /tmp/logs.txt && rm -f $(cat /tmp/logs.txt))
   ;;
-*) echo "prepare, call1, call2 or call3"; exit 2 ;;
+*) echo "prepare, call1, call2, call3 or step"; exit 2 ;;
 esac
 say "$MODE done"
