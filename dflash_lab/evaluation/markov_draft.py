@@ -49,8 +49,9 @@ def markov_block(heads, base_logits: torch.Tensor, anchor: torch.Tensor, to_targ
     > 0 draws with uniforms (K,) in [0, 1); topk: bias and draw only each slot's top-k base candidates."""
     K = base_logits.shape[0]
     if temperature > 0 and (uniforms is None or uniforms.shape[0] < K):
-        raise ValueError(f"drawing {K} slots at temperature {temperature} needs {K} uniforms; got "
-                         f"{None if uniforms is None else uniforms.shape[0]}. Fix: pass acceptance.host_uniforms(K, ...).")
+        got = None if uniforms is None else uniforms.shape[0]
+        raise ValueError(f"drawing {K} slots at temperature {temperature} needs {K} uniforms; got {got}. Fix: pass "
+                         "acceptance.host_uniforms(K, ...).")
     if topk is not None:
         values, candidates = base_logits.topk(topk, dim=-1)  # (K, k), once for the block, as vLLM selects them
         w2 = heads.markov_head.markov_w2.weight  # (V_draft, r)

@@ -265,8 +265,9 @@ class SpeculativeDecoder:
 
     def draw_drafts(self, logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts drawn from slots drafted independently (no Markov head) and their proposals, on the device, from the
-        drafter's logits (B-1, Vd) over its draft vocabulary (the static decoder computes those in its draft graph and draws here, the same generator stream);
-        only coupled draws wait for the device (their drafts come back to the host once)."""
+        drafter's logits (B-1, Vd) over its draft vocabulary (the static decoder computes those in its draft graph
+        and draws here, the same generator stream); only coupled draws wait for the device (their drafts come back
+        to the host once)."""
         q_draft = torch.softmax(logits.float() / temperature, dim=-1)
         if self.draft_sampling == "coupled":
             picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts
