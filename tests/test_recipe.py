@@ -223,3 +223,15 @@ def test_a_rerun_keeps_the_earlier_figures_until_its_own_phase_replaces_them(tmp
     Recipe(cfg, log=notes.append)
     assert (tmp_path / "r" / "results.json.unreadable").read_text() == cut
     assert "cannot be read" in notes[-1] and json.loads(results.read_text())["phases"] == {}
+
+
+def test_the_recipe_trains_a_dspark_drafter_only_with_its_published_slot_weights():
+    """drafter_variant reaches the TrainConfig; dspark with D-PACE (the preset's weighting) is refused naming the fix."""
+    cfg = RecipeConfig(drafter_variant="dspark", loss_weighting="decay")
+    tc = cfg.train_config(Path("d.jsonl"))
+    assert (tc.drafter_variant, tc.loss_weighting) == ("dspark", "decay")
+    assert RecipeConfig().train_config(Path("d.jsonl")).drafter_variant == "dflash"
+    with pytest.raises(ConfigError, match='loss_weighting="decay"'):
+        RecipeConfig(drafter_variant="dspark")
+    with pytest.raises(ConfigError, match="unknown drafter variant"):
+        RecipeConfig(drafter_variant="eagle")
