@@ -273,8 +273,8 @@ def test_pruned_drafter_decodes_losslessly_and_drafts_only_its_vocabulary():
     static = StaticSpeculativeDecoder(target, drafter, block_size=8, eos_token_id=eos, max_length=64)
     assert dyn.draft_head.shape[0] == D
     drafted = []
-    real_draft = dyn._draft
-    dyn._draft = lambda *a: drafted.extend(out := real_draft(*a)) or out  # record every drafted token
+    real_propose = dyn._propose
+    dyn._propose = lambda *a: drafted.extend((out := real_propose(*a)).drafts.tolist()) or out  # every draft
     allowed = set(vocab.target_ids.tolist())
     for ids in load_prompts(tiny_heldout_path(), tok, n_prompts=4):
         a, b = dyn.generate(ids, max_new_tokens=24), static.generate(ids, max_new_tokens=24)

@@ -141,7 +141,7 @@ def _grad(drafter, embed, head, features, batch, dc) -> tuple[float, torch.Tenso
     drafter.zero_grad()
     masks = build_masks(batch, seq_len=S, backend="sdpa", layer_types=dc.layer_types, sliding_window=None)
     ctx_pos = torch.arange(S)[None].expand(batch.input_ids.shape[0], -1)
-    loss, _, _ = forward_backward(drafter, embed, head, features, DraftInputs(batch, masks, ctx_pos), 16, DPACE)
+    loss, *_ = forward_backward(drafter, embed, head, features, DraftInputs(batch, masks, ctx_pos), 16, DPACE)
     return float(loss), torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
 
 

@@ -245,3 +245,15 @@ def test_evaluation_temperatures_are_finite_numbers_at_least_zero():
         with pytest.raises(ConfigError, match=r"eval_temperatures.*needs finite temperatures >= 0"):
             RecipeConfig(model="tiny", eval_temperatures=bad)
     assert RecipeConfig(model="tiny", eval_temperatures=(0, 1e-40)).eval_temperatures == (0.0, 1e-40)
+
+
+def test_the_recipe_trains_a_dspark_drafter_only_with_its_published_slot_weights():
+    """drafter_variant reaches the TrainConfig; dspark with D-PACE (the preset's weighting) is refused naming the fix."""
+    cfg = RecipeConfig(drafter_variant="dspark", loss_weighting="decay")
+    tc = cfg.train_config(Path("d.jsonl"))
+    assert (tc.drafter_variant, tc.loss_weighting) == ("dspark", "decay")
+    assert RecipeConfig().train_config(Path("d.jsonl")).drafter_variant == "dflash"
+    with pytest.raises(ConfigError, match='loss_weighting="decay"'):
+        RecipeConfig(drafter_variant="dspark")
+    with pytest.raises(ConfigError, match="unknown drafter variant"):
+        RecipeConfig(drafter_variant="eagle")

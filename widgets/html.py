@@ -57,6 +57,9 @@ def header_html(s: DashboardState) -> str:
         ("lr", _v("lr", _num(s.lr, ".3g"), value=s.lr)),
         ("tau", tau),
     ]
+    if s.heads:  # a drafter variant's own terms (DSpark: its Markov CE and its confidence head's accuracy)
+        cells.append(("heads", " ".join(_v(k.replace("_", "-"), f"{k} {v:.3g}", value=v) for k, v in s.heads.items()
+                                        if k in ("markov_ce", "confidence_acc"))))
     if s.phase == "training":  # no ETA when idle, paused, stopped or finished
         cells.append(("ETA", _v("eta", s.eta_text, "~ = estimated from warm-up steps")))
     # clamp(): 15 px values at >= 1,400 px windows, down to 12 px at 1,024 px, so the line fits a narrow cell

@@ -13,6 +13,8 @@ import statistics
 import threading
 from dataclasses import dataclass, field
 
+from dflash_lab.drafter.variants import VARIANTS
+
 from .history import MAX_MARKERS, DeviceHistory, Marker, SystemHistory, marker_from_record, markers_from_events
 
 # A side that waits more than this share of a step is worth a GPU move.
@@ -112,6 +114,7 @@ class DashboardState:
     device_history: list[DeviceHistory] = field(default_factory=list)  # memory / utilisation over time per device
     markers: list[Marker] = field(default_factory=list)  # pause, stop, LR change, checkpoint, evaluation (by step)
     markers_version: int = 0
+    heads: dict = field(default_factory=dict)  # a drafter variant's own loss terms of the newest record (HEAD_TERMS)
 
     @property
     def ended(self) -> bool:
@@ -268,6 +271,10 @@ def gpu_bars(sample: dict | None) -> tuple[list[GpuBar], dict, str]:
     return bars, host, f"{len(bars)} GPU(s)"
 
 
+HEAD_TERMS = tuple(m for v in VARIANTS.values() for m in v.metrics)
+"""The loss terms a drafter variant logs beside the loss (DSpark: markov_ce, ..., confidence_acc)."""
+
+
 class DashboardModel:
     """Aggregates metric records + system samples into a `DashboardState`. Feed it incrementally; read `.state()`."""
 
@@ -412,6 +419,7 @@ class DashboardModel:
             device_history=[DeviceHistory(d.label, list(d.t), list(d.mem_frac), list(d.util_pct))
                             for d in self.system_history.devices.values()],
             markers=list(self.markers), markers_version=self.markers_version,
+            heads={k: r[k] for k in HEAD_TERMS if isinstance(r.get(k), (int, float))},
         )
 
 

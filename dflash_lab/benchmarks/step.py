@@ -9,6 +9,7 @@ configuration (stdout; progress on stderr).
     python -m dflash_lab.benchmarks.step --shape tiny --device cpu --steps 3            # the same path on a CPU
     python -m dflash_lab.benchmarks.step --shape paper --drafter-layers mixed --variants graph,compile   # the compile trap shape
     python -m dflash_lab.benchmarks.step --shape paper --variants graph,graph-fp8,compile-fp8 --fp8-error  # FP8 target/drafter
+    python -m dflash_lab.benchmarks.step --shape recipe --batch-size 32 --drafter-variants dflash,dspark,dspark@8
 
 Targets are random-initialised real architectures (bench_configs/*.json) built on the GPU, so nothing is
 downloaded. Batches are synthetic and fixed-shape: random tokens, the first 1/8 of each sequence is "prompt" (no
@@ -118,8 +119,9 @@ PINNED = {"lr": 6e-4, "loss_weighting": "decay", "feature_store_gib": 0.0, "feat
 
 
 def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
-                 variant: str = "graph") -> TrainConfig:
-    fields = {"num_draft_layers": shape.get("num_draft_layers", 5), **step_variants.train_fields(args, variant)}
+                 variant: str = "graph", arm: tuple = ("dflash", None)) -> TrainConfig:
+    fields = {"num_draft_layers": shape.get("num_draft_layers", 5),
+              **step_variants.train_fields(args, variant, arm)}
     return TrainConfig(**fields,
                        target=shape["target"], seq_len=shape["seq_len"], num_anchors=shape["num_anchors"],
                        block_size=shape["block_size"], batch_size=args.batch_size, devices=tuple(args.drafters),
@@ -129,12 +131,16 @@ def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
 
 
 def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placement, variant: str, env: dict,
-                load_report: dict, estimate: dict) -> dict:
+                load_report: dict, estimate: dict, arm: tuple = ("dflash", None)) -> dict:
+    """One row: `variant` (graphs / compile / FP8) of the drafter arm `arm` (drafter variant, block size)."""
     from dflash_lab.train.engine_build import build_engine
     from dflash_lab.train.engine_metrics import engine_flops
 
     cuda_graphs, compile_drafter = VARIANTS[variant]
-    cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter, variant=variant)
+    shape = step_variants.arm_shape(shape, arm)
+    drafter_cfg = step_variants.arm_drafter_config(args, drafter_cfg, arm)
+    cfg = train_config(args, shape, cuda_graphs=cuda_graphs, compile_drafter=compile_drafter, variant=variant,
+                       arm=arm)
     for d in placement.devices:
         if d.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(d))
@@ -207,7 +213,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
         "graphs": {x.graphed.name: x.graphed.status() for x in [*engine.targets, *engine.workers]},
         "compile_times_s": _compile_times(),
         "loss_first": losses[0], "loss_last": losses[-1], "load": load_report, "memory_estimate": estimate,
-        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **step_variants.row_fields(args, variant, m, losses),
+        "engine": {k: v for k, v in m.items() if k not in ("mfu",)}, **step_variants.row_fields(args, variant, m, losses, arm),
         **env,
     }
     if prof_rows is not None:
@@ -368,15 +374,17 @@ def main(argv=None) -> int:
         emit({**step_variants.fp8_feature_report(models[0], drafter_cfg.target_layer_ids, batch_size=1,
                                               seq_len=shape["seq_len"], vocab_size=drafter_cfg.vocab_size),
               "shape": args.shape, **env})
-    for variant in args.variants:
-        try:
-            emit(run_variant(args, shape, models, target_cfg, drafter_cfg, placement, variant, env, load_report,
-                             estimate))
-        except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others' numbers
-            import traceback
+    for arm in args.drafter_variants:  # each drafter variant beside the others, on the same replicas
+        for variant in args.variants:
+            try:
+                emit(run_variant(args, shape, models, target_cfg, drafter_cfg, placement, variant, env, load_report,
+                                 estimate, arm))
+            except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others' numbers
+                import traceback
 
-            log(f"variant {variant} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            emit({"shape": args.shape, "variant": variant, "error": f"{type(e).__name__}: {e}"[:2000], **env})
+                log(f"variant {variant} ({arm[0]}) FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                emit({"shape": args.shape, "variant": variant, "drafter_variant": arm[0],
+                      "error": f"{type(e).__name__}: {e}"[:2000], **env})
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -8,11 +8,15 @@
   per-step losses, so FP8 and bf16 loss curves on the same synthetic data and seed sit side by side;
 - `--fp8-error`: one row with the FP8 target's feature error against bf16 per extracted layer (relative error,
   cosine) and the target forward's time in bf16 vs FP8 (eager, same batch);
-- compile counters (compiled graphs, graph breaks, recompiles after the first step) at the top level of each row.
+- compile counters (compiled graphs, graph breaks, recompiles after the first step) at the top level of each row;
+- `--drafter-variants dflash,dspark,dspark@8`: each drafter variant (drafter/variants.py) timed with every
+  `--variants` entry in the same process on the same target replicas; NAME@B runs that arm at block size B (DSpark's
+  published 7 drafts a block are block_size 8 here), `--markov-rank` the Markov head's rank (DeepSpec: 256).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -46,6 +50,36 @@ def add_args(p) -> None:
                    help="drafter layer pattern (bench_configs/drafters/NAME.json); mixed = windows 1024/2048 + full")
     p.add_argument("--fp8-error", action="store_true", help="also emit the FP8 target's feature error vs bf16 per "
                    "extracted layer and the target forward time bf16 vs FP8")
+    p.add_argument("--drafter-variants", default="dflash", type=drafter_arms, help="comma list of drafter variants "
+                   "(dflash, dspark), each timed with every --variants entry; NAME@B at block size B (dspark@8: "
+                   "DSpark's published block)")
+    p.add_argument("--markov-rank", type=int, default=256, help="dspark arms: the Markov head's rank (DeepSpec: 256)")
+
+
+def drafter_arms(text: str) -> list[tuple[str, int | None]]:
+    """"dflash,dspark@8" -> [("dflash", None), ("dspark", 8)]; an unknown name is argparse's one-line error."""
+    import argparse
+
+    from dflash_lab.drafter.variants import VARIANTS
+
+    arms = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, block = item.partition("@")
+        if name not in VARIANTS or (block and not (block.isdigit() and int(block) >= 2)):
+            raise argparse.ArgumentTypeError(f"{item!r}: use NAME or NAME@B with NAME in {sorted(VARIANTS)} and B >= 2")
+        arms.append((name, int(block) if block else None))
+    return arms
+
+
+def arm_shape(shape: dict, arm: tuple[str, int | None]) -> dict:
+    """The benchmark shape of one drafter arm: its block size where it names one."""
+    return {**shape, "block_size": arm[1]} if arm[1] else shape
+
+
+def arm_drafter_config(args, drafter_cfg, arm: tuple[str, int | None]):
+    """The prepared DrafterConfig with this arm's variant, Markov rank and block size."""
+    return dataclasses.replace(drafter_cfg, drafter_variant=arm[0], markov_rank=args.markov_rank,
+                               block_size=arm[1] or drafter_cfg.block_size)
 
 
 def drafter_layers(name: str) -> dict:
@@ -55,16 +89,19 @@ def drafter_layers(name: str) -> dict:
             "layer_windows": tuple(d["layer_windows"])}
 
 
-def train_fields(args, variant: str) -> dict:
-    """Extra TrainConfig fields for a variant: the layer pattern and the FP8 switches."""
-    fields = {**drafter_layers(args.drafter_layers), **switches(variant)}
+def train_fields(args, variant: str, arm: tuple[str, int | None] = ("dflash", None)) -> dict:
+    """Extra TrainConfig fields for a variant: the layer pattern, the FP8 switches and the drafter arm's variant."""
+    fields = {**drafter_layers(args.drafter_layers), **switches(variant), "drafter_variant": arm[0],
+              "markov_rank": getattr(args, "markov_rank", 256)}
     n = len(fields["layer_types"])
     return {**fields, "num_draft_layers": n} if n else fields
 
 
-def row_fields(args, variant: str, metrics: dict, losses: list[float]) -> dict:
+def row_fields(args, variant: str, metrics: dict, losses: list[float],
+               arm: tuple[str, int | None] = ("dflash", None)) -> dict:
     layers = drafter_layers(args.drafter_layers)
-    return {"drafter_layers": args.drafter_layers, "layer_types": list(layers["layer_types"]),
+    return {"drafter_variant": arm[0], **({"markov_rank": args.markov_rank} if arm[0] != "dflash" else {}),
+            "drafter_layers": args.drafter_layers, "layer_types": list(layers["layer_types"]),
             "layer_windows": list(layers["layer_windows"]), **switches(variant),
             **{k: metrics.get(k) for k in ("compiled_graphs", "graph_breaks", "recompiles_after_first_step")},
             "losses": [round(x, 5) for x in losses]}

@@ -19,6 +19,18 @@ from .windows import check_layer_windows, layer_windows_of, mask_key
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
+DRAFTER_VARIANTS = ("dflash", "dspark")
+"""The names of drafter/variants.py's table (this floor cannot import it; tests/test_dspark.py checks they agree)."""
+
+
+def check_variant_fields(c: str, cfg) -> None:
+    """drafter_variant is a known name; the DSpark heads' shape is sane (checked for every variant: a default is)."""
+    if cfg.drafter_variant not in DRAFTER_VARIANTS:
+        fail(c, "drafter_variant", cfg.drafter_variant, "unknown drafter variant",
+             f"use one of {DRAFTER_VARIANTS} (a new variant is a line in drafter/variants.py: docs/layout.md)")
+    if isinstance(cfg.markov_rank, bool) or not isinstance(cfg.markov_rank, int) or cfg.markov_rank < 1:
+        fail(c, "markov_rank", cfg.markov_rank, "the Markov head's rank must be a positive integer",
+             "use 256 (DeepSpec's published rank)")
 
 @dataclass(frozen=True, kw_only=True)
 class DrafterConfig:
@@ -71,6 +83,15 @@ class DrafterConfig:
     draft_vocab_size: int | None = None
     """Ids the drafter predicts (a `d2t` buffer maps them to target ids, draft_vocab.py); None = the whole target
     vocabulary."""
+    # variant (drafter/variants.py): what sits on the backbone; the DSpark fields are the config.json keys vLLM reads
+    drafter_variant: str = "dflash"
+    """"dflash" (the backbone alone) or "dspark" (plus a Markov head and a confidence head, drafter/dspark.py)."""
+    markov_rank: int = 256
+    """dspark: rank r of the Markov head (markov_w1: target vocab x r, markov_w2: r x draft vocab)."""
+    enable_confidence_head: bool = True
+    """dspark: whether the drafter has the confidence head (predicted acceptance per slot)."""
+    confidence_head_with_markov: bool = True
+    """dspark: whether the confidence head also reads the slot's Markov embedding beside its hidden state."""
 
     def __post_init__(self) -> None:
         c = "DrafterConfig"
@@ -133,6 +154,7 @@ class DrafterConfig:
         object.__setattr__(self, "layer_windows", check_layer_windows(c, types, self.sliding_window,
                                                                       self.layer_windows))
         check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
+        check_variant_fields(c, self)
 
     @property
     def windows(self) -> tuple[int | None, ...]:
@@ -153,7 +175,9 @@ class DrafterConfig:
                     target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
                     mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
                     sliding_window: int | None = None, layer_windows: tuple = (),
-                    draft_vocab_size: int | None = None) -> "DrafterConfig":
+                    draft_vocab_size: int | None = None, drafter_variant: str = "dflash", markov_rank: int = 256,
+                    enable_confidence_head: bool = True,
+                    confidence_head_with_markov: bool = True) -> "DrafterConfig":
         """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
         L = tc.num_hidden_layers
@@ -183,7 +207,8 @@ class DrafterConfig:
             vocab_size=tc.vocab_size, tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
             block_size=block_size, mask_token_id=int(mask_token_id), num_target_layers=L, target_layer_ids=ids,
             layer_types=tuple(layer_types), sliding_window=sliding_window, layer_windows=tuple(layer_windows or ()),
-            draft_vocab_size=draft_vocab_size,
+            draft_vocab_size=draft_vocab_size, drafter_variant=drafter_variant, markov_rank=markov_rank,
+            enable_confidence_head=enable_confidence_head, confidence_head_with_markov=confidence_head_with_markov,
         )
 
     def to_dict(self) -> dict:

@@ -46,9 +46,34 @@ def drafter_matmul_parameters(drafter_config) -> int:
     return d.num_hidden_layers * layer + d.num_target_features * d.hidden_size * d.hidden_size
 
 
+def variant_head_parameters(drafter_config) -> int:
+    """The parameters of the variant's heads (drafter/variants.py), by the variant's name: this floor cannot ask the
+    table, so tests/test_dspark.py checks this count against the real heads of every variant in it.
+    DSpark: markov_w1 (target vocab x r) + markov_w2 (draft vocab x r) + the confidence head (H [+ r] weights + 1)."""
+    d = drafter_config
+    if getattr(d, "drafter_variant", "dflash") != "dspark":
+        return 0
+    r, v_draft = d.markov_rank, d.draft_vocab_size or d.vocab_size
+    confidence = d.hidden_size + (r if d.confidence_head_with_markov else 0) + 1 if d.enable_confidence_head else 0
+    return d.vocab_size * r + v_draft * r + confidence
+
+
+def variant_head_flops_per_row(drafter_config) -> int:
+    """Training FLOPs of the variant's heads per supervised slot, forward and backward. DSpark: the Markov bias
+    (r -> draft vocab) fused into the LM head's chunks, 3x its forward (forward, the embedding's gradient,
+    markov_w2's gradient), + the confidence head's (H + r) -> 1, 3x; the embedding itself is a gather."""
+    d = drafter_config
+    if getattr(d, "drafter_variant", "dflash") != "dspark":
+        return 0
+    r = d.markov_rank
+    confidence = d.hidden_size + r if d.enable_confidence_head else 0
+    return 3 * 2 * (r * (d.draft_vocab_size or d.vocab_size) + confidence)
+
+
 def drafter_parameters(drafter_config) -> int:
     """All trainable drafter parameters: the matmuls + per layer 2 norms (H) and q/k norms (head_dim), + the
-    feature norm and the final norm (H each). No embedding or LM head (the target's, frozen)."""
+    feature norm and the final norm (H each), + the variant's heads. No embedding or LM head (the target's,
+    frozen)."""
     d = drafter_config
     norms = d.num_hidden_layers * (2 * d.hidden_size + 2 * d.head_dim) + 2 * d.hidden_size
-    return drafter_matmul_parameters(d) + norms
+    return drafter_matmul_parameters(d) + norms + variant_head_parameters(d)

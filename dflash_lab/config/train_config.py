@@ -25,7 +25,8 @@ from .feature_checks import (check_distill_fields, check_draft_vocab_fields, che
 from .perf_checks import check_perf_fields
 from .recipe_defaults import RESOLVED_FIELDS
 from .target_defaults import default_gamma
-from .drafter_config import ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig  # noqa: F401 (DrafterConfig re-exported)
+from .drafter_config import (ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig,  # noqa: F401 (DrafterConfig re-exported)
+                             check_variant_fields)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +224,24 @@ class TrainConfig:
     distill_temperature: float = 1.0
     """The temperature of the target distribution distilled: the serving temperature it should fit."""
 
+    # drafter variant (drafter/variants.py; the heads' fields are DrafterConfig's, the loss weights DeepSpec's)
+    drafter_variant: str = "dflash"
+    """"dflash" (the backbone alone) or "dspark" (plus a Markov head over the previous token and a confidence head;
+    drafter/dspark.py). DSpark's published block is 7 drafts: block_size=8 here (anchor + 7 MASK slots)."""
+    markov_rank: int = 256
+    """dspark: rank of the Markov head (DeepSpec: 256)."""
+    enable_confidence_head: bool = True
+    """dspark: train the confidence head (the engine's adaptive verification length reads it)."""
+    confidence_head_with_markov: bool = True
+    """dspark: the confidence head reads the slot's Markov embedding beside its hidden state (DeepSpec: True)."""
+    dspark_ce_weight: float = 0.1
+    """dspark: weight of the CE of the Markov-corrected logits against the data's token (DeepSpec: 0.1)."""
+    dspark_l1_weight: float = 0.9
+    """dspark: weight of the L1 distance between the corrected distribution and the target's (DeepSpec: 0.9); the
+    target's distribution is its top-`distill_top_k` (distill_weight=1), else the data's token stands in for it."""
+    dspark_confidence_weight: float = 1.0
+    """dspark: weight of the confidence head's BCE against each slot's acceptance probability (DeepSpec: 1.0)."""
+
     def __post_init__(self) -> None:
         c = "TrainConfig"
         check_field_types(self, fail)
@@ -324,6 +343,19 @@ class TrainConfig:
         check_pack_fields(self)
         check_draft_vocab_fields(self)
         check_distill_fields(self)
+        check_variant_fields(c, self)
+        for name in ("dspark_ce_weight", "dspark_l1_weight", "dspark_confidence_weight"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                fail(c, name, v, "must be a finite number >= 0", "use DeepSpec's 0.1 / 0.9 / 1.0")
+        if self.drafter_variant == "dspark":
+            if self.loss_weighting not in ("decay", None):  # None: chosen for the target (recipe_defaults: decay)
+                fail(c, "loss_weighting", self.loss_weighting, "dspark trains with the decayed slot weights its "
+                     "authors use (D-PACE weights the DFlash CE alone)", 'use loss_weighting="decay"')
+            if self.distill_weight not in (0.0, 1.0):
+                fail(c, "distill_weight", self.distill_weight, "dspark's CE is on the data's token and its L1 on the "
+                     "target's distribution (DeepSpec's loss): distill_weight only says whether the target's "
+                     "top-k is there", "use 1.0 (the published loss) or 0 (the data's token stands in for it)")
 
     def compiles_on(self, device_type: str) -> bool:
         """Whether the drafter is torch.compiled on a device of this type: True everywhere, "auto" on CUDA only

@@ -39,6 +39,8 @@ class BlockBatch:
     loss_weights: torch.Tensor  # (b, N*B) float32: w_k * valid / global sum (sums to 1 over the GLOBAL batch)
     block_size: int
     doc_ids: torch.Tensor | None = None  # (b, S) long document id per token of a packed window; None = unpacked
+    prev_ids: torch.Tensor | None = None  # (b, N*B) long: token[p + k - 1], the TRUE previous token of slot k (the
+    # Markov head's teacher forcing, drafter/dspark.py; slot 0 reads token[p - 1], never used); None where not built
 
     @property
     def num_anchors(self) -> int:
@@ -58,7 +60,7 @@ class BlockBatch:
 
 
 _TENSOR_FIELDS = ("input_ids", "loss_mask", "anchors", "anchor_valid", "draft_ids", "position_ids", "labels",
-                  "loss_weights", "doc_ids")
+                  "loss_weights", "doc_ids", "prev_ids")
 
 
 def _maybe(t, fn):
@@ -106,13 +108,15 @@ def loss_decay_weights(block_size: int, gamma: float) -> torch.Tensor:
 def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                       anchor_valid: torch.Tensor, *, block_size: int, mask_token_id: int, gamma: float,
                       weight_total: float | None = None, decay: bool = True,
-                      doc_ids: torch.Tensor | None = None) -> BlockBatch:
+                      doc_ids: torch.Tensor | None = None, prefix_only: bool = False) -> BlockBatch:
     """Block inputs, positions, same-position labels and normalised loss weights for sampled anchors.
 
     `weight_total` is the sum of raw weights over the GLOBAL batch (so micro-batches on several workers add up to
     exactly the single-device loss); None = this batch's own sum. decay=False: every supervised slot weighs 1 before
     normalisation (D-PACE: loss_weights.global_block_batch; its factor is applied inside the loss). `doc_ids`
-    (packed): labels stay in the anchor's document and position ids are per-document positions.
+    (packed): labels stay in the anchor's document and position ids are per-document positions. `prefix_only`: a
+    slot has loss only while every slot before it in the block has (DeepSpec's DSpark supervises a block's
+    contiguous supervised prefix: a draft after a hole is never accepted).
     """
     b, S = input_ids.shape
     N, B = anchors.shape[1], block_size
@@ -132,20 +136,24 @@ def build_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors:
         has_loss &= same_document(doc_ids, gather_pos, anchors[:, :, None].expand(b, N, B))
         pos = document_positions(doc_ids).gather(1, anchors)[:, :, None] + k  # (b, N, B) per-document positions
     has_loss[:, :, 0] = False
+    if prefix_only:
+        has_loss[:, :, 1:] = has_loss[:, :, 1:].long().cumprod(-1).bool()
     slot_w = loss_decay_weights(B, gamma) if decay else torch.ones(B)
     raw = slot_w.to(input_ids.device)[None, None, :] * has_loss  # (b, N, B)
     total = float(raw.sum()) if weight_total is None else weight_total
     weights = raw / max(total, 1e-12)
     labels = torch.where(has_loss, tokens, torch.zeros_like(tokens))
+    prev_ids = input_ids.gather(1, (gather_pos - 1).clamp(min=0).flatten(1))  # whatever its loss mask says
     return BlockBatch(
         input_ids=input_ids, loss_mask=loss_mask.bool(), anchors=anchors, anchor_valid=anchor_valid,
         draft_ids=draft_ids.flatten(1), position_ids=pos.flatten(1), labels=labels.flatten(1),
-        loss_weights=weights.flatten(1).float(), block_size=B, doc_ids=doc_ids,
+        loss_weights=weights.flatten(1).float(), block_size=B, doc_ids=doc_ids, prev_ids=prev_ids,
     )
 
 
 def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, *,
-                     block_size: int, gamma: float, doc_ids: torch.Tensor | None = None) -> float:
+                     block_size: int, gamma: float, doc_ids: torch.Tensor | None = None,
+                     prefix_only: bool = False) -> float:
     """Sum of w_k over all supervised slots of a batch (the loss normaliser); the same rule as build_block_batch."""
     b, S = loss_mask.shape
     k = torch.arange(block_size, device=loss_mask.device)
@@ -155,6 +163,8 @@ def raw_weight_total(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_vali
     if doc_ids is not None:
         sup &= same_document(doc_ids, pos.clamp(max=S - 1), anchors[:, :, None].expand(pos.shape))
     sup[:, :, 0] = False
+    if prefix_only:
+        sup[:, :, 1:] = sup[:, :, 1:].long().cumprod(-1).bool()
     return float((loss_decay_weights(block_size, gamma).to(loss_mask.device) * sup).sum())
 
 

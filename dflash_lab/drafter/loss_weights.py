@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .blocks import BlockBatch, build_block_batch, raw_weight_total
+from .variants import variant_of
 from dflash_lab.config.feature_checks import LOSS_NORMALIZERS, LOSS_WEIGHTINGS  # noqa: F401 (re-exported)
 
 
@@ -40,6 +41,10 @@ class LossWeighting:
     mode: str = "decay"
     alpha: float = 0.5
     normalizer: str = "valid_anchors"
+    head_terms: tuple[tuple[str, float], ...] = (("ce", 0.1), ("l1", 0.9), ("confidence", 1.0))
+    """A variant's loss-term weights (drafter/dspark.py: TrainConfig.dspark_*_weight; DeepSpec's by default)."""
+    prefix_only: bool = False
+    """Supervise only each block's contiguous supervised prefix (a variant's rule: DSpark's, variants.py)."""
 
     @property
     def dpace(self) -> bool:
@@ -51,7 +56,9 @@ DECAY = LossWeighting()
 
 def loss_weighting_of(cfg) -> LossWeighting:
     """The LossWeighting of a TrainConfig (its fields loss_weighting, dpace_alpha, loss_normalizer)."""
-    return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer)
+    return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer,
+                         (("ce", cfg.dspark_ce_weight), ("l1", cfg.dspark_l1_weight),
+                          ("confidence", cfg.dspark_confidence_weight)), variant_of(cfg).prefix_only)
 
 
 def dpace_weights(q: torch.Tensor, has_loss: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -81,9 +88,11 @@ def global_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors
     decay: raw decay weights / their global sum. dpace: has_loss / the global count (the D-PACE factor is applied
     on the device inside the loss).
     """
-    kw = dict(block_size=block_size, mask_token_id=mask_token_id, gamma=gamma, doc_ids=doc_ids)
+    kw = dict(block_size=block_size, mask_token_id=mask_token_id, gamma=gamma, doc_ids=doc_ids,
+              prefix_only=weighting.prefix_only)
     if weighting.dpace:
         return build_block_batch(input_ids, loss_mask, anchors, anchor_valid, **kw,
                                  weight_total=normalizer_total(weighting, anchor_valid), decay=False)
-    total = raw_weight_total(loss_mask, anchors, anchor_valid, block_size=block_size, gamma=gamma, doc_ids=doc_ids)
+    total = raw_weight_total(loss_mask, anchors, anchor_valid, block_size=block_size, gamma=gamma, doc_ids=doc_ids,
+                             prefix_only=weighting.prefix_only)
     return build_block_batch(input_ids, loss_mask, anchors, anchor_valid, **kw, weight_total=total)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_lab.config import DrafterConfig
+from .variants import variant_of
 
 
 class RMSNorm(nn.Module):
@@ -224,12 +225,18 @@ class DFlashDrafter(nn.Module):
         self.rotary_emb = RotaryEmbedding(config)
         if config.draft_vocab_size is not None:  # draft id i is target id i + d2t[i] (EAGLE-3 offsets)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        # The variant's heads (drafter/variants.py), None for DFlash; registered after the backbone so its init draws
+        # come first, bit for bit as without them.
+        heads = variant_of(config).heads
+        self.heads = heads(config) if heads is not None else None
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
-        """Deterministic init: normal(0, std) for Linear weights, ones for norms."""
+        """Deterministic init: normal(0, std) for Linear weights and embeddings, ones for norms, zeros for biases."""
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or "norm" in name.split(".")[-2]:
                 nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             else:
                 with torch.no_grad():
                     # on the generator's device: a CUDA generator inits 1B parameters in ms (CPU: ~20 s)

@@ -13,6 +13,9 @@ target's own top-k distribution at that position; the same chunk loop, plus a (r
 D-PACE (loss_weights.py) needs every slot's CE of a block before it knows any slot's weight: the same chunk loop keeps
 per-row CE (M,) and the gradient with the base weights, then scales both rows by the detached D-PACE factors once all
 chunks are done (still 2x the head's forward, no second head pass).
+
+A drafter variant with heads (variants.py; DSpark: dspark.py) replaces the chunked CE with its own loss over the same
+supervised rows, asked of the variant table, never by name.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from .blocks import BlockBatch, attention_masks
 from .loss_weights import DECAY, LossWeighting, dpace_weights
+from .variants import variant_of
 from dflash_lab.target.segments import document_positions
 
 
@@ -240,6 +244,22 @@ def context_positions(batch: BlockBatch, seq_len: int, device) -> torch.Tensor:
     return torch.arange(seq_len, device=device)[None].expand(batch.draft_ids.shape[0], -1)
 
 
+def _unwrapped(drafter):
+    """The DFlashDrafter inside a DDP wrapper (`.module`) or a compiled module (`._orig_mod`), or itself."""
+    while hasattr(drafter, "module") or hasattr(drafter, "_orig_mod"):
+        drafter = getattr(drafter, "module", None) or drafter._orig_mod
+    return drafter
+
+
+def heads_of(drafter):
+    """The variant's heads of a drafter (variants.py), None for DFlash."""
+    return getattr(_unwrapped(drafter), "heads", None)
+
+
+def drafter_config(drafter):
+    return _unwrapped(drafter).config
+
+
 def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                  inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
                  label_map: torch.Tensor | None = None, soft: SoftTargets | None = None) -> tuple[torch.Tensor, dict]:
@@ -249,7 +269,10 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
     the head's loss (raw stats then carry "dpace_weight" (b, N, B-1), 0 where no loss).
     `label_map` (V,) int64 (draft_vocab.label_map): with a pruned draft vocabulary `head_weight` is the
     (d, H) slice of the target head and labels are mapped to draft ids; a label outside (-1) gets weight 0 and
-    counts as wrong. `soft`: distillation (SoftTargets); accuracy and the D-PACE factors stay on the hard labels."""
+    counts as wrong. `soft`: distillation (SoftTargets); accuracy and the D-PACE factors stay on the hard labels.
+    A drafter with heads (a DSpark drafter, variants.py) takes its variant's loss instead of the DFlash CE: its
+    accuracy is that of its own corrected logits (DSpark: WITH the Markov bias of the true previous token), and
+    raw["terms"] holds its extra loss terms (variant.metrics, detached; empty for DFlash)."""
     bb = inputs.batch
     b, Q = bb.draft_ids.shape
     with torch.no_grad():
@@ -269,7 +292,16 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
         in_vocab = y_draft >= 0
         y, w = y_draft.clamp(min=0), w * in_vocab
     rows = None if soft is None else soft_row_targets(soft, B, label_map)
-    if weighting.dpace:
+    heads = heads_of(drafter)
+    terms = h.new_zeros(0, dtype=torch.float32)
+    if heads is not None:  # the variant's loss in place of the DFlash CE (variants.py); its accuracy is its own
+        if bb.prev_ids is None:
+            raise ValueError(f"the {drafter_config(drafter).drafter_variant} heads need each slot's previous token: "
+                             "build the batch with blocks.build_block_batch (it fills BlockBatch.prev_ids)")
+        prev = bb.prev_ids.view(b, -1, B)[:, :, 1:].reshape(-1)  # the TRUE previous token (teacher forcing)
+        loss, preds, terms = variant_of(drafter_config(drafter)).head_loss(
+            heads, h, head_weight, y, w, prev, chunk_size, rows, weighting.head_terms)
+    elif weighting.dpace:
         loss, preds, factors = dpace_head_ce(h, head_weight, y, w, chunk_size, weighting.alpha, B - 1, rows)
     else:
         loss, preds = chunked_head_ce(h, head_weight, y, w, chunk_size, rows)
@@ -277,7 +309,7 @@ def drafter_loss(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, 
     if label_map is not None:
         correct = correct & in_vocab
     correct = correct.view(b, -1, B - 1)  # (b, N, B-1)
-    raw = {"correct": correct, "has_loss": has_loss}
+    raw = {"correct": correct, "has_loss": has_loss, "terms": terms}
     if weighting.dpace:
         raw["dpace_weight"] = factors.view(b, -1, B - 1)
     return loss, raw
@@ -305,12 +337,13 @@ def block_stats(correct: torch.Tensor, has_loss: torch.Tensor) -> dict:
 def forward_backward(drafter, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
                      inputs: DraftInputs, chunk_size: int, weighting: LossWeighting = DECAY,
                      label_map: torch.Tensor | None = None,
-                     soft: SoftTargets | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     soft: SoftTargets | None = None) -> tuple[torch.Tensor, ...]:
     """The differentiable half of a step: loss, backward (gradients accumulate into .grad), raw stats tensors
-    (loss, correct (b, N, B-1), has_loss (b, N, B-1)). This is what a CUDA graph captures (workers.py)."""
+    (loss, correct (b, N, B-1), has_loss (b, N, B-1), the variant's terms (len(variant.metrics),)). This is what a
+    CUDA graph captures (workers.py)."""
     loss, raw = drafter_loss(drafter, embed, head_weight, features, inputs, chunk_size, weighting, label_map, soft)
     loss.backward()
-    return loss.detach(), raw["correct"], raw["has_loss"]
+    return loss.detach(), raw["correct"], raw["has_loss"], raw["terms"]
 
 
 def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch.Tensor, features: torch.Tensor,
@@ -322,10 +355,12 @@ def train_step(drafter, optimizer, embed: torch.nn.Embedding, head_weight: torch
     cross-replica gradient sum between them: `forward_backward` (captured in a CUDA graph) on every worker, then
     the sum, then `optimizer.step` on every worker.
 
-    Returns tensors {loss, grad_norm, correct, has_loss}; reading them (.item()) syncs the device.
+    Returns tensors {loss, grad_norm, correct, has_loss, terms} and the terms' names; reading the tensors (.item())
+    syncs the device.
     """
     optimizer.zero_grad()
-    loss, correct, has_loss = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size, weighting,
-                                               label_map, soft)
+    loss, correct, has_loss, terms = forward_backward(drafter, embed, head_weight, features, inputs, chunk_size,
+                                                      weighting, label_map, soft)
     grad_norm = optimizer.step(lr, grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss}
+    return {"loss": loss, "grad_norm": grad_norm, "correct": correct, "has_loss": has_loss, "terms": terms,
+            "term_names": variant_of(drafter_config(drafter)).metrics}

@@ -53,6 +53,10 @@ class BatchedSpeculativeDecoder(SpeculativeDecoder):
         if problem or drafter is None:
             raise ValueError(f"batched decoding cannot run this target: {problem or 'no drafter'}. Fix: decode one "
                              "prompt at a time (speculative_generate without batch).")
+        if self.heads is not None:  # its rows draft DFlash blocks: a Markov head's slot-by-slot drafts are not here
+            raise ValueError(f"batched decoding drafts DFlash blocks; this drafter is a "
+                             f"{drafter.config.drafter_variant} drafter. Fix: decode one prompt at a time "
+                             "(speculative_generate without batch).")
         tc, self.decoder = target_text_config(target), decoder_of(target)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         dev, B, R, L = self.target_device, self.block_size, rows, -(-length // 64) * 64

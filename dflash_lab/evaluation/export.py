@@ -39,9 +39,11 @@ from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .export_format import (HEAD, build_export, config_from_export, export_config, export_state_names,  # noqa: F401
                             export_tensor_names, is_exported)
+from .export_variant import with_variant
 from .serving_engines import VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.drafter.variants import variant_of
 from dflash_lab.target.load import TargetLoadError, read_head_weight, resolve_target_path
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
@@ -273,7 +275,8 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu", dtype:
 
 
 def _load_state(drafter: DFlashDrafter, state: dict, where: str) -> None:
-    want = export_state_names(drafter.config)
+    heads = variant_of(drafter.config).export_tensor_prefix  # a variant's heads are trained weights too
+    want = export_state_names(drafter.config) + [k for k in drafter.state_dict() if k.startswith(heads)]
     # RoPE tables are recomputed, never learned; a pruned export's head rows are the target's (our decoder selects
     # them from the target through d2t; export_check.py compares the two)
     pruned_head = {HEAD} if drafter.config.draft_vocab_size is not None else set()
@@ -329,8 +332,10 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     extra = {"dflash_lab": {"source": str(src.weights), "step": src.step, "target": target}}
     if src.weights.parent.name == BEST and (marker := best_marker(src.run_dir)):
         extra["dflash_lab"]["best"] = marker  # why this step: its held-out real tau and interval
-    tensors, config = build_export(src.config, drafter.state_dict(), dtype=_DTYPES[dtype], target_head=head,
-                                   extra=extra)
+    state = drafter.state_dict()
+    tensors, config = build_export(src.config, state, dtype=_DTYPES[dtype], target_head=head, extra=extra)
+    # a drafter variant's heads and config entries, as the engines load them (export_variant.py)
+    tensors, config = with_variant(src.config, state, tensors, config, _DTYPES[dtype], log)
     readings = engine_readings(config, tensors)
     for engine in ("vllm", "sglang"):
         if readings[engine]["cannot_serve"]:

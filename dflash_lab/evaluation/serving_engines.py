@@ -123,15 +123,21 @@ def engine_readings(cfg: dict, tensor_names) -> dict:
 
 
 def serving_commands(cfg: dict, export_dir, target: str) -> dict:
-    """{engine: the command that serves this export} for vLLM and SGLang, each as its release parses the flags
-    (vLLM: `--speculative-config` JSON, method "dflash", num_speculative_tokens = block_size - 1; SGLang:
+    """{engine: the command that serves this export} for vLLM and SGLang, each as its release parses the flags.
+    DFlash (vLLM: `--speculative-config` JSON, method "dflash", num_speculative_tokens = block_size - 1; SGLang:
     `--speculative-algorithm DFLASH`, `--speculative-draft-model-path`, `--speculative-num-draft-tokens`
-    = block_size). An engine that cannot serve the export has no command (see `engine_readings`)."""
+    = block_size). DSpark exports (architectures Qwen3DSparkModel) write block_size as the number of drafts, so
+    vLLM's method "dspark" takes num_speculative_tokens = block_size and SGLang's DSPARK reads the block from the
+    checkpoint (its `--speculative-dspark-block-size` is inferred when omitted). An engine that cannot serve the
+    export has no command (see `engine_readings`)."""
     B = cfg["block_size"]
-    spec = json.dumps({"method": "dflash", "model": str(export_dir), "num_speculative_tokens": B - 1})
+    dspark = "Qwen3DSparkModel" in (cfg.get("architectures") or [])
+    method, drafts = ("dspark", B) if dspark else ("dflash", B - 1)
+    spec = json.dumps({"method": method, "model": str(export_dir), "num_speculative_tokens": drafts})
     out = {"vllm": f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(spec)}"}
     if draft_vocab_of(cfg) is None:
+        tail = "" if dspark else f" --speculative-num-draft-tokens {B}"
         out["sglang"] = (f"python -m sglang.launch_server --model-path {shlex.quote(str(target))} "
-                         f"--speculative-algorithm DFLASH --speculative-draft-model-path "
-                         f"{shlex.quote(str(export_dir))} --speculative-num-draft-tokens {B}")
+                         f"--speculative-algorithm {'DSPARK' if dspark else 'DFLASH'} --speculative-draft-model-path "
+                         f"{shlex.quote(str(export_dir))}{tail}")
     return out

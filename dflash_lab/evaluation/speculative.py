@@ -27,6 +27,13 @@ The output is again distributed exactly as the target's samples, and a slot is a
 sum_x min(p_k, q_k): up to 1 where the drafter's distribution matches the target's, above the argmax ceiling.
 `draft_sampling="coupled"` draws every slot from one shared uniform instead (acceptance.coupled_drafts), so a
 sampled block is more often one continuation, and verifies each slot against its proposal given the drafts before.
+
+A drafter with a Markov head (DSpark, drafter/dspark.py) drafts its block slot after slot from the same one pass
+(markov_draft.py: each slot's logits plus the bias of the token drafted before it, the engines' top-k candidate
+option as `draft_topk`); its sampled drafts are drawn from those biased rows, which are their proposals given the
+drafts before ("coupled" draws do not apply: its slots are not independent). With a confidence head, a
+`verify_policy` (verify_budget.py) chooses how many of the drafts the target verifies, as the engines' adaptive
+verification does; `GenerationResult.verified` records the count per block.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from dflash_lab.data.draft_vocab import draft_head, to_target_ids
 from dflash_lab.target.sampling import check_temperature, tempered_probs
 
 from .acceptance import DRAFT_SAMPLING, accept_block, coupled_drafts, draw_rows, host_uniforms
+from .generation_result import GenerationResult, Proposal, finish_result, verified_uniforms  # noqa: F401 (public)
+from .markov_draft import markov_block, slot_confidence
+from .verify_budget import VerifyPolicy
 
 
 class DrafterMismatchError(ValueError):
@@ -87,74 +97,25 @@ def check_compatible(target, config: DrafterConfig) -> None:
             "config.json 'target'), or train a new drafter for this target.")
 
 
-@dataclass
-class GenerationResult:
-    """One prompt's speculative generation: output ids and acceptance statistics."""
-
-    prompt_len: int
-    output_ids: list[int]  # new tokens only (eos included when generated)
-    accepted: list[int]  # per iteration: draft tokens accepted (0..B-1); the bonus token is not counted here
-    block_size: int
-    prefill_s: float
-    decode_s: float
-    stopped: str  # "eos" | "max_new_tokens"
-    # Drafts the last block accepted past the budget or an eos (finish_result cuts them from output_ids and from
-    # `accepted`, so tau counts the tokens delivered: 1 + sum(accepted) + iterations == len(output_ids)).
-    accepted_past_budget: int = 0
-    # Per output token, from the target logits it was chosen from: the TOPK best token ids and their logits, and the
-    # logit of the reference's token at that position (generate(reference=...), None past its end). At the first
-    # token where two computations differ they give each computation's logits of BOTH candidates (verdicts.py).
-    topk_ids: list[list[int]] = field(default_factory=list)
-    topk_logits: list[list[float]] = field(default_factory=list)
-    ref_logits: list[float | None] = field(default_factory=list)
-
-    @property
-    def margins(self) -> list[float]:
-        """Per output token: the target's top-1 minus top-2 logit where it chose that token."""
-        return [round(v[0] - v[1], 5) if len(v) > 1 else 0.0 for v in self.topk_logits]
-
-    @property
-    def runner_up(self) -> list[int]:
-        return [i[1] if len(i) > 1 else -1 for i in self.topk_ids]
-
-    @property
-    def iterations(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def tau(self) -> float:
-        """Mean accepted + 1 (the bonus token) over iterations; 1 <= tau <= block_size."""
-        return (sum(self.accepted) / len(self.accepted) + 1.0) if self.accepted else 1.0
-
-    @property
-    def accept_histogram(self) -> list[int]:
-        """Iterations by accepted count: entry a = iterations that accepted exactly a draft tokens (a = 0..B-1)."""
-        h = [0] * self.block_size
-        for a in self.accepted:
-            h[a] += 1
-        return h
-
-    @property
-    def position_acceptance(self) -> list[float]:
-        """Per block slot k = 1..B-1: fraction of iterations whose draft at slot k was accepted."""
-        n = max(1, len(self.accepted))
-        return [sum(a >= k for a in self.accepted) / n for k in range(1, self.block_size)]
-
-    @property
-    def total_s(self) -> float:
-        return self.prefill_s + self.decode_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Output tokens per second of the whole generation (prefill included)."""
-        return len(self.output_ids) / self.total_s if self.total_s > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {"prompt_len": self.prompt_len, "new_tokens": len(self.output_ids), "iterations": self.iterations,
-                "tau": self.tau, "accepted": self.accepted, "accept_histogram": self.accept_histogram,
-                "position_acceptance": self.position_acceptance, "prefill_s": self.prefill_s,
-                "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "stopped": self.stopped,
-                "accepted_past_budget": self.accepted_past_budget}
+def check_variant_options(drafter, heads, draft_sampling: str, draft_topk: int | None,
+                          verify_policy: VerifyPolicy | None) -> None:
+    """Raise ValueError when a decoding option asks for a head the drafter does not have, naming the fix."""
+    markov = heads is not None and hasattr(heads, "markov_head")
+    if draft_topk is not None:
+        v_draft = drafter.config.draft_vocab_size or drafter.config.vocab_size if drafter is not None else 0
+        if not markov:
+            raise ValueError(f"draft_topk={draft_topk} biases the top-k candidates of a Markov head, and this drafter "
+                             "has none. Fix: leave draft_topk unset, or decode a DSpark drafter.")
+        if not 1 <= draft_topk <= v_draft:
+            raise ValueError(f"draft_topk={draft_topk} must lie in [1, {v_draft}] (the draft vocabulary).")
+    if markov and draft_sampling == "coupled":
+        raise ValueError("draft_sampling='coupled' draws independent slots from one uniform; a Markov-head drafter's "
+                         "slots depend on the drafts before them. Fix: use draft_sampling='sample' (what the engines "
+                         "draw) or 'argmax'.")
+    if verify_policy is not None and getattr(heads, "confidence_head", None) is None:
+        raise ValueError("verify_policy chooses the verified drafts from a confidence head, and this drafter has "
+                         "none. Fix: leave verify_policy unset, or decode a drafter trained with "
+                         "enable_confidence_head=True.")
 
 
 @dataclass
@@ -178,15 +139,22 @@ class SpeculativeDecoder:
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
                  mask_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
-                 draft_sampling: str = "argmax"):
+                 draft_sampling: str = "argmax", draft_topk: int | None = None,
+                 verify_policy: VerifyPolicy | None = None):
         """draft_sampling: at temperature > 0, "argmax" drafts the drafter's top-1; "sample" draws each draft from
         the drafter's distribution, "coupled" draws the block's drafts from one shared uniform (module docstring);
-        no effect at temperature 0."""
+        no effect at temperature 0. draft_topk (Markov-head drafters): bias and draw only each slot's top-k base
+        candidates (vLLM's dspark_draft_topk). verify_policy (drafters with a confidence head): how many drafts the
+        target verifies per block."""
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling={draft_sampling!r} is not one of {list(DRAFT_SAMPLING)}.")
         self.target = target
         self.drafter = drafter
         self.draft_sampling = draft_sampling
+        self.heads = drafter.heads if drafter is not None else None  # the variant's heads (None: DFlash)
+        self.draft_topk = draft_topk
+        self.verify_policy = verify_policy
+        check_variant_options(drafter, self.heads, draft_sampling, draft_topk, verify_policy)
         cfg = drafter.config if drafter is not None else None
         if cfg is not None:
             check_compatible(target, cfg)
@@ -260,40 +228,63 @@ class SpeculativeDecoder:
     def _draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                p: int) -> list[int]:
         """The B-1 greedy draft tokens of the block [last_token, MASK...] at positions p..p+B-1."""
+        return self._propose(cache, new_feats, ctx_start, last_token, p, 0.0, None).drafts.tolist()
+
+    def _propose(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int, p: int,
+                 temperature: float, generator) -> Proposal:
+        """The block [last_token, MASK...] at positions p..p+B-1 drafted: its B-1 drafts, their proposals (drawn
+        drafts) and confidences (propose)."""
         hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]  # (B-1, H)
         logits = hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t()  # slot k predicts pos p + k
-        return to_target_ids(self.drafter, logits.argmax(-1)).tolist()
+        anchor = torch.tensor([last_token], device=logits.device)
+        return self.propose(logits, hidden, anchor, temperature, generator)
 
-    def _sampled_draft(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int, p: int,
-                       temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """The B-1 drafts (target ids) drawn from the drafter at `temperature` and each slot's proposal (B-1, V) fp32,
-        zero outside a pruned draft vocabulary (q_k, or q_k given the drafts before it for coupled draws)."""
-        hidden = self.draft_hidden(cache, new_feats, ctx_start, last_token, p)[0, 1:]
-        return self.draw_drafts(hidden.to(self.head.device, self.head.dtype) @ self.draft_head.t(), temperature,
-                                generator)
+    def propose(self, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, temperature: float,
+                generator) -> Proposal:
+        """A block's drafts from the drafter's logits (K, V_draft) over its draft vocabulary and the hidden rows
+        (K, H) they came from (both decoders call this; the static one inside its CUDA graph for argmax drafts):
+        argmax drafts, or at T > 0 with draft_sampling "sample" / "coupled" drafts drawn from the caller's stream
+        (draw_drafts); a Markov head drafts slot after slot from `anchor` (1,), the block's first token
+        (markov_draft.py), and a confidence head scores each slot. No host read but coupled draws."""
+        sampled = temperature > 0 and self.draft_sampling != "argmax"
+        if self.heads is None:
+            if sampled:
+                return Proposal(*self.draw_drafts(logits, temperature, generator))
+            return Proposal(to_target_ids(self.drafter, logits.argmax(-1)))
+        u = host_uniforms(logits.shape[0], generator, logits.device) if sampled else None  # one per slot, as above
+        block = markov_block(self.heads, logits, anchor, lambda ids: to_target_ids(self.drafter, ids),
+                             temperature=temperature if sampled else 0.0, uniforms=u, topk=self.draft_topk)
+        q = self.target_proposals(tempered_probs(block.logits, temperature)) if sampled else None
+        return Proposal(block.drafts, q, slot_confidence(self.heads, hidden.to(self.drafter_dtype), block.embeds))
+
+    def target_proposals(self, q_draft: torch.Tensor) -> torch.Tensor:
+        """Proposals over the draft vocabulary (K, V_draft) -> over the target's (K, V), zero outside a pruned
+        draft vocabulary."""
+        ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1], device=q_draft.device))  # draft -> target
+        return q_draft.new_zeros(q_draft.shape[0], self.head.shape[0]).index_copy_(1, ids, q_draft)
 
     def draw_drafts(self, logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """_sampled_draft's drafts and proposals, on the device, from the drafter's logits (B-1, Vd) over its draft
-        vocabulary (the static decoder computes those in its draft graph and draws here, the same generator stream);
-        only coupled draws wait for the device (their drafts come back to the host once)."""
+        """Drafts drawn from slots drafted independently (no Markov head) and their proposals, on the device, from the
+        drafter's logits (B-1, Vd) over its draft vocabulary (the static decoder computes those in its draft graph
+        and draws here, the same generator stream); only coupled draws wait for the device (their drafts come back
+        to the host once)."""
         q_draft = tempered_probs(logits, temperature)
         if self.draft_sampling == "coupled":
             picks, q_draft = coupled_drafts(q_draft, generator)  # q_draft: each slot's proposal given the drafts
             picks = torch.tensor(picks, device=q_draft.device)
         else:  # one draw per slot, independent
             picks = draw_rows(q_draft, host_uniforms(q_draft.shape[0], generator, q_draft.device))
-        ids = to_target_ids(self.drafter, torch.arange(q_draft.shape[1], device=q_draft.device))  # draft -> target
-        q = q_draft.new_zeros(q_draft.shape[0], self.head.shape[0]).index_copy_(1, ids, q_draft)
-        return ids[picks], q
+        return to_target_ids(self.drafter, picks), self.target_proposals(q_draft)
 
     def accept_sampled(self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor,
                        temperature: float) -> torch.Tensor:
         """[accepted count, next token] of a block verified at temperature > 0, on the device (accept_block): q the
-        drafts' proposals (None: argmax drafts, one-hot), u the block's B uniforms (drawn before the verify)."""
+        drafts' proposals (None: argmax drafts, one-hot; rows past the verified drafts are dropped), u the uniforms
+        of the verified slots and the emitted token (verified_uniforms)."""
         probs = tempered_probs(logits, temperature)
         if q is None:
             q = probs.new_zeros(drafts.shape[0], probs.shape[1]).scatter_(1, drafts[:, None], 1.0)
-        return accept_block(probs, q.to(probs.device), drafts.to(probs.device), u)
+        return accept_block(probs, q[:drafts.shape[0]].to(probs.device), drafts.to(probs.device), u)
 
     def draft_hidden(self, cache: DraftCache, new_feats: torch.Tensor, ctx_start: int, last_token: int,
                      p: int) -> torch.Tensor:
@@ -365,25 +356,26 @@ class SpeculativeDecoder:
         draft_cache = DraftCache()
         pending = feats  # features not yet in the drafter's context cache, positions ctx_len..p-1
         accepted: list[int] = []
+        verified: list[int] = []
         p = n  # position of the last accepted token (out[-1]); the target cache holds positions < p
         done = out[-1] in self.eos_ids
-        sampled = self.draft_sampling != "argmax" and temperature > 0
+        confidence = [1.0] * (B - 1)  # a new request's, as vLLM starts one: every draft is expected to survive
         while len(out) < max_new_tokens and not done:
             last = out[-1]
-            q = None
-            if B > 1 and sampled:
-                drawn, q = self._sampled_draft(draft_cache, pending, draft_cache.length, last, p, temperature,
-                                               generator)
-                drafts = drawn.tolist()
-            else:
-                drafts = self._draft(draft_cache, pending, draft_cache.length, last, p) if B > 1 else []
+            prop = (self._propose(draft_cache, pending, draft_cache.length, last, p, temperature, generator) if B > 1
+                    else Proposal(torch.zeros(0, dtype=torch.long)))
+            drafts = prop.drafts.tolist()
+            k, confidence = self.drafts_to_verify(prop.confidence, confidence, len(drafts))
+            verified.append(k)
             # the block's acceptance uniforms right after its drafts' draws: the static decoder's order
             u = host_uniforms(B, generator, self.target_device) if temperature > 0 else None
-            block = torch.tensor([[last, *drafts]], dtype=torch.long, device=self.target_device)  # (1, B)
+            block = torch.tensor([[last, *drafts[:k]]], dtype=torch.long, device=self.target_device)  # (1, 1 + k)
             logits, feats = self._target_forward(block, cache)  # logits[i] = next-token dist after block[i]
             ti, tv = self._topk(logits)
+            drafts = drafts[:k]
             if temperature > 0:
-                a, nxt = self.accept_sampled(logits, block[0, 1:], q, u, temperature).tolist()
+                a, nxt = self.accept_sampled(logits, block[0, 1:], prop.q, verified_uniforms(u, k),
+                                             temperature).tolist()
             else:  # the longest prefix the target's greedy tokens (the top-k's first ids) agree with
                 a = 0
                 while a < len(drafts) and drafts[a] == ti[a][0]:
@@ -403,7 +395,19 @@ class SpeculativeDecoder:
         sync()
         t2 = time.perf_counter()
         return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, self.eos_ids, max_new_tokens,
-                             top_ids, top_logits, refs)
+                             top_ids, top_logits, refs, verified)
+
+    def drafts_to_verify(self, confidence: torch.Tensor | list[float] | None, previous: list[float],
+                         drafts: int) -> tuple[int, list[float]]:
+        """(drafts the target verifies in this block, the confidences the next block's choice may read): every
+        draft without a verify policy, else the policy's count from this block's confidences or, with lag 1, the
+        previous block's (`previous`)."""
+        if self.verify_policy is None or confidence is None:
+            return drafts, previous
+        # one host read of K floats (the dynamic loop reads the drafts anyway; the static one passes a list)
+        current = confidence.tolist() if isinstance(confidence, torch.Tensor) else list(confidence)
+        seen = current if self.verify_policy.lag == 0 else previous
+        return self.verify_policy.drafts_to_verify(seen, drafts), current
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, generator) -> int:
@@ -413,28 +417,3 @@ class SpeculativeDecoder:
             return int(logits.argmax())
         probs = tempered_probs(logits, temperature)[None]
         return int(draw_rows(probs, host_uniforms(1, generator, probs.device))[0])
-
-
-def finish_result(prompt_len: int, out: list[int], accepted: list[int], block_size: int, prefill_s: float,
-                  decode_s: float, eos_ids: set, max_new_tokens: int, topk_ids: list, topk_logits: list,
-                  ref_logits: list) -> GenerationResult:
-    """Cut the emitted tokens at the first eos and at max_new_tokens (the last block may overshoot both), and the
-    accepted counts with them: a block that accepted 6 drafts when 2 tokens of the budget were left counts 1 draft
-    + the bonus token, so tau and tokens/s count the same tokens on every decoder (128 new tokens had read as 133
-    or 135 on prompts that reached the cap)."""
-    stopped = "max_new_tokens"
-    for i, t in enumerate(out):
-        if t in eos_ids:
-            out, stopped = out[: i + 1], "eos"
-            break
-    out = out[:max_new_tokens]
-    n = len(out)
-    counted, left = [], n - 1  # the first token comes from the prefill, each iteration gives accepted + 1
-    for a in accepted:  # every iteration but the last starts inside the budget, so only the last one is cut
-        counted.append(max(0, min(a, left - 1)))
-        left -= counted[-1] + 1
-    return GenerationResult(prompt_len=prompt_len, output_ids=out, accepted=counted, block_size=block_size,
-                            prefill_s=prefill_s, decode_s=decode_s, stopped=stopped,
-                            accepted_past_budget=sum(accepted) - sum(counted), topk_ids=topk_ids[:n],
-                            topk_logits=[[round(v, 5) for v in row] for row in topk_logits[:n]],
-                            ref_logits=[None if v is None else round(v, 5) for v in ref_logits[:n]])

@@ -26,6 +26,10 @@ ingest + draft (the drafter's logits into a static buffer), the draws with the d
 generator stream, then verify + the top-k rows. At T > 0 speculative sampling (acceptance.accept_block) runs on the
 device too, with uniforms drawn on the host before the verify, so an iteration still reads the host once.
 
+A Markov-head drafter (DSpark) drafts slot after slot INSIDE the graph (markov_draft.py, as vLLM captures it); a
+verify policy verifies every draft and keeps the first k it chose (the target's logits at slots <= k do not depend
+on later drafts): a k-draft verify's tokens and counts, a full verify's time (verify_budget.py prices k).
+
 Prefill stays eager (one variable-length forward per prompt). `graphs=False` runs the very same step eagerly:
 tests/test_speculative.py checks graphs == eager token for token and lossless vs greedy.
 
@@ -41,13 +45,14 @@ import torch
 import torch.nn.functional as F
 
 from dflash_lab.config.windows import window_masks
-from dflash_lab.data.draft_vocab import to_target_ids
 from dflash_lab.drafter.model import DFlashDrafter, apply_rope
 from dflash_lab.target.features import decoder_of
 from dflash_lab.target.static_cache import MIN_SPAN, RowKVCache, additive, bucket, doubling_ladder
 from .acceptance import host_uniforms
 from .batched_decode import BatchedSpeculativeDecoder, static_path_problem
-from .speculative import TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config
+from .speculative import (TOPK, GenerationResult, SpeculativeDecoder, finish_result, target_text_config,
+                          verified_uniforms)
+from .verify_budget import VerifyPolicy
 from .speculative_run import SpeculativeRun
 
 STAGES = ("ingest", "draft", "verify", "accept")  # the parts of one iteration, in order (decode_bench times each)
@@ -64,9 +69,11 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
 
     def __init__(self, target, drafter: DFlashDrafter | None, *, block_size: int | None = None,
                  mask_token_id: int | None = None, eos_token_id=None, graphs: bool = True, max_length: int = 1024,
-                 min_bucket: int = MIN_SPAN, draft_sampling: str = "argmax"):
+                 min_bucket: int = MIN_SPAN, draft_sampling: str = "argmax", draft_topk: int | None = None,
+                 verify_policy: VerifyPolicy | None = None):
         super().__init__(target, drafter, block_size=block_size, mask_token_id=mask_token_id,
-                         eos_token_id=eos_token_id, draft_sampling=draft_sampling)
+                         eos_token_id=eos_token_id, draft_sampling=draft_sampling, draft_topk=draft_topk,
+                         verify_policy=verify_policy)
         self.sampled = draft_sampling != "argmax" and drafter is not None and self.block_size > 1
         problem = static_path_problem(target, drafter)
         if problem:
@@ -105,7 +112,8 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         self.state = torch.zeros(3, dtype=torch.long, device=dev)  # [last token, p_prev, p]
         self.ref_seq = torch.zeros(length, dtype=torch.long, device=dev)  # reference token at each position
         # One row per block slot: top-k ids | top-k logits | draft (slots 1..B-1) | reference logit | accepted (row 0)
-        self.out = torch.zeros(B, 2 * K + 3, dtype=torch.float32, device=dev)
+        # | confidence of the draft (slots 1..B-1; a drafter with a confidence head)
+        self.out = torch.zeros(B, 2 * K + 4, dtype=torch.float32, device=dev)
         self.out_logits = torch.zeros(B, self.head.shape[0], dtype=torch.float32, device=dev)  # sampling (T > 0)
         if self.drafter is not None:
             d = self.drafter
@@ -118,7 +126,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
             self.mask_ids = torch.full((B - 1,), self.mask_token_id, dtype=torch.long, device=dev)
             # sampled drafts: the drafter's logits out of the draft stage, the drafts drawn on the host back in
             self.draft_logits = torch.zeros(B - 1, self.draft_head.shape[0], dtype=self.head.dtype, device=dev)
+            self.draft_rows = torch.zeros(B - 1, d.config.hidden_size, dtype=self.drafter_dtype, device=dev)
             self.drafts_in = torch.zeros(B - 1, dtype=torch.long, device=dev)
+            self.confidence_in = torch.zeros(B - 1, dtype=torch.float32, device=dev)
 
     def bucket(self, need: int) -> int:
         """The attention length of an iteration whose block ends before position `need`."""
@@ -168,10 +178,12 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         return masks
 
     def _draft(self, ctx: torch.Tensor, last: torch.Tensor, p_prev: torch.Tensor, p: torch.Tensor,
-               live: int) -> torch.Tensor:
-        """The B-1 greedy draft tokens (B-1,), in target ids, of the block [last, MASK...] at p.. (_draft_hidden)."""
+               live: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The B-1 greedy draft tokens (B-1,), in target ids, of the block [last, MASK...] at p.. (_draft_hidden;
+        slot after slot through a Markov head), and their confidences (None without a confidence head)."""
         hidden = self._draft_hidden(ctx, last, p_prev, p, live)  # (B-1, H): slot k predicts position p + k
-        return to_target_ids(self.drafter, F.linear(hidden.to(self.head.dtype), self.draft_head).argmax(-1))  # d2t
+        prop = self.propose(F.linear(hidden.to(self.head.dtype), self.draft_head), hidden, last, 0.0, None)
+        return prop.drafts, prop.confidence
 
     def _draft_hidden(self, ctx: torch.Tensor, last: torch.Tensor, p_prev: torch.Tensor, p: torch.Tensor,
                       live: int) -> torch.Tensor:
@@ -210,6 +222,7 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         last, p_prev, p = self.state[0:1], self.state[1], self.state[2]
         ctx = self.drafter.fuse_context(self.feats.to(self.drafter_dtype))  # (1, B, H)
         hidden = self._draft_hidden(ctx, last, p_prev, p, live)
+        self.draft_rows.copy_(hidden)
         self.draft_logits.copy_(hidden.to(self.head.dtype) @ self.draft_head.t())
 
     def _step(self, live: int, upto: str = "accept") -> None:
@@ -218,14 +231,14 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         sampled drafts the drafts are `drafts_in`, drawn on the host after _draft_stage."""
         B, stop = self.block_size, STAGES.index(upto)
         last, p_prev, p = self.state[0:1], self.state[1], self.state[2]
-        drafts = self.offsets[:0]
+        drafts, confidence = self.offsets[:0], None
         if self.sampled:
-            drafts = self.drafts_in
+            drafts, confidence = self.drafts_in, self.confidence_in
         elif B > 1:
             ctx = self.drafter.fuse_context(self.feats.to(self.drafter_dtype))  # (1, B, H)
             if stop < 1:
                 return
-            drafts = self._draft(ctx, last, p_prev, p, live)
+            drafts, confidence = self._draft(ctx, last, p_prev, p, live)
         if stop < 2:
             return
         logits, feats = self._target_step(torch.cat([last, drafts])[None], p + self.offsets, live)
@@ -239,8 +252,9 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         ref = logits.gather(1, self.ref_seq[(p + 1 + self.offsets).clamp(max=self.length - 1)][:, None])  # (B, 1)
         col = lambda x: x.float()[:, None]  # noqa: E731
         acc = (self.offsets == 0).float()[:, None] * a.float()  # (B, 1): the accepted count in row 0
+        conf = col(torch.cat([confidence, confidence[:1] * 0])) if confidence is not None else acc * 0
         self.out.copy_(torch.cat([top.indices.float(), top.values, col(torch.cat([drafts, drafts[:1] * 0]))
-                                  if B > 1 else col(p[None] * 0), ref, acc], dim=1))
+                                  if B > 1 else col(p[None] * 0), ref, acc, conf], dim=1))
         self.out_logits.copy_(logits)
         # top1[a] with a 0-dim tensor index reads `a` on the host (a sync a CUDA graph cannot capture): gather it
         nxt = top1.index_select(0, a.view(1)).squeeze(0)
@@ -320,35 +334,43 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         t1 = time.perf_counter()
 
         accepted: list[int] = []
+        verified: list[int] = []
         p = n
         done = out[-1] in self.eos_ids
+        confidence, scored = [1.0] * (B - 1), getattr(self.heads, "confidence_head", None) is not None
         while len(out) < max_new_tokens and not done:
             live = self.bucket(p + B)
             graph = self._graphs.get(live)
             q = None
             if self.sampled:  # draft stage, the drafts drawn on the device (argmax at T=0, as in every mode), verify
                 self._draft_stage(live) if graph is None else self._draft_graphs[live].replay()
-                if temperature > 0:
-                    drawn, q = self.draw_drafts(self.draft_logits, temperature, generator)
-                    self.drafts_in.copy_(drawn)
-                else:
-                    self.drafts_in.copy_(to_target_ids(self.drafter, self.draft_logits.argmax(-1)))
+                prop = self.propose(self.draft_logits, self.draft_rows, self.state[0:1], temperature, generator)
+                self.drafts_in.copy_(prop.drafts)
+                q = prop.q
+                self.confidence_in.copy_(prop.confidence) if prop.confidence is not None else None
             u = host_uniforms(B, generator, dev) if temperature > 0 else None  # the dynamic loop's order
             if graph is not None:
                 graph.replay()
             else:
                 self._step(live)
-            if temperature > 0:  # speculative sampling on the device, queued before the one host read below
-                drafts_dev = self.drafts_in if self.sampled else self.out[: B - 1, 2 * K].long()
+            drafts_dev = self.drafts_in if self.sampled else self.out[: B - 1, 2 * K].long()
+            if temperature > 0 and self.verify_policy is None:  # the verdict's state, not greedy's; before the read
                 verdict = self.accept_sampled(self.out_logits, drafts_dev, q, u, temperature)
-                # the step wrote the greedy acceptance's next state; this block's is the sampled one
                 self.state.copy_(torch.stack([verdict[1], self.state[1], self.state[1] + verdict[0] + 1]))
-            rows = self.out.tolist()  # syncs: the only device->host copy of an iteration
+            rows = self.out.tolist()  # syncs: the only device->host copy of an iteration without a verify policy
             ti = [[int(x) for x in r[:K]] for r in rows]
             drafts = [int(r[2 * K]) for r in rows[: B - 1]]
+            k, confidence = self.drafts_to_verify(scored and [r[-1] for r in rows[: B - 1]] or None, confidence, B - 1)
+            verified.append(k)
+            if temperature > 0 and self.verify_policy is not None:  # the first k drafts verified: a second read
+                verdict = self.accept_sampled(self.out_logits[: k + 1], drafts_dev[:k], q, verified_uniforms(u, k),
+                                              temperature)
+                self.state.copy_(torch.stack([verdict[1], self.state[1], self.state[1] + verdict[0] + 1]))
             if temperature == 0:
-                a = int(rows[0][2 * K + 2])
+                a = min(int(rows[0][2 * K + 2]), k)
                 nxt = ti[a][0]
+                if a < int(rows[0][2 * K + 2]):  # drafts past the verified ones were accepted: not this block's
+                    self.state.copy_(torch.tensor([nxt, p, p + a + 1], device=dev))
             else:
                 a, nxt = verdict.tolist()  # already computed: the read above waited for it
             accepted.append(a)
@@ -362,24 +384,26 @@ class StaticSpeculativeDecoder(SpeculativeDecoder):
         sync()
         t2 = time.perf_counter()
         return finish_result(n, out, accepted, B, t1 - t0, t2 - t1, self.eos_ids, max_new_tokens,
-                             top_ids, top_logits, refs)
+                             top_ids, top_logits, refs, verified)
 
 
 def make_decoder(target, drafter: DFlashDrafter | None, *, block_size: int | None = None, eos_token_id=None,
-                 fast: str | bool = "auto", log=None, draft_sampling: str = "argmax") -> SpeculativeDecoder:
+                 fast: str | bool = "auto", log=None, draft_sampling: str = "argmax", draft_topk: int | None = None,
+                 verify_policy: VerifyPolicy | None = None) -> SpeculativeDecoder:
     """The decoder to measure with: static caches + CUDA graphs on CUDA (fast="auto" or True), the dynamic loop on
     the CPU or for a target the static path cannot run (said through `log`). Drafts drawn from the drafter at T > 0
-    (draft_sampling "sample" or "coupled", speculative.py) run on both, with the same draws."""
+    (draft_sampling "sample" or "coupled", speculative.py), a Markov head's top-k candidates (draft_topk) and a
+    confidence head's verify policy run on both, with the same draws."""
     on_cuda = next(target.parameters()).device.type == "cuda"
+    options = dict(block_size=block_size, eos_token_id=eos_token_id, draft_sampling=draft_sampling,
+                   draft_topk=draft_topk, verify_policy=verify_policy)
     if fast is True or (fast == "auto" and on_cuda):
         problem = static_path_problem(target, drafter)
         if problem is None:
-            return StaticSpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
-                                            graphs=on_cuda, draft_sampling=draft_sampling)
+            return StaticSpeculativeDecoder(target, drafter, graphs=on_cuda, **options)
         if log:
             log(f"decoding with the dynamic loop: {problem}")
-    return SpeculativeDecoder(target, drafter, block_size=block_size, eos_token_id=eos_token_id,
-                              draft_sampling=draft_sampling)
+    return SpeculativeDecoder(target, drafter, **options)
 
 
 @torch.no_grad()
@@ -393,8 +417,9 @@ def speculative_generate(target, drafter: DFlashDrafter | None, prompts, *, bloc
     up to `batch` prompts at once (batched_decode.py: the same tokens and tau, no per-prompt timing)."""
     prompts = [list(p) for p in prompts]
     B = block_size or (drafter.config.block_size if drafter is not None else 1)
+    # the batched decoder drafts DFlash blocks; a drafter with heads (DSpark) decodes one prompt at a time
     batched = (batch > 1 and len(prompts) > 1 and temperature == 0 and drafter is not None and B > 1
-               and static_path_problem(target, drafter) is None)
+               and drafter.heads is None and static_path_problem(target, drafter) is None)
     decoder = (BatchedSpeculativeDecoder(target, drafter, rows=min(batch, len(prompts)), block_size=B,
                                          length=max(map(len, prompts)) + max_new_tokens + 2 * B,
                                          eos_token_id=eos_token_id) if batched else

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from dflash_lab.config.model_size import layer_matmul_parameters, text_config
+from dflash_lab.config.model_size import layer_matmul_parameters, text_config, variant_head_flops_per_row
 
 
 class RingBuffer:
@@ -193,8 +193,9 @@ def flops_per_sequence(*, target_cfg, drafter_cfg, seq_len: int, num_anchors: in
     drafter_fwd = (2 * d_layer * D * P + 2 * kv_params * D * S + 2 * n * H * H * S
                    + 2 * 2 * P * (S / 2 + B) * (d.num_attention_heads * d.head_dim) * D)
     head_fwd = 2 * H * (d.draft_vocab_size or d.vocab_size) * N * (B - 1)  # a pruned head is d rows
-    return {"target": target, "drafter": 3 * drafter_fwd, "head": 2 * head_fwd,
-            "total": target + 3 * drafter_fwd + 2 * head_fwd}
+    heads = variant_head_flops_per_row(d) * N * (B - 1)  # a variant's heads (DSpark's Markov bias), fwd + bwd
+    return {"target": target, "drafter": 3 * drafter_fwd, "head": 2 * head_fwd, "heads": heads,
+            "total": target + 3 * drafter_fwd + 2 * head_fwd + heads}
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -4,6 +4,7 @@ and an error that names every difference and the fix."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import weakref
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from dflash_lab.config.errors import ConfigError
+from dflash_lab.config.drafter_config import DrafterConfig
 
 # Fields that change the model, the data stream or the optimiser trajectory: a resume must keep them. Every other
 # TrainConfig field (steps, devices, logging, checkpointing, run naming, eval) may change when resuming; changing
@@ -20,7 +22,8 @@ from dflash_lab.config.errors import ConfigError
 MUST_MATCH = ("target", "data", "seq_len", "batch_size", "block_size", "num_anchors", "num_draft_layers",
               "num_target_features", "target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "lr",
               "weight_decay", "warmup_ratio", "min_lr_ratio", "grad_clip", "gamma", "seed",
-              "pack_sequences", "draft_vocab_size")
+              "pack_sequences", "draft_vocab_size", "drafter_variant", "markov_rank", "enable_confidence_head",
+              "confidence_head_with_markov")
 RECORD_DIGEST = 4  # bytes of each sample's digest: enough to find the edited one (the whole-data sha1 decides)
 
 
@@ -99,9 +102,15 @@ def check_resume(resume: Checkpoint, *, data, sampler, drafter_config: dict, log
     if "tokens_sha1" not in old and log is not None:
         log(f"note: {resume.path} was written before checkpoints hashed the data's tokens: this resume checks only "
             "the data's sample lengths, so keep the data file as it was.")
-    diffs = config_differences(resume.state["drafter_config"], drafter_config, fields=tuple(drafter_config))
+    # A field added since the checkpoint was written (the drafter variant's) holds its default there.
+    saved = {**_drafter_defaults(), **resume.state["drafter_config"]}
+    diffs = config_differences(saved, drafter_config, fields=tuple(drafter_config))
     if diffs:
         raise ConfigError(format_differences(resume.path, [(f"drafter.{f}", a, b) for f, a, b in diffs]))
+
+
+def _drafter_defaults() -> dict:
+    return {f.name: f.default for f in dataclasses.fields(DrafterConfig) if f.default is not dataclasses.MISSING}
 
 
 def _norm(v):

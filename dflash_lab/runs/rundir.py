@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 from . import lock as run_lock
+from .folder_names import OLD_RUN_FOLDER, RUN_FOLDER, new_folder_name, run_folder_parts  # noqa: F401 (public)
 from .run_files import clean_metrics, parse_jsonl, read_jsonl  # noqa: F401 (read_jsonl re-exported)
 
 CONFIG_FILE = "config.json"
@@ -56,20 +56,6 @@ PACKAGES = ("dflash-lab", "torch", "transformers", "safetensors", "numpy", "nvid
             "ipykernel", "ipywidgets", "jupyterlab", "plotly", "matplotlib", "pandas")
 
 
-# Run folders are named `<name>-<UTC stamp>-<id>`: the name first, so a file browser that cuts long names (JupyterLab
-# shows ~20 characters) still tells runs apart; folders made before read `<UTC stamp>-<name>-<id>` and still list,
-# sort by their stamp and resume.
-RUN_FOLDER = re.compile(r"^(?P<name>.+)-(?P<stamp>\d{8}T\d{6}Z)-(?P<id>[0-9a-f]+)$")
-OLD_RUN_FOLDER = re.compile(r"^(?P<stamp>\d{8}T\d{6}Z)-(?P<name>.+)-(?P<id>[0-9a-f]+)$")
-
-
-def run_folder_parts(folder: str | Path) -> dict[str, str] | None:
-    """{"name", "stamp", "id"} of a run folder's name in either layout; None for a name in neither."""
-    text = Path(folder).name
-    m = OLD_RUN_FOLDER.match(text) or RUN_FOLDER.match(text)
-    return m.groupdict() if m else None
-
-
 def shown_path(path: str | Path) -> str:
     """A path as printed into a notebook that may be shared: relative to the project (`runs/x-.../STOP`, what a shell
     at the project's root types) when under it, else as it is. Files keep absolute paths; only what is shown changes."""
@@ -81,9 +67,7 @@ def shown_path(path: str | Path) -> str:
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
-    path = resolve_runs_dir(runs_dir) / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+    path = resolve_runs_dir(runs_dir) / new_folder_name(name, _dt.datetime.now(_dt.timezone.utc))
     (path / "checkpoints").mkdir(parents=True)
     (path / "plots").mkdir()
     return path

@@ -33,6 +33,7 @@ import torch
 from dflash_lab.drafter.blocks import BlockBatch
 from .engine_metrics import dynamo_counts, engine_metrics
 from dflash_lab.drafter.step import block_stats
+from dflash_lab.drafter.variants import variant_of
 from dflash_lab.target.device_time import mark
 from .streams import DeviceThread
 from .workers import TargetReplica, Worker
@@ -72,6 +73,7 @@ class Engine:
         self.grad_reducer = grad_reducer
         self.seq_len, self.grad_clip, self.prefetch, self.log = seq_len, grad_clip, prefetch, log
         self.target_config, self.drafter_config = target_config, drafter_config
+        self.term_names = variant_of(workers[0].drafter.config).metrics  # the variant's logged loss terms
         if colocated:
             if len(targets) != len(workers):
                 raise ValueError("colocated placement needs one target replica per worker")
@@ -159,13 +161,14 @@ class Engine:
         if dev0.type == "cuda":  # what follows (and the caller's reads) run on this thread's streams: order them
             for w, o, n in zip(self.workers, outs, norms):
                 torch.cuda.current_stream(w.device).wait_stream(w.thread.stream)
-                for t in (o["loss"], o["correct"], o["has_loss"], n):
+                for t in (o["loss"], o["correct"], o["has_loss"], o["terms"], n):
                     t.record_stream(torch.cuda.current_stream(w.device))
         loss = sum(o["loss"].to(dev0) for o in outs)
         correct = torch.cat([o["correct"].to(dev0) for o in outs])
         has_loss = torch.cat([o["has_loss"].to(dev0) for o in outs])
-        return {"loss": loss, "grad_norm": norms[0], "correct": correct, "has_loss": has_loss,
-                **block_stats(correct, has_loss)}
+        terms = sum(o["terms"].to(dev0) for o in outs)  # the variant's loss terms: weighted sums, as the loss
+        return {"loss": loss, "grad_norm": norms[0], "correct": correct, "has_loss": has_loss, "terms": terms,
+                "term_names": self.term_names, **block_stats(correct, has_loss)}
 
     def _reduce_across_processes(self, w: Worker, step: int) -> None:
         m0 = mark(w.device)

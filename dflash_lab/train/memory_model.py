@@ -18,6 +18,7 @@ import torch
 
 from dflash_lab.config.model_size import text_config
 from dflash_lab.drafter.blocks import splits_context
+from dflash_lab.drafter.variants import variant_of
 
 GIB = 2**30
 CUDA_OVERHEAD_BYTES = 1 * GIB
@@ -63,6 +64,9 @@ def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, 
     once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
     rows = num_anchors * (dc.block_size - 1)
     head = c * 2 * rows * H + min(chunk_size, rows) * (dc.draft_vocab_size or dc.vocab_size) * (4 + 4 + c)
+    heads = variant_of(dc).heads
+    if heads is not None:  # a variant's heads beside the LM head (DSpark: drafter/dspark.py)
+        head += heads.activation_bytes(dc, rows=batch * rows, chunk_rows=min(chunk_size, batch * rows), dtype_bytes=c)
     mask = Q * KV if backend.startswith("sdpa") else 0
     return batch * (D * per_layer + per_layer + once + mask) + head  # + one layer of gradient transients
 

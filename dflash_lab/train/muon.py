@@ -42,8 +42,12 @@ def make_optimizer(cfg, module: nn.Module):
 
 
 def matrix_roles(module: nn.Module) -> list[bool]:
-    """For each trainable parameter of `module` (in `parameters()` order): True if it is an nn.Linear weight."""
-    linear = {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear)}
+    """For each trainable parameter of `module` (in `parameters()` order): True if it is an nn.Linear weight of the
+    backbone. A variant's heads (drafter/variants.py) stay on AdamW: DSpark's are an embedding, a projection onto
+    the vocabulary and a one-row map, none of them a hidden matrix."""
+    heads = getattr(module, "heads", None)
+    inside = {id(p) for p in heads.parameters()} if heads is not None else set()
+    linear = {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear) and id(m.weight) not in inside}
     return [id(p) in linear for p in module.parameters() if p.requires_grad]
 
 

@@ -282,7 +282,8 @@ def drafter_config_of(cfg: TrainConfig, target_config, tokenizer) -> DrafterConf
         target_config, num_draft_layers=cfg.num_draft_layers, num_target_features=cfg.num_target_features,
         target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size, mask_token_id=mask_id,
         layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, layer_windows=cfg.layer_windows,
-        draft_vocab_size=cfg.draft_vocab_size)
+        draft_vocab_size=cfg.draft_vocab_size, drafter_variant=cfg.drafter_variant, markov_rank=cfg.markov_rank,
+        enable_confidence_head=cfg.enable_confidence_head, confidence_head_with_markov=cfg.confidence_head_with_markov)
 
 
 class RunFacts:

@@ -54,8 +54,7 @@ class RankTrainer:
         self.log = (lambda *a: log(*a, flush=True)) if log is print else log
         self.phase = "loading"
         dev = ctx.device
-        # The same preparation as the notebook Trainer (prepare.py): data format, error policy, thinking mode,
-        # feature cache and resume rules hold here by construction. This rank's placement is its own device.
+        # The notebook Trainer's preparation (prepare.py), so its data and resume rules hold; placement: this device
         log_main = self.log if ctx.is_main else None  # every rank tokenizes; rank 0 reports
         self.prepared = prep = prepare_run(cfg, explicit=explicit, placement=make_placement((str(dev),)),
                                            log=log_main, check_memory=False)
@@ -314,16 +313,15 @@ class RankTrainer:
         cfg, ctx = self.cfg, self.ctx
         cuda = ctx.device.type == "cuda"
         loss, grad_norm = out["loss"], full_tensor(out["grad_norm"])
-        raw = {"correct": out["correct"], "has_loss": out["has_loss"]}
         fault_hooks.maybe_dump_grads(self.ctx.rank, self.param_names, self.optimizer, step)
         mem = torch.cuda.memory_allocated(ctx.device) / 2**30 if cuda else 0.0  # allocator counter: no sync
         dev = loss.device
         rows = _gather_named(ctx, {  # one small all_gather; .cpu() inside syncs: the step time is device time
             "loss": loss.detach().float().reshape(1), "grad_norm": grad_norm.detach().float().reshape(1).to(dev),
-            "mem_gb": torch.full((1,), mem, device=dev), "correct": raw["correct"].flatten().float(),
-            "has_loss": raw["has_loss"].flatten().float()})
+            "mem_gb": torch.full((1,), mem, device=dev), "correct": out["correct"].flatten().float(),
+            "has_loss": out["has_loss"].flatten().float(), "terms": out["terms"].detach().float().reshape(-1)})
         dt = time.perf_counter() - t0
-        shape = (-1,) + tuple(raw["correct"].shape[1:])  # (ranks * b, N, B-1)
+        shape = (-1,) + tuple(out["correct"].shape[1:])  # (ranks * b, N, B-1)
         stats = block_stats(rows["correct"].reshape(shape).bool(), rows["has_loss"].reshape(shape).bool())
         loss_total, gnorm = float(rows["loss"].sum()), float(rows["grad_norm"][0, 0])
         if not (math.isfinite(loss_total) and math.isfinite(gnorm)):
@@ -336,7 +334,9 @@ class RankTrainer:
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "epoch": self.sampler.position(step)[0], **self.throughput.as_dict(),
             "world_size": ctx.world_size, "drafter_ranks": ctx.num_drafters,
-            "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0, **self.gpu_clock.fields()}
+            "tokens_per_s_per_rank": tokens / dt / ctx.world_size if dt > 0 else 0.0, **self.gpu_clock.fields(),
+            **dict(zip(out["term_names"], rows["terms"].sum(0).tolist())),  # the variant's, summed over ranks
+        }
         if feature_wait is not None:  # this rank's wait (rank 0 logs; its feeder serves like every other)
             record["feature_wait_s"] = waited = feature_wait()
             record["feature_wait_frac"] = waited / dt if dt > 0 else 0.0

@@ -33,7 +33,8 @@ from .schedule import LRSchedule
 FIXED_ON_RESUME = ("target", "data", "data_format", "enable_thinking", "data_errors", "seq_len", "batch_size",
                    "block_size", "num_anchors", "num_draft_layers", "num_target_features", "target_layer_ids",
                    "mask_token_id", "layer_types", "sliding_window", "seed",
-                   "pack_sequences", "draft_vocab_size")
+                   "pack_sequences", "draft_vocab_size", "drafter_variant", "markov_rank", "enable_confidence_head",
+                   "confidence_head_with_markov")
 
 
 class Override(NamedTuple):

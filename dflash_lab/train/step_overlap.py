@@ -32,10 +32,14 @@ class Launched:
 
 def read_step_values(out: dict) -> dict:
     """The engine's step outputs as Python numbers, in ONE device-to-host copy (it waits for the step to finish)."""
-    parts = [out[k].detach().reshape(-1).float() for k in ("loss", "grad_norm", "acc", "sim_tau", "slot_acc")]
+    names = tuple(out.get("term_names", ()))  # a variant's own loss terms (drafter/variants.py), after slot_acc
+    keys = ("loss", "grad_norm", "acc", "sim_tau", "slot_acc") + (("terms",) if names else ())
+    parts = [out[k].detach().reshape(-1).float() for k in keys]
     dev = parts[0].device
     v = torch.cat([p.to(dev) for p in parts]).tolist()
-    return {"loss": v[0], "grad_norm": v[1], "acc": v[2], "sim_tau": v[3], "slot_acc": [round(a, 4) for a in v[4:]]}
+    slots = len(v) - 4 - len(names)
+    return {"loss": v[0], "grad_norm": v[1], "acc": v[2], "sim_tau": v[3],
+            "slot_acc": [round(a, 4) for a in v[4:4 + slots]], "terms": dict(zip(names, v[4 + slots:]))}
 
 
 def may_start_next(trainer, values: dict) -> bool:

@@ -49,18 +49,16 @@ def _print_flush(*args) -> None:
 class Trainer:
     def __init__(self, config: TrainConfig, *, run_dir: str | Path | None = None, write_run_dir: bool = True,
                  log=_print_flush, explicit=None, overwrite_run_dir: bool = False, clock=time.monotonic):
-        """`explicit`: on resume, the config fields you set (only these override the checkpoint's config); None =
-        those that differ from TrainConfig's defaults. The notebook passes the parameters you set (notebook_params).
-        `overwrite_run_dir`: empty a `run_dir` holding another run first (else refused: rundir.refuse_used_run_dir).
-        `clock`: the wall clock of the GPU time on every metrics row (gpu_time.py; tests feed one)."""
+        """`explicit`: on resume, the fields you set (only these override the checkpoint's); None = those that differ
+        from TrainConfig's defaults (the notebook passes the parameters you set). `overwrite_run_dir`: empty a
+        `run_dir` holding another run first. `clock`: the wall clock of the GPU time on metrics rows (tests feed one)."""
         self.log = log
         built = clock()
         started = stopping.now()  # a time budget counts from here: loading is part of the job
         if write_run_dir and run_dir and config.resume_from is None and not overwrite_run_dir:
             rundir.refuse_used_run_dir(run_dir)  # refused now, not after minutes of loading targets
         self.phase = "loading data"
-        # Everything but the weights, decided once and shared with torchrun ranks (prepare.py). A resume reads and
-        # checks the checkpoint first and takes its config, with only the fields you set on top (resume.py).
+        # Everything but the weights, shared with torchrun ranks (prepare.py); a resume takes the checkpoint's config
         self.prepared = prep = prepare_run(config, explicit=explicit, log=log)
         self.config = cfg = prep.config
         self.tokenizer, self.drafter_config, self.placement = prep.tokenizer, prep.drafter_config, prep.placement
@@ -68,8 +66,7 @@ class Trainer:
         self.schedule, self.budget = prep.schedule, stopping.TimeBudget(cfg.time_budget_s, started)
         resume = prep.resume
         self.phase = "loading targets"
-        self.load_progress: dict = {}  # replica -> targets.LoadProgress (widgets read it while loading)
-        self._load_logged: dict = {}
+        self.load_progress, self._load_logged = {}, {}  # replica -> targets.LoadProgress (widgets read it)
         t0 = time.perf_counter()
         targets = load_targets(cfg.target, self.placement.target_devices, seed=cfg.seed, dtype=prep.dtype,
                                progress=self._on_load_progress)
@@ -80,8 +77,7 @@ class Trainer:
         self.engine = build_engine(cfg, self.placement, targets, self.drafter_config, target_config=prep.target_config,
                                    log=self.log, draft_vocab=prep.draft_vocab, store_rows=prep.feature_store_rows,
                                    store_host_rows=prep.feature_store_host_rows)
-        self.workers = self.engine.workers
-        self._prefetched: tuple[int, object] | None = None
+        self.workers, self._prefetched = self.engine.workers, None  # _prefetched: (step, batch) staged ahead
 
         self.run_dir: Path | None = None
         previous_rows: list[dict] = []
@@ -237,6 +233,7 @@ class Trainer:
         record = {
             "step": self.step_count, "loss": loss, "lr": launched.lr, "grad_norm": values["grad_norm"],
             "acc": values["acc"], "sim_tau": values["sim_tau"], "slot_acc": values["slot_acc"],
+            **values.get("terms", {}),  # a variant's own loss terms (DSpark: markov_ce, confidence_acc, ...)
             "step_time_s": dt, "tokens": tokens, "draft_positions": batch.draft_ids.numel(),
             "supervised_tokens": int(batch.loss_mask.sum()),  # real, loss-carrying tokens (padding and prompts out)
             "epoch": self.sampler.position(self.step_count - 1)[0], **self.throughput.as_dict(),

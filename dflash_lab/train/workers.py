@@ -127,7 +127,7 @@ class Worker:
         return self._features
 
     def _stage(self, part: BlockBatch) -> dict:
-        names = ("draft_ids", "position_ids", "labels", "loss_weights", "anchors", "anchor_valid")
+        names = ("draft_ids", "position_ids", "labels", "loss_weights", "anchors", "anchor_valid", "prev_ids")
         if self.device.type != "cuda":
             t = {k: getattr(part, k).to(self.device) for k in names}
         else:
@@ -175,8 +175,8 @@ class Worker:
         return out
 
     # -- the captured step ------------------------------------------------------------------------------------
-    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, soft_ids=None,
-                          soft_logp=None, anchors=None, **masks):
+    def _forward_backward(self, features, draft_ids, position_ids, labels, loss_weights, ctx_pos, prev_ids,
+                          soft_ids=None, soft_logp=None, anchors=None, **masks):
         """step.forward_backward on this worker's static inputs (flat tensors: what GraphedStep captures);
         masks: {mask key: mask}, one per distinct window; soft_*: the target's top-k when distilling."""
         self.flat_grad.zero_()
@@ -184,7 +184,7 @@ class Worker:
         # input_ids / loss_mask / anchors are not needed past this point (features and masks carry them).
         bb = BlockBatch(input_ids=None, loss_mask=None, anchors=None, anchor_valid=None, draft_ids=draft_ids,
                         position_ids=position_ids, labels=labels, loss_weights=loss_weights,
-                        block_size=self.block_size)
+                        block_size=self.block_size, prev_ids=prev_ids)
         return forward_backward(self.forward_module, self.embed, self.head_weight, features,
                                 DraftInputs(bb, masks, ctx_pos), self.chunk_size, self.loss_weighting,
                                 self.label_map, soft)
@@ -204,10 +204,10 @@ class Worker:
         elif self.distill_weight:
             raise ValueError(f"distill_weight={self.distill_weight} but the target handed features only: its "
                              "extractor was built without soft_top_k (prepare.make_feature_extractor)")
-        loss, correct, has_loss = self.graphed(
+        loss, correct, has_loss, terms = self.graphed(
             features=target_out, draft_ids=t["draft_ids"], position_ids=t["position_ids"], labels=t["labels"],
-            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], **soft, **masks)
-        out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone()}
+            loss_weights=t["loss_weights"], ctx_pos=t["ctx_pos"], prev_ids=t["prev_ids"], **soft, **masks)
+        out = {"loss": loss.clone(), "correct": correct.clone(), "has_loss": has_loss.clone(), "terms": terms.clone()}
         self.timeline.add(step, "drafter", m0, mark(self.device))
         return out
 

@@ -233,7 +233,10 @@ def estimate(config: TrainConfig, *, data=None, target_config=None, tokens_per_s
                                        target_layer_ids=cfg.target_layer_ids, block_size=cfg.block_size,
                                        mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else 0,
                                        layer_types=cfg.layer_types, sliding_window=cfg.sliding_window,
-                                       layer_windows=cfg.layer_windows)
+                                       layer_windows=cfg.layer_windows,
+                                       drafter_variant=cfg.drafter_variant, markov_rank=cfg.markov_rank,
+                                       enable_confidence_head=cfg.enable_confidence_head,
+                                       confidence_head_with_markov=cfg.confidence_head_with_markov)
     counted = safetensors_param_count(path) if path is not None and Path(path).is_dir() else None
     target_params = counted if counted is not None else target_parameters(tc)
     source = "safetensors headers" if counted is not None else "from config"

@@ -178,6 +178,13 @@ class RecipeConfig:
     steps on this recipe's data, held-out accuracy 0.397 against 0.366 and real tau higher on all three held-out
     sets (64 prompts each: chitchat 3.20 vs 3.00, target-written 2.61 vs 2.51, general 2.20 vs 2.10; one H200,
     bench/results/2026-12-03-h200-knob-grid), at the same step time."""
+    drafter_variant: str = "dflash"
+    """TrainConfig.drafter_variant: "dflash" or "dspark" (DFlash plus DSpark's Markov and confidence heads, trained
+    with loss_weighting="decay", the weights it is published with). Both trained for the same 174 s side by side on
+    this recipe's data with half its target-written prompts (one H100, bench/results/2026-12-06-h100-dspark-ab/:
+    2,298 against 2,043 steps): held-out chitchat 2.68 [2.48, 2.88] against 2.97 [2.71, 3.27], target-written 2.25
+    against 2.29, T=1 argmax drafts 1.24 against 1.23 (T=0 on 64 / 59 prompts, T=1 on 44): not separated, so dflash
+    stays; at ~1.45 GPU-minutes an arm, far short of a preset's training."""
     distill_weight: float = 1.0
     """TrainConfig.distill_weight: the share of each position's loss against the target's own T=1 distribution
     over its top `distill_top_k` ids (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000
@@ -264,6 +271,11 @@ class RecipeConfig:
             bad("eval_draft_sampling", "unknown or no draft sampling", f"use one or more of {list(DRAFT_SAMPLING)}")
         if self.loss_weighting not in ("dpace", "decay"):
             bad("loss_weighting", "unknown loss weighting", 'use "dpace" (D-PACE) or "decay" (the paper\'s)')
+        if self.drafter_variant not in ("dflash", "dspark"):
+            bad("drafter_variant", "unknown drafter variant", 'use "dflash" or "dspark"')
+        if self.drafter_variant == "dspark" and self.loss_weighting != "decay":
+            bad("loss_weighting", "DSpark trains with the decayed slot weights it is published with",
+                'use loss_weighting="decay" with drafter_variant="dspark"')
         if self.regen_dtype not in ("auto", "float32", "bfloat16"):
             bad("regen_dtype", "unknown dtype", 'use "auto" (bf16 on CUDA, fp32 on the CPU), "float32" or "bfloat16"')
         for name in ("heldout", "n_train", "regen_batch_size", "regen_max_new_tokens", "steps", "seq_len",
@@ -372,4 +384,5 @@ class RecipeConfig:
                            feature_store_dtype=self.feature_store_dtype if self.device != "cpu" else "auto",
                            feature_store_host_gib=self.feature_store_host_gib if self.device != "cpu" else 0.0,
                            compile_drafter=self.compile_drafter, distill_weight=self.distill_weight,
-                           distill_top_k=self.distill_top_k, loss_weighting=self.loss_weighting)
+                           distill_top_k=self.distill_top_k, loss_weighting=self.loss_weighting,
+                           drafter_variant=self.drafter_variant)

@@ -1,0 +1,369 @@
+"""A DSpark export as the engines load it: our config.json and tensors, then vLLM 0.34.0's and SGLang 0.5.23's own
+DSpark config parsing and load_weights run on the CPU against it (tests/engine_source.py: their source files
+executed unmodified, their imports stand-ins), full and pruned vocabulary: every parameter they declare is filled
+with our tensor, or shared from the target where they say so."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import types
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dflash_lab.config import DrafterConfig
+from dflash_lab.drafter.model import DFlashDrafter
+from dflash_lab.evaluation.export import export_drafter
+from dflash_lab.evaluation.export_variant import variant_export
+from tests.conftest import make_tiny_qwen3
+from tests.engine_source import HOW, Inert, engine_file, load_engine_module
+
+V, PRUNED = 256, 96
+
+
+def _drafter(pruned: bool, confidence: bool = True, target=None) -> DFlashDrafter:
+    target = target if target is not None else make_tiny_qwen3()
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=2, block_size=8, mask_token_id=255,
+                                   draft_vocab_size=PRUNED if pruned else None, drafter_variant="dspark",
+                                   markov_rank=8, enable_confidence_head=confidence)
+    d = DFlashDrafter(dc)
+    d.init_weights(torch.Generator().manual_seed(0), std=0.1)
+    if pruned:  # draft id i is target id 2i: offsets i
+        d.d2t.copy_(torch.arange(PRUNED))
+    return d
+
+
+@pytest.fixture(params=[False, True], ids=["full", "pruned"])
+def exported(request, tmp_path):
+    """(drafter, export folder, log lines) of a DSpark drafter saved as a weights file + its config, exported."""
+    target = make_tiny_qwen3()
+    target.save_pretrained(tmp_path / "target")  # a pruned export carries the target head's rows: it reads them here
+    d = _drafter(request.param, target=target)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "drafter_config.json").write_text(json.dumps(d.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in d.state_dict().items()}, str(src / "drafter.safetensors"))
+    lines = []
+    out = export_drafter(src / "drafter.safetensors", tmp_path / "export", log=lines.append,
+                         target=str(tmp_path / "target"))
+    return d, out, lines
+
+
+def test_dspark_export_writes_the_heads_and_the_keys_the_engines_read(exported):
+    d, out, lines = exported
+    cfg = json.loads((out / "config.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    vd = d.config.draft_vocab_size or V
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and "auto_map" not in cfg
+    assert (cfg["block_size"], cfg["sample_from_anchor"], cfg["dflash_lab"]["training_block_size"]) == (7, False, 8)
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["draft_vocab_size"]) == (8, "vanilla", vd)
+    assert cfg["enable_confidence_head"] is True and cfg["confidence_head_with_markov"] is True
+    assert tensors["markov_head.markov_w1.weight"].shape == (V, 8)
+    assert tensors["markov_head.markov_w2.weight"].shape == (vd, 8)
+    assert tensors["confidence_head.proj.weight"].shape == (1, 64 + 8)
+    assert tensors["confidence_head.proj.weight"].dtype == torch.float32  # both engines hold this head in fp32
+    assert torch.equal(tensors["markov_head.markov_w2.weight"],
+                       d.heads.markov_head.markov_w2.weight.detach().to(torch.bfloat16))
+    assert not any(k.startswith("heads.") for k in tensors)
+    sglang_note = [line for line in lines if line.startswith("SGLang 0.5.23 cannot serve")]
+    assert len(sglang_note) == (1 if d.config.draft_vocab_size else 0)
+
+
+def test_a_dflash_drafter_exports_nothing_more():
+    target = make_tiny_qwen3()
+    dc = DrafterConfig.from_target(target.config, num_draft_layers=1, block_size=8, mask_token_id=255)
+    part = variant_export(dc, DFlashDrafter(dc).state_dict(), torch.bfloat16)
+    assert part.tensors == {} and part.config == {} and part.notes == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vLLM 0.34.0: qwen3_dspark.Qwen3DSparkForCausalLM.__init__ / load_weights and DSparkSpeculatorConfig, as shipped
+# ---------------------------------------------------------------------------------------------------------------
+
+def _need(engine: str, rel: str):
+    path = engine_file(engine, rel)
+    if not path.is_file():
+        pytest.skip(HOW)
+    return path
+
+
+def _shape_checked_copy(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    """Stand-in for vLLM's / SGLang's default_weight_loader: the same shape assertion, then the copy."""
+    assert param.size() == loaded.size(), f"Attempted to load weight ({loaded.size()}) into parameter ({param.size()})"
+    param.data.copy_(loaded)
+
+
+def _param(*shape, dtype=torch.float32, shards: dict | None = None) -> nn.Parameter:
+    """A stand-in parameter of a declared shape; `shards` {shard id: (row offset, rows)} gives it the fused
+    layers' weight_loader (q/k/v into qkv_proj, gate/up into gate_up_proj) reading the mapper's shard id."""
+    p = nn.Parameter(torch.full(shape, float("nan"), dtype=dtype), requires_grad=False)
+    if shards is not None:
+        def load(param, loaded, shard_id=None):
+            start, rows = shards[loaded.shard_id if shard_id is None else shard_id]
+            assert loaded.shape == (rows, *param.shape[1:]), (loaded.shape, rows)
+            param.data[start:start + rows].copy_(loaded)
+        p.weight_loader = load
+    return p
+
+
+class VocabParallelEmbedding(nn.Module):
+    """vLLM's embedding as a parameter holder of its declared shape (its loader tells tied embeddings by type)."""
+
+    def __init__(self, num_embeddings, embedding_dim, *args, **kw):
+        super().__init__()
+        self.weight = _param(num_embeddings, embedding_dim)
+
+
+def _vllm_layers(config):
+    """vLLM's layer classes as parameter holders of their declared shapes."""
+
+    class ParallelLMHead(VocabParallelEmbedding):
+        def __init__(self, num_embeddings, embedding_dim, bias=False, quant_config=None, prefix="", **kw):
+            super().__init__(num_embeddings, embedding_dim)
+
+    class ReplicatedLinear(nn.Module):
+        def __init__(self, input_size, output_size, bias=True, return_bias=True, params_dtype=None, prefix="", **kw):
+            super().__init__()
+            self.weight = _param(output_size, input_size, dtype=params_dtype or torch.float32)
+            if bias:
+                self.bias = _param(output_size, dtype=params_dtype or torch.float32)
+
+    return ParallelLMHead, ReplicatedLinear
+
+
+def _vllm_backbone(utils, mapper):
+    """DFlashQwen3Model as vLLM declares its parameters (fused qkv_proj / gate_up_proj, fc, norms, the embedding
+    and mask_embedding) and loads them (AutoWeightsLoader with its hf_to_vllm_mapper)."""
+
+    class DFlashQwen3Model(nn.Module):
+        hf_to_vllm_mapper = mapper
+
+        def __init__(self, *, vllm_config, start_layer_id=0, prefix=""):
+            super().__init__()
+            c = self.config = vllm_config.speculative_config.draft_model_config.hf_config
+            self.quant_config = None
+            H, I, hd, nh, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads, \
+                c.num_key_value_heads
+            self.embed_tokens = VocabParallelEmbedding(c.vocab_size, H)
+            self.mask_embedding = _param(H)
+            self.layers = nn.ModuleList()
+            for _ in range(c.num_hidden_layers):
+                layer = nn.Module()
+                attn, mlp = nn.Module(), nn.Module()
+                q, kv = nh * hd, nkv * hd
+                for name, p in (("qkv_proj", _param(q + 2 * kv, H, shards={"q": (0, q), "k": (q, kv),
+                                                                          "v": (q + kv, kv)})),
+                                ("o_proj", _param(H, q)), ("q_norm", _param(hd)), ("k_norm", _param(hd))):
+                    sub = nn.Module()
+                    sub.weight = p
+                    setattr(attn, name, sub)
+                for name, p in (("gate_up_proj", _param(2 * I, H, shards={0: (0, I), 1: (I, I)})),
+                                ("down_proj", _param(H, I))):
+                    sub = nn.Module()
+                    sub.weight = p
+                    setattr(mlp, name, sub)
+                layer.self_attn, layer.mlp = attn, mlp
+                for name in ("input_layernorm", "post_attention_layernorm"):
+                    sub = nn.Module()
+                    sub.weight = _param(H)
+                    setattr(layer, name, sub)
+                self.layers.append(layer)
+            n_feat = len(c.dflash_config["target_layer_ids"])
+            self.fc = nn.Module()
+            self.fc.weight = _param(H, n_feat * H)
+            for name in ("hidden_norm", "norm"):
+                sub = nn.Module()
+                sub.weight = _param(H)
+                setattr(self, name, sub)
+
+        def load_weights(self, weights):  # as vLLM's DFlashQwen3Model.load_weights without a context-KV fusion
+            return utils.AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+
+    return DFlashQwen3Model
+
+
+def _load_vllm(hf_config, target_layers: int):
+    """Qwen3DSparkForCausalLM built by its own __init__ on stand-in layers, vLLM's real AutoWeightsLoader and
+    WeightsMapper (models/utils.py) and the backbone mapper of qwen3_dflash.py."""
+    import re as std_re
+
+    regex = {k: getattr(std_re, k) for k in dir(std_re) if not k.startswith("__")}  # `regex` is re's superset
+    keep = ("torch", "typing", "collections", "itertools", "contextlib", "dataclasses", "functools", "abc",
+            "transformers", "math", "io")
+    weight_utils = {"default_weight_loader": _shape_checked_copy}
+    embedding = {"VocabParallelEmbedding": VocabParallelEmbedding}
+    reload = {"support_quantized_model_reload_from_hp_weights": lambda f: f}
+    utils = load_engine_module(_need("vllm", "model_executor/models/utils.py"), "vllm.model_executor.models.utils",
+                               {"regex": regex, "vllm.model_executor.model_loader.weight_utils": weight_utils,
+                                "vllm.model_executor.model_loader.reload": reload,
+                                "vllm.model_executor.layers.vocab_parallel_embedding": embedding}, keep_real=keep)
+    dflash = load_engine_module(_need("vllm", "model_executor/models/qwen3_dflash.py"),
+                                "vllm.model_executor.models.qwen3_dflash",
+                                {"regex": regex, "vllm.model_executor.models.utils": vars(utils),
+                                 "vllm.compilation.decorators": {"support_torch_compile": lambda cls: cls}},
+                                keep_real=keep)
+    mapper = dflash.DFlashQwen3Model.hf_to_vllm_mapper
+    assert isinstance(mapper, utils.WeightsMapper), "qwen3_dflash.py's backbone mapper did not load"
+    ParallelLMHead, ReplicatedLinear = _vllm_layers(hf_config)
+    Backbone = _vllm_backbone(utils, mapper)
+
+    class DFlashQwen3ForCausalLM(nn.Module):
+        pass
+
+    provided = {
+        "vllm.model_executor.models.utils": vars(utils),
+        "vllm.model_executor.models.qwen3_dflash": {"DFlashQwen3ForCausalLM": DFlashQwen3ForCausalLM,
+                                                   "DFlashQwen3Model": Backbone},
+        "vllm.model_executor.layers.vocab_parallel_embedding": {"ParallelLMHead": ParallelLMHead},
+        "vllm.model_executor.layers.linear": {"ReplicatedLinear": ReplicatedLinear},
+        "vllm.logger": {"init_logger": logging.getLogger},
+    }
+    mod = load_engine_module(_need("vllm", "model_executor/models/qwen3_dspark.py"),
+                             "vllm.model_executor.models.qwen3_dspark", provided, keep_real=keep)
+    vllm_config = types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(draft_model_config=types.SimpleNamespace(hf_config=hf_config)),
+        model_config=types.SimpleNamespace(get_total_num_hidden_layers=lambda: target_layers,
+                                           get_vocab_size=lambda: V, dtype=torch.float32))
+    return mod.Qwen3DSparkForCausalLM(vllm_config=vllm_config)
+
+
+def _hf_config(out):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(out))
+
+
+def test_vllm_loads_every_dspark_parameter_from_the_export(exported):
+    d, out, _ = exported
+    model = _load_vllm(_hf_config(out), target_layers=d.config.num_target_layers)
+    tensors = load_file(str(out / "model.safetensors"))
+    model.load_weights((k, v.float() if v.is_floating_point() else v) for k, v in tensors.items())
+    # shared from the target by load_dspark_model: the embedding always; the head only at the target's vocabulary
+    pruned = d.config.draft_vocab_size is not None
+    shared = {"model.embed_tokens.weight"} | (set() if pruned else {"lm_head.weight"})
+    unfilled = {n for n, p in model.named_parameters() if p.is_floating_point() and p.isnan().any()} - shared
+    # mask_embedding: vLLM's placeholder, unused unless a checkpoint ships one. A pruned head's rows are the DFlash
+    # export's part (export.py writes lm_head = the target head's draft rows where it does): until it does, vLLM
+    # neither loads nor shares that head, and this names it.
+    head_missing = {"lm_head.weight"} if pruned and "lm_head.weight" not in tensors else set()
+    assert unfilled == {"model.mask_embedding"} | head_missing
+    heads = model.model
+    assert torch.equal(heads.markov_head.markov_w2.weight, tensors["markov_head.markov_w2.weight"].float())
+    assert torch.equal(heads.confidence_head.proj.bias, tensors["confidence_head.proj.bias"])
+    qkv = heads.layers[1].self_attn.qkv_proj.weight
+    k = tensors["layers.1.self_attn.k_proj.weight"].float()
+    assert torch.equal(qkv[qkv.shape[0] - 2 * k.shape[0]: qkv.shape[0] - k.shape[0]], k)
+    if d.config.draft_vocab_size:  # the d2t map, and the draft-vocabulary logits scattered up through it
+        assert torch.equal(model.draft_id_to_target_id, tensors["d2t"])
+        assert model.map_draft_to_target(torch.tensor([0, 5])).tolist() == [0, 10]
+    else:
+        assert model.draft_id_to_target_id is None
+    assert model.model.confidence_head.with_markov  # confidence_head_with_markov read from the export
+
+
+def test_vllm_dspark_config_reads_the_block_the_drafts_and_the_top_k_option(exported):
+    d, out, _ = exported
+    keep = ("torch", "typing", "collections")
+
+    class DFlashSpeculatorConfig:
+        pass
+
+    mod = load_engine_module(_need("vllm", "v1/worker/gpu/spec_decode/dspark/config.py"),
+                             "vllm.v1.worker.gpu.spec_decode.dspark.config",
+                             {"vllm.v1.worker.gpu.spec_decode.dflash.config":
+                              {"DFlashSpeculatorConfig": DFlashSpeculatorConfig}}, keep_real=keep)
+    hf = _hf_config(out)
+    draft = types.SimpleNamespace(hf_config=hf, architectures=hf.architectures, model=str(out / "dspark"))
+    target = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="qwen3"))
+    spec = types.SimpleNamespace(draft_model_config=draft, target_model_config=target, num_speculative_tokens=None,
+                                 dspark_draft_topk=4, draft_lm_head_quantization=None)
+    mod.DSparkSpeculatorConfig.resolve_num_speculative_tokens(spec)
+    assert spec.num_speculative_tokens == d.config.block_size - 1  # 7 drafts, our anchor the extra query
+    mod.DSparkSpeculatorConfig.apply_options(spec)  # top-k is accepted for Qwen3DSparkModel within the vocabulary
+    assert hf.dspark_draft_topk == 4
+    spec.dspark_draft_topk = (d.config.draft_vocab_size or V) + 1
+    with pytest.raises(ValueError, match="between 1 and the draft vocabulary size"):
+        mod.DSparkSpeculatorConfig.apply_options(spec)
+    assert getattr(hf, "sample_from_anchor", True) is False  # the speculator's 1 + N fill-in layout
+    assert mod.DSparkSpeculatorConfig.matches(spec)  # the method is detected from a path naming dspark
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGLang 0.5.23: models/dspark.py's DSparkDraftMixin (__init__, load_weights) and parse_dspark_draft_config
+# ---------------------------------------------------------------------------------------------------------------
+
+def _sglang_config_module():
+    keep = ("torch", "typing", "collections", "dataclasses", "numbers", "json", "logging")
+    utils = load_engine_module(_need("sglang", "srt/speculative/dflash_utils.py"),
+                               "sglang.srt.speculative.dflash_utils", {}, keep_real=keep)
+    return load_engine_module(_need("sglang", "srt/speculative/dspark_components/dspark_config.py"),
+                              "sglang.srt.speculative.dspark_components.dspark_config",
+                              {"sglang.srt.speculative.dflash_utils": vars(utils),
+                               "msgspec": {"Struct": _Struct}}, keep_real=keep)
+
+
+class _Struct:
+    """msgspec.Struct's keyword construction (the wheel is not installed here)."""
+
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_sglang_parses_the_dspark_config_of_the_export(exported):
+    d, out, _ = exported
+    cfg = _sglang_config_module().parse_dspark_draft_config(draft_hf_config=_hf_config(out))
+    assert (cfg.gamma, cfg.markov_rank, cfg.markov_head_type) == (7, 8, "vanilla")
+    assert (cfg.mask_token_id, cfg.target_layer_ids) == (255, list(d.config.target_layer_ids))
+
+
+def test_sglang_loads_every_dspark_head_parameter_of_a_full_vocabulary_export(exported):
+    """DSparkDraftMixin's own __init__ (build_markov_head, build_confidence_head) and load_weights: markov and
+    confidence tensors through its checks (a missing confidence weight or an unknown markov name raises), the
+    backbone's names handed to DFlashDraftModel.load_weights (checked against SGLang's DFlash model by the serving
+    issue's test; here: exactly our backbone tensors). A pruned export's markov_w2 does not fit SGLang's full-vocab
+    head: its loader's shape check refuses it, as the export's note says."""
+    d, out, _ = exported
+    config_mod = _sglang_config_module()
+    handed = []
+
+    class DFlashDraftModel(nn.Module):
+        def __init__(self, config=None, quant_config=None, prefix=""):
+            super().__init__()
+            self.config, self.block_size = config, config.block_size
+            self.is_nemotron_35_draft = False  # SGLang's DFlashDraftModel sets it from the config's architecture
+
+        def load_weights(self, weights):
+            handed.extend(name for name, _ in weights)
+
+    keep = ("torch", "typing", "collections", "abc", "logging", "dataclasses")
+    env = Inert()
+    mod = load_engine_module(
+        _need("sglang", "srt/models/dspark.py"), "sglang.srt.models.dspark",
+        {"sglang.srt.models.dflash": {"DFlashDraftModel": DFlashDraftModel},
+         "sglang.srt.speculative.dspark_components.dspark_config": vars(config_mod),
+         "sglang.srt.model_loader.weight_utils": {"default_weight_loader": _shape_checked_copy},
+         "sglang.srt.speculative.ragged_verify": {"read_ragged_verify_mode": lambda: "ragged",
+                                                  "RaggedVerifyMode": types.SimpleNamespace(STATIC="static")},
+         "sglang.srt.environ": {"envs": env}, "msgspec": {"Struct": _Struct}}, keep_real=keep)
+    hf = _hf_config(out)
+    model = mod.Qwen3DSparkModel(hf)
+    tensors = load_file(str(out / "model.safetensors"))
+    for p in model.parameters():
+        p.data.fill_(float("nan"))
+    if d.config.draft_vocab_size:
+        refused = f"([{d.config.draft_vocab_size}, 8])) into parameter (torch.Size([{V}, 8]))"
+        with pytest.raises(AssertionError, match=re.escape(refused)):
+            model.load_weights((k, v.float()) for k, v in tensors.items() if k != "d2t")
+        return
+    model.load_weights((k, v.float()) for k, v in tensors.items())
+    assert not any(p.isnan().any() for p in model.parameters())  # markov_w1, markov_w2, confidence proj
+    assert torch.equal(model.markov_head.markov_w1.weight, tensors["markov_head.markov_w1.weight"].float())
+    assert sorted(handed) == sorted(k for k in tensors if not k.startswith(("markov_head.", "confidence_head.")))
+    assert model.gamma == 7 and model.sample_from_anchor is False
