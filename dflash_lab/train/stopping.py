@@ -116,8 +116,10 @@ def end_stopped(trainer, reason: str) -> Path | None:
     elif kept:
         said = (f"; its checkpoint could not be written, so the run continues from step {checkpoint_step(kept)} "
                 f"({kept}, intact)")
-    else:
+    elif trainer.run_dir:
         said = "; no checkpoint could be written, so the run cannot be continued"
+    else:
+        said = ""  # a Trainer without a run directory keeps nothing to continue from
     trainer.log(f"stopped at step {trainer.step_count} ({reason}){said}"
                 + (f"; {resume_hint(trainer.run_dir)}" if kept else ""))
     return saved
