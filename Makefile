@@ -41,6 +41,8 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	# the export check's reference loader; --no-deps: its pins pull a CUDA torch (what it imports: the test extra)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps speculators==0.9.0
+	# vLLM's and SGLang's own sources (only their .py files, ~10 s): the serving tests run their loaders on the CPU
+	$(BIN)/python tests/engines_fetch.py $(VENV)/engines
 	touch $(TEST_STAMP)
 
 env: $(STAMP)

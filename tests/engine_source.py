@@ -6,9 +6,9 @@ modules: a name a test provides (the layers whose parameters the engine declares
 that object; any other name is an inert placeholder (falsy, callable, every attribute another placeholder), enough
 for module-level flags and type hints. Only the code paths a test calls run, and they run as the engine ships them.
 
-Where the engines' sources live: $DFLASH_ENGINES (default /work/engines) holding vllm/ and sglang/, i.e.
-    pip download --no-deps vllm==0.34.0 sglang==0.5.23 && unzip each wheel into $DFLASH_ENGINES/<name>
-Tests that need them skip, naming that command, where they are absent.
+Where the engines' sources live: $DFLASH_ENGINES (default .venv/engines, which `make test` fills once with
+tests/engines_fetch.py: the two wheels' .py files) holding vllm/ and sglang/. Tests that need them skip, naming that
+command, where they are absent (a plain `pytest` in an environment `make test` did not make).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 import types
 from pathlib import Path
 
-ENGINES = Path(os.environ.get("DFLASH_ENGINES", "/work/engines"))
-HOW = ("the serving engines' sources are not here: pip download --no-deps vllm==0.34.0 sglang==0.5.23 and unzip "
-       "each wheel into $DFLASH_ENGINES/vllm and $DFLASH_ENGINES/sglang")
+ENGINES = Path(os.environ.get("DFLASH_ENGINES", Path(__file__).resolve().parents[1] / ".venv" / "engines"))
+HOW = ("the serving engines' sources are not here: python tests/engines_fetch.py .venv/engines (make test does it), "
+       "or set DFLASH_ENGINES to a folder holding the unzipped vllm 0.34.0 and sglang 0.5.23 wheels")
 
 
 def engine_file(engine: str, rel: str) -> Path:
