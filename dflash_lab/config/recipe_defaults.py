@@ -238,7 +238,7 @@ def _store_size(facts: RunFacts, cfg, epochs: float, windows: int) -> tuple[floa
         return need, need, on + ", fitted to the room beside the run when it starts"
     gpu, host = room
     if exact <= gpu:
-        return need, 0.0, on + f", all on the GPU ({gpu:,.0f} GiB free beside the run)"
+        return need, 0.0, on + ", all on the GPU (they fit beside the target, the drafter and the step)"
     if exact <= gpu + host:
         rest = math.ceil((exact - gpu) * 10) / 10
         return need, rest, on + f", {gpu:,.0f} GiB on the GPU and the rest in host memory"
