@@ -156,11 +156,6 @@ def is_held(lock_file: str | Path) -> bool:
     return False
 
 
-def holds(run_dir: str | Path) -> bool:
-    """Whether this process holds the run directory's lock."""
-    return Path(run_dir).resolve() in _held
-
-
 def release(run_dir: str | Path) -> None:
     """Give the lock back and remove run.lock (a process killed without releasing leaves its record, then reported
     as stale by the next holder)."""
