@@ -51,9 +51,9 @@ def test_decode_bench_on_the_gpu_prints_decoders_parts_and_summary(capsys):
 
 
 def test_decode_bench_times_speculative_sampling_on_the_cpu(capsys):
-    """--temperature 1 --draft-sampling sample on a 2-layer random SmolLM2-shaped pair (49,152 ids): the sampled
+    """--temperature 1 --draft-sampling sample on a 4-layer random SmolLM2-shaped pair (49,152 ids): the sampled
     decoder and the target sampling alone are timed, each line says how it sampled, and tau stays within a block."""
-    assert db.main(["--layers", "2", "--draft-layers", "1", "--block-size", "8", "--max-new-tokens", "16",
+    assert db.main(["--layers", "4", "--draft-layers", "1", "--block-size", "8", "--max-new-tokens", "16",
                     "--prompt-len", "24", "--repeats", "1", "--part-iters", "1", "--skip-dynamic", "--device", "cpu",
                     "--dtype", "float32", "--temperature", "1", "--draft-sampling", "sample"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]

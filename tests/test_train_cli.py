@@ -35,11 +35,12 @@ def test_a_fresh_run_from_a_data_file(tmp_path):
                           "--run-name", "cli", "--set", "seq_len=64", "--set", "batch_size=2", "--set", "num_anchors=4",
                           "--set", "num_draft_layers=1"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    (run,) = [p for p in tmp_path.iterdir() if "-cli-" in p.name]
+    (run,) = [p for p in tmp_path.iterdir() if p.name.startswith("cli-")]  # <name>-<UTC stamp>-<id>
     cfg = json.loads((run / rundir.CONFIG_FILE).read_text())
     assert (cfg["data"], cfg["steps"], cfg["seq_len"], cfg["num_draft_layers"]) == (str(tiny_data_path()), 3, 64, 1)
     assert [r["step"] for r in rundir.read_jsonl(run / rundir.METRICS_FILE)][-1] == 3
-    assert out.stdout.startswith(f"new run dir {run} (config.json)")
+    first, second = out.stdout.splitlines()[:2]  # the settings chosen for the fields left unset, then the run dir
+    assert first.startswith("settings: block 8, ") and second.startswith(f"new run dir {run} (config.json)")
     bad = subprocess.run([*CMD, "--data", str(tiny_data_path()), "--set", "seqlen=64", "--runs-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.startswith("error: TrainConfig got unknown fields ['seqlen']")

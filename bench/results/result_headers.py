@@ -163,6 +163,16 @@ HEADERS: dict[str, dict[str, str]] = {
         ran="a 2-core CPU; target: the embedded tiny target (`target='tiny'`), data: its embedded "
             "chat set; executed by papermill on 2026-12-01",
         read=[SWEEP]),
+    "dspark-ab-smollm2-h100": dict(
+        what="DFlash against DSpark (its Markov and confidence heads) trained side by side on one pool for the same "
+             "174 s of one GPU (~1.45 GPU-minutes each), measured by real speculative decoding at T=0 and T=1, and "
+             "the confidence head's adaptive verification as vLLM, SGLang and DeepSpec choose the drafts to verify",
+        ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}, half its target-written prompts (n_self=13000); reads "
+            "bench/results/2026-12-06-h100-dspark-ab/, executed on a CPU",
+        read=[SETTINGS, EVAL, """- **The validation table** (one row per validation **step**): **val_chain_tau** the tau the
+  held-out windows' per-slot accuracies simulate (for **dspark** with the Markov bias of the true previous token),
+  **val_acc** the share of held-out draft slots whose argmax is the target's token, one column per arm (**dflash**,
+  **dspark**). The verify-policy table's columns are explained in the cell above it."""]),
     "vocab-topk64-smollm2-h100": dict(
         what="the full draft vocabulary and the top-64 distillation target, each on top of the distilled baseline",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}; reads bench/results/2026-12-06-h100-vocab-topk64/, executed "

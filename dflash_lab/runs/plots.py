@@ -163,7 +163,7 @@ def plot_tau_cost(frame, *, out: str | Path | None = None) -> PngImage:
     """Real tau measured while training (and the newest evaluation) against step and against the GPU-minutes spent
     to reach it (`gpu_seconds`, gpu_time.py): one line per run (runs.load_metrics). Runs on different GPU counts or
     speeds line up by cost on the right panel, not by step."""
-    fig, axes = new_figure(12, 3.6, 2)
+    fig, axes = new_figure(PANEL_W_IN * PANELS_PER_ROW, 3.6, 2)  # ~990 px, as the compare grid
     labels = list(dict.fromkeys(frame["label"])) if len(frame) else []
     drawn = 0
     for label in labels:
