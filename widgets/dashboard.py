@@ -29,6 +29,7 @@ CURVES = [("loss", "raw loss", 1, 1, "legend"), ("loss_ema", "EMA (per step)", 1
           ("sim_tau", "sim. (train batch)", 2, 2, "legend2"), ("val_sim_tau", "sim. (held-out)", 2, 2, "legend2"),
           ("real_tau", "real decode", 2, 2, "legend2")]
 PLOT_HEIGHT_PX = 460
+FIT_EVERY_S = 15.0  # after the first two fits, the plot re-measures its cell this often (a dropped resize heals)
 PANEL_AXES = ("x", "x2", "x3", "x4")  # the four subplots' x axes: a marker is one line across each
 FEW_STEPS = 10  # up to this many steps the step axis ticks every step (auto ticks at 0.5 read "1 2 2 3 3")
 
@@ -124,6 +125,8 @@ class LiveDashboard:
         self._few_steps: bool | None = None
         self._shown_at: float | None = None  # when start() ran (the dashboard was just displayed)
         self._fit_after_s = [2.0, 6.0]
+        self._fit_every_s = FIT_EVERY_S
+        self._last_fit_s = 0.0
         self._last_html: dict[str, str] = {}
         self.state: DashboardState | None = None
         self.last_refresh_s = 0.0
@@ -217,16 +220,22 @@ class LiveDashboard:
             return s
 
     def _fit_width(self) -> None:
-        """Ask plotly.js to size the plot to its cell, 2 s and 6 s after the dashboard is shown.
+        """Ask plotly.js to size the plot to its cell, 2 s and 6 s after the dashboard is shown, then every 15 s.
 
         The widget's first render can happen before the cell is laid out (zero width: plotly falls back to 700 px);
         window resizes are followed by plotly's `responsive` handler, but nothing re-measures after that first
-        render. A relayout sent before the plot exists would replace it with an empty one, hence the delay.
+        render, and on a busy machine the browser can drop a resize (a plot left 1,154 px wide in a 592 px cell):
+        the repeat heals that within seconds. An autosize that finds the width unchanged redraws nothing. A
+        relayout sent before the plot exists would replace it with an empty one, hence the delay.
         """
-        if self.fig is None or self._shown_at is None or not self._fit_after_s:
+        if self.fig is None or self._shown_at is None:
             return
-        if time.monotonic() - self._shown_at >= self._fit_after_s[0]:
-            self._fit_after_s.pop(0)
+        since = time.monotonic() - self._shown_at
+        due = self._fit_after_s[0] if self._fit_after_s else self._last_fit_s + self._fit_every_s
+        if since >= due:
+            if self._fit_after_s:
+                self._fit_after_s.pop(0)
+            self._last_fit_s = since
             self.fig._send_relayout_msg({"autosize": True})  # plotly_relayout would send only changed values
 
     def _set_html(self, widget, key: str, value: str) -> None:
