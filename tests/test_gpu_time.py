@@ -9,7 +9,7 @@ import json
 
 from dflash_lab import TrainConfig
 from dflash_lab.runs import listing, plots
-from dflash_lab.runs.gpu_time import TrainClock, best_tau, distinct_devices, gpu_minutes_to, tau_points
+from dflash_lab.runs.gpu_time import TrainClock, best_tau, gpu_minutes_to, tau_points
 
 
 def ticking(step: float):
@@ -25,7 +25,16 @@ def test_the_clock_counts_devices_times_wall_time_and_continues_a_resumed_run():
     assert c.fields() == {"train_wall_s": 60.0, "gpu_seconds": 120.0}
     later = TrainClock(devices=2, previous=[{"step": 5, "train_wall_s": 60.0}, {"step": 6}], clock=ticking(1.0))
     assert later.fields() == {"train_wall_s": 61.0, "gpu_seconds": 122.0}
-    assert distinct_devices(("cuda:0", "cuda:1"), ("cuda:0",)) == 2 and distinct_devices(("cpu",), None) == 1
+
+
+def test_a_run_resumed_on_other_devices_keeps_the_earlier_jobs_gpu_seconds_as_logged():
+    """60 s on 2 GPUs (120 GPU-s), then resumed on 4: the earlier minute stays 120 GPU-s (it was priced at 4, 240)."""
+    earlier = [{"step": 5, "train_wall_s": 60.0, "gpu_seconds": 120.0}]
+    c = TrainClock(devices=4, previous=earlier, clock=ticking(10.0))
+    assert c.fields() == {"train_wall_s": 70.0, "gpu_seconds": 160.0}
+    # rows from before gpu_seconds was logged: their wall time at this job's count, as before
+    old = TrainClock(devices=3, previous=[{"step": 5, "train_wall_s": 20.0}], clock=ticking(1.0))
+    assert old.fields() == {"train_wall_s": 21.0, "gpu_seconds": 63.0}
 
 
 def test_minutes_to_a_tau_and_the_best_tau():
