@@ -191,3 +191,16 @@ def test_the_memory_model_picks_the_batch_and_sizes_the_store_on_a_gpu_of_given_
     small = chosen(4.0, host_gib=0.0)
     assert small.batch_size < 64 and small.lr == 6e-4
     assert chosen(75.0, steps=1).feature_store_gib == 0.0  # seen once: no store
+
+
+def test_the_batch_on_a_gpu_count_that_divides_no_power_of_two_is_still_sized_by_memory():
+    """Three GPUs: 64 / 32 / 16 do not divide by 3, and the choice fell to 3 (one sequence a GPU) without asking the
+    memory model; it now tries the multiples of 3 below them, largest first."""
+    t = target_facts("smollm2-135m")
+    devices = ("cuda:0", "cuda:1", "cuda:2")
+    for room, want in ((64, 63), (40, 30), (64 * 8, 63)):
+        facts = Facts(longest=300, samples=20_000, max_batch=room)
+        r = resolve_defaults(TrainConfig(target="smollm2-135m", data="x.jsonl", steps=1000, devices=devices),
+                             target=t, facts=facts)
+        assert r.config.batch_size == want
+    assert "63/30/15/6/3" in r.line()

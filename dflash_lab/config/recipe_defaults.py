@@ -187,7 +187,8 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
     if "batch_size" in todo:
         workers = len(config.devices)
         if facts.cuda:
-            tried = [b for b in BATCHES if b % workers == 0] or [workers]
+            # each worker takes an equal share: on 3, 5, 6 or 7 GPUs the nearest multiples below (63, 30, 15, ...)
+            tried = sorted({max(workers, b // workers * workers) for b in BATCHES}, reverse=True)
             fits = [b for b in tried if facts.batch_fits(dataclasses.replace(current(), batch_size=b,
                                                                              feature_store_gib=0.0,
                                                                              feature_store_host_gib=0.0))]
