@@ -100,7 +100,9 @@ def _speculators_load(export_dir: Path, cfg: dict, target_dir: str, work: Path):
         model.load_vocab_mappings(t2d, d2t)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected:
-            raise ExportCheckError(f"speculators' DFlashDraftModel has no place for {unexpected} of {export_dir}.")
+            raise ExportCheckError(f"speculators' DFlashDraftModel has no place for {unexpected} of {export_dir}: "
+                                   "this export holds tensors speculators does not serve. Fix: export again with "
+                                   "this dflash-lab, or check the tensors it names against docs/dflash-method.md")
         model.load_verifier_weights()  # the embedding from the target; the head stays the export's rows
         model.save_pretrained(str(path))
     config = DFlashSpeculatorConfig.from_pretrained(str(path))
