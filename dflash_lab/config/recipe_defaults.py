@@ -168,9 +168,9 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
         choose("block_size", PAPER_BLOCK, "paper default for real targets")
     if "num_draft_layers" in todo:
         choose("num_draft_layers", PAPER_LAYERS, "paper's depth; 5 beat 3 layers by +0.14 tau at 10k steps")
-    if "loss_weighting" in todo and config.drafter_variant == "dspark":
-        choose("loss_weighting", "decay", "dspark's published loss weights its slots by decay (D-PACE weights the "
-               "DFlash CE alone)")
+    need = config.variant_loss_weighting(config.drafter_variant)  # the variant's own weighting, if it has one
+    if "loss_weighting" in todo and need:
+        choose("loss_weighting", need[0], f"{config.drafter_variant} trains with {need[1]}")
     elif "loss_weighting" in todo:
         choose("loss_weighting", "dpace", f"D-PACE beat decay by +0.19 tau at 10k steps; gamma "
                f"{config.gamma if config.gamma is not None else default_gamma(value('block_size')):g} only for decay")

@@ -29,7 +29,8 @@ from .drafter_config import (ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig,  # 
                              check_variant_fields)
 
 # DSpark's loss terms and the TrainConfig field that weighs each (their defaults are DeepSpec's published weights).
-DSPARK_LOSS_TERMS = (("ce", "dspark_ce_weight"), ("l1", "dspark_l1_weight"), ("confidence", "dspark_confidence_weight"))
+DSPARK_LOSS_TERMS = (("ce", "dspark_ce_weight"), ("l1", "dspark_l1_weight"),
+                     ("confidence", "dspark_confidence_weight"))
 DSPARK_WEIGHT_FIELDS = tuple(name for _, name in DSPARK_LOSS_TERMS)
 
 
@@ -353,14 +354,23 @@ class TrainConfig:
             if not (v >= 0 and math.isfinite(v)):
                 fail(c, name, v, "must be a finite number >= 0", "use DeepSpec's "
                      + " / ".join(str(field_default(TrainConfig, n)) for n in DSPARK_WEIGHT_FIELDS))
+        need = self.variant_loss_weighting(self.drafter_variant)
+        if need and self.loss_weighting not in (need[0], None):  # None: chosen for the target (recipe_defaults)
+            fail(c, "loss_weighting", self.loss_weighting, f"{self.drafter_variant} trains with {need[1]}",
+                 f'use loss_weighting="{need[0]}"')
         if self.drafter_variant == "dspark":
-            if self.loss_weighting not in ("decay", None):  # None: chosen for the target (recipe_defaults: decay)
-                fail(c, "loss_weighting", self.loss_weighting, "dspark trains with the decayed slot weights its "
-                     "authors use (D-PACE weights the DFlash CE alone)", 'use loss_weighting="decay"')
             if self.distill_weight not in (0.0, 1.0):
                 fail(c, "distill_weight", self.distill_weight, "dspark's CE is on the data's token and its L1 on the "
                      "target's distribution (DeepSpec's loss): distill_weight only says whether the target's "
                      "top-k is there", "use 1.0 (the published loss) or 0 (the data's token stands in for it)")
+
+    @staticmethod
+    def variant_loss_weighting(variant: str) -> tuple[str, str] | None:
+        """(the loss weighting drafter `variant` must train with, why), or None when it trains with either. The one
+        statement of that rule: TrainConfig and RecipeConfig check it, recipe_defaults chooses by it."""
+        if variant == "dspark":
+            return "decay", "the decayed slot weights it is published with (D-PACE weights the DFlash CE alone)"
+        return None
 
     def compiles_on(self, device_type: str) -> bool:
         """Whether the drafter is torch.compiled on a device of this type: True everywhere, "auto" on CUDA only
