@@ -118,11 +118,6 @@ class Resolved:
         return {c.field: {"value": c.value, "why": c.why} for c in self.choices}
 
 
-def unresolved(config) -> tuple[str, ...]:
-    """The RESOLVED_FIELDS still None in `config`."""
-    return tuple(f for f in RESOLVED_FIELDS if getattr(config, f) is None)
-
-
 def lr_for_batch(batch: int) -> float:
     """The lr the measurements support at `batch`: the paper's 6e-4 up to 32, scaled by sqrt(batch / 32) above
     (8.5e-4 at 64: the long preset's, level with 32 at 6e-4 at equal tokens)."""
@@ -139,7 +134,7 @@ def seq_len_cap(target: TargetFacts) -> int:
 
 def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = None) -> Resolved:
     """`config` with every unset RESOLVED_FIELDS value chosen for `target` (module docstring); values set stay."""
-    todo = unresolved(config)
+    todo = config.unresolved  # TrainConfig's: the RESOLVED_FIELDS still None
     if not todo:
         return Resolved(config, ())
     chosen: dict[str, object] = {}
