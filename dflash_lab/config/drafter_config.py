@@ -175,8 +175,8 @@ class DrafterConfig:
                     target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
                     mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
                     sliding_window: int | None = None, layer_windows: tuple = (),
-                    draft_vocab_size: int | None = None, drafter_variant: str = "dflash", markov_rank: int | None = None,
-                    enable_confidence_head: bool = True,
+                    draft_vocab_size: int | None = None, drafter_variant: str = "dflash",
+                    markov_rank: int | None = None, enable_confidence_head: bool = True,
                     confidence_head_with_markov: bool = True) -> "DrafterConfig":
         """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary.
         markov_rank None: the field's default (DeepSpec's rank)."""
