@@ -91,6 +91,13 @@ def test_t1_beside_t0_the_newest_evaluation_of_each_temperature(tmp_path):
     (tmp_path / "evals" / "20261206T130000Z-b16-t1-bf16" / "eval.json").write_text('{"temperature": 1')  # cut off
     rows = temperature_table(tmp_path)
     assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [(0.0, "argmax", 3.25), (1.0, "sample", 1.67)]
+    # an eval.json that records draft_sampling is read by that field, whatever its `decoding` prose says
+    evaluation("20261206T140000Z", 1.0, 1.80, "StaticSpeculativeDecoder: graphs")
+    path = tmp_path / "evals" / "20261206T140000Z-b16-t1-bf16" / "eval.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "draft_sampling": "coupled"}))
+    rows = temperature_table(tmp_path)
+    assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [
+        (0.0, "argmax", 3.25), (1.0, "coupled", 1.80), (1.0, "sample", 1.67)]
 
 
 def test_an_evaluation_knows_what_the_weights_it_measured_cost_to_train(tmp_path):

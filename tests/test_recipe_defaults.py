@@ -204,3 +204,16 @@ def test_the_batch_on_a_gpu_count_that_divides_no_power_of_two_is_still_sized_by
                              target=t, facts=facts)
         assert r.config.batch_size == want
     assert "63/30/15/6/3" in r.line()
+
+
+def test_a_dspark_run_gets_the_loss_weighting_its_variant_trains_with():
+    """The variant's rule (TrainConfig.variant_loss_weighting) chooses the weighting: decay for dspark on a real
+    target, where a dflash run gets D-PACE."""
+    t = target_facts("smollm2-135m")
+    facts = Facts(longest=1930, samples=29_677, max_batch=64, gib_per_window=0.002)
+    common = dict(target="smollm2-135m", data="x.jsonl", steps=10_000, devices=("cuda:0",))
+    spark = resolve_defaults(TrainConfig(**common, drafter_variant="dspark"), target=t, facts=facts)
+    plain = resolve_defaults(TrainConfig(**common), target=t, facts=facts)
+    assert (spark.config.loss_weighting, plain.config.loss_weighting) == ("decay", "dpace")
+    assert "dspark trains with the decayed slot weights it is published with" in spark.line()
+    assert TrainConfig.variant_loss_weighting("dflash") is None

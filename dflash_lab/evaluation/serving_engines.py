@@ -81,7 +81,7 @@ def vllm_reading(cfg: dict, tensor_names: set[str]) -> dict:
         vocab = f"the export's own {d}-row lm_head, column i -> target id i + d2t[i]"
     else:
         vocab = f"the target's FIRST {d} rows (no lm_head in the export), column i -> target id i + d2t[i]"
-        why = ("vLLM 0.34.0 would draft draft id i with target row i instead of row i + d2t[i]. "
+        why = (f"vLLM {VERSIONS['vllm']} would draft draft id i with target row i instead of row i + d2t[i]. "
                "Fix: export again with this dflash-lab (it writes the drafter's head rows as lm_head.weight)")
     return {"version": VERSIONS["vllm"], "mask_token_id": dc.get("mask_token_id"),
             "target_layer_ids": list(dc.get("target_layer_ids", [])), "draft_tokens": drafts_per_step(cfg),
@@ -97,7 +97,7 @@ def sglang_reading(cfg: dict) -> dict:
     d = draft_vocab_of(cfg)
     why = None
     if d is not None:
-        why = (f"SGLang 0.5.23 cannot serve a pruned draft vocabulary ({d} of {cfg['vocab_size']} ids): it drafts "
+        why = (f"SGLang {VERSIONS['sglang']} cannot serve a pruned draft vocabulary ({d} of {cfg['vocab_size']} ids): it drafts "
                "over the target's full head and ignores d2t, a different drafter. Alternative: serve this export "
                "with vLLM, or train with draft_vocab_size=None (the full vocabulary) for SGLang")
     return {"version": VERSIONS["sglang"], "mask_token_id": dc.get("mask_token_id"),
@@ -113,7 +113,7 @@ def speculators_reading(cfg: dict) -> dict:
     d = draft_vocab_of(cfg)
     why = None
     if d is not None:
-        why = (f"speculators 0.9.0 converts a z-lab export to the full vocabulary (draft_vocab_size := "
+        why = (f"speculators {VERSIONS['speculators']} converts a z-lab export to the full vocabulary (draft_vocab_size := "
                f"{cfg['vocab_size']}, d2t dropped, the {d}-row lm_head refused: size mismatch); its own format "
                "holds a pruned head (lm_head + d2t + t2d), which `python -m dflash_lab.evaluation.export_check` "
                "writes to load it")
