@@ -43,6 +43,8 @@ PY=${PY:-python3}
 WORK=${WORK:-/tmp/defaults-ab}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# History, not a second copy of the defaults: the literals of commit 501dfa9's train.ipynb, kept verbatim so the old
+# arm trains what that command trained then even if the tiny target's settings (recipe_defaults.TINY) change.
 OLD=(-p block_size 8 -p num_anchors 24 -p seq_len 192 -p batch_size 8 -p num_draft_layers 2 -p lr 0.003
      -p loss_weighting decay -p compile_drafter False -p feature_store_gib 0.0 -p feature_store_host_gib 0.0)
 run_arm() {  # arm name, then the extra parameters of that arm

@@ -10,8 +10,11 @@
 #   bash bench/variants_ab.sh call1   data (n_self 13,000, ~80 s), arm dflash, arm dspark
 #   bash bench/variants_ab.sh call2   arm dspark8, then T=0 on every set with every arm and the target alone
 #   bash bench/variants_ab.sh call3   T=1, sampled drafts, every set, one evaluation process per arm
-# Results under $OUT: run.log, env.txt, ab.json, ab-results*.json (recipe_ab rows), arm-metrics.tgz, logs.tgz.
-# CPU rehearsal on the tiny target: DEVICE=cpu ARM_S=20 PROMPTS=2 DATA_SET="--set target=\"tiny\" ..." (see below).
+# Results under $OUT: run.log, env.txt, ab.json, ab-results*.json (recipe_ab rows), arm-metrics.tgz, logs-<mode>.tgz.
+# A call brings back at most 8 files from $OUT: keep what a call adds to that. One evaluation compares drafters of
+# one block size: call2's T=0 pass refuses dspark8 (block 8) beside the block-16 arms; evaluate it apart:
+#   python3 bench/recipe_ab.py eval --work $WORK --arms dflash dspark --temperature 0 --out $WORK/ab-results.json
+#   python3 bench/recipe_ab.py eval --work $WORK --arms dspark8 --temperature 0 --out $WORK/ab-results-b8.json
 set -u
 MODE=${1:?call1, call2 or call3}
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -52,10 +55,13 @@ call1)
   ;;
 call2)
   arm dspark8 $SPARK --set block_size=8
-  say "T=0 on every set, every arm and the target alone (nothing else on the GPU: speeds)"
+  say "T=0 on every set, the block-16 arms and the target alone, then dspark8 (nothing else on the GPU: speeds)"
+  timeout $(( $(left) * 6 / 10 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
+    --arms dflash dspark --time-budget-s $(( $(left) * 6 / 10 - 15 )) --out $WORK/ab-results.json > "$OUT/eval-t0.log" 2>&1
+  say "eval T=0 (block 16) rc=$?"
   timeout $(( $(left) - 15 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
-    --time-budget-s $(( $(left) - 30 )) --out $WORK/ab-results.json > "$OUT/eval-t0.log" 2>&1
-  say "eval T=0 rc=$?"
+    --arms dspark8 --time-budget-s $(( $(left) - 30 )) --out $WORK/ab-results-b8.json > "$OUT/eval-t0-b8.log" 2>&1
+  say "eval T=0 (block 8) rc=$?"
   ;;
 call3)
   say "T=1, sampled drafts, every set: one process per arm, side by side"

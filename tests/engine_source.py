@@ -19,9 +19,12 @@ import sys
 import types
 from pathlib import Path
 
+from dflash_lab.evaluation.serving_engines import VERSIONS
+
 ENGINES = Path(os.environ.get("DFLASH_ENGINES", Path(__file__).resolve().parents[1] / ".venv" / "engines"))
 HOW = ("the serving engines' sources are not here: python tests/engines_fetch.py .venv/engines (make test does it), "
-       "or set DFLASH_ENGINES to a folder holding the unzipped vllm 0.34.0 and sglang 0.5.23 wheels")
+       f"or set DFLASH_ENGINES to a folder holding the unzipped vllm {VERSIONS['vllm']} and sglang "
+       f"{VERSIONS['sglang']} wheels")
 
 
 def engine_file(engine: str, rel: str) -> Path:

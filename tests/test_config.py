@@ -170,3 +170,16 @@ def test_no_gpu_error_names_each_device_once():
     with pytest.raises(PlacementError) as err:
         make_placement(devices_for([0]))
     assert "('cuda:0',) ask for GPUs" in str(err.value) and str(err.value).count("cuda:0") == 1
+
+
+def test_dspark_defaults_have_one_source():
+    """markov_rank's default is DrafterConfig's field; the loss weights' are TrainConfig's fields: the other places
+    that name them (TrainConfig, from_target, LossWeighting, the step benchmark's flag) read those."""
+    from dflash_lab.config import DrafterConfig, TrainConfig
+    from dflash_lab.config.field_types import field_default
+    from dflash_lab.config.train_config import DSPARK_LOSS_TERMS
+    from dflash_lab.drafter.loss_weights import LossWeighting
+
+    rank = field_default(DrafterConfig, "markov_rank")
+    assert field_default(TrainConfig, "markov_rank") == rank
+    assert LossWeighting().head_terms == tuple((t, field_default(TrainConfig, f)) for t, f in DSPARK_LOSS_TERMS)

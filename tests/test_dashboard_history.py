@@ -143,3 +143,10 @@ def test_the_plot_remeasures_its_cell_after_the_first_fits_so_a_dropped_resize_h
         board._fit_width()
     assert [t for t, _ in sent] == [2.0, 6.0, 6.0 + dash.FIT_EVERY_S, 6.0 + 2 * dash.FIT_EVERY_S]
     assert all(msg == {"autosize": True} for _, msg in sent)
+
+
+def test_a_run_from_before_paused_was_booked_draws_its_pause_clicks():
+    """Older run folders have the click (`control` pause) but no `paused` event: the pause is still drawn, once."""
+    old = [{"event": "control", "action": "pause", "step": 29}, {"event": "control", "action": "resume", "step": 33}]
+    assert [(m.kind, m.step) for m in markers_from_events(old)] == [("pause", 29), ("resume", 33)]
+    assert [m.kind for m in markers_from_events(EVENTS)].count("pause") == 1  # with `paused`: the click is not drawn

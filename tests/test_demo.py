@@ -99,3 +99,12 @@ def test_demo_is_the_same_whatever_threads_the_machine_sets(tmp_path):
     w3, rows3 = _short_demo(tmp_path, "3")
     assert w1 == w3
     assert rows1 == rows3
+
+
+def test_demo_trains_the_tiny_targets_own_settings():
+    """The demo's training shape is recipe_defaults.TINY, not a second copy of its numbers."""
+    from dflash_lab.config.recipe_defaults import TINY
+    from dflash_lab.workflows.demo import DEMO_PARAMETERS
+
+    shared = {k: v for k, v in DEMO_PARAMETERS.items() if k in TINY}
+    assert shared and shared == {k: TINY[k] for k in shared}

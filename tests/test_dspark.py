@@ -267,7 +267,10 @@ def test_parameter_and_flop_models_count_the_heads(over):
         assert variant_head_parameters(d.config) == heads, name
     dc = _dc(**over)
     v_draft = dc.draft_vocab_size or 256
-    conf = 64 + 16 if dc.enable_confidence_head else 0
+    # the confidence head reads H = 64, and the Markov embedding (r = 16) beside it only when told to
+    conf = (64 + (16 if dc.confidence_head_with_markov else 0)) if dc.enable_confidence_head else 0
+    assert conf == {(): 80, ("draft_vocab_size",): 80, ("confidence_head_with_markov",): 64,
+                    ("enable_confidence_head",): 0}[tuple(over)]
     assert variant_head_flops_per_row(dc) == 6 * (16 * v_draft + conf)
     assert variant_head_flops_per_row(_dc(drafter_variant="dflash")) == 0
 
@@ -285,6 +288,11 @@ def test_memory_and_flops_grow_by_the_heads():
     f0, f1 = (flops_per_sequence(target_cfg=tc, drafter_cfg=d, seq_len=256, num_anchors=16) for d in (dflash, dspark))
     assert f0["heads"] == 0 and f1["heads"] == 16 * 7 * 6 * (16 * 256 + 80)
     assert f1["total"] - f0["total"] == f1["heads"]
+    # without the Markov embedding the confidence head's input is H alone: 16 fewer fp32 per row, 16 fewer weights
+    alone = _dc(markov_rank=16, confidence_head_with_markov=False)
+    assert drafter_activation_bytes(dspark, **kw) - drafter_activation_bytes(alone, **kw) == rows * 4 * 16
+    f2 = flops_per_sequence(target_cfg=tc, drafter_cfg=alone, seq_len=256, num_anchors=16)
+    assert f2["heads"] == 16 * 7 * 6 * (16 * 256 + 64)
 
 
 def test_preflight_counts_the_heads_of_a_dspark_config():

@@ -71,6 +71,13 @@ def test_dspark_export_writes_the_heads_and_the_keys_the_engines_read(exported):
     assert not any(k.startswith("heads.") for k in tensors)
     sglang_note = [line for line in lines if line.startswith("SGLang 0.5.23 cannot serve")]
     assert len(sglang_note) == (1 if d.config.draft_vocab_size else 0)
+    # what each engine drafts per step: the 7 drafts of an 8-slot training block, as the serving command says
+    # (vLLM's num_speculative_tokens); the readings said 6 for vLLM and 7 for SGLang, the DFlash rule
+    from dflash_lab.evaluation.serving_engines import engine_readings
+
+    readings = engine_readings(cfg, set(tensors))
+    assert {e: r["draft_tokens"] for e, r in readings.items()} == {"vllm": 7, "sglang": 7, "speculators": 7}
+    assert any('"num_speculative_tokens": 7' in line for line in lines)
 
 
 def test_a_dflash_drafter_exports_nothing_more():

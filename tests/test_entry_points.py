@@ -41,3 +41,17 @@ def test_profile_steps_that_leave_nothing_timed_are_refused():
 ])
 def test_kernel_families(name, family):
     assert kernel_family(name) == family
+
+
+def test_entry_points_pin_what_the_step_benchmark_pins(tmp_path):
+    """Both step benchmarks pin the fields a run would choose for the target (benchmarks/pinned.py); entry_points'
+    own feature-store axis overrides the pinned store."""
+    import argparse
+
+    from dflash_lab.benchmarks.pinned import PINNED
+    from dflash_lab.config.recipe_defaults import PAPER_LR
+
+    args = argparse.Namespace(steps=3, compile_drafter=False)
+    fields = entry_points.config_fields("recipe", args, 0, 4.0, tmp_path)
+    assert {k: fields[k] for k in PINNED} == {**PINNED, "feature_store_gib": 4.0}
+    assert PINNED["lr"] == PAPER_LR and PINNED["loss_weighting"] == "decay"

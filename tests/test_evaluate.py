@@ -94,6 +94,7 @@ def test_eval_cli_writes_each_evaluation_into_its_own_folder(capsys):
              for o in c.get("outputs", []) if "text/plain" in o.get("data", {})]
     assert len(shown) == 1 and "temperature" in shown[0] and "heldout" in shown[0]  # T=0 here (T=1 beside it if run)
     assert saved["train_gpu_seconds"] > 0  # what the evaluated weights cost to train, from the run's metrics rows
+    assert saved["draft_sampling"] == "argmax"  # recorded, not only said in the `decoding` prose
     assert latest_eval(run) == second / "eval.json" and ev.load_report(run)["block_size"] == 4
 
 
@@ -223,6 +224,11 @@ def test_a_time_budget_keeps_whole_prompts_and_describes_the_cut_sets_by_them(mo
     assert [r["prompts"] for r in rep.rows()] == [2, 2]
     assert rep.table().endswith("NOTE: stopped by its time budget of 35 s: tiny-heldout 2 of 3 prompts")
     assert EvalReport.from_dict(rep.to_dict()).stopped == rep.stopped
+    coupled = EvalReport.from_dict({**rep.to_dict(), "temperature": 1.0, "draft_sampling": "coupled"})
+    assert coupled.draft_sampling == "coupled" and coupled.to_dict()["draft_sampling"] == "coupled"
+    old = {k: v for k, v in rep.to_dict().items() if k != "draft_sampling"}  # an eval.json older than the field
+    prose = "X: graphs; drafts sampled from the drafter at T=1.0, from one shared uniform (speculative sampling ...)"
+    assert EvalReport.from_dict({**old, "decoding": prose}).draft_sampling == "coupled"
 
 
 def test_a_time_budget_spent_before_the_first_prompt_is_one_error_with_the_fix(capsys):

@@ -110,3 +110,10 @@ def test_speculators_converter_cannot_take_a_pruned_z_lab_export(exports, tmp_pa
     with pytest.raises(RuntimeError, match=r"size mismatch for lm_head.weight.*\[100, 128\].*\[960, 128\]"):
         maybe_convert_external_checkpoint(str(exports["pruned"]), verifier=resolve_target_path("tiny"),
                                           output_path=str(tmp_path / "converted"))
+
+
+def test_a_check_that_would_compare_nothing_is_refused(exports, capsys):
+    """--contexts 0 drafted after no context and printed `OK: 0 draft ids`, exit 0; it is refused naming the fix."""
+    assert main([str(exports["full"]), "--contexts", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "contexts=0" in err and "Fix: --contexts 1" in err

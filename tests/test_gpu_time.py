@@ -9,7 +9,7 @@ import json
 
 from dflash_lab import TrainConfig
 from dflash_lab.runs import listing, plots
-from dflash_lab.runs.gpu_time import TrainClock, best_tau, distinct_devices, gpu_minutes_to, tau_points
+from dflash_lab.runs.gpu_time import TrainClock, best_tau, gpu_minutes_to, tau_points
 
 
 def ticking(step: float):
@@ -25,7 +25,16 @@ def test_the_clock_counts_devices_times_wall_time_and_continues_a_resumed_run():
     assert c.fields() == {"train_wall_s": 60.0, "gpu_seconds": 120.0}
     later = TrainClock(devices=2, previous=[{"step": 5, "train_wall_s": 60.0}, {"step": 6}], clock=ticking(1.0))
     assert later.fields() == {"train_wall_s": 61.0, "gpu_seconds": 122.0}
-    assert distinct_devices(("cuda:0", "cuda:1"), ("cuda:0",)) == 2 and distinct_devices(("cpu",), None) == 1
+
+
+def test_a_run_resumed_on_other_devices_keeps_the_earlier_jobs_gpu_seconds_as_logged():
+    """60 s on 2 GPUs (120 GPU-s), then resumed on 4: the earlier minute stays 120 GPU-s (it was priced at 4, 240)."""
+    earlier = [{"step": 5, "train_wall_s": 60.0, "gpu_seconds": 120.0}]
+    c = TrainClock(devices=4, previous=earlier, clock=ticking(10.0))
+    assert c.fields() == {"train_wall_s": 70.0, "gpu_seconds": 160.0}
+    # rows from before gpu_seconds was logged: their wall time at this job's count, as before
+    old = TrainClock(devices=3, previous=[{"step": 5, "train_wall_s": 20.0}], clock=ticking(1.0))
+    assert old.fields() == {"train_wall_s": 21.0, "gpu_seconds": 63.0}
 
 
 def test_minutes_to_a_tau_and_the_best_tau():
@@ -82,6 +91,13 @@ def test_t1_beside_t0_the_newest_evaluation_of_each_temperature(tmp_path):
     (tmp_path / "evals" / "20261206T130000Z-b16-t1-bf16" / "eval.json").write_text('{"temperature": 1')  # cut off
     rows = temperature_table(tmp_path)
     assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [(0.0, "argmax", 3.25), (1.0, "sample", 1.67)]
+    # an eval.json that records draft_sampling is read by that field, whatever its `decoding` prose says
+    evaluation("20261206T140000Z", 1.0, 1.80, "StaticSpeculativeDecoder: graphs")
+    path = tmp_path / "evals" / "20261206T140000Z-b16-t1-bf16" / "eval.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "draft_sampling": "coupled"}))
+    rows = temperature_table(tmp_path)
+    assert [(r["temperature"], r["drafts"], r["tau"]) for r in rows] == [
+        (0.0, "argmax", 3.25), (1.0, "coupled", 1.80), (1.0, "sample", 1.67)]
 
 
 def test_an_evaluation_knows_what_the_weights_it_measured_cost_to_train(tmp_path):

@@ -29,3 +29,14 @@ def test_make_test_adds_the_test_extras_on_the_base_environment(tmp_path):
     text = _dry_run("test", tmp_path)
     base, extras = text.index("-e ."), text.index("'.[test]'")
     assert base < extras and "test extras" in text
+
+
+def test_makefile_pins_the_speculators_release_the_export_check_reads():
+    """The Makefile installs speculators at a literal pin; it must be the release serving_engines.VERSIONS describes
+    (the rules restated there, and export_check's install hint, are that release's)."""
+    import re
+
+    from dflash_lab.evaluation.serving_engines import VERSIONS
+
+    pins = re.findall(r"speculators==([\w.]+)", (ROOT / "Makefile").read_text())
+    assert pins and set(pins) == {VERSIONS["speculators"]}

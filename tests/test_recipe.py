@@ -257,3 +257,20 @@ def test_the_recipe_trains_a_dspark_drafter_only_with_its_published_slot_weights
         RecipeConfig(drafter_variant="dspark")
     with pytest.raises(ConfigError, match="unknown drafter variant"):
         RecipeConfig(drafter_variant="eagle")
+
+
+def test_a_dspark_recipe_runs_through_its_export(tmp_path):
+    """A DSpark drafter has no remote-code class (its export names Qwen3DSparkModel, served by the engines' own
+    model files): the recipe's export loaded it with AutoModel as a plain Qwen3Model and raised. It now writes the
+    export with the variant's heads and the engines' DSpark commands."""
+    cfg = RecipeConfig(**{**TINY_SIZES, "num_draft_layers": 1}, work_dir=str(tmp_path / "r"), n_self=0,
+                       eval_block_sizes=(8,), eval_temperatures=(0.0,), drafter_variant="dspark",
+                       loss_weighting="decay")
+    rec = _run(cfg)
+    ex = rec.results["phases"]["export"]
+    assert ex["reference_class"] is None and ex["config"]["architectures"] == ["Qwen3DSparkModel"]
+    assert '"method": "dspark"' in ex["serving"]["vllm"] and "DSPARK" in ex["serving"]["sglang"]
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(Path(ex["out"]) / "model.safetensors")))
+    assert any(n.startswith("markov_head.") for n in names) and any(n.startswith("confidence_head.") for n in names)

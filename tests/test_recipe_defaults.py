@@ -191,3 +191,29 @@ def test_the_memory_model_picks_the_batch_and_sizes_the_store_on_a_gpu_of_given_
     small = chosen(4.0, host_gib=0.0)
     assert small.batch_size < 64 and small.lr == 6e-4
     assert chosen(75.0, steps=1).feature_store_gib == 0.0  # seen once: no store
+
+
+def test_the_batch_on_a_gpu_count_that_divides_no_power_of_two_is_still_sized_by_memory():
+    """Three GPUs: 64 / 32 / 16 do not divide by 3, and the choice fell to 3 (one sequence a GPU) without asking the
+    memory model; it now tries the multiples of 3 below them, largest first."""
+    t = target_facts("smollm2-135m")
+    devices = ("cuda:0", "cuda:1", "cuda:2")
+    for room, want in ((64, 63), (40, 30), (64 * 8, 63)):
+        facts = Facts(longest=300, samples=20_000, max_batch=room)
+        r = resolve_defaults(TrainConfig(target="smollm2-135m", data="x.jsonl", steps=1000, devices=devices),
+                             target=t, facts=facts)
+        assert r.config.batch_size == want
+    assert "63/30/15/6/3" in r.line()
+
+
+def test_a_dspark_run_gets_the_loss_weighting_its_variant_trains_with():
+    """The variant's rule (TrainConfig.variant_loss_weighting) chooses the weighting: decay for dspark on a real
+    target, where a dflash run gets D-PACE."""
+    t = target_facts("smollm2-135m")
+    facts = Facts(longest=1930, samples=29_677, max_batch=64, gib_per_window=0.002)
+    common = dict(target="smollm2-135m", data="x.jsonl", steps=10_000, devices=("cuda:0",))
+    spark = resolve_defaults(TrainConfig(**common, drafter_variant="dspark"), target=t, facts=facts)
+    plain = resolve_defaults(TrainConfig(**common), target=t, facts=facts)
+    assert (spark.config.loss_weighting, plain.config.loss_weighting) == ("decay", "dpace")
+    assert "dspark trains with the decayed slot weights it is published with" in spark.line()
+    assert TrainConfig.variant_loss_weighting("dflash") is None

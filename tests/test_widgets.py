@@ -497,3 +497,25 @@ def test_attached_view_skips_and_counts_garbage_metric_lines(tmp_path):
     model = DashboardModel()
     RunDirSource(tmp_path).poll(model)
     assert model.last_step == 2 and "5 line(s) of metrics.jsonl skipped" in model.warning
+
+
+def test_checkpoint_now_says_when_it_will_be_written_in_each_state_of_the_loop():
+    """Paused and idle: now; paused but taking Step N's steps: after them; Pause clicked but the loop still in its
+    step (phase training, no steps asked): at the boundary where it pauses, not "taking Step N's steps"."""
+    import threading
+    from types import SimpleNamespace
+
+    from widgets.controls import TrainingControls
+
+    def said(phase, pause, paused_steps):
+        ctl = SimpleNamespace(pause=threading.Event(), paused_steps=paused_steps, checkpoint=threading.Event(),
+                              request_checkpoint=lambda: None)
+        if pause:
+            ctl.pause.set()
+        trainer = SimpleNamespace(controls=ctl, step_count=12, phase=phase, loops_running=1)
+        return TrainingControls(trainer).checkpoint()
+
+    assert said("paused", True, 0) == "checkpoint requested at step 12 (written now (the loop is paused))"
+    assert said("paused", True, 3).endswith("(written at the next step boundary (the loop is taking Step N's steps))")
+    assert said("training", True, 0) == "checkpoint requested at step 12 (written at the next step boundary)"
+    assert said("training", False, 0) == "checkpoint requested at step 12 (written at the next step boundary)"

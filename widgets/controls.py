@@ -141,11 +141,13 @@ class TrainingControls:
         self._checkpoint_step = t.step_count
         if self.loop_active():
             t.controls.request_checkpoint()
-            # paused and idle: the paused loop writes it now; paused but taking Step N's steps: after the step
-            stepping = t.controls.paused_steps > 0 or getattr(t, "phase", "") != "paused"
-            when = ("now (the loop is paused)" if t.controls.pause.is_set() and not stepping else
-                    "at the next step boundary (the loop is taking Step N's steps)" if t.controls.pause.is_set()
-                    else "at the next step boundary")
+            # paused and idle: the paused loop writes it now; paused but taking Step N's steps: after the step;
+            # pause clicked but not reached yet (still training): at the step boundary where it pauses
+            paused = t.controls.pause.is_set()
+            when = ("at the next step boundary (the loop is taking Step N's steps)" if paused and
+                    t.controls.paused_steps > 0 else
+                    "now (the loop is paused)" if paused and getattr(t, "phase", "") == "paused" else
+                    "at the next step boundary")
             return self._say(f"checkpoint requested at step {t.step_count} (written {when})")
         self._saving = True  # no loop: write it from a background thread (the button must return at once)
         t.controls.record("checkpoint")

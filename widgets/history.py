@@ -84,11 +84,15 @@ class Marker:
 
 def markers_from_events(events: list[dict]) -> list[Marker]:
     out = []
+    # a run written before the loop booked `paused` has only the click (`control` pause): draw that instead
+    clicked_pause = not any(e.get("event") == "paused" for e in events)
     for e in events:
         ev, step = e.get("event"), e.get("step")
         if not isinstance(step, (int, float)):
             continue
         kind = EVENT_KINDS.get(ev) or (CONTROL_KINDS.get(e.get("action")) if ev == "control" else None)
+        if kind is None and clicked_pause and ev == "control" and e.get("action") == "pause":
+            kind = "pause"
         if kind is None:
             continue
         detail = {"lr": f"lr {e.get('lr'):.3g}" if isinstance(e.get("lr"), (int, float)) else "",

@@ -173,6 +173,16 @@ HEADERS: dict[str, dict[str, str]] = {
   held-out windows' per-slot accuracies simulate (for **dspark** with the Markov bias of the true previous token),
   **val_acc** the share of held-out draft slots whose argmax is the target's token, one column per arm (**dflash**,
   **dspark**). The verify-policy table's columns are explained in the cell above it."""]),
+    "variants-ab-smollm2-h100": dict(
+        what="DFlash, DSpark (its Markov and confidence heads, block 16) and DSpark at its published block 8, each "
+             "trained ALONE on one GPU for the same 120 s (~2 GPU-minutes) on one data pool, then measured by real "
+             "speculative decoding at T=0 on three held-out sets and at T=1 with sampled drafts; tau against "
+             "GPU-minutes",
+        ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}, half its target-written prompts (n_self=13000); reads "
+            "bench/results/2026-12-06-h100-variants-ab/, executed on a CPU",
+        read=[SETTINGS, ARMS, EVAL, """- **The figure**: **held-out chain tau** the tau the held-out windows' per-slot
+  accuracies simulate at each validation check, against GPU-minutes since step 1; the hollow diamond at an arm's
+  last minute is its final real tau on held-out chitchat at T=0 with its 95% interval."""]),
     "vocab-topk64-smollm2-h100": dict(
         what="the full draft vocabulary and the top-64 distillation target, each on top of the distilled baseline",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}; reads bench/results/2026-12-06-h100-vocab-topk64/, executed "
@@ -191,7 +201,8 @@ ARM_KNOBS = {"distill-t1-smollm2-h100": "lr_schedule / feature_store_gib / disti
              "knob-grid2-smollm2-h100": "steps / batch_size / lr / val_every / real_tau_every",
              "layers5-anchors128-smollm2-h100": "num_anchors / num_draft_layers / feature_store_gib",
              "vocab-topk64-smollm2-h100": "draft_vocab_size / feature_store_gib / distill_top_k",
-             "distill-ab-smollm2-h200": "distill_weight"}
+             "distill-ab-smollm2-h200": "distill_weight",
+             "variants-ab-smollm2-h100": "block_size / loss_weighting"}
 
 
 def header_text(stem: str) -> str:

@@ -25,15 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflash_lab.benchmarks.pinned import PINNED
+
 # name -> TrainConfig fields of the shape. mask 2000: a row of the 49,152-id head that the tiny tokenizer's text
 # (ids < 1,024) never holds; Qwen3 shapes keep the family's reserved id.
 SHAPES = {
     "recipe": dict(target="bench:smollm2-135m", seq_len=320, batch_size=32, num_anchors=64, block_size=16,
-                   num_draft_layers=3, lr=6e-4, mask_token_id=2000),
+                   num_draft_layers=3, mask_token_id=2000),
     "paper": dict(target="bench:qwen3-8b", seq_len=3072, batch_size=1, num_anchors=512, block_size=16,
-                  num_draft_layers=5, lr=6e-4),
+                  num_draft_layers=5),
     "tiny": dict(target="bench:tiny", seq_len=128, batch_size=4, num_anchors=8, block_size=16, num_draft_layers=1,
-                 lr=6e-4, mask_token_id=1023),
+                 mask_token_id=1023),
 }
 
 
@@ -58,7 +60,9 @@ def write_chats(path: Path, *, n: int, words: int, seed: int = 0) -> Path:
 
 
 def config_fields(shape: str, args, draft_vocab: int, store_gib: float, runs_dir: Path) -> dict:
-    fields = {**SHAPES[shape], "steps": args.steps, "log_every": 1, "checkpoint_every": 0, "eval_every": 0,
+    # The fields a run would choose for the target are pinned as benchmarks/step.py pins them (pinned.py); the feature
+    # store is this benchmark's own axis and overrides the pinned 0.
+    fields = {**SHAPES[shape], **PINNED, "steps": args.steps, "log_every": 1, "checkpoint_every": 0, "eval_every": 0,
               "val_every": 0, "real_tau_every": 0, "warmup_ratio": 0.0, "seed": 0,
               "draft_vocab_size": draft_vocab or None, "feature_store_gib": float(store_gib),  # 0 = off, said
               "compile_drafter": args.compile_drafter, "runs_dir": str(runs_dir)}

@@ -37,6 +37,7 @@ import torch
 from dflash_lab.drafter.blocks import sample_anchors
 from dflash_lab.drafter.loss_weights import DECAY, LossWeighting, global_block_batch, loss_weighting_of
 from dflash_lab.benchmarks import step_variants
+from dflash_lab.benchmarks.pinned import PINNED  # the fields a run would choose for the target, pinned (pinned.py)
 from dflash_lab.config import TrainConfig
 from dflash_lab.config.target_defaults import default_gamma
 from dflash_lab.runs.metrics import JsonlSink
@@ -113,9 +114,6 @@ def _git_commit() -> str | None:
         return None
 
 
-# The step measured is the one its row names: fields a run would choose for the target are pinned (no feature store,
-# the paper's decay weighting and lr), so a row means the same configuration before and after those choices.
-PINNED = {"lr": 6e-4, "loss_weighting": "decay", "feature_store_gib": 0.0, "feature_store_host_gib": 0.0}
 
 
 def train_config(args, shape: dict, *, cuda_graphs: bool, compile_drafter: bool,
@@ -173,7 +171,7 @@ def run_variant(args, shape: dict, models: list, target_cfg, drafter_cfg, placem
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
         t = time.perf_counter()
-        out = engine.step(batch, step=s, lr=6e-4, next_batch=nxt)
+        out = engine.step(batch, step=s, lr=PINNED["lr"], next_batch=nxt)
         loss = out["loss"].item()  # syncs, like the Trainer
         dt = time.perf_counter() - t
         if prof is not None and s == args.warmup + 2:

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from dflash_lab.config import DrafterConfig
+from dflash_lab.config.field_types import field_default
+
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / "bench_configs" / "drafters"
 # variant -> (cuda_graphs, compile_drafter), as bench.VARIANTS
 VARIANTS = {"graph-fp8": (True, False), "compile-fp8": (True, True), "graph-fp8t": (True, False),
@@ -53,7 +56,9 @@ def add_args(p) -> None:
     p.add_argument("--drafter-variants", default="dflash", type=drafter_arms, help="comma list of drafter variants "
                    "(dflash, dspark), each timed with every --variants entry; NAME@B at block size B (dspark@8: "
                    "DSpark's published block)")
-    p.add_argument("--markov-rank", type=int, default=256, help="dspark arms: the Markov head's rank (DeepSpec: 256)")
+    rank = field_default(DrafterConfig, "markov_rank")
+    p.add_argument("--markov-rank", type=int, default=rank, help=f"dspark arms: the Markov head's rank (DeepSpec: "
+                   f"{rank})")
 
 
 def drafter_arms(text: str) -> list[tuple[str, int | None]]:
@@ -92,7 +97,7 @@ def drafter_layers(name: str) -> dict:
 def train_fields(args, variant: str, arm: tuple[str, int | None] = ("dflash", None)) -> dict:
     """Extra TrainConfig fields for a variant: the layer pattern, the FP8 switches and the drafter arm's variant."""
     fields = {**drafter_layers(args.drafter_layers), **switches(variant), "drafter_variant": arm[0],
-              "markov_rank": getattr(args, "markov_rank", 256)}
+              "markov_rank": getattr(args, "markov_rank", field_default(DrafterConfig, "markov_rank"))}
     n = len(fields["layer_types"])
     return {**fields, "num_draft_layers": n} if n else fields
 

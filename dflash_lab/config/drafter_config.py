@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import ConfigError, fail
 from .feature_checks import check_draft_vocab_size
-from .field_types import check_field_types
+from .field_types import check_field_types, field_default
 from .target_defaults import KNOWN_MASK_TOKEN_IDS, KNOWN_MASK_TOKEN_IDS_BY_VOCAB, default_target_layer_ids
 from .windows import check_layer_windows, layer_windows_of, mask_key
 
@@ -30,7 +30,7 @@ def check_variant_fields(c: str, cfg) -> None:
              f"use one of {DRAFTER_VARIANTS} (a new variant is a line in drafter/variants.py: docs/layout.md)")
     if isinstance(cfg.markov_rank, bool) or not isinstance(cfg.markov_rank, int) or cfg.markov_rank < 1:
         fail(c, "markov_rank", cfg.markov_rank, "the Markov head's rank must be a positive integer",
-             "use 256 (DeepSpec's published rank)")
+             f"use {field_default(DrafterConfig, 'markov_rank')} (DeepSpec's published rank)")
 
 @dataclass(frozen=True, kw_only=True)
 class DrafterConfig:
@@ -175,10 +175,11 @@ class DrafterConfig:
                     target_layer_ids: tuple[int, ...] | None = None, block_size: int = 16,
                     mask_token_id: int | None = None, layer_types: tuple[str, ...] = (),
                     sliding_window: int | None = None, layer_windows: tuple = (),
-                    draft_vocab_size: int | None = None, drafter_variant: str = "dflash", markov_rank: int = 256,
-                    enable_confidence_head: bool = True,
+                    draft_vocab_size: int | None = None, drafter_variant: str = "dflash",
+                    markov_rank: int | None = None, enable_confidence_head: bool = True,
                     confidence_head_with_markov: bool = True) -> "DrafterConfig":
-        """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary."""
+        """Derive the drafter from a Hugging Face target config: same hidden size, heads, RoPE and vocabulary.
+        markov_rank None: the field's default (DeepSpec's rank)."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
         L = tc.num_hidden_layers
         ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(L, num_target_features)
@@ -207,7 +208,8 @@ class DrafterConfig:
             vocab_size=tc.vocab_size, tie_word_embeddings=bool(getattr(tc, "tie_word_embeddings", False)),
             block_size=block_size, mask_token_id=int(mask_token_id), num_target_layers=L, target_layer_ids=ids,
             layer_types=tuple(layer_types), sliding_window=sliding_window, layer_windows=tuple(layer_windows or ()),
-            draft_vocab_size=draft_vocab_size, drafter_variant=drafter_variant, markov_rank=markov_rank,
+            draft_vocab_size=draft_vocab_size, drafter_variant=drafter_variant,
+            markov_rank=field_default(cls, "markov_rank") if markov_rank is None else markov_rank,
             enable_confidence_head=enable_confidence_head, confidence_head_with_markov=confidence_head_with_markov,
         )
 

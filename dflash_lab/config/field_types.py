@@ -15,6 +15,17 @@ import typing
 from typing import Any, Callable
 
 
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass field `name` of `cls`: code that repeats a default (a CLI flag, a message, a second
+    config) reads it here, so the field stays its one source."""
+    f = cls.__dataclass_fields__[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise KeyError(f"{cls.__name__}.{name} has no default")
+
+
 def _matches(value: Any, hint: Any) -> bool:
     """Whether `value` is of the annotated type: int excludes bool, float accepts int, tuple[X, ...] checks items."""
     origin = typing.get_origin(hint)

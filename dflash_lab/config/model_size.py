@@ -46,28 +46,41 @@ def drafter_matmul_parameters(drafter_config) -> int:
     return d.num_hidden_layers * layer + d.num_target_features * d.hidden_size * d.hidden_size
 
 
+def _has_dspark_heads(d) -> bool:
+    """Whether the drafter carries DSpark's Markov and confidence heads. By the variant's name: this floor cannot ask
+    drafter/variants.py's table, so tests/test_dspark.py checks the counts below against the real heads of every
+    variant in it."""
+    return getattr(d, "drafter_variant", "dflash") == "dspark"
+
+
+def confidence_head_inputs(d) -> int:
+    """Inputs of DSpark's confidence head: the slot's hidden state (H), and its Markov embedding (r) beside it only
+    when confidence_head_with_markov; 0 without a confidence head."""
+    if not d.enable_confidence_head:
+        return 0
+    return d.hidden_size + (d.markov_rank if d.confidence_head_with_markov else 0)
+
+
 def variant_head_parameters(drafter_config) -> int:
-    """The parameters of the variant's heads (drafter/variants.py), by the variant's name: this floor cannot ask the
-    table, so tests/test_dspark.py checks this count against the real heads of every variant in it.
+    """The parameters of the variant's heads (drafter/variants.py).
     DSpark: markov_w1 (target vocab x r) + markov_w2 (draft vocab x r) + the confidence head (H [+ r] weights + 1)."""
     d = drafter_config
-    if getattr(d, "drafter_variant", "dflash") != "dspark":
+    if not _has_dspark_heads(d):
         return 0
     r, v_draft = d.markov_rank, d.draft_vocab_size or d.vocab_size
-    confidence = d.hidden_size + (r if d.confidence_head_with_markov else 0) + 1 if d.enable_confidence_head else 0
+    confidence = confidence_head_inputs(d) + 1 if d.enable_confidence_head else 0
     return d.vocab_size * r + v_draft * r + confidence
 
 
 def variant_head_flops_per_row(drafter_config) -> int:
     """Training FLOPs of the variant's heads per supervised slot, forward and backward. DSpark: the Markov bias
     (r -> draft vocab) fused into the LM head's chunks, 3x its forward (forward, the embedding's gradient,
-    markov_w2's gradient), + the confidence head's (H + r) -> 1, 3x; the embedding itself is a gather."""
+    markov_w2's gradient), + the confidence head's (H [+ r]) -> 1, 3x; the embedding itself is a gather."""
     d = drafter_config
-    if getattr(d, "drafter_variant", "dflash") != "dspark":
+    if not _has_dspark_heads(d):
         return 0
     r = d.markov_rank
-    confidence = d.hidden_size + r if d.enable_confidence_head else 0
-    return 3 * 2 * (r * (d.draft_vocab_size or d.vocab_size) + confidence)
+    return 3 * 2 * (r * (d.draft_vocab_size or d.vocab_size) + confidence_head_inputs(d))
 
 
 def drafter_parameters(drafter_config) -> int:

@@ -118,11 +118,6 @@ class Resolved:
         return {c.field: {"value": c.value, "why": c.why} for c in self.choices}
 
 
-def unresolved(config) -> tuple[str, ...]:
-    """The RESOLVED_FIELDS still None in `config`."""
-    return tuple(f for f in RESOLVED_FIELDS if getattr(config, f) is None)
-
-
 def lr_for_batch(batch: int) -> float:
     """The lr the measurements support at `batch`: the paper's 6e-4 up to 32, scaled by sqrt(batch / 32) above
     (8.5e-4 at 64: the long preset's, level with 32 at 6e-4 at equal tokens)."""
@@ -139,7 +134,7 @@ def seq_len_cap(target: TargetFacts) -> int:
 
 def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = None) -> Resolved:
     """`config` with every unset RESOLVED_FIELDS value chosen for `target` (module docstring); values set stay."""
-    todo = unresolved(config)
+    todo = config.unresolved  # TrainConfig's: the RESOLVED_FIELDS still None
     if not todo:
         return Resolved(config, ())
     chosen: dict[str, object] = {}
@@ -168,9 +163,9 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
         choose("block_size", PAPER_BLOCK, "paper default for real targets")
     if "num_draft_layers" in todo:
         choose("num_draft_layers", PAPER_LAYERS, "paper's depth; 5 beat 3 layers by +0.14 tau at 10k steps")
-    if "loss_weighting" in todo and config.drafter_variant == "dspark":
-        choose("loss_weighting", "decay", "dspark's published loss weights its slots by decay (D-PACE weights the "
-               "DFlash CE alone)")
+    need = config.variant_loss_weighting(config.drafter_variant)  # the variant's own weighting, if it has one
+    if "loss_weighting" in todo and need:
+        choose("loss_weighting", need[0], f"{config.drafter_variant} trains with {need[1]}")
     elif "loss_weighting" in todo:
         choose("loss_weighting", "dpace", f"D-PACE beat decay by +0.19 tau at 10k steps; gamma "
                f"{config.gamma if config.gamma is not None else default_gamma(value('block_size')):g} only for decay")
@@ -187,7 +182,8 @@ def resolve_defaults(config, *, target: TargetFacts, facts: RunFacts | None = No
     if "batch_size" in todo:
         workers = len(config.devices)
         if facts.cuda:
-            tried = [b for b in BATCHES if b % workers == 0] or [workers]
+            # each worker takes an equal share: on 3, 5, 6 or 7 GPUs the nearest multiples below (63, 30, 15, ...)
+            tried = sorted({max(workers, b // workers * workers) for b in BATCHES}, reverse=True)
             fits = [b for b in tried if facts.batch_fits(dataclasses.replace(current(), batch_size=b,
                                                                              feature_store_gib=0.0,
                                                                              feature_store_host_gib=0.0))]

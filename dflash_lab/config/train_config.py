@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, fail
-from .field_types import check_field_types
+from .field_types import check_field_types, field_default
 from .feature_checks import (check_distill_fields, check_draft_vocab_fields, check_loss_weighting_fields,
                              check_optimizer_fields, check_pack_fields, sink_problem)
 from .perf_checks import check_perf_fields
@@ -27,6 +27,11 @@ from .recipe_defaults import RESOLVED_FIELDS
 from .target_defaults import default_gamma
 from .drafter_config import (ATTENTION_BACKENDS, LAYER_TYPES, DrafterConfig,  # noqa: F401 (DrafterConfig re-exported)
                              check_variant_fields)
+
+# DSpark's loss terms and the TrainConfig field that weighs each (their defaults are DeepSpec's published weights).
+DSPARK_LOSS_TERMS = (("ce", "dspark_ce_weight"), ("l1", "dspark_l1_weight"),
+                     ("confidence", "dspark_confidence_weight"))
+DSPARK_WEIGHT_FIELDS = tuple(name for _, name in DSPARK_LOSS_TERMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,8 +233,8 @@ class TrainConfig:
     drafter_variant: str = "dflash"
     """"dflash" (the backbone alone) or "dspark" (plus a Markov head over the previous token and a confidence head;
     drafter/dspark.py). DSpark's published block is 7 drafts: block_size=8 here (anchor + 7 MASK slots)."""
-    markov_rank: int = 256
-    """dspark: rank of the Markov head (DeepSpec: 256)."""
+    markov_rank: int = field_default(DrafterConfig, "markov_rank")
+    """dspark: rank of the Markov head (DrafterConfig's default: DeepSpec's 256)."""
     enable_confidence_head: bool = True
     """dspark: train the confidence head (the engine's adaptive verification length reads it)."""
     confidence_head_with_markov: bool = True
@@ -344,18 +349,28 @@ class TrainConfig:
         check_draft_vocab_fields(self)
         check_distill_fields(self)
         check_variant_fields(c, self)
-        for name in ("dspark_ce_weight", "dspark_l1_weight", "dspark_confidence_weight"):
+        for name in DSPARK_WEIGHT_FIELDS:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
-                fail(c, name, v, "must be a finite number >= 0", "use DeepSpec's 0.1 / 0.9 / 1.0")
+                fail(c, name, v, "must be a finite number >= 0", "use DeepSpec's "
+                     + " / ".join(str(field_default(TrainConfig, n)) for n in DSPARK_WEIGHT_FIELDS))
+        need = self.variant_loss_weighting(self.drafter_variant)
+        if need and self.loss_weighting not in (need[0], None):  # None: chosen for the target (recipe_defaults)
+            fail(c, "loss_weighting", self.loss_weighting, f"{self.drafter_variant} trains with {need[1]}",
+                 f'use loss_weighting="{need[0]}"')
         if self.drafter_variant == "dspark":
-            if self.loss_weighting not in ("decay", None):  # None: chosen for the target (recipe_defaults: decay)
-                fail(c, "loss_weighting", self.loss_weighting, "dspark trains with the decayed slot weights its "
-                     "authors use (D-PACE weights the DFlash CE alone)", 'use loss_weighting="decay"')
             if self.distill_weight not in (0.0, 1.0):
                 fail(c, "distill_weight", self.distill_weight, "dspark's CE is on the data's token and its L1 on the "
                      "target's distribution (DeepSpec's loss): distill_weight only says whether the target's "
                      "top-k is there", "use 1.0 (the published loss) or 0 (the data's token stands in for it)")
+
+    @staticmethod
+    def variant_loss_weighting(variant: str) -> tuple[str, str] | None:
+        """(the loss weighting drafter `variant` must train with, why), or None when it trains with either. The one
+        statement of that rule: TrainConfig and RecipeConfig check it, recipe_defaults chooses by it."""
+        if variant == "dspark":
+            return "decay", "the decayed slot weights it is published with (D-PACE weights the DFlash CE alone)"
+        return None
 
     def compiles_on(self, device_type: str) -> bool:
         """Whether the drafter is torch.compiled on a device of this type: True everywhere, "auto" on CUDA only

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from dflash_lab.config import DrafterConfig
+from dflash_lab.config.model_size import confidence_head_inputs
 
 
 class MarkovHead(nn.Module):
@@ -73,11 +74,12 @@ class DSparkHeads(nn.Module):
     @staticmethod
     def activation_bytes(config: DrafterConfig, *, rows: int, chunk_rows: int, dtype_bytes: int) -> int:
         """What the step keeps for the heads beyond the DFlash head's (train/memory_model.py): per supervised row
-        the Markov embedding and its gradient (r each) and the confidence head's fp32 input (H + r) and logit;
-        markov_w2's fp32 gradient accumulator and its cast; per chunk row the epilogue's extra fp32 (c, V_draft)
-        passes (probabilities, the L1 gradient) over the DFlash CE's."""
+        the Markov embedding and its gradient (r each) and the confidence head's fp32 input (H, + r when it reads
+        the Markov embedding) and logit; markov_w2's fp32 gradient accumulator and its cast; per chunk row the
+        epilogue's extra fp32 (c, V_draft) passes (probabilities, the L1 gradient) over the DFlash CE's."""
         r, v_draft = config.markov_rank, config.draft_vocab_size or config.vocab_size
-        per_row = 2 * r * dtype_bytes + (4 * (config.hidden_size + r + 2) if config.enable_confidence_head else 0)
+        conf_in = confidence_head_inputs(config)  # 0 without the head
+        per_row = 2 * r * dtype_bytes + (4 * (conf_in + 2) if config.enable_confidence_head else 0)
         return rows * per_row + v_draft * r * (4 + dtype_bytes) + chunk_rows * v_draft * 8
 
     def markov_embed(self, prev_ids: torch.Tensor) -> torch.Tensor:

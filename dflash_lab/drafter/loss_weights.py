@@ -31,6 +31,8 @@ import torch
 from .blocks import BlockBatch, build_block_batch, raw_weight_total
 from .variants import variant_of
 from dflash_lab.config.feature_checks import LOSS_NORMALIZERS, LOSS_WEIGHTINGS  # noqa: F401 (re-exported)
+from dflash_lab.config.field_types import field_default
+from dflash_lab.config.train_config import DSPARK_LOSS_TERMS, TrainConfig
 
 
 
@@ -41,8 +43,9 @@ class LossWeighting:
     mode: str = "decay"
     alpha: float = 0.5
     normalizer: str = "valid_anchors"
-    head_terms: tuple[tuple[str, float], ...] = (("ce", 0.1), ("l1", 0.9), ("confidence", 1.0))
-    """A variant's loss-term weights (drafter/dspark.py: TrainConfig.dspark_*_weight; DeepSpec's by default)."""
+    head_terms: tuple[tuple[str, float], ...] = tuple((term, field_default(TrainConfig, name))
+                                                      for term, name in DSPARK_LOSS_TERMS)
+    """A variant's loss-term weights (drafter/dspark.py: TrainConfig.dspark_*_weight; their defaults, DeepSpec's)."""
     prefix_only: bool = False
     """Supervise only each block's contiguous supervised prefix (a variant's rule: DSpark's, variants.py)."""
 
@@ -57,8 +60,8 @@ DECAY = LossWeighting()
 def loss_weighting_of(cfg) -> LossWeighting:
     """The LossWeighting of a TrainConfig (its fields loss_weighting, dpace_alpha, loss_normalizer)."""
     return LossWeighting(cfg.loss_weighting, cfg.dpace_alpha, cfg.loss_normalizer,
-                         (("ce", cfg.dspark_ce_weight), ("l1", cfg.dspark_l1_weight),
-                          ("confidence", cfg.dspark_confidence_weight)), variant_of(cfg).prefix_only)
+                         tuple((term, getattr(cfg, name)) for term, name in DSPARK_LOSS_TERMS),
+                         variant_of(cfg).prefix_only)
 
 
 def dpace_weights(q: torch.Tensor, has_loss: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -261,7 +261,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     return EvalReport(run_dir=str(src.run_dir), weights=str(src.weights), step=src.step, target=plan.target,
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
-                      decoding=f"{type(decoders['trained']).__name__}: {how}", seed=plan.seed,
+                      decoding=f"{type(decoders['trained']).__name__}: {how}", draft_sampling=sampling, seed=plan.seed,
                       prompt_sets={k: v.to_dict() for k, v in infos.items()}, stopped=stopped,
                       train_gpu_seconds=gpu_seconds_at(src.run_dir, src.step) if src.run_dir else None)
 

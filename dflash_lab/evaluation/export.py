@@ -38,7 +38,7 @@ from dflash_lab.runs import weights
 from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .export_format import (HEAD, build_export, config_from_export, export_config, export_state_names,  # noqa: F401
-                            export_tensor_names, is_exported)
+                            is_exported)
 from .export_variant import with_variant
 from .serving_engines import VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig

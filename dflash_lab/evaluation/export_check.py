@@ -100,7 +100,9 @@ def _speculators_load(export_dir: Path, cfg: dict, target_dir: str, work: Path):
         model.load_vocab_mappings(t2d, d2t)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected:
-            raise ExportCheckError(f"speculators' DFlashDraftModel has no place for {unexpected} of {export_dir}.")
+            raise ExportCheckError(f"speculators' DFlashDraftModel has no place for {unexpected} of {export_dir}: "
+                                   "this export holds tensors speculators does not serve. Fix: export again with "
+                                   "this dflash-lab, or check the tensors it names against docs/dflash-method.md")
         model.load_verifier_weights()  # the embedding from the target; the head stays the export's rows
         model.save_pretrained(str(path))
     config = DFlashSpeculatorConfig.from_pretrained(str(path))
@@ -190,6 +192,14 @@ def check_export(export_dir: str | Path, *, target: str | None = None, contexts:
                  log=print) -> dict:
     """Run the check (module docstring); returns the report (JSON-able) with `ok`."""
     path = Path(export_dir).expanduser()
+    if contexts < 1:
+        raise ExportCheckError(f"contexts={contexts}: the check drafts after at least one context. Fix: --contexts 1 "
+                               "or more (default 3)")
+    cfg_file = path / "config.json"
+    if cfg_file.is_file() and "Qwen3DSparkModel" in (json.loads(cfg_file.read_text()).get("architectures") or []):
+        raise ExportCheckError(f"{path} is a DSpark export: speculators {VERSIONS['speculators']} has no DSpark "
+                               "drafter to load it with. Fix: its engine check is tests/test_dspark_export.py "
+                               "(vLLM's and SGLang's own DSpark config parsing and load_weights on the export)")
     if not is_exported(path):
         raise DrafterNotFoundError(f"{path} is not an exported DFlash drafter (config.json with architectures "
                                    "['DFlashDraftModel'] + dflash_config, and model.safetensors).")
@@ -274,8 +284,8 @@ def check_export(export_dir: str | Path, *, target: str | None = None, contexts:
                     log(f"  context {S:4d}, {how}: {row['identical']}/{row['ids']} draft ids identical, max |logit "
                         f"diff| {row['max_logit_diff']:.2e}" + (" (speculators' window rule differs here: reported, "
                                                               "not required)" if own_rule_differs else ""))
-    report["ok"] = all(r["ok"] for r in report["required"])
     n_ids = sum(r["ids"] for r in report["required"] if "ids" in r)
+    report["ok"] = all(r["ok"] for r in report["required"]) and n_ids > 0  # nothing compared proves nothing
     log(f"{'OK' if report['ok'] else 'FAILED'}: {n_ids} draft ids compared with speculators "
         f"{VERSIONS['speculators']}'s loader" + ("" if report["ok"] else "; see the lines above"))
     return report

@@ -40,11 +40,6 @@ def build_export(config: DrafterConfig, state: dict, *, dtype: torch.dtype, targ
     return tensors, export_config(config, dtype=str(dtype).replace("torch.", ""), extra=extra)
 
 
-def export_tensor_names(config: DrafterConfig) -> list[str]:
-    """The tensors of the serving checkpoint: the drafter's own, and a pruned drafter's head rows."""
-    return export_state_names(config) + ([HEAD] if config.draft_vocab_size is not None else [])
-
-
 def export_state_names(config: DrafterConfig) -> list[str]:
     """Exactly the tensor names of the serving checkpoint (docs/dflash-method.md section 4)."""
     names = []

@@ -25,6 +25,7 @@ import torch
 
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.variants import variant_of
+from dflash_lab.evaluation.serving_engines import VERSIONS
 
 
 def _dspark_config(config: DrafterConfig) -> dict:
@@ -35,9 +36,9 @@ def _dspark_config(config: DrafterConfig) -> dict:
 def _dspark_notes(config: DrafterConfig) -> list[str]:
     if config.draft_vocab_size is None:
         return []
-    return [f"SGLang 0.5.23 cannot serve this DSpark drafter: it has a pruned vocabulary ({config.draft_vocab_size} "
-            "ids) and SGLang's Markov head has a row per target id and drafts over the whole target head; vLLM "
-            "0.34.0 serves it. Fix for SGLang: train with draft_vocab_size=None."]
+    return [f"SGLang {VERSIONS['sglang']} cannot serve this DSpark drafter: it has a pruned vocabulary "
+            f"({config.draft_vocab_size} ids) and SGLang's Markov head has a row per target id and drafts over the "
+            f"whole target head; vLLM {VERSIONS['vllm']} serves it. Fix for SGLang: train with draft_vocab_size=None."]
 
 
 SERVED_AS = {"dspark": (_dspark_config, _dspark_notes)}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_lab.runs.evals import EVAL_FILE, eval_dirs, latest_eval, new_eval_dir, pooled_tau  # noqa: F401 (re-exported)
+from dflash_lab.runs.evals import draft_sampling_of
 from .intervals import LEVEL, RESAMPLES, tau_interval
 from .prompt_sets import overlap_text
 from .verdicts import NEAR_TIE_MARGIN, lossless_verdict  # noqa: F401 (re-exported)
@@ -45,12 +46,14 @@ class EvalReport:
     seed: int = 0  # of the bootstrap resampling
     stopped: str = ""  # why fewer prompts were decoded than planned (a time budget), "" when every one was
     train_gpu_seconds: float | None = None  # what the evaluated weights cost to train (runs/gpu_time.py), if logged
+    draft_sampling: str | None = None  # how the drafts were drawn (acceptance.DRAFT_SAMPLING; "argmax" at T=0)
 
     @classmethod
     def from_dict(cls, d: dict) -> "EvalReport":
         keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
         extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets", "stopped",
                                    "train_gpu_seconds") if k in d}
+        extra["draft_sampling"] = draft_sampling_of(d)  # an eval.json older than the field: read off `decoding`
         if "interval" in d:
             extra["seed"] = d["interval"].get("seed", 0)
         return cls(**{k: d[k] for k in keys}, **extra)
@@ -192,6 +195,7 @@ class EvalReport:
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
                 "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "prompt_sets": self.prompt_sets,
                 "stopped": self.stopped, "train_gpu_seconds": self.train_gpu_seconds,
+                "draft_sampling": self.draft_sampling,
                 "interval": {"level": LEVEL, "resamples": RESAMPLES, "seed": self.seed,
                              "method": "bootstrap over prompts, pooled tau (accepted / iterations + 1) per resample"},
                 "summary": self.rows(), "verdicts": self.verdicts(),

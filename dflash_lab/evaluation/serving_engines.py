@@ -45,6 +45,17 @@ def draft_vocab_of(cfg: dict) -> int | None:
     return None if d is None or d == cfg["vocab_size"] else int(d)
 
 
+def is_dspark(cfg: dict) -> bool:
+    """A DSpark export (architectures Qwen3DSparkModel): its block_size is the engines' number of drafts."""
+    return "Qwen3DSparkModel" in (cfg.get("architectures") or [])
+
+
+def drafts_per_step(cfg: dict) -> int:
+    """Tokens an engine drafts per step from this export: a z-lab DFlash block of B slots is the last verified token
+    and B-1 drafts; a DSpark export writes the drafts themselves as block_size (export_variant.py)."""
+    return int(cfg["block_size"]) if is_dspark(cfg) else int(cfg["block_size"]) - 1
+
+
 def _layer_types(cfg: dict) -> list[str]:
     return list(cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"])
 
@@ -70,10 +81,10 @@ def vllm_reading(cfg: dict, tensor_names: set[str]) -> dict:
         vocab = f"the export's own {d}-row lm_head, column i -> target id i + d2t[i]"
     else:
         vocab = f"the target's FIRST {d} rows (no lm_head in the export), column i -> target id i + d2t[i]"
-        why = ("vLLM 0.34.0 would draft draft id i with target row i instead of row i + d2t[i]. "
+        why = (f"vLLM {VERSIONS['vllm']} would draft draft id i with target row i instead of row i + d2t[i]. "
                "Fix: export again with this dflash-lab (it writes the drafter's head rows as lm_head.weight)")
     return {"version": VERSIONS["vllm"], "mask_token_id": dc.get("mask_token_id"),
-            "target_layer_ids": list(dc.get("target_layer_ids", [])), "draft_tokens": cfg["block_size"] - 1,
+            "target_layer_ids": list(dc.get("target_layer_ids", [])), "draft_tokens": drafts_per_step(cfg),
             "causal": causal, "window": [window if t == SLIDING else None for t in types], "vocabulary": vocab,
             "cannot_serve": why}
 
@@ -86,11 +97,11 @@ def sglang_reading(cfg: dict) -> dict:
     d = draft_vocab_of(cfg)
     why = None
     if d is not None:
-        why = (f"SGLang 0.5.23 cannot serve a pruned draft vocabulary ({d} of {cfg['vocab_size']} ids): it drafts "
+        why = (f"SGLang {VERSIONS['sglang']} cannot serve a pruned draft vocabulary ({d} of {cfg['vocab_size']} ids): it drafts "
                "over the target's full head and ignores d2t, a different drafter. Alternative: serve this export "
                "with vLLM, or train with draft_vocab_size=None (the full vocabulary) for SGLang")
     return {"version": VERSIONS["sglang"], "mask_token_id": dc.get("mask_token_id"),
-            "target_layer_ids": list(dc.get("target_layer_ids", [])), "draft_tokens": cfg["block_size"],
+            "target_layer_ids": list(dc.get("target_layer_ids", [])), "draft_tokens": drafts_per_step(cfg),
             "causal": causal, "window": [cfg.get("sliding_window") if t == SLIDING else None for t in types],
             "vocabulary": f"the target's head, all {cfg['vocab_size']} ids", "cannot_serve": why}
 
@@ -102,13 +113,13 @@ def speculators_reading(cfg: dict) -> dict:
     d = draft_vocab_of(cfg)
     why = None
     if d is not None:
-        why = (f"speculators 0.9.0 converts a z-lab export to the full vocabulary (draft_vocab_size := "
+        why = (f"speculators {VERSIONS['speculators']} converts a z-lab export to the full vocabulary (draft_vocab_size := "
                f"{cfg['vocab_size']}, d2t dropped, the {d}-row lm_head refused: size mismatch); its own format "
                "holds a pruned head (lm_head + d2t + t2d), which `python -m dflash_lab.evaluation.export_check` "
                "writes to load it")
     return {"version": VERSIONS["speculators"], "mask_token_id": dc.get("mask_token_id"),
             "aux_hidden_state_layer_ids": [i + 1 for i in dc.get("target_layer_ids", [])],
-            "draft_tokens": cfg["block_size"] - 1, "causal": [t == SLIDING for t in types],
+            "draft_tokens": drafts_per_step(cfg), "causal": [t == SLIDING for t in types],
             "window": [cfg.get("sliding_window") if t == SLIDING else None for t in types],
             "window_rule": "W context keys before the anchor for every slot (vLLM: counted from each query)",
             "vocabulary": f"the target's head, all {cfg['vocab_size']} ids" if d is None else
@@ -130,9 +141,8 @@ def serving_commands(cfg: dict, export_dir, target: str) -> dict:
     vLLM's method "dspark" takes num_speculative_tokens = block_size and SGLang's DSPARK reads the block from the
     checkpoint (its `--speculative-dspark-block-size` is inferred when omitted). An engine that cannot serve the
     export has no command (see `engine_readings`)."""
-    B = cfg["block_size"]
-    dspark = "Qwen3DSparkModel" in (cfg.get("architectures") or [])
-    method, drafts = ("dspark", B) if dspark else ("dflash", B - 1)
+    B, dspark, drafts = cfg["block_size"], is_dspark(cfg), drafts_per_step(cfg)
+    method = "dspark" if dspark else "dflash"
     spec = json.dumps({"method": method, "model": str(export_dir), "num_speculative_tokens": drafts})
     out = {"vllm": f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(spec)}"}
     if draft_vocab_of(cfg) is None:

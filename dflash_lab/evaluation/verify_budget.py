@@ -62,7 +62,8 @@ class VerifyPolicy:
             return next((j for j, c in enumerate(conf) if c < self.threshold), len(conf))
         if len(self.verify_ms) < len(conf) + 1:
             raise ValueError(f"VerifyPolicy.verify_ms has {len(self.verify_ms)} entries; verifying {len(conf)} drafts "
-                             f"needs the cost of up to {len(conf) + 1} tokens.")
+                             f"needs the cost of up to {len(conf) + 1} tokens. Fix: measure the verify cost of 1 to "
+                             f"{len(conf) + 1} tokens (bench/dspark_verify.py's cost table) or verify fewer drafts.")
         best_k, best, expected, survival = 0, 1.0 / (self.draft_ms + self.verify_ms[0]), 1.0, 1.0
         for k, c in enumerate(conf, start=1):
             survival *= c

@@ -80,7 +80,7 @@ def temperature_table(run_dir: str | Path) -> list[dict]:
     for folder in eval_dirs(run_dir):
         try:
             d = json.loads((folder / EVAL_FILE).read_text())
-            key = (float(d["temperature"]), int(d["block_size"]), drafts_of(d.get("decoding", "")))
+            key = (float(d["temperature"]), int(d["block_size"]), draft_sampling_of(d))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         newest[key] = (folder, d)  # folders are oldest first: the last one of a key is its newest
@@ -96,8 +96,16 @@ def temperature_table(run_dir: str | Path) -> list[dict]:
     return rows
 
 
+def draft_sampling_of(d: dict) -> str:
+    """How a saved evaluation drew its drafts: "argmax", "sample" or "coupled". Its `draft_sampling` field; an
+    eval.json written before that field existed says it only in its `decoding` line, read by drafts_of."""
+    recorded = d.get("draft_sampling")
+    return recorded if isinstance(recorded, str) and recorded else drafts_of(d.get("decoding") or "")
+
+
 def drafts_of(decoding: str) -> str:
-    """How an evaluation drafted, read from its `decoding` line: "argmax", "sample" or "coupled"."""
+    """How an evaluation drafted, read from its `decoding` line (the prose evaluate.py writes): "argmax", "sample"
+    or "coupled". Only for eval.json files older than the `draft_sampling` field."""
     if "drafts sampled" not in decoding:
         return "argmax"
     return "coupled" if "one shared uniform" in decoding else "sample"

@@ -33,18 +33,21 @@ class TrainClock:
         self.continue_from(previous)
 
     def continue_from(self, previous: Iterable[dict]) -> None:
-        """Count the wall time the earlier jobs of a resumed run logged (their last `train_wall_s`) before this one."""
-        earlier = [r.get("train_wall_s") for r in previous]
-        self.before = next((float(v) for v in reversed(earlier) if isinstance(v, (int, float))), 0.0)
+        """Count what the earlier jobs of a resumed run logged (their last `train_wall_s` and `gpu_seconds`) before
+        this one. Their device-seconds are carried as logged: a run resumed on another number of devices prices only
+        this job's wall time at this job's count."""
+        rows = list(previous)
+        self.before = _last_number(rows, "train_wall_s")
+        self.gpu_before = _last_number(rows, "gpu_seconds", default=self.before * self.devices)
 
     def fields(self) -> dict:
-        wall = self.before + (self.clock() - self.started)
-        return {"train_wall_s": round(wall, 3), "gpu_seconds": round(wall * self.devices, 3)}
+        this_job = self.clock() - self.started
+        return {"train_wall_s": round(self.before + this_job, 3),
+                "gpu_seconds": round(self.gpu_before + this_job * self.devices, 3)}
 
 
-def distinct_devices(*groups) -> int:
-    """How many devices a placement holds: the distinct names among drafter and target devices."""
-    return len({str(d) for g in groups for d in (g or ())})
+def _last_number(rows: list[dict], key: str, default: float = 0.0) -> float:
+    return next((float(r[key]) for r in reversed(rows) if isinstance(r.get(key), (int, float))), default)
 
 
 def tau_points(rows: Iterable[dict]) -> list[dict]:

@@ -62,11 +62,14 @@ def drafter_activation_bytes(dc, *, batch: int, seq_len: int, num_anchors: int, 
     if backend == "flex" and splits_context(seq_len):  # model.attend_blocks: the blocks' own fp32 probabilities,
         per_layer += nh * Q * (4 * dc.block_size + 8 + 8 * hd)  # two lse rows, two fp32 outputs for the merge
     once = c * (seq_len * n * H + 3 * seq_len * H + 3 * Q * H) + 4 * 2 * seq_len * H
-    rows = num_anchors * (dc.block_size - 1)
-    head = c * 2 * rows * H + min(chunk_size, rows) * (dc.draft_vocab_size or dc.vocab_size) * (4 + 4 + c)
+    # the LM head reads every predicted slot of the micro-batch (batch x anchors x (B-1) rows, their hidden and its
+    # gradient) and holds one chunk of logits, fp32 softmax and its gradient at a time
+    rows = batch * num_anchors * (dc.block_size - 1)
+    chunk = min(chunk_size, rows)
+    head = c * 2 * rows * H + chunk * (dc.draft_vocab_size or dc.vocab_size) * (4 + 4 + c)
     heads = variant_of(dc).heads
     if heads is not None:  # a variant's heads beside the LM head (DSpark: drafter/dspark.py)
-        head += heads.activation_bytes(dc, rows=batch * rows, chunk_rows=min(chunk_size, batch * rows), dtype_bytes=c)
+        head += heads.activation_bytes(dc, rows=rows, chunk_rows=chunk, dtype_bytes=c)
     mask = Q * KV if backend.startswith("sdpa") else 0
     return batch * (D * per_layer + per_layer + once + mask) + head  # + one layer of gradient transients
 

@@ -167,9 +167,12 @@ def arms_markdown(data: dict) -> str:
     for arm, cs in curves(data).items():
         state, cfg, last = data["ab"]["arms"][arm], data["configs"][arm], cs[-1]
         first_epoch = max((r["minutes"] for r in cs if r.get("epoch") == 0), default=None)
-        for check in (r for r in cs if r.get("real_tau") is not None):
+        # arms trained without a real-tau check (real_tau_every=0) get one row: their last validation check
+        checks = ([r for r in cs if r.get("real_tau") is not None]
+                  or [r for r in cs if r.get("val_chain_tau") is not None][-1:] or [last])
+        for check in checks:
             tau = (f"{_f(check['real_tau'])} [{_f(check.get('real_tau_low'))}, {_f(check.get('real_tau_high'))}] "
-                   f"n={check.get('real_tau_prompts')}")
+                   f"n={check.get('real_tau_prompts')}" if check.get("real_tau") is not None else "-")
             values = [" / ".join(_f(cfg.get(k), "g") for k in knobs)] if knobs else []
             rows.append([arm, *values, state["status"],
                          f"{state['steps']:,} / {cfg.get('steps', 0):,}", _f(first_epoch), _f(last["minutes"]),
@@ -276,3 +279,33 @@ def figure_png(fig, dpi: int = 100) -> PngImage:
 
 def training_png(data: dict) -> PngImage:
     return figure_png(training_figure(data))
+
+
+def chain_tau_figure(data: dict, prompt_set: str = "chitchat-heldout"):
+    """Tau against GPU-minutes, one line per arm: the held-out chain tau at each validation check (the tau the
+    held-out windows' per-slot accuracies simulate, comparable between variants) and, hollow at the arm's last
+    minute, the final real tau at T=0 on `prompt_set` with its 95% interval. Arms of different block sizes read
+    on one axis: tau counts tokens per target forward whatever the block."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.subplots()
+    finals = [r for r in final_rows(data) if r["temperature"] == 0 and r["prompt_set"] == prompt_set]
+    for i, (arm, rows) in enumerate(curves(data).items()):
+        checks = [r for r in rows if r.get("val_chain_tau") is not None]
+        block = (data["configs"].get(arm) or {}).get("block_size")
+        ax.plot([r["minutes"] for r in checks], [r["val_chain_tau"] for r in checks], "o-", ms=3, color=f"C{i}",
+                label=f"{arm} (block {block}): held-out chain tau")
+        mine = [r for r in finals if r["arm"] == arm]
+        ax.errorbar([rows[-1]["minutes"]] * len(mine), [r["tau"] for r in mine], fmt="D", mfc="white",
+                    color=f"C{i}", yerr=_yerr(mine, "tau", "tau_low", "tau_high"), capsize=3,
+                    label=f"{arm}: real tau, {prompt_set} (n={mine[0]['prompts']})" if mine else None)
+    ax.set_xlabel("GPU-minutes (one GPU, wall clock since step 1)")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def chain_tau_png(data: dict, prompt_set: str = "chitchat-heldout") -> PngImage:
+    return figure_png(chain_tau_figure(data, prompt_set))

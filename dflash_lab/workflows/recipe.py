@@ -348,17 +348,23 @@ class Recipe:
         # a pruned draft vocabulary (the presets' draft_vocab_size) exports its head rows of the target: vLLM serves
         # it as trained; SGLang cannot, and the export says so before it writes
         out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log, target=c.model)
-        # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
-        model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
-        if info["missing_keys"] or info["unexpected_keys"]:
-            raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
         cfg = json.loads((out / "config.json").read_text())
-        return self._record("export", t0, out=str(out), reference_class=type(model).__name__,
+        reference = None
+        if "auto_map" in cfg:
+            # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
+            model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
+            if info["missing_keys"] or info["unexpected_keys"]:
+                raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
+            reference = type(model).__name__
+        else:  # a variant with no remote-code class (DSpark): the engines' own model files are its reference
+            self.log(f"[recipe] export: {cfg.get('architectures')} has no remote-code class; the engines load it "
+                     "with their own model code (tests/test_dspark_export.py runs their loaders)")
+        return self._record("export", t0, out=str(out), reference_class=reference,
                             serving=export_commands(out, c.model), cannot_serve=cannot_serve(out),
-                            config={k: cfg[k] for k in ("model_type", "hidden_size", "num_attention_heads",
-                                                        "num_key_value_heads", "head_dim", "num_hidden_layers",
-                                                        "tie_word_embeddings", "block_size", "num_target_layers",
-                                                        "dflash_config")})
+                            config={k: cfg[k] for k in ("model_type", "architectures", "hidden_size",
+                                                        "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                        "num_hidden_layers", "tie_word_embeddings", "block_size",
+                                                        "num_target_layers", "dflash_config") if k in cfg})
 
     # -- bookkeeping -----------------------------------------------------------------------------------------------
     def _training_unfinished(self) -> str | None:

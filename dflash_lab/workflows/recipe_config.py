@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_lab.config import TrainConfig
+from dflash_lab.config.drafter_config import DRAFTER_VARIANTS
 from dflash_lab.config.errors import fail
 from dflash_lab.config.field_types import check_field_types
 from dflash_lab.evaluation.acceptance import DRAFT_SAMPLING
@@ -271,11 +272,12 @@ class RecipeConfig:
             bad("eval_draft_sampling", "unknown or no draft sampling", f"use one or more of {list(DRAFT_SAMPLING)}")
         if self.loss_weighting not in ("dpace", "decay"):
             bad("loss_weighting", "unknown loss weighting", 'use "dpace" (D-PACE) or "decay" (the paper\'s)')
-        if self.drafter_variant not in ("dflash", "dspark"):
-            bad("drafter_variant", "unknown drafter variant", 'use "dflash" or "dspark"')
-        if self.drafter_variant == "dspark" and self.loss_weighting != "decay":
-            bad("loss_weighting", "DSpark trains with the decayed slot weights it is published with",
-                'use loss_weighting="decay" with drafter_variant="dspark"')
+        if self.drafter_variant not in DRAFTER_VARIANTS:
+            bad("drafter_variant", "unknown drafter variant", f"use one of {DRAFTER_VARIANTS}")
+        need = TrainConfig.variant_loss_weighting(self.drafter_variant)
+        if need and self.loss_weighting != need[0]:
+            bad("loss_weighting", f"{self.drafter_variant} trains with {need[1]}",
+                f'use loss_weighting="{need[0]}" with drafter_variant="{self.drafter_variant}"')
         if self.regen_dtype not in ("auto", "float32", "bfloat16"):
             bad("regen_dtype", "unknown dtype", 'use "auto" (bf16 on CUDA, fp32 on the CPU), "float32" or "bfloat16"')
         for name in ("heldout", "n_train", "regen_batch_size", "regen_max_new_tokens", "steps", "seq_len",
