@@ -164,10 +164,17 @@ def test_a_stop_requested_before_the_process_owns_the_run_is_written_only_once_i
     stopper.arm()
     assert (tmp_path / "STOP").exists()
     assert [e["event"] for e in rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)] == ["stop_requested"]
+    # the timer thread's request and arm() on the main thread can both reach the write: it happens once
+    stopper._write()
+    stopper.arm()
+    assert [e["event"] for e in rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)] == ["stop_requested"]
     stopper.close()
     refused = JobStop(tmp_path, 0.0, time.monotonic() - 1.0, main_rank=True, armed=False)
     (tmp_path / "STOP").touch()  # another process's request: a refused one leaves it
+    deadline = time.monotonic() + 10
     while refused.reason is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert refused.reason == "time budget of 0 s spent"
     refused.close()
     assert (tmp_path / "STOP").exists()
+    assert [e["event"] for e in rundir.read_jsonl(tmp_path / rundir.EVENTS_FILE)] == ["stop_requested"]

@@ -291,6 +291,24 @@ def check_export(export_dir: str | Path, *, target: str | None = None, contexts:
     return report
 
 
+def reference_load(out_dir: str | Path, log=print) -> str | None:
+    """Load an export with its remote code (the DFlashDraftModel shipped beside it, which SGLang / vLLM users load)
+    and return that class's name; raise if a tensor is missing or left over. A variant with no remote-code class
+    (DSpark: the engines' own model files serve it; tests/test_dspark_export.py runs their loaders) returns None."""
+    out = Path(out_dir).expanduser()
+    cfg = json.loads((out / "config.json").read_text())
+    if "auto_map" not in cfg:
+        log(f"export: {cfg.get('architectures')} has no remote-code class; the engines load it with their own "
+            "model code")
+        return None
+    from transformers import AutoModel
+
+    model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
+    if info["missing_keys"] or info["unexpected_keys"]:
+        raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
+    return type(model).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dflash_lab.evaluation.export_check",
                                  description=__doc__.split("\n")[0])

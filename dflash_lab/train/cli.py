@@ -152,6 +152,8 @@ class JobStop:
         """`armed=False`: the process does not own the run yet (it may still be refused, and the STOP file would
         stop another process's run): a request is kept and written by `arm()`."""
         self.run_dir, self.main_rank, self.reason, self.armed = run_dir, main_rank, None, armed
+        # the timer thread's request and the main thread's arm() can meet: the lock writes the request once
+        self._lock, self._written = threading.RLock(), False  # RLock: SIGTERM may land while the main thread holds it
         self.timer = None
         if budget_s is not None:  # the budget counts from the process's start: loading is part of the job
             self.timer = threading.Timer(max(0.0, budget_s - (time.monotonic() - started)), self.request,
@@ -165,20 +167,24 @@ class JobStop:
         self.request("SIGTERM")
 
     def request(self, reason: str) -> None:
-        if self.reason is not None:
-            return
-        self.reason = reason
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
         print(f"{reason}: stopping at the next step boundary after a checkpoint", file=sys.stderr, flush=True)
-        if self.armed:
-            self._write()
+        self._write()
 
     def arm(self) -> None:
         """The run is this process's now: a request made while it loaded is written."""
         self.armed = True
-        if self.reason is not None:
-            self._write()
+        self._write()
 
     def _write(self) -> None:
+        """The request into the run (event + STOP), once, and only once the process owns the run."""
+        with self._lock:
+            if not self.armed or self.reason is None or self._written:
+                return
+            self._written = True
         reason = self.reason
         try:
             if self.main_rank:

@@ -334,9 +334,8 @@ class Recipe:
         return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:
-        from transformers import AutoModel
-
         from dflash_lab.evaluation.export import cannot_serve, export_commands, export_drafter
+        from dflash_lab.evaluation.export_check import reference_load
 
         c = self.config
         t0 = time.perf_counter()
@@ -349,17 +348,7 @@ class Recipe:
         # it as trained; SGLang cannot, and the export says so before it writes
         out = export_drafter(self.run_dir, self.dir / "export", force=True, log=self.log, target=c.model)
         cfg = json.loads((out / "config.json").read_text())
-        reference = None
-        if "auto_map" in cfg:
-            # the reference code path: the remote-code DFlashDraftModel that SGLang / vLLM users load
-            model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
-            if info["missing_keys"] or info["unexpected_keys"]:
-                raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
-            reference = type(model).__name__
-        else:  # a variant with no remote-code class (DSpark): the engines' own model files are its reference
-            self.log(f"[recipe] export: {cfg.get('architectures')} has no remote-code class; the engines load it "
-                     "with their own model code (tests/test_dspark_export.py runs their loaders)")
-        return self._record("export", t0, out=str(out), reference_class=reference,
+        return self._record("export", t0, out=str(out), reference_class=reference_load(out, log=self.log),
                             serving=export_commands(out, c.model), cannot_serve=cannot_serve(out),
                             config={k: cfg[k] for k in ("model_type", "architectures", "hidden_size",
                                                         "num_attention_heads", "num_key_value_heads", "head_dim",
