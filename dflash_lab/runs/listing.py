@@ -70,8 +70,8 @@ def _select(found: list[Path], newest: int) -> tuple[list[Path], dict[Path, str]
 
 
 def selection_note(found: list[Path], newest: int) -> str:
-    """What compare picked by default and what it left out, in one line: `compared 3 finished runs and 1 stopped
-    (step 14); left out 2 newer: stopped at step 17, interrupted (ckpt @5)`."""
+    """What compare picked by default and what it left out, in one line: `compared 4 run(s) of 6: 3 finished,
+    1 stopped (finished runs first, then other ended runs); left out 2 newer: <run> (stopped at step 17), ...`."""
     pick, status = _select(found, newest)
     counts: dict[str, int] = {}
     for p in pick:
