@@ -1,4 +1,4 @@
-"""Issue 17: the chunked LM head + CE at the paper's shape, decay vs D-PACE (fwd + bwd ms, peak memory).
+"""The chunked LM head + CE at the paper's shape, decay vs D-PACE (fwd + bwd ms, peak memory).
 
 Qwen3-8B head (V 151936, H 4096), one sequence of 512 anchors x 15 supervised slots = 7680 rows, bf16, chunks of
 4096 rows. D-PACE keeps per-row CE and scales the gradient rows after the loop: it should cost about the same.

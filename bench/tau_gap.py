@@ -4,8 +4,8 @@
                             [--drafter saved.pt] [--out tau_gap.json]
 
 Trains the demo shape (or loads --drafter), then per prompt set (train / held-out conversations) reports:
-  sim_tau_mean   the training metric before issue 12: arithmetic mean over anchors of 1 + leading correct slots
-  sim_tau        the training metric after issue 12 (step.block_stats)
+  sim_tau_mean   the old training metric: arithmetic mean over anchors of 1 + leading correct slots
+  sim_tau        the training metric now (step.block_stats)
   chain_tau_data replay of speculative decoding on the DATA answer (jump by the acceptance length)
   chain_tau_gen  the same replay on the target's own greedy answer (what serving verifies against)
   real_tau       SpeculativeDecoder at T=0 on the same prompts (pooled over iterations)

@@ -53,6 +53,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def bench_tiny_engine(devices=("cuda:0",), target_devices=None, *, seq_len: int = 256, num_anchors: int = 16,
+                      block_size: int = 16, batch_size: int = 2, drafter: dict | None = None, **train):
+    """The training engine on the bench's tiny target (vocabulary 1024, MASK 1023), lr 1e-3, fp32 unless
+    `dtype` says otherwise: `train` goes to TrainConfig, `drafter` to DrafterConfig.from_target."""
+    from dflash_lab.config import DrafterConfig, TrainConfig
+    from dflash_lab.target.load import load_target_config, load_targets
+    from dflash_lab.train.engine_build import build_engine
+    from dflash_lab.train.placement import make_placement
+
+    cfg = TrainConfig(target="bench:tiny", seq_len=seq_len, num_anchors=num_anchors, block_size=block_size,
+                      batch_size=batch_size, devices=devices, target_devices=target_devices, mask_token_id=1023,
+                      dtype=train.pop("dtype", "float32"), lr=1e-3, **train)
+    tc = load_target_config("bench:tiny")
+    dc = DrafterConfig.from_target(tc, block_size=block_size, mask_token_id=1023, **(drafter or {}))
+    placement = make_placement(cfg.devices, cfg.target_devices)
+    models = load_targets("bench:tiny", placement.target_devices,
+                          dtype=torch.float32 if cfg.dtype == "float32" else torch.bfloat16)
+    return build_engine(cfg, placement, models, dc, target_config=tc)
+
+
 def make_tiny_qwen3(*, tie: bool = True, layers: int = 8, hidden: int = 64, vocab: int = 256, seed: int = 0,
                     layer_types=None, sliding_window=None):
     """A random-initialised Qwen3 for unit tests (not the trained embedded default)."""

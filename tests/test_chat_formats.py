@@ -184,7 +184,7 @@ def test_in_memory_lists_get_the_same_validation():
     assert isinstance(chat.report, DataReport) and json.loads(json.dumps(chat.report))["conversations"] == 2
 
 
-# --- issue 14: data loads lose nothing silently ---------------------------------------------------------------------
+# --- data loads lose nothing silently --------------------------------------------------------------------------------
 def test_directory_reads_nested_upper_case_and_compressed_files_and_reports_every_skip(tmp_path):
     import bz2
     import gzip

@@ -148,7 +148,7 @@ def test_resolve_checkpoint_errors_name_the_fix(tmp_path):
         checkpoint.resolve_checkpoint(tmp_path)
 
 
-# --- issue 14: faults keep the run ----------------------------------------------------------------------------------
+# --- faults keep the run ---------------------------------------------------------------------------------------------
 def test_corrupt_state_in_older_checkpoint_is_reported_and_never_stops_later_saves(tmp_path):
     root = tmp_path / "checkpoints"
     first = _write(root, 1, loss=0.1)  # the best by loss: rotation would keep it

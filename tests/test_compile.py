@@ -1,4 +1,4 @@
-"""Issue 18 on CPU: a drafter mixing full and sliding layers with two distinct windows, compiled (inductor) in
+"""Compiled drafters on CPU: a drafter mixing full and sliding layers with two distinct windows, compiled (inductor) in
 several worker threads, has zero recompiles after the first step, zero graph breaks, and the loss and gradients of
 the eager drafter; the window is data of the mask (one flex compile for every window); per-layer windows are
 validated, refused at export, and CUDAGraph Trees modes are refused at config time."""

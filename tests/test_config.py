@@ -106,7 +106,7 @@ def test_devices_for():
         devices_for([1.5])
 
 
-# --- issue 14: every field validated by its annotation (type, finiteness) plus ranges -------------------------------
+# --- every field validated by its annotation (type, finiteness) plus ranges ------------------------------------------
 NAN = float("nan")
 
 

@@ -274,7 +274,7 @@ def test_validate_cli_prints_the_report(capsys):
     assert "records read: 3200" in out and "thinking False; mask render" in out and "kept " in out
 
 
-# --- issue 14: bounded memory on pathological records; template failures are one record's problem ------------------
+# --- bounded memory on pathological records; template failures are one record's problem ------------------------------
 class _LengthSpy:
     """The real tokenizer, recording the longest text it is asked to tokenize."""
 

@@ -1,4 +1,4 @@
-"""Draft-vocabulary pruning (issue 17): top-d on a hand-made corpus, coverage, pruned loss/accuracy against a naive
+"""Draft-vocabulary pruning: top-d on a hand-made corpus, coverage, pruned loss/accuracy against a naive
 reference, checkpoint + resume, export with d2t, lossless speculative decoding with a pruned drafter (tiny target)."""
 
 import functools

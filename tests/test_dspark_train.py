@@ -142,11 +142,8 @@ def test_the_captured_step_function_equals_the_plain_step(tmp_path, data_file):
 @pytest.mark.gpu
 def test_dspark_graph_replay_equals_eager_on_the_gpu():
     """The captured step holds the heads' parameters and loss: replaying it gives eager's losses and terms."""
-    from dflash_lab.config import DrafterConfig
     from dflash_lab.drafter.blocks import build_block_batch, raw_weight_total, sample_anchors
-    from dflash_lab.train.engine_build import build_engine
-    from dflash_lab.train.placement import make_placement
-    from dflash_lab.target.load import load_target_config, load_targets
+    from tests.conftest import bench_tiny_engine
 
     def batch(step, b=2, seq_len=256, n=16, block=8):
         g = torch.Generator().manual_seed(100 + step)
@@ -158,15 +155,8 @@ def test_dspark_graph_replay_equals_eager_on_the_gpu():
                                  weight_total=total)
 
     def engine(cuda_graphs):
-        cfg = TrainConfig(target="bench:tiny", seq_len=256, num_anchors=16, block_size=8, batch_size=2,
-                          devices=("cuda:0",), mask_token_id=1023, dtype="float32", lr=1e-3, cuda_graphs=cuda_graphs,
-                          drafter_variant="dspark", markov_rank=32)
-        tc = load_target_config("bench:tiny")
-        dc = DrafterConfig.from_target(tc, block_size=8, mask_token_id=1023, drafter_variant="dspark",
-                                       markov_rank=32)
-        placement = make_placement(cfg.devices, None)
-        models = load_targets("bench:tiny", placement.target_devices, dtype=torch.float32)
-        return build_engine(cfg, placement, models, dc, target_config=tc)
+        spark = dict(drafter_variant="dspark", markov_rank=32)
+        return bench_tiny_engine(block_size=8, cuda_graphs=cuda_graphs, drafter=spark, **spark)
 
     runs = {}
     for graphs in (True, False):

@@ -320,7 +320,7 @@ def test_engine_heads_draft_what_our_decoder_drafts(tmp_path, d):
     assert engine_readings(cfg, tensors)["vllm"]["cannot_serve"] is None
 
 
-# --- issue 14: an export never destroys a folder, and writes ordinary (umask) permissions ---------------------------
+# --- an export never destroys a folder, and writes ordinary (umask) permissions --------------------------------------
 def _exported_run(tmp_path):
     dc, drafter = _drafter()
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""FP8 row-wise linears (issue 16): numerics on CPU (torch._scaled_mm runs there at reference speed), the frozen
+"""FP8 row-wise linears: numerics on CPU (torch._scaled_mm runs there at reference speed), the frozen
 target's FP8 features against full precision per extracted layer, the trainable drafter linear's gradients, and the
 engine with target_fp8 + drafter_fp8 (same parameters, a loss close to bf16's). GPU speed and the bf16 comparison
 at a real shape are in tests/test_gpu.py and bench/results/2026-12-01-h200-run5/h200_run5.sh."""

@@ -10,6 +10,7 @@ from dflash_lab.config import DrafterConfig, TrainConfig
 from dflash_lab.train.engine_build import build_engine
 from dflash_lab.train.placement import make_placement
 from dflash_lab.target.load import load_target_config, load_targets
+from tests.conftest import bench_tiny_engine
 
 pytestmark = pytest.mark.gpu
 S, N, B = 256, 16, 16
@@ -17,14 +18,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPU
 
 
 def _engine(devices, target_devices=None, **kw):
-    cfg = TrainConfig(target="bench:tiny", seq_len=S, num_anchors=N, block_size=B, batch_size=2, devices=devices,
-                      target_devices=target_devices, mask_token_id=1023, dtype=kw.pop("dtype", "float32"), lr=1e-3, **kw)
-    tc = load_target_config("bench:tiny")
-    dc = DrafterConfig.from_target(tc, block_size=B, mask_token_id=1023)
-    placement = make_placement(cfg.devices, cfg.target_devices)
-    dt = torch.float32 if cfg.dtype == "float32" else torch.bfloat16
-    models = load_targets("bench:tiny", placement.target_devices, dtype=dt)
-    return build_engine(cfg, placement, models, dc, target_config=tc)
+    return bench_tiny_engine(devices, target_devices, seq_len=S, num_anchors=N, block_size=B, **kw)
 
 
 def _batch(step, num_anchors=N):
@@ -178,7 +172,7 @@ def test_split_target_gpu0_drafter_gpu1_with_prefetch():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# perf (issues 16/18): mixed sliding/full layers with two windows compiled under our capture; FP8; fused optimizer
+# perf: mixed sliding/full layers with two windows compiled under our capture; FP8; fused optimizer
 # ---------------------------------------------------------------------------------------------------------------
 
 MIXED = dict(layer_types=("sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
@@ -186,14 +180,8 @@ MIXED = dict(layer_types=("sliding_attention", "full_attention", "sliding_attent
 
 
 def _mixed_engine(devices, **kw):
-    cfg = TrainConfig(target="bench:tiny", seq_len=S, num_anchors=N, block_size=B, batch_size=len(devices),
-                      devices=devices, mask_token_id=1023, dtype=kw.pop("dtype", "float32"), lr=1e-3, **MIXED, **kw)
-    tc = load_target_config("bench:tiny")
-    dc = DrafterConfig.from_target(tc, block_size=B, mask_token_id=1023, **MIXED)
-    placement = make_placement(cfg.devices, cfg.target_devices)
-    dt = torch.float32 if cfg.dtype == "float32" else torch.bfloat16
-    return build_engine(cfg, placement, load_targets("bench:tiny", placement.target_devices, dtype=dt), dc,
-                        target_config=tc)
+    return bench_tiny_engine(devices, seq_len=S, num_anchors=N, block_size=B, batch_size=len(devices), drafter=MIXED,
+                             **MIXED, **kw)
 
 
 def _mixed_run(engine, steps=4):

@@ -1,4 +1,4 @@
-"""Muon (issue 17): parameter groups by role, one step == torch.optim.Muon + AdamW on a copy, the tiny-target run
+"""Muon: parameter groups by role, one step == torch.optim.Muon + AdamW on a copy, the tiny-target run
 learns, exact resume, optimizer switch refused on resume, config errors, two workers == one worker."""
 
 import pytest

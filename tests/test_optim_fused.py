@@ -1,4 +1,4 @@
-"""Fused clip + AdamW over flat buffers reading bf16 gradients (issue 16 item 5) == the unfused reference (fp32
+"""Fused clip + AdamW over flat buffers reading bf16 gradients == the unfused reference (fp32
 grad copies, clip_grad_norm_, torch AdamW, copy back), on CPU with bf16 parameters as on a GPU."""
 
 import pytest

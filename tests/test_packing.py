@@ -363,19 +363,10 @@ def _packed_synthetic(step, *, b=2, seq_len=256, num_anchors=16, block=16):
 def test_packed_graph_replay_equals_eager_on_the_gpu(attention):
     """doc_ids are one more static buffer: the target (per-document causal mask + RoPE built inside the capture) and
     the drafter (flex mask_mods over the static doc_ids) replay packed windows whose cuts change every step."""
-    from dflash_lab.train.engine_build import build_engine
-    from dflash_lab.train.placement import make_placement
-    from dflash_lab.target.load import load_target_config, load_targets
+    from tests.conftest import bench_tiny_engine
 
     def engine(cuda_graphs):
-        cfg = TrainConfig(target="bench:tiny", seq_len=256, num_anchors=16, block_size=16, batch_size=2,
-                          devices=("cuda:0",), mask_token_id=1023, dtype="float32", lr=1e-3, attention=attention,
-                          cuda_graphs=cuda_graphs, pack_sequences=True)
-        tc = load_target_config("bench:tiny")
-        dc = DrafterConfig.from_target(tc, block_size=16, mask_token_id=1023)
-        placement = make_placement(cfg.devices, None)
-        models = load_targets("bench:tiny", placement.target_devices, dtype=torch.float32)
-        return build_engine(cfg, placement, models, dc, target_config=tc)
+        return bench_tiny_engine(attention=attention, cuda_graphs=cuda_graphs, pack_sequences=True)
 
     losses = {}
     for graphs in (True, False):

@@ -249,7 +249,7 @@ def test_greedy_match_check_is_recorded_in_meta(tiny, prompts, tmp_path):
     assert meta["last_run"]["greedy_match"]["identical"] == 4
 
 
-# --- issue 14: the server path counts every failure by id, retries with backoff, refuses mixed settings --------------
+# --- the server path counts every failure by id, retries with backoff, refuses mixed settings ------------------------
 def _scripted_server(*, slow_s=0.0):
     """A real HTTP server whose reply depends on the user's text: good, malformed (3 kinds), empty, slow once, 503
     once. Each reply is 'echo: <text>' so the output is checkable."""

@@ -127,7 +127,7 @@ def test_log_event_appends_json_lines(tmp_path):
     assert os.path.getsize(tmp_path / rundir.EVENTS_FILE) > 0
 
 
-# --- issue 14: one process per run directory (run_lock.py) ---------------------------------------------------------
+# --- one process per run directory (run_lock.py) ---------------------------------------------------------------------
 _HOLDER = ("import sys, time; from dflash_lab.runs import rundir; "
            "rundir.open_run_dir(sys.argv[1], runs_dir='unused', name='x'); print('held', flush=True); time.sleep(60)")
 

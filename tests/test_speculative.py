@@ -21,7 +21,7 @@ from dflash_lab.evaluation.speculative import (DraftCache, DrafterMismatchError,
 from dflash_lab.target.features import FeatureExtractor, embedding_of
 from tests.conftest import make_tiny_qwen3
 
-# The trained-drafter shape every test of issue 3 shares (the demo's shape, trained only a few steps).
+# The trained-drafter shape every speculative-decoding test shares (the demo's shape, trained only a few steps).
 TINY_TRAIN = dict(target="tiny", data="tiny", block_size=8, num_anchors=24, seq_len=192, batch_size=8,
                   num_draft_layers=2, lr=3e-3, seed=0, log_every=5, run_name="spec-test")
 

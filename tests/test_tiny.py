@@ -154,7 +154,7 @@ def test_task_generator_is_deterministic():
     assert (train, heldout) == tasks.make_datasets(0, 200, 20)
 
 
-# --- issue 14: the build script and the committed assets agree ------------------------------------------------------
+# --- the build script and the committed assets agree -----------------------------------------------------------------
 def test_committed_assets_match_the_recorded_sha256():
     from dflash_lab.tiny import build
 

@@ -1,4 +1,4 @@
-"""Validation on held-out data and real tau during training (issue 12): anchor enumeration, the replay of
+"""Validation on held-out data and real tau during training: anchor enumeration, the replay of
 speculative decoding on a sequence (== real SpeculativeDecoder tau on the target's own output), the Trainer hook's
 keys in metrics.jsonl / history, validation leaving training untouched, the tau_gap warning, config checks."""
 
@@ -53,7 +53,7 @@ def test_chain_replays_decoding_by_jumping_the_acceptance_length():
 
 
 def test_simulated_tau_multiplies_per_slot_accuracies():
-    """1 + sum_k prod_{j<=k} acc_j (issue 12: the per-block mean of run lengths overstated real tau 1.57x)."""
+    """1 + sum_k prod_{j<=k} acc_j (the per-block mean of run lengths overstated real tau 1.57x)."""
     from dflash_lab.drafter.step import block_stats
 
     c = torch.tensor([[[True, True, True], [True, True, False], [True, False, True], [False, True, True]]])

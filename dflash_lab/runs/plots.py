@@ -133,10 +133,7 @@ def plot_compare(frame, *, out: str | Path | None = None, smooth: int = 1) -> Pn
         ax.set_ylabel(unit, fontsize=10)
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-    if labels:
-        axes[0].legend(fontsize=9)
-    else:
-        axes[0].text(0.5, 0.5, "no logged steps", ha="center", va="center", transform=axes[0].transAxes)
+    _legend_or_say(axes[0], bool(labels), "no logged steps", fontsize=9)
     fig.tight_layout()
     return save_png(fig, out)
 
@@ -185,9 +182,14 @@ def plot_tau_cost(frame, *, out: str | Path | None = None) -> PngImage:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("tau", fontsize=9)
         ax.grid(alpha=0.3)
-    if drawn:
-        axes[0].legend(fontsize=8)
-    else:
-        axes[0].text(0.5, 0.5, "no real tau measured", ha="center", va="center", transform=axes[0].transAxes)
+    _legend_or_say(axes[0], bool(drawn), "no real tau measured", fontsize=8)
     fig.tight_layout()
     return save_png(fig, out)
+
+
+def _legend_or_say(ax, drawn: bool, nothing: str, *, fontsize: int) -> None:
+    """The panel's legend when it drew a line, else a word in its middle saying why it is empty."""
+    if drawn:
+        ax.legend(fontsize=fontsize)
+    else:
+        ax.text(0.5, 0.5, nothing, ha="center", va="center", transform=ax.transAxes)
