@@ -111,6 +111,7 @@ def main(argv=None) -> int:
     out = {"arm": args.arm, "run_dir": run_dir, "step": src.step, "block_size": B, "device": str(plan.device),
            "dtype": str(plan.dtype), "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda"
            else "cpu", "costs": costs, "rows": []}
+    pricing = VerifyPolicy(rule="cost", verify_ms=tuple(costs["verify_ms"]), draft_ms=costs["draft_ms"])
     for name, spec in VERIFY.items():
         policy = None if spec is None else VerifyPolicy(**spec, **({"verify_ms": tuple(costs["verify_ms"]),
                                                                     "draft_ms": costs["draft_ms"]}
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
             verified = [v for r in results for v in r.verified]
             emitted = sum(accepted) + len(accepted)
             iv = tau_interval(results)
-            priced = sum(costs["draft_ms"] + costs["verify_ms"][v] for v in verified)  # what a k-draft verify costs
+            priced = pricing.modeled_ms(verified)  # what the blocks' k-draft verifies cost on this GPU
             row = {"policy": name, "prompt_set": s, "prompts": len(results), "tau": round(emitted / len(accepted), 4),
                    "tau_low": iv.low if iv else None, "tau_high": iv.high if iv else None,
                    "verify_tokens_per_token": round(sum(1 + v for v in verified) / emitted, 4),
