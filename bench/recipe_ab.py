@@ -160,13 +160,13 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
     rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
                    max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
                    compare={a: arms[a]["run_dir"] for a in others}, draft_sampling=sampling,
-                   time_budget_s=args.time_budget_s)
+                   time_budget_s=args.time_budget_s, baseline=args.baseline)
     for r in rep.rows():
         arm = first if r["decoder"] == "trained" else r["decoder"]
         results["rows"].append({"arm": arm, "temperature": temperature, "draft_sampling": sampling,
                                 "steps": arms[arm]["steps"] if arm in arms else None,
-                                **{k: r.get(k) for k in ("decoder", "prompt_set", "prompts", "tau", "tau_low",
-                                                         "tau_high", "tokens_per_s", "speedup")}})
+                                **{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
+                                                         "tau_low", "tau_high", "tokens_per_s", "speedup")}})
     label = str(temperature) if sampling == "argmax" else f"{temperature} {sampling}"
     results.setdefault("seconds", {})[label] = round(time.perf_counter() - t0, 1)
     if rep.stopped:  # the rows' `prompts` count what was decoded; these say which sets were cut
@@ -194,6 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget-s", type=float, help="eval: seconds for each evaluation; it stops before a prompt "
                    "that would end past them and keeps the prompts decoded (default: none)")
     p.add_argument("--out", help="eval: results file (rows appended; rerun skips what it holds)")
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="eval: also decode with the target alone (speedups, the lossless check); --no-baseline for "
+                        "tau alone, e.g. evaluations side by side on one GPU")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.what == "train" and not args.arm:

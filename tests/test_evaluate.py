@@ -3,6 +3,7 @@ folder per evaluation (eval.json, PNG plots, lossless verdicts), one-line errors
 during training (eval_every)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -172,6 +173,38 @@ def test_compare_decodes_other_runs_beside_the_trained_one_with_one_baseline():
     assert both["again"]["tau"] == both["trained"]["tau"] == alone["trained"]["tau"] > 1.0
     with pytest.raises(ev.EvalError, match="is taken"):
         ev.evaluate(run, compare={"trained": run}, **kw)
+
+
+def test_compared_drafters_decode_at_their_own_block_size_unless_one_is_set(tmp_path):
+    """A drafter of block 4 compared beside one of block 8 drafts blocks of 4 (rows, acceptance histogram and the
+    tau of evaluating it alone at 4); a block size that is set applies to all; one larger than a compared drafter's
+    is refused with the fix. Without the baseline nothing decodes the target alone and no speedup is claimed."""
+    import shutil
+
+    run8 = tiny_trained_run()
+    run4 = Path(shutil.copytree(run8, tmp_path / "b4"))
+    for name in ("drafter_config.json", "config.json"):  # the same weights, drafting blocks of 4
+        cfg = json.loads((run4 / name).read_text())
+        cfg["block_size"] = 4
+        (run4 / name).write_text(json.dumps(cfg))
+    kw = dict(prompts={"tiny-heldout": "tiny-heldout"}, n_prompts=2, max_new_tokens=16, device="cpu",
+              untrained=False, log=lambda *a: None)
+    rep = ev.evaluate(run8, compare={"b4": run4}, **kw)
+    rows = {r["decoder"]: r for r in rep.rows()}
+    assert (rows["trained"]["block_size"], rows["b4"]["block_size"], rows["target only"]["block_size"]) == (8, 4, 1)
+    assert len(rep.acceptance("b4")[0]) == 4 and len(rep.acceptance("trained")[0]) == 8
+    at4 = {r["decoder"]: r for r in ev.evaluate(run8, block_size=4, **kw).rows()}
+    assert rows["b4"]["tau"] == at4["trained"]["tau"] > 1.0
+    assert ev.EvalReport.from_dict(json.loads(json.dumps(rep.to_dict()))).rows() == rep.rows()
+    both4 = {r["decoder"]: r for r in ev.evaluate(run8, block_size=4, compare={"b4": run4}, **kw).rows()}
+    assert both4["b4"]["block_size"] == both4["trained"]["block_size"] == 4
+    assert both4["b4"]["tau"] == both4["trained"]["tau"]
+    with pytest.raises(ev.EvalError, match=r"drafts blocks of 4, fewer than block_size=8. Fix: leave block_size"):
+        ev.evaluate(run8, block_size=8, compare={"b4": run4}, **kw)
+    alone = ev.evaluate(run8, compare={"b4": run4}, baseline=False, **kw)
+    assert sorted(alone.results) == ["b4", "trained"]
+    assert [r["speedup"] for r in alone.rows()] == [None, None]
+    assert [r["tau"] for r in alone.rows()] == [rows["trained"]["tau"], rows["b4"]["tau"]]
 
 
 def test_a_time_budget_keeps_whole_prompts_and_describes_the_cut_sets_by_them(monkeypatch):

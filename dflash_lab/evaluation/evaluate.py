@@ -38,7 +38,7 @@ from .acceptance import DRAFT_SAMPLING
 from .measure import cut_to_measured, heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401
 from .prompt_sets import info_of, is_heldout_file, read_training_prompts, resolve_sets
 from .prompts import EvalError, load_prompts, select_prompts
-from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir
+from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, tau_line  # noqa: F401
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
 from dflash_lab.config.threads import threads_arg, torch_threads
@@ -173,7 +173,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
              target: str | None = None, seed: int | None = None, device: str = "auto", dtype: str = "auto",
              decoding: str = "auto", out_dir: str | Path | None = None, enable_thinking: bool | None = None,
              threads: int | None = 1, checkpoint: str | None = None, compare: dict | None = None,
-             draft_sampling: str = "argmax", time_budget_s: float | None = None, log=print) -> EvalReport:
+             draft_sampling: str = "argmax", time_budget_s: float | None = None, baseline: bool = True,
+             log=print) -> EvalReport:
     """Speculative decoding of the run's drafter (+ an untrained one + the target alone) on the prompt sets.
 
     prompts: set names (general, chitchat-heldout, self-heldout, tiny-heldout, tiny-train) or JSONL files, a list
@@ -184,7 +185,10 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
     decoding: auto (static caches + CUDA graphs on a GPU, the dynamic loop on the CPU) | static | dynamic.
     out_dir: where report.save() writes (default: a new <run>/evals/<stamp>-b<B>-t<T>-<dtype>/).
     compare: {decoder name: run dir} of other drafters of the same target to decode beside "trained" in this very
-    evaluation (same prompts, seed and target-alone baseline, which then runs once for all): an A/B of runs.
+    evaluation (same prompts, seed and target-alone baseline, which then runs once for all): an A/B of runs. Each
+    decodes at its own block size (a DSpark at 8 beside a DFlash at 16) unless block_size is set, which all then use.
+    baseline: False skips the target alone (no speedup, no lossless check): tau at T > 0 needs no baseline, and
+    evaluations side by side on one GPU measure no speed anyway.
     draft_sampling: at temperature > 0, "argmax" drafts the drafter's top-1 (accepted with the target's probability
     of it: at most the argmax ceiling), "sample" draws each draft from the drafter's own distribution and verifies
     by speculative sampling against it, "coupled" draws the block's drafts from one shared uniform (acceptance.py;
@@ -226,20 +230,23 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
         drafters["untrained"] = untrained_drafter(src.config, plan.seed).to(device=dev, dtype=plan.dtype)
         if src.config.draft_vocab_size is not None:  # the same draft vocabulary as the trained one
             drafters["untrained"].d2t.copy_(drafter.d2t)
+    blocks = dict.fromkeys(drafters, B)  # {decoder: the block size it drafts}
     for name, other in (compare or {}).items():
         if name in drafters or name == BASELINE:
             raise EvalError(f"compare name {name!r} is taken (trained, untrained, {BASELINE!r}). Fix: another name.")
         other_src, drafters[name] = load_drafter(other, checkpoint=checkpoint)
-        if other_src.config.block_size < B:
+        blocks[name] = B if block_size is not None else other_src.config.block_size
+        if other_src.config.block_size < blocks[name]:
             raise EvalError(f"compare {name!r} ({other}) drafts blocks of {other_src.config.block_size}, fewer than "
-                            f"block_size={B}. Fix: compare runs of one block size, or set block_size.")
+                            f"block_size={B}. Fix: leave block_size unset (each drafts its own), or set one <= "
+                            f"{other_src.config.block_size}.")
         drafters[name].to(device=dev, dtype=plan.dtype)
-    drafters[BASELINE] = None
+    if baseline:
+        drafters[BASELINE], blocks[BASELINE] = None, 1
     sampling = draft_sampling if temperature > 0 else "argmax"
-    decoders = {name: make_decoder(tgt, d, block_size=B if d is not None else 1, eos_token_id=eos,
-                                   fast=fast, log=log, draft_sampling=sampling)
-                for name, d in drafters.items()}
-    _check_lengths(decoders["trained"], sets, files, max_new_tokens)
+    decoders = {name: make_decoder(tgt, d, block_size=blocks[name], eos_token_id=eos, fast=fast, log=log,
+                                   draft_sampling=sampling) for name, d in drafters.items()}
+    _check_lengths(decoders[max(drafters, key=blocks.get)], sets, files, max_new_tokens)  # the longest block's room
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
     log(f"prompt sets: {'; '.join(plan.prompt_sets[s].text() for s in sets)}; block size {B}, "
         f"temperature {temperature}, max_new_tokens {max_new_tokens}; decoding: "
@@ -260,6 +267,7 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                 "(speculative sampling against the proposal)")
     return EvalReport(run_dir=str(src.run_dir), weights=str(src.weights), step=src.step, target=plan.target,
                       block_size=B, temperature=temperature, max_new_tokens=max_new_tokens, results=results,
+                      block_sizes={n: b for n, b in blocks.items() if b != B and n != BASELINE},
                       dtype=str(plan.dtype).replace("torch.", ""), out_dir=str(plan.out_dir),
                       decoding=f"{type(decoders['trained']).__name__}: {how}", draft_sampling=sampling, seed=plan.seed,
                       prompt_sets={k: v.to_dict() for k, v in infos.items()}, stopped=stopped,
@@ -332,18 +340,6 @@ def run_notebook(params: dict, out_dir: Path, *, log_output: bool = True) -> Pat
         else:
             os.environ["DFLASH_NOTEBOOK_OUTPUT"] = old
     return out_path
-
-
-def tau_line(saved: dict) -> str:
-    """Trained and untrained tau per prompt set with its interval, quoted from the table's rows."""
-    rows = [r for r in saved["summary"] if r["decoder"] != BASELINE]
-    ci = lambda r: (f" [{r['tau_low']:.2f}, {r['tau_high']:.2f}]"  # noqa: E731 (n/a: too few prompts)
-                    if r.get("tau_low") is not None else " [n/a]")
-    sha = lambda r: f", sha256 {r['prompt_set_sha256'][:12]}" if r.get("prompt_set_sha256") else ""  # noqa: E731
-    return ("tau " + "; ".join(f"{r['decoder']} {r['prompt_set']} {r['tau']:.2f}{ci(r)} ({r['prompts']} prompts"
-                               f"{sha(r)})" for r in rows)
-            + f" (95% bootstrap intervals over prompts; block size {saved['block_size']}, temperature "
-              f"{saved['temperature']}, {saved.get('dtype', '?')}, {saved['max_new_tokens']} new tokens)")
 
 
 def _n_prompts(text: str):

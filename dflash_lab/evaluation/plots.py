@@ -48,7 +48,7 @@ def plot_eval(report, out_dir: str | Path) -> dict[str, Path]:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    B = report.block_size
+    B = max([report.block_size, *report.block_sizes.values()])  # compared drafters may draft blocks of their own
     rows = [r for r in report.rows() if r["decoder"] != report.baseline]
     paths = {"tau": out / "eval_tau.png", "acceptance": out / "eval_acceptance.png",
              "speedup": out / "eval_speedup.png"}
@@ -66,8 +66,9 @@ def plot_eval(report, out_dir: str | Path) -> dict[str, Path]:
     for j, d in enumerate(decoders):
         hist, rate = report.acceptance(d)
         n = max(1, sum(hist))
-        ax1.bar([a + j * width for a in range(B)], [h / n for h in hist], width, label=d, color=COLORS.get(d))
-        ax2.plot(range(1, B), rate, marker="o", label=d, color=COLORS.get(d))
+        ax1.bar([a + j * width for a in range(len(hist))], [h / n for h in hist], width, label=d,
+                color=COLORS.get(d))
+        ax2.plot(range(1, len(hist)), rate, marker="o", label=d, color=COLORS.get(d))
     ax1.set(xlabel="draft tokens accepted in an iteration", ylabel="fraction of iterations",
             title="Acceptance histogram")
     ax2.set(xlabel="block slot k", ylabel="P(slot k accepted)", ylim=(0, 1.02), title="Acceptance per block position")

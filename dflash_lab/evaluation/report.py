@@ -47,12 +47,13 @@ class EvalReport:
     stopped: str = ""  # why fewer prompts were decoded than planned (a time budget), "" when every one was
     train_gpu_seconds: float | None = None  # what the evaluated weights cost to train (runs/gpu_time.py), if logged
     draft_sampling: str | None = None  # how the drafts were drawn (acceptance.DRAFT_SAMPLING; "argmax" at T=0)
+    block_sizes: dict = field(default_factory=dict)  # {decoder: its block size} where it is not block_size's
 
     @classmethod
     def from_dict(cls, d: dict) -> "EvalReport":
         keys = ("run_dir", "weights", "step", "target", "block_size", "temperature", "max_new_tokens", "results")
         extra = {k: d[k] for k in ("dtype", "decoding", "near_tie_margin", "out_dir", "prompt_sets", "stopped",
-                                   "train_gpu_seconds") if k in d}
+                                   "train_gpu_seconds", "block_sizes") if k in d}
         extra["draft_sampling"] = draft_sampling_of(d)  # an eval.json older than the field: read off `decoding`
         if "interval" in d:
             extra["seed"] = d["interval"].get("seed", 0)
@@ -97,8 +98,8 @@ class EvalReport:
                 checked = self.temperature == 0 and base and name != BASELINE
                 iv = tau_interval(res, seed=self.seed)
                 info = self.prompt_sets.get(sname, {})
-                rows.append({"decoder": name, "prompt_set": sname, "block_size": 1 if name == BASELINE else
-                             self.block_size, "prompts": len(res), "iterations": its, "accepted": acc,
+                rows.append({"decoder": name, "prompt_set": sname, "block_size": self.block_of(name),
+                             "prompts": len(res), "iterations": its, "accepted": acc,
                              "tau": (acc / its + 1) if its else 1.0, "tau_low": iv.low if iv else None,
                              "tau_high": iv.high if iv else None, "prompt_set_sha256": info.get("sha256"),
                              "tau_per_prompt_mean": sum(r["tau"] for r in res) / len(res),
@@ -107,6 +108,10 @@ class EvalReport:
                              "near_ties": sum(v.startswith("numerical") for v in mine) if checked else None,
                              "real_mismatches": sum(v.startswith("real") for v in mine) if checked else None})
         return rows
+
+    def block_of(self, decoder: str) -> int:
+        """The block size `decoder` drafted (1: the target alone)."""
+        return 1 if decoder == BASELINE else self.block_sizes.get(decoder, self.block_size)
 
     def tau(self, decoder: str = "trained", prompt_set: str | None = None) -> float:
         """Pooled tau of a decoder over all its iterations (of one prompt set, or of all)."""
@@ -181,12 +186,13 @@ class EvalReport:
 
     def acceptance(self, decoder: str = "trained") -> tuple[list[int], list[float]]:
         """(histogram of accepted drafts per iteration 0..B-1, acceptance rate per block slot 1..B-1), pooled."""
-        hist = [0] * self.block_size
+        B = self.block_of(decoder)
+        hist = [0] * B
         for res in self.results.get(decoder, {}).values():
             for r in res:
                 hist = [a + b for a, b in zip(hist, r["accept_histogram"])]
         n = max(1, sum(hist))
-        rate = [sum(hist[k:]) / n for k in range(1, self.block_size)]
+        rate = [sum(hist[k:]) / n for k in range(1, B)]
         return hist, rate
 
     def to_dict(self) -> dict:
@@ -195,7 +201,7 @@ class EvalReport:
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "decoding": self.decoding,
                 "near_tie_margin": self.tie_margin, "out_dir": self.out_dir, "prompt_sets": self.prompt_sets,
                 "stopped": self.stopped, "train_gpu_seconds": self.train_gpu_seconds,
-                "draft_sampling": self.draft_sampling,
+                "draft_sampling": self.draft_sampling, "block_sizes": self.block_sizes,
                 "interval": {"level": LEVEL, "resamples": RESAMPLES, "seed": self.seed,
                              "method": "bootstrap over prompts, pooled tau (accepted / iterations + 1) per resample"},
                 "summary": self.rows(), "verdicts": self.verdicts(),
@@ -214,3 +220,21 @@ class EvalReport:
         paths = {"dir": d, "json": d / EVAL_FILE}
         paths.update(plot_eval(self, d / "plots"))
         return paths
+
+
+def tau_line(saved: dict) -> str:
+    """Trained and untrained tau per prompt set with its interval, quoted from the table's rows."""
+    rows = [r for r in saved["summary"] if r["decoder"] != BASELINE]
+    ci = lambda r: (f" [{r['tau_low']:.2f}, {r['tau_high']:.2f}]"  # noqa: E731 (n/a: too few prompts)
+                    if r.get("tau_low") is not None else " [n/a]")
+    sha = lambda r: f", sha256 {r['prompt_set_sha256'][:12]}" if r.get("prompt_set_sha256") else ""  # noqa: E731
+    return ("tau " + "; ".join(f"{r['decoder']} {r['prompt_set']} {r['tau']:.2f}{ci(r)} ({r['prompts']} prompts"
+                               f"{sha(r)})" for r in rows)
+            + f" (95% bootstrap intervals over prompts; block size {_blocks(saved)}, temperature "
+              f"{saved['temperature']}, {saved.get('dtype', '?')}, {saved['max_new_tokens']} new tokens)")
+
+
+def _blocks(saved: dict) -> str:
+    """"16", or "16 (dspark8 8)" where a compared drafter drafted blocks of its own size."""
+    own = saved.get("block_sizes") or {}
+    return f"{saved['block_size']}" + (f" ({', '.join(f'{n} {b}' for n, b in own.items())})" if own else "")
