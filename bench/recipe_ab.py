@@ -10,6 +10,7 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py train --work /tmp/ab --arm distill --set steps=9000 --set distill_weight=0.5 ...
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 1 --draft-sampling sample --out results.json
+    python bench/recipe_ab.py merge t0.json t1-a.json t1-b.json --out results.json   (one file for ab_report)
 
 `--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
 An arm stopped by its `time_budget_s` is continued by the same `train` command in the next job (resume_from: the
@@ -177,10 +178,35 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
         Path(args.out).write_text(json.dumps({**results, "arms": arms, "sets": state["sets"]}, indent=1))
 
 
+def merge(args) -> None:
+    """The rows of several `eval` results files (e.g. T=0 in one evaluation, T=1 in one process per arm) in one file
+    that dflash_lab.workflows.ab_report reads; `merged_from` names the sources. A row measured twice (the same arm,
+    decoder, set, temperature and draft mode) is refused: which one to keep is the user's call."""
+    merged, seen = {"rows": [], "merged_from": []}, {}
+    for f in args.inputs:
+        d = json.loads(Path(f).read_text())
+        if "rows" not in d:
+            raise SystemExit(f"{f} holds no evaluation rows of this script. Fix: name the files `eval --out` wrote")
+        for r in d["rows"]:
+            key = (r["arm"], r["decoder"], r["prompt_set"], r["temperature"], r.get("draft_sampling", "argmax"))
+            if key in seen and r["decoder"] != "target only":
+                raise SystemExit(f"{f} and {seen[key]} both hold {key}. Fix: leave one of them out")
+            seen[key] = f
+            merged["rows"].append(r)
+        for k in ("seconds", "stopped", "prompt_sets"):
+            merged.setdefault(k, {}).update({f"{Path(f).name} {t}": v for t, v in d.get(k, {}).items()})
+        merged.update({k: d[k] for k in ("arms", "sets") if k in d and k not in merged})
+        merged["merged_from"].append(Path(f).name)
+    merged["arms"] = {k: v for f in args.inputs for k, v in json.loads(Path(f).read_text()).get("arms", {}).items()}
+    Path(args.out).write_text(json.dumps(merged, indent=1))
+    print(f"{len(merged['rows'])} rows from {len(args.inputs)} files -> {args.out}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/recipe_ab.py", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["data", "train", "eval"])
-    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("what", choices=["data", "train", "eval", "merge"])
+    p.add_argument("inputs", nargs="*", help="merge: the results files of `eval` to merge into --out")
+    p.add_argument("--work", type=Path, help="data, train, eval: the A/B's folder (ab.json)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--arm", help="train: the arm's name (its run is named after it)")
     p.add_argument("--arms", nargs="*", help="eval: only these arms")
@@ -198,6 +224,13 @@ def main(argv=None) -> int:
                    help="eval: also decode with the target alone (speedups, the lossless check); --no-baseline for "
                         "tau alone, e.g. evaluations side by side on one GPU")
     args = p.parse_args(argv)
+    if args.what == "merge":
+        if not args.inputs or not args.out:
+            p.error("merge needs results files and --out")
+        merge(args)
+        return 0
+    if args.work is None:
+        p.error(f"{args.what} needs --work")
     args.work.mkdir(parents=True, exist_ok=True)
     if args.what == "train" and not args.arm:
         p.error("train needs --arm NAME")

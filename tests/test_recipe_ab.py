@@ -77,6 +77,17 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     assert hot == {(m, d, "chitchat-heldout") for m in ("argmax", "coupled") for d in ("trained", "target only")}
     ab.main(sampled)  # a rerun (the next job) skips what the file holds
     assert len(json.loads(out.read_text())["rows"]) == len(rows)
+    split_t1 = tmp_path / "t1-split.json"  # a second process's file: one arm, T=1, no baseline
+    ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(split_t1), "--arms",
+             "split", "--temperature", "1", "--draft-sampling", "coupled", "--no-baseline"])
+    assert {r["decoder"] for r in json.loads(split_t1.read_text())["rows"]} == {"trained"}
+    merged = tmp_path / "merged.json"
+    ab.main(["merge", str(out), str(split_t1), "--out", str(merged)])
+    m = json.loads(merged.read_text())
+    assert len(m["rows"]) == len(rows) + 1 and m["merged_from"] == [out.name, split_t1.name]
+    assert set(m["arms"]) == {"straight", "split"}
+    with pytest.raises(SystemExit, match="both hold.*Fix: leave one of them out"):
+        ab.main(["merge", str(out), str(out), "--out", str(merged)])
     report = {"results": {"rows": rows}}
     labels = {r["arm"] for r in ab_report.final_rows(report) if r["temperature"] == 1.0}
     assert labels == {"straight", "straight (coupled drafts)"}
