@@ -33,8 +33,9 @@ DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written 
 DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
 EVAL0_EST=${EVAL0_EST:-250}
 EVAL1_EST=${EVAL1_EST:-150}
-# The store holds the whole pool (~1.8 MB a window; ~65k windows), so every epoch after the first reads features
-COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=60 --set feature_store_host_gib=56"}
+# The store holds the whole pool on the GPU (~1.8 MB a window, 55,809 windows), so every epoch after the first
+# reads its features there (no host tier: pinning tens of GiB costs seconds an arm may not have)
+COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=0"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
 if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item on the embedded tiny target
   DEVICE=cpu PROMPTS=2
@@ -49,8 +50,10 @@ AB="$PY bench/recipe_ab.py"
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
 left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
 steps_in() {  # an arm's cosine: the steps it reaches in ARM_S alone, from its step time measured on an H100
-  # (2026-12-06: ~31 s loading, the first epoch's ~2,000 steps with the target at ~20 ms more, then s_ms a step)
-  $PY -c "import sys; a, s = float(sys.argv[1]), float(sys.argv[2]) / 1e3; print(max(10, int(0.97 * (2000 + (a - 31 - 2000 * (s + 0.02)) / s))))" "$ARM_S" "$1"
+  # (2026-12-06: ~31 s loading; the first epoch, ~1,750 steps of 32 of the long data's 55,809 windows, with the
+  # target's forward at ~20 ms more a step; then s_ms a step, features from the store)
+  $PY -c "import sys; a, s = float(sys.argv[1]) - 31, float(sys.argv[2]) / 1e3; e = 1750 * (s + 0.02)
+print(max(10, int(0.97 * (a / (s + 0.02) if a < e else 1750 + (a - e) / s))))" "$ARM_S" "$1"
 }
 arm() {  # name, step time in ms, then its --set overrides
   local name=$1 ms=$2; shift 2
