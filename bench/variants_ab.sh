@@ -34,18 +34,19 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/variants-ab}; mkdir -p "$WORK"; touch "$WORK/done"
 CALL_S=${CALL_S:-585}
 T0=$(date +%s)
-ARM_S=${ARM_S:-220}
+ARM_S=${ARM_S:-300}   # 5 GPU-minutes an arm: one arm and its evaluation fit a session beside the data, two without it
 PROMPTS=${PROMPTS:-64}
 DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
+ARMS=${ARMS:-"dflash dspark dspark8"}
 DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written data (recipe_config.PRESETS)
 DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
-EVAL0_EST=${EVAL0_EST:-250}
-EVAL1_EST=${EVAL1_EST:-150}
+NARMS=$(echo $ARMS | wc -w)  # per prompt on an H100: ~0.2 s an arm, 0.46 s the target alone; ~25 s loading
+EVAL0_EST=${EVAL0_EST:-$(( 130 + 45 * NARMS ))}
+EVAL1_EST=${EVAL1_EST:-$(( 80 + 25 * NARMS ))}
 # The store holds the whole pool (~1.8 MB a window, 55,809 windows: ~38k on the GPU, the rest in host memory), so
 # every epoch after the first reads features instead of running the target
 COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=40"}
-ARMS=${ARMS:-"dflash dspark dspark8"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
 if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item but the model's on the embedded tiny target
   ITEMS=${ITEMS:-"data pack $ARMS eval0 eval1"}
