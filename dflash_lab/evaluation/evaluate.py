@@ -248,7 +248,8 @@ def evaluate(run: str | Path, *, prompts=None, block_size: int | None = None, te
                                    draft_sampling=sampling) for name, d in drafters.items()}
     _check_lengths(decoders[max(drafters, key=blocks.get)], sets, files, max_new_tokens)  # the longest block's room
     how = getattr(decoders["trained"], "graph_status", "dynamic loop (eager)")
-    log(f"prompt sets: {'; '.join(plan.prompt_sets[s].text() for s in sets)}; block size {B}, "
+    own = "".join(f", {n} {b}" for n, b in blocks.items() if b != B and n != BASELINE)
+    log(f"prompt sets: {'; '.join(plan.prompt_sets[s].text() for s in sets)}; block size {B}{own}, "
         f"temperature {temperature}, max_new_tokens {max_new_tokens}; decoding: "
         f"{type(decoders['trained']).__name__} ({how})")
     with torch_threads(threads):
