@@ -11,6 +11,7 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 1 --draft-sampling sample --out results.json
     python bench/recipe_ab.py merge t0.json t1-a.json t1-b.json --out results.json   (one file for ab_report)
+    python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval  (arms of several sessions)
 
 `--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
 An arm stopped by its `time_budget_s` is continued by the same `train` command in the next job (resume_from: the
@@ -22,8 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,8 +79,11 @@ def data(args) -> None:
     for phase in ("get_model", "self_prompts", "build_data", "regenerate", "mix_data"):
         getattr(recipe, phase)()
     sets, left_out = recipe.evaluation_sets()
+    files = {"train_data": recipe.train_data, "heldout_data": recipe.heldout_data,
+             **{k: Path(v) for k, v in sets.items() if Path(v).is_file()}}
     with _updating(args.work) as state:
         state.update(recipe=cfg.to_dict(), train_data=str(recipe.train_data), heldout_data=str(recipe.heldout_data),
+                     data_sha256={k: hashlib.sha256(f.read_bytes()).hexdigest() for k, f in files.items()},
                      sets=sets, sets_left_out=left_out, data_seconds=round(time.perf_counter() - t0, 1),
                      phases={k: {f: v for f, v in dict(ph).items() if f != "curve"}
                              for k, ph in recipe.results["phases"].items()})
@@ -202,10 +209,45 @@ def merge(args) -> None:
     print(f"{len(merged['rows'])} rows from {len(args.inputs)} files -> {args.out}")
 
 
+def collect(args) -> None:
+    """One A/B folder (--out: ab.json, results.json, arm-metrics.tgz, what dflash_lab.workflows.ab_report reads)
+    from the results.tgz of several GPU sessions (bench/variants_ab.sh), each of which trained some of the arms on
+    the SAME data: refused unless every session's data_sha256 (the training file, the held-out windows and each
+    prompt set, hashed where they were written) is the same, or an arm is in two of them."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        states, result_files = [], []
+        for i, tgz in enumerate(args.inputs):
+            d = Path(tmp) / str(i)
+            with tarfile.open(tgz) as t:
+                t.extractall(d, filter="data")
+            state = json.loads((d / STATE).read_text())
+            if states and state.get("data_sha256") != states[0].get("data_sha256"):
+                raise SystemExit(f"{tgz} trained on other data than {args.inputs[0]} (data_sha256 "
+                                 f"{state.get('data_sha256')} against {states[0].get('data_sha256')}). Fix: collect "
+                                 "sessions of one data pack")
+            for arm in state["arms"]:
+                if any(arm in s["arms"] for s in states):
+                    raise SystemExit(f"arm {arm!r} is in {tgz} and an earlier input. Fix: leave one of them out")
+            states.append(state)
+            result_files += sorted(d.glob("ab-results*.json"))
+        joined = {**states[0], "arms": {a: v for s in states for a, v in s["arms"].items()},
+                  "collected_from": [Path(t).name for t in args.inputs]}
+        (out / STATE).write_text(json.dumps(joined, indent=1))
+        merge(argparse.Namespace(inputs=[str(f) for f in result_files], out=str(out / "results.json")))
+        with tarfile.open(out / "arm-metrics.tgz", "w:gz") as t:
+            for i in range(len(args.inputs)):
+                for f in sorted((Path(tmp) / str(i)).glob("runs/*/*")):
+                    t.add(f, arcname=str(f.relative_to(Path(tmp) / str(i))))
+    print(f"{len(joined['arms'])} arms from {len(args.inputs)} sessions -> {out}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/recipe_ab.py", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["data", "train", "eval", "merge"])
-    p.add_argument("inputs", nargs="*", help="merge: the results files of `eval` to merge into --out")
+    p.add_argument("what", choices=["data", "train", "eval", "merge", "collect"])
+    p.add_argument("inputs", nargs="*", help="merge: the results files of `eval` to merge into --out; collect: the "
+                   "sessions' results.tgz to join in the folder --out")
     p.add_argument("--work", type=Path, help="data, train, eval: the A/B's folder (ab.json)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--arm", help="train: the arm's name (its run is named after it)")
@@ -224,10 +266,10 @@ def main(argv=None) -> int:
                    help="eval: also decode with the target alone (speedups, the lossless check); --no-baseline for "
                         "tau alone, e.g. evaluations side by side on one GPU")
     args = p.parse_args(argv)
-    if args.what == "merge":
+    if args.what in ("merge", "collect"):
         if not args.inputs or not args.out:
-            p.error("merge needs results files and --out")
-        merge(args)
+            p.error(f"{args.what} needs input files and --out")
+        {"merge": merge, "collect": collect}[args.what](args)
         return 0
     if args.work is None:
         p.error(f"{args.what} needs --work")

@@ -91,6 +91,46 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     report = {"results": {"rows": rows}}
     labels = {r["arm"] for r in ab_report.final_rows(report) if r["temperature"] == 1.0}
     assert labels == {"straight", "straight (coupled drafts)"}
+    _collect_sessions(ab, work, out, split_t1, tmp_path)
+
+
+def _collect_sessions(ab, work: Path, t0: Path, t1: Path, tmp_path: Path) -> None:
+    """Two GPU sessions' results.tgz on one data pack, one arm each, joined into the folder ab_report reads; other
+    data or an arm in both is refused."""
+    import tarfile
+
+    state = json.loads((work / "ab.json").read_text())
+    assert set(state["data_sha256"]) == {"train_data", "heldout_data", "chitchat-heldout", "self-heldout"}
+
+    def session(name: str, arm: str, results: list[Path], **change) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "ab.json").write_text(json.dumps({**state, "arms": {arm: state["arms"][arm]}, **change}))
+        for i, f in enumerate(results):  # the rows of this session's arm (and the target alone beside it)
+            res = json.loads(f.read_text())
+            res["rows"] = [r for r in res["rows"] if r["arm"] == arm]
+            (d / f"ab-results-{i}.json").write_text(json.dumps(res))
+        with tarfile.open(d / "results.tgz", "w:gz") as tgz:
+            for f in sorted(d.glob("*.json")):
+                tgz.add(f, arcname=f.name)
+            run = Path(state["arms"][arm]["run_dir"])
+            for f in ("metrics.jsonl", "summary.json", "config.json"):
+                tgz.add(run / f, arcname=f"runs/{run.name}/{f}")
+        return d / "results.tgz"
+
+    first = session("s1", "straight", [t0])
+    second = session("s2", "split", [t1])
+    ab.main(["collect", str(first), str(second), "--out", str(tmp_path / "joined" / "eval")])
+    joined = ab_report.load_ab(tmp_path / "joined")
+    assert set(joined["ab"]["arms"]) == {"straight", "split"} and set(joined["metrics"]) == {"straight", "split"}
+    assert joined["ab"]["collected_from"] == ["results.tgz", "results.tgz"]
+    assert {r["arm"] for r in ab_report.final_rows(joined)} == {"straight", "straight (coupled drafts)",
+                                                               "split (coupled drafts)"}
+    other = session("s3", "split", [t1], data_sha256={**state["data_sha256"], "train_data": "0" * 64})
+    with pytest.raises(SystemExit, match="trained on other data.*Fix: collect sessions of one data pack"):
+        ab.main(["collect", str(first), str(other), "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="arm 'straight' is in.*Fix: leave one of them out"):
+        ab.main(["collect", str(first), str(first), "--out", str(tmp_path / "y")])
 
 
 def test_arms_finishing_side_by_side_each_keep_their_entry(tmp_path):
