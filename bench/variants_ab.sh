@@ -15,11 +15,12 @@
 #   eval0   T=0, 64 prompts of each set, the arms of this call + the target alone                    ~EVAL0_EST s
 #   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
 # ITEMS (default every one above) and ARMS (default dflash dspark dspark8) choose. One session's device time (30
-# minutes) holds the data and one 300 s arm with its evaluation, or two arms with theirs: the arms of a comparison
-# then train in different sessions on the SAME data, packed by the first and carried into the next ones as
-# .variants-data/ (unpack, the first item there: the files back at their paths, data marked done):
-#   session 1:  ITEMS="model data pack dflash eval0 eval1" ARMS=dflash ARM_S=300 bash bench/variants_ab.sh next
-#   later:      ITEMS="unpack model dspark dspark8 eval0 eval1" ARMS="dspark dspark8" ARM_S=300 ...  (carry .variants-data)
+# minutes, the machine's start included) does not hold the data, three 240 s arms and their evaluation: the data is
+# written and packed in one session and carried into the next as .variants-data/ (unpack, the first item there: the
+# files back at their paths, data marked done), where the arms train on the SAME files; arms of one comparison may
+# also train in different sessions (`python bench/recipe_ab.py collect` joins their results.tgz):
+#   session 1:  ITEMS="model data pack" bash bench/variants_ab.sh next
+#   session 2:  ITEMS="unpack model dflash dspark dspark8 eval0 eval1" bash bench/variants_ab.sh next  (carry .variants-data)
 # Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
 # the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
@@ -34,7 +35,7 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/variants-ab}; mkdir -p "$WORK"; touch "$WORK/done"
 CALL_S=${CALL_S:-585}
 T0=$(date +%s)
-ARM_S=${ARM_S:-300}   # 5 GPU-minutes an arm: one arm and its evaluation fit a session beside the data, two without it
+ARM_S=${ARM_S:-240}   # 4 GPU-minutes an arm: the three arms and their evaluation fit one session's device time
 PROMPTS=${PROMPTS:-64}
 DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
