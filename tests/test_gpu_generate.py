@@ -67,3 +67,29 @@ def test_two_gpus_give_the_answers_of_one():
     pair = [Generator(m, stop_ids=stop, max_batch=4, max_len=512) for m in (m0, m1)]
     assert generate_on_devices(pair, prompts, settings) == one
     assert all(g._graphs for g in pair)  # each engine captured its own graphs, in its own thread
+
+
+def test_compared_drafters_of_two_block_sizes_decode_with_their_own_graphs_on_cuda(tmp_path):
+    """One evaluation on the GPU (static caches + CUDA graphs, fp32): the block-8 drafter and the same weights drafting
+    blocks of 4 each capture their own graphs; the block-4 rows equal evaluating at block 4 alone, and every output
+    equals the target's own greedy one."""
+    import json
+    import shutil
+
+    from dflash_lab.evaluation import evaluate as ev
+    from tests.test_speculative import tiny_trained_run
+
+    run8 = tiny_trained_run()
+    run4 = shutil.copytree(run8, tmp_path / "b4")
+    for name in ("drafter_config.json", "config.json"):
+        cfg = json.loads((run4 / name).read_text())
+        (run4 / name).write_text(json.dumps({**cfg, "block_size": 4}))
+    kw = dict(prompts={"tiny-heldout": "tiny-heldout"}, n_prompts=8, max_new_tokens=64, device="cuda:0",
+              dtype="float32", decoding="static", untrained=False, log=lambda *a: None)
+    rep = ev.evaluate(run8, compare={"b4": run4}, **kw)
+    rows = {r["decoder"]: r for r in rep.rows()}
+    assert rep.decoding.startswith("StaticSpeculativeDecoder")
+    assert (rows["trained"]["block_size"], rows["b4"]["block_size"]) == (8, 4)
+    assert rows["trained"]["identical_to_target"] == rows["b4"]["identical_to_target"] == 8
+    alone = {r["decoder"]: r for r in ev.evaluate(run8, block_size=4, **kw).rows()}
+    assert rows["b4"]["tau"] == alone["trained"]["tau"] > 1.0
