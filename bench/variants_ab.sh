@@ -15,12 +15,13 @@
 #   eval0   T=0, 64 prompts of each set, the arms of this call + the target alone                    ~EVAL0_EST s
 #   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
 # ITEMS (default every one above) and ARMS (default dflash dspark dspark8) choose. One session's device time (30
-# minutes, the machine's start included) does not hold the data, three 240 s arms and their evaluation: the data is
-# written and packed in one session and carried into the next as .variants-data/ (unpack, the first item there: the
-# files back at their paths, data marked done), where the arms train on the SAME files; arms of one comparison may
-# also train in different sessions (`python bench/recipe_ab.py collect` joins their results.tgz):
-#   session 1:  ITEMS="model data pack" bash bench/variants_ab.sh next
-#   session 2:  ITEMS="unpack model dflash dspark dspark8 eval0 eval1" bash bench/variants_ab.sh next  (carry .variants-data)
+# minutes, the machine's start included) does not hold the staging (~80 s), the data (~320 s), three 240 s arms and
+# their evaluation (~1,270 s): the arms of one comparison then train in two sessions on the SAME files, the first
+# packing the data it wrote, the second carrying it in as .variants-data/ (`unpack`: the files back at their paths,
+# data marked done), and `python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval`
+# joins them (it refuses sessions whose data_sha256 differ):
+#   session 1:  ARMS=dflash bash bench/variants_ab.sh next                       (model data pack dflash eval0 eval1)
+#   session 2:  ITEMS="unpack model dspark dspark8 eval0 eval1" ARMS="dspark dspark8" bash bench/variants_ab.sh next
 # Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
 # the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
