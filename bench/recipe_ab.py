@@ -202,7 +202,7 @@ def merge(args) -> None:
             merged["rows"].append(r)
         for k in ("seconds", "stopped", "prompt_sets"):
             merged.setdefault(k, {}).update({f"{Path(f).name} {t}": v for t, v in d.get(k, {}).items()})
-        merged.update({k: d[k] for k in ("arms", "sets") if k in d and k not in merged})
+        merged.setdefault("sets", d.get("sets"))
         merged["merged_from"].append(Path(f).name)
     merged["arms"] = {k: v for f in args.inputs for k, v in json.loads(Path(f).read_text()).get("arms", {}).items()}
     Path(args.out).write_text(json.dumps(merged, indent=1))
@@ -215,7 +215,6 @@ def collect(args) -> None:
     the SAME data: refused unless every session's data_sha256 (the training file, the held-out windows and each
     prompt set, hashed where they were written) is the same, or an arm is in two of them."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         states, result_files = [], []
         for i, tgz in enumerate(args.inputs):
@@ -234,6 +233,7 @@ def collect(args) -> None:
             result_files += sorted(d.glob("ab-results*.json"))
         joined = {**states[0], "arms": {a: v for s in states for a, v in s["arms"].items()},
                   "collected_from": [Path(t).name for t in args.inputs]}
+        out.mkdir(parents=True, exist_ok=True)  # only now: a refused input leaves nothing behind
         (out / STATE).write_text(json.dumps(joined, indent=1))
         merge(argparse.Namespace(inputs=[str(f) for f in result_files], out=str(out / "results.json")))
         with tarfile.open(out / "arm-metrics.tgz", "w:gz") as t:

@@ -106,7 +106,7 @@ def _collect_sessions(ab, work: Path, t0: Path, t1: Path, tmp_path: Path) -> Non
         d = tmp_path / name
         d.mkdir()
         (d / "ab.json").write_text(json.dumps({**state, "arms": {arm: state["arms"][arm]}, **change}))
-        for i, f in enumerate(results):  # the rows of this session's arm (and the target alone beside it)
+        for i, f in enumerate(results):  # the rows of this session's arm
             res = json.loads(f.read_text())
             res["rows"] = [r for r in res["rows"] if r["arm"] == arm]
             (d / f"ab-results-{i}.json").write_text(json.dumps(res))
@@ -131,6 +131,7 @@ def _collect_sessions(ab, work: Path, t0: Path, t1: Path, tmp_path: Path) -> Non
         ab.main(["collect", str(first), str(other), "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="arm 'straight' is in.*Fix: leave one of them out"):
         ab.main(["collect", str(first), str(first), "--out", str(tmp_path / "y")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # refused: nothing written
 
 
 def test_arms_finishing_side_by_side_each_keep_their_entry(tmp_path):
