@@ -414,3 +414,26 @@ def test_too_few_packed_windows_blame_packing_not_filtering(tmp_path):
     msg = str(e.value)
     assert "all 6 conversations kept" in msg and "gives 1 window(s), fewer than batch_size=4" in msg
     assert "survived filtering" not in msg and "pack_sequences=False" in msg
+
+
+def test_windows_mostly_padding_make_the_run_say_what_packing_would_fill(tmp_path):
+    """Unpacked windows of 1024 tokens for the tiny data's short conversations are mostly padding: the run says how
+    much, and what packing would fill; packed (or well filled) it says nothing of the kind."""
+    from dflash_lab.tiny import tiny_data_path
+    from dflash_lab.train.prepare import FILL_HINT_BELOW, prepare_run
+
+    data = tmp_path / "some.jsonl"
+    data.write_text("".join(tiny_data_path().read_text().splitlines(keepends=True)[:40]))
+    cfg = TrainConfig(target="tiny", data=str(data), seq_len=1024, batch_size=2, block_size=8, num_anchors=4,
+                      num_draft_layers=1, steps=2, runs_dir=str(tmp_path / "runs"))
+    lines = []
+    run = prepare_run(cfg, log=lines.append)
+    fill = run.data.report["fill"]
+    assert fill["fill_unpacked"] < FILL_HINT_BELOW < fill["fill_packed"]
+    hint = [line for line in lines if "pack_sequences=True" in line]
+    assert len(hint) == 1
+    assert f"fill {fill['fill_unpacked']:.0%} of the {fill['rows']:,} windows of 1024" in hint[0]
+    assert f"{fill['fill_packed']:.0%} of {fill['packed_windows']:,} windows" in hint[0]
+    lines.clear()
+    prepare_run(cfg.replace(pack_sequences=True), log=lines.append)
+    assert not [line for line in lines if "pack_sequences=True" in line]

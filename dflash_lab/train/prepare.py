@@ -168,6 +168,11 @@ class PreparedRun:
                 "overrides": [tuple(o) for o in self.overrides]}
 
 
+# Below this share of real tokens in unpacked windows, the run says what packing would give: on long-tailed chat
+# data (a few long conversations set seq_len) most of every step's compute is padding.
+FILL_HINT_BELOW = 0.5
+
+
 def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | None = None, log=print,
                 check_memory: bool = True) -> PreparedRun:
     """TrainConfig -> PreparedRun. Reads and checks a checkpoint first (a bad resume fails before anything loads),
@@ -205,6 +210,11 @@ def prepare_run(config: TrainConfig, *, explicit=None, placement: Placement | No
             f"{first}); the run folder's data_report.json names the file:line of the first "
             f"{data.report.MAX_EXAMPLES} of each reason")
     data.report["fill"] = fill = fill_report(data.lengths.tolist(), cfg.seq_len, cfg.seed)  # real tokens / window
+    if not cfg.pack_sequences and fill["fill_unpacked"] < FILL_HINT_BELOW and log is not None:
+        log(f"data: real tokens fill {fill['fill_unpacked']:.0%} of the {fill['rows']:,} windows of {cfg.seq_len} "
+            "tokens; the target and the drafter compute the padding too. Packed (pack_sequences=True) they would fill "
+            f"{fill['fill_packed']:.0%} of {fill['packed_windows']:,} windows; or set a shorter seq_len (longer "
+            "samples are truncated)")
     if cfg.pack_sequences:  # several whole conversations per window (packing.py)
         data = pack_data(data, seq_len=cfg.seq_len, seed=cfg.seed, batch_size=cfg.batch_size)
         if log is not None:
