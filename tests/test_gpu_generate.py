@@ -1,6 +1,6 @@
 """GPU checks of the generation engine (marker `gpu`; skipped with a reason on CPU): CUDA-graph replay == eager, token
 for token, greedy and sampled, bf16 and fp32; the evaluator's greedy (static caches + CUDA graphs) == the engine's
-in fp32 on the tiny target; two GPUs == one."""
+in fp32 on the tiny target; two GPUs == one; drafters of two block sizes in one evaluation, each with its graphs."""
 
 import pytest
 import torch
