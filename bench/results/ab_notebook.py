@@ -20,16 +20,20 @@ ab = load_ab(results)
 display(Markdown(settings_markdown(ab)))"""
 
 
+def head_cells(folder: str, *, intro: str, evaluation: str) -> list:
+    """The cells every A/B notebook opens with: the intro, the papermill parameter `results` (`folder`, relative to
+    the project root), the loading cell, and the final evaluation's table under `evaluation`'s prose."""
+    md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
+    return [md(intro), code(f'results: str = "{folder}"  # the folder; relative: from the project root'), code(LOAD),
+            md("## Final evaluation\n\n" + evaluation), code("display(Markdown(final_markdown(ab)))")]
+
+
 def write(name: str, folder: str, *, intro: str, evaluation: str, arms: str, reading: str) -> Path:
     """Writes /tmp/nbgen/<name>-src.ipynb: `folder` (relative to the project root) is its papermill parameter;
     `evaluation` and `arms` are the prose above the final-evaluation and arms tables, without their headings."""
     md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
     cells = [
-        md(intro),
-        code(f'results: str = "{folder}"  # the folder; relative: from the project root'),
-        code(LOAD),
-        md("## Final evaluation\n\n" + evaluation),
-        code("display(Markdown(final_markdown(ab)))"),
+        *head_cells(folder, intro=intro, evaluation=evaluation),
         md("## The arms and their training-time checks\n\n" + arms),
         code("display(Markdown(arms_markdown(ab)))"),
         md(CURVES),

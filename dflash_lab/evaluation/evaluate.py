@@ -38,7 +38,7 @@ from .acceptance import DRAFT_SAMPLING
 from .measure import cut_to_measured, heldout_run, heldout_tau, run_decoders, untrained_drafter  # noqa: F401
 from .prompt_sets import info_of, is_heldout_file, read_training_prompts, resolve_sets
 from .prompts import EvalError, load_prompts, select_prompts
-from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, tau_line  # noqa: F401
+from .report import BASELINE, EVAL_FILE, EvalReport, latest_eval, new_eval_dir, tau_line
 from .speculative import PromptTooLongError, SpeculativeDecoder
 from .static_decode import make_decoder
 from dflash_lab.config.threads import threads_arg, torch_threads

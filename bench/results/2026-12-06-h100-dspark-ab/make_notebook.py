@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat as nbf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_notebook import CURVES, LOAD, save  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
+from ab_notebook import CURVES, head_cells, save  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
 
 INTRO = """# DFlash against DSpark on the same pool and the same GPU time (SmolLM2-135M-Instruct, one NVIDIA H100)
 
@@ -76,11 +76,7 @@ checks.pivot(index="step", columns="arm", values=["val_chain_tau", "val_acc"]).r
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
-    md(INTRO),
-    code('results: str = "bench/results/2026-12-06-h100-dspark-ab"  # the folder; relative: from the project root'),
-    code(LOAD),
-    md("## Final evaluation\n\n" + EVALUATION),
-    code("display(Markdown(final_markdown(ab)))"),
+    *head_cells("bench/results/2026-12-06-h100-dspark-ab", intro=INTRO, evaluation=EVALUATION),
     md(VERIFY),
     code(VERIFY_CODE),
     md("## The arms' held-out checks\n\nHeld-out validation every 250 steps (no training-time real tau: the time "

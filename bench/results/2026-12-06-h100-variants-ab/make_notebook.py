@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat as nbf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_notebook import CURVES, LOAD, save  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
+from ab_notebook import CURVES, head_cells, save  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
 
 INTRO = """# DFlash, DSpark and DSpark at block 8 for the same GPU-minutes (SmolLM2-135M-Instruct, one NVIDIA H100)
 
@@ -55,11 +55,7 @@ READING = """- **At equal GPU-minutes no variant separates from DFlash on real t
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
-    md(INTRO),
-    code('results: str = "bench/results/2026-12-06-h100-variants-ab"  # the folder; relative: from the project root'),
-    code(LOAD),
-    md("## Final evaluation\n\n" + EVALUATION),
-    code("display(Markdown(final_markdown(ab)))"),
+    *head_cells("bench/results/2026-12-06-h100-variants-ab", intro=INTRO, evaluation=EVALUATION),
     md("## The arms\n\n" + ARMS),
     code("display(Markdown(arms_markdown(ab)))"),
     md(FIGURE),
