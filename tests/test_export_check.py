@@ -117,3 +117,19 @@ def test_a_check_that_would_compare_nothing_is_refused(exports, capsys):
     assert main([str(exports["full"]), "--contexts", "0"]) == 2
     err = capsys.readouterr().err
     assert "contexts=0" in err and "Fix: --contexts 1" in err
+
+
+def test_the_reference_code_loads_an_export_and_refuses_one_missing_a_tensor(exports, tmp_path):
+    """The remote-code class SGLang / vLLM users load takes the export whole; a tensor removed is named, with the fix."""
+    import shutil
+
+    from dflash_lab.evaluation.export_check import ExportCheckError, reference_load
+
+    assert reference_load(exports["full"], log=lambda *a: None) == "DFlashDraftModel"
+    broken = tmp_path / "broken"
+    shutil.copytree(exports["full"], broken)
+    state = load_file(broken / "model.safetensors")
+    gone = sorted(state)[0]
+    save_file({k: v for k, v in state.items() if k != gone}, broken / "model.safetensors")
+    with pytest.raises(ExportCheckError, match=rf"missing \[.*{gone}.*Fix: export again"):
+        reference_load(broken, log=lambda *a: None)

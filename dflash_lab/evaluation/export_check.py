@@ -305,7 +305,10 @@ def reference_load(out_dir: str | Path, log=print) -> str | None:
 
     model, info = AutoModel.from_pretrained(out, trust_remote_code=True, output_loading_info=True)
     if info["missing_keys"] or info["unexpected_keys"]:
-        raise RuntimeError(f"the export in {out} does not load cleanly in its reference code: {info}")
+        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        raise ExportCheckError(f"the export in {out} does not load cleanly in its reference code: missing {missing}, "
+                               f"unexpected {unexpected}. Fix: export again with this dflash-lab "
+                               "(`python -m dflash_lab.evaluation.export RUN OUT`)")
     return type(model).__name__
 
 
