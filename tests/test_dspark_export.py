@@ -374,3 +374,94 @@ def test_sglang_loads_every_dspark_head_parameter_of_a_full_vocabulary_export(ex
     assert torch.equal(model.markov_head.markov_w1.weight, tensors["markov_head.markov_w1.weight"].float())
     assert sorted(handed) == sorted(k for k in tensors if not k.startswith(("markov_head.", "confidence_head.")))
     assert model.gamma == 7 and model.sample_from_anchor is False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Served as evaluated: the drafting options pinned in the commands, checked against the engines' own option names
+# ---------------------------------------------------------------------------------------------------------------
+
+def _vllm_speculative_fields() -> tuple[set, str]:
+    """The field names of vLLM's SpeculativeConfig and the source of its DraftSampleMethod, read from its file."""
+    import ast
+
+    src = _need("vllm", "config/speculative.py").read_text()
+    tree = ast.parse(src)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig")
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    method = next(ast.get_source_segment(src, n) for n in tree.body
+                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "DraftSampleMethod")
+    return fields, method
+
+
+def test_serving_commands_pin_the_drafting_the_drafter_was_evaluated_with(exported):
+    import shlex
+
+    from dflash_lab.evaluation.export import export_commands
+
+    d, out, lines = exported
+    fields, sample_method = _vllm_speculative_fields()
+    sglang_env = _need("sglang", "srt/environ.py").read_text()
+    assert "SGLANG_DSPARK_USE_GREEDY_DRAFT = EnvBool(False)" in sglang_env  # SGLang samples drafts by default
+
+    def spec(cmds):
+        words = shlex.split(cmds["vllm"])
+        return json.loads(words[words.index("--speculative-config") + 1])
+
+    pruned = d.config.draft_vocab_size is not None
+    default = export_commands(out, "target")
+    assert spec(default)["draft_sample_method"] == "greedy"  # evaluate's default: argmax drafts
+    assert any("draft_sample_method" in line for line in lines)  # the export printed the pinned command
+    assert ("sglang" in default) is (not pruned)
+    if not pruned:
+        assert default["sglang"].startswith("SGLANG_DSPARK_USE_GREEDY_DRAFT=1 python -m sglang.launch_server ")
+    sampled = export_commands(out, "target", draft_sampling="sample")
+    assert spec(sampled)["draft_sample_method"] == "probabilistic"
+    if not pruned:
+        assert sampled["sglang"].startswith("SGLANG_DSPARK_USE_GREEDY_DRAFT=0 ")
+    topk = export_commands(out, "target", draft_topk=4, adaptive_verification=True)
+    assert spec(topk)["dspark_draft_topk"] == 4 and spec(topk)["enable_adaptive_verification"] is True
+    assert set(topk) == {"vllm"}  # SGLang has no top-k option and plans its verify budget its own way
+    for cmds in (default, sampled, topk):  # every key one vLLM 0.34.0 option, every value one it accepts
+        assert set(spec(cmds)) <= fields, set(spec(cmds)) - fields
+        assert f'"{spec(cmds)["draft_sample_method"]}"' in sample_method
+    with pytest.raises(ValueError, match="draft_sampling='coupled' has no serving equivalent"):
+        export_commands(out, "target", draft_sampling="coupled")
+
+
+def test_without_a_confidence_head_sglang_serves_only_static_and_adaptive_verification_is_refused():
+    from dflash_lab.evaluation.serving_engines import serving_commands
+
+    d = _drafter(False, confidence=False)
+    part = variant_export(d.config, d.state_dict(), torch.bfloat16)
+    assert not any(k.startswith("confidence_head.") for k in part.tensors)
+    assert len(part.notes) == 1 and "SGLANG_RAGGED_VERIFY_MODE=static" in part.notes[0]
+    cfg = {"block_size": 7, "vocab_size": V, **part.config}
+    assert "sglang" in serving_commands(cfg, "/x", "t")
+    with pytest.raises(ValueError, match="adaptive_verification needs the confidence head"):
+        serving_commands(cfg, "/x", "t", adaptive_verification=True)
+    dflash = {"block_size": 8, "vocab_size": V, "architectures": ["DFlashDraftModel"]}
+    with pytest.raises(ValueError, match="this export is a DFlash drafter"):
+        serving_commands(dflash, "/x", "t", draft_sampling="sample")
+
+
+def test_a_dspark_export_reads_back_as_the_drafter_that_was_exported(exported):
+    from dflash_lab.evaluation.export import load_exported, resolve_drafter
+
+    d, out, _ = exported
+    cfg, back = load_exported(out)
+    assert (cfg.drafter_variant, cfg.block_size, cfg.markov_rank) == ("dspark", 8, 8)
+    assert cfg.enable_confidence_head and cfg.confidence_head_with_markov
+    assert cfg.draft_vocab_size == d.config.draft_vocab_size and resolve_drafter(out).kind == "exported"
+    own = d.state_dict()
+    for name, t in back.state_dict().items():
+        if name.startswith("rotary_emb.") or (name == "lm_head.weight" and cfg.draft_vocab_size):
+            continue  # recomputed / the target's rows (export_check compares those)
+        exported_as = torch.float32 if name.startswith("heads.confidence_head.") else torch.bfloat16
+        want = own[name].to(exported_as).to(t.dtype) if own[name].is_floating_point() else own[name]
+        assert torch.equal(t, want), name
+    # an export without our dflash_lab block: the variant from its architecture, the block from its layout
+    raw = json.loads((out / "config.json").read_text())
+    raw.pop("dflash_lab")
+    (out / "config.json").write_text(json.dumps(raw))
+    cfg2, _ = load_exported(out)
+    assert (cfg2.drafter_variant, cfg2.block_size, cfg2.markov_rank) == ("dspark", 8, 8)

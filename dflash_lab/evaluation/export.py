@@ -39,7 +39,7 @@ from dflash_lab.runs.checkpoint import CheckpointError, respect_umask
 from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .export_format import (HEAD, build_export, config_from_export, export_config, export_state_names,  # noqa: F401
                             is_exported)
-from .export_variant import with_variant
+from .export_variant import state_from_served, with_variant
 from .serving_engines import VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
@@ -387,12 +387,14 @@ def cannot_serve(out_dir: str | Path) -> dict:
     return {e: r["cannot_serve"] for e, r in readings.items() if r["cannot_serve"]}
 
 
-def export_commands(out_dir: str | Path, target: str | None = None) -> dict:
+def export_commands(out_dir: str | Path, target: str | None = None, **drafting) -> dict:
     """{engine: command} serving an existing export (the ones export_drafter printed); the target defaults to the
-    one its config.json names."""
+    one its config.json names. `drafting`: a DSpark drafter's decoding as it was evaluated (draft_sampling,
+    draft_topk, adaptive_verification: serving_engines.serving_commands), when not evaluate's defaults."""
     out = Path(out_dir).expanduser().resolve()
     cfg = json.loads((out / "config.json").read_text())
-    return serving_commands(cfg, out, _serving_target(target or (cfg.get("dflash_lab") or {}).get("target")))
+    return serving_commands(cfg, out, _serving_target(target or (cfg.get("dflash_lab") or {}).get("target")),
+                            **drafting)
 
 
 def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
@@ -403,10 +405,12 @@ def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dt
     path = Path(out_dir).expanduser()
     if not is_exported(path):
         raise DrafterNotFoundError(f"{path} is not an exported DFlash drafter: expected config.json with "
-                                   "architectures ['DFlashDraftModel'] + dflash_config, and model.safetensors.")
+                                   "architectures ['DFlashDraftModel'] (or a drafter variant's, e.g. "
+                                   "['Qwen3DSparkModel']) + dflash_config, and model.safetensors.")
     cfg = config_from_export(json.loads((path / "config.json").read_text()))
     drafter = DFlashDrafter(cfg)
-    _load_state(drafter, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
+    state = state_from_served(cfg, load_file(str(path / "model.safetensors")))
+    _load_state(drafter, state, str(path / "model.safetensors"))
     drafter.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return cfg, drafter
 

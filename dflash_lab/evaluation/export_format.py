@@ -12,6 +12,7 @@ import torch
 
 from dflash_lab.config import DrafterConfig
 from dflash_lab.data.draft_vocab import target_ids_of
+from .export_variant import variant_fields_of_export, variant_of_export
 
 HEAD = "lm_head.weight"  # a pruned drafter's own head: the target's rows of its draft vocabulary
 
@@ -113,11 +114,13 @@ def is_exported(path: Path) -> bool:
         d = json.loads(cfg.read_text())
     except json.JSONDecodeError:
         return False
-    return "DFlashDraftModel" in d.get("architectures", []) and "dflash_config" in d
+    archs = d.get("architectures") or []
+    return ("DFlashDraftModel" in archs or variant_of_export(d) != "dflash") and "dflash_config" in d
 
 
 def config_from_export(d: dict) -> DrafterConfig:
-    """DrafterConfig from an exported config.json (ours or a published z-lab one)."""
+    """DrafterConfig from an exported config.json (ours, a published z-lab one, or a variant's: its heads' fields
+    and training block read back by export_variant.variant_fields_of_export)."""
     dc = d.get("dflash_config") or {}
     missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dc]
     if missing or "block_size" not in d:
@@ -127,6 +130,7 @@ def config_from_export(d: dict) -> DrafterConfig:
     rope_theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     layer_types = tuple(d.get("layer_types") or ())
     n_target = d.get("num_target_layers") or max(ids) + 1
+    variant = {"block_size": d["block_size"], **variant_fields_of_export(d)}
     return DrafterConfig(
         hidden_size=d["hidden_size"], target_hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
         num_hidden_layers=d["num_hidden_layers"], num_attention_heads=d["num_attention_heads"],
@@ -134,7 +138,8 @@ def config_from_export(d: dict) -> DrafterConfig:
         head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(rope_theta), rope_scaling=d.get("rope_scaling"),
         max_position_embeddings=d.get("max_position_embeddings", 40960), vocab_size=d["vocab_size"],
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), block_size=d["block_size"],
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         mask_token_id=dc["mask_token_id"], num_target_layers=n_target, target_layer_ids=ids,
         layer_types=layer_types, sliding_window=d.get("sliding_window") if "sliding_attention" in layer_types else None,
-        draft_vocab_size=d.get("draft_vocab_size") if d.get("draft_vocab_size") != d["vocab_size"] else None)
+        draft_vocab_size=d.get("draft_vocab_size") if d.get("draft_vocab_size") != d["vocab_size"] else None,
+        **variant)

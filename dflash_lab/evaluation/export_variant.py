@@ -34,15 +34,26 @@ def _dspark_config(config: DrafterConfig) -> dict:
 
 
 def _dspark_notes(config: DrafterConfig) -> list[str]:
-    if config.draft_vocab_size is None:
-        return []
-    return [f"SGLang {VERSIONS['sglang']} cannot serve this DSpark drafter: it has a pruned vocabulary "
-            f"({config.draft_vocab_size} ids) and SGLang's Markov head has a row per target id and drafts over the "
-            f"whole target head; vLLM {VERSIONS['vllm']} serves it. Fix for SGLang: train with draft_vocab_size=None."]
+    notes = []
+    if config.draft_vocab_size is not None:
+        notes.append(f"SGLang {VERSIONS['sglang']} cannot serve this DSpark drafter: it has a pruned vocabulary "
+                     f"({config.draft_vocab_size} ids) and SGLang's Markov head has a row per target id and drafts "
+                     f"over the whole target head; vLLM {VERSIONS['vllm']} serves it. Fix for SGLang: train with "
+                     "draft_vocab_size=None.")
+    if not config.enable_confidence_head:
+        # SGLang builds the head in every ragged verify mode but the static one, whatever the config says
+        # (srt/models/dspark.py build_confidence_head), then finds no weights for it
+        notes.append(f"SGLang {VERSIONS['sglang']} serves this DSpark drafter only in its default "
+                     "SGLANG_RAGGED_VERIFY_MODE=static: it has no confidence head, and SGLang's other verify modes "
+                     "build one regardless and refuse a checkpoint without its weights. Fix for those modes: train "
+                     "with enable_confidence_head=True.")
+    return notes
 
 
 SERVED_AS = {"dspark": (_dspark_config, _dspark_notes)}
 """variant name -> (its config.json entries as the engines read them, what an engine cannot serve)."""
+ARCHITECTURES = {"dspark": "Qwen3DSparkModel"}
+"""variant name -> the architecture its export names (how an export without our `dflash_lab` block is recognised)."""
 FP32_TENSORS = ("confidence_head.",)  # served names kept in fp32 whatever the export dtype
 
 
@@ -100,3 +111,39 @@ def with_variant(config: DrafterConfig, state: dict, tensors: dict, config_json:
         else:
             merged[key] = value
     return {**tensors, **part.tensors}, merged
+
+
+def variant_of_export(d: dict) -> str:
+    """The drafter variant an exported config.json holds: our `dflash_lab.drafter_variant`, else the variant whose
+    architecture it names, else "dflash"."""
+    named = (d.get("dflash_lab") or {}).get("drafter_variant")
+    if named:
+        return named
+    archs = d.get("architectures") or []
+    return next((name for name, arch in ARCHITECTURES.items() if arch in archs), "dflash")
+
+
+def variant_fields_of_export(d: dict) -> dict:
+    """The DrafterConfig fields a variant's export carries, read back: drafter_variant, its export_config_keys and
+    the training block (`dflash_lab.training_block_size`; else the engines' block of drafts plus the anchor, when
+    the export says sample_from_anchor: false). {} for a DFlash export."""
+    from dflash_lab.drafter.variants import VARIANTS
+
+    name = variant_of_export(d)
+    if name == "dflash":
+        return {}
+    if name not in VARIANTS:
+        raise ValueError(f"the export names drafter variant {name!r}, which this dflash-lab does not have. Fix: "
+                         f"load it with the dflash-lab that wrote it, or add the variant ({sorted(VARIANTS)} here).")
+    fields = {"drafter_variant": name, **{k: d[k] for k in VARIANTS[name].export_config_keys if k in d}}
+    block = (d.get("dflash_lab") or {}).get("training_block_size")
+    fields["block_size"] = block or int(d["block_size"]) + (d.get("sample_from_anchor") is False)
+    return fields
+
+
+def state_from_served(config: DrafterConfig, tensors: dict) -> dict:
+    """An export's tensors under the drafter's state-dict names: the variant's heads get their prefix back (the
+    inverse of variant_export's renaming); everything else is unchanged."""
+    prefix = variant_of(config).export_tensor_prefix
+    heads = {name[len(prefix):] for name in variant_state_names(config)}
+    return {(prefix + k if k in heads else k): v for k, v in tensors.items()}

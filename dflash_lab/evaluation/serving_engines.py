@@ -133,21 +133,48 @@ def engine_readings(cfg: dict, tensor_names) -> dict:
     return {"vllm": vllm_reading(cfg, names), "sglang": sglang_reading(cfg), "speculators": speculators_reading(cfg)}
 
 
-def serving_commands(cfg: dict, export_dir, target: str) -> dict:
-    """{engine: the command that serves this export} for vLLM and SGLang, each as its release parses the flags.
-    DFlash (vLLM: `--speculative-config` JSON, method "dflash", num_speculative_tokens = block_size - 1; SGLang:
-    `--speculative-algorithm DFLASH`, `--speculative-draft-model-path`, `--speculative-num-draft-tokens`
-    = block_size). DSpark exports (architectures Qwen3DSparkModel) write block_size as the number of drafts, so
-    vLLM's method "dspark" takes num_speculative_tokens = block_size and SGLang's DSPARK reads the block from the
-    checkpoint (its `--speculative-dspark-block-size` is inferred when omitted). An engine that cannot serve the
-    export has no command (see `engine_readings`)."""
+DRAFTING = ("argmax", "sample")  # how a DSpark drafter's drafts were drawn at T > 0 (SpeculativeDecoder's names)
+
+
+def serving_commands(cfg: dict, export_dir, target: str, *, draft_sampling: str = "argmax",
+                     draft_topk: int | None = None, adaptive_verification: bool = False) -> dict:
+    """{engine: the command that serves this export as it was evaluated} for vLLM and SGLang, each as its release
+    parses the flags. DFlash (vLLM: `--speculative-config` JSON, method "dflash", num_speculative_tokens =
+    block_size - 1; SGLang: `--speculative-algorithm DFLASH`, `--speculative-draft-model-path`,
+    `--speculative-num-draft-tokens` = block_size). DSpark exports (architectures Qwen3DSparkModel) write block_size
+    as the number of drafts, so vLLM's method "dspark" takes num_speculative_tokens = block_size and SGLang's DSPARK
+    reads the block from the checkpoint (its `--speculative-dspark-block-size` is inferred when omitted).
+
+    A DSpark drafter's decoding options are pinned to the ones it was evaluated with, because the engines' defaults
+    differ at T > 0: vLLM drafts the argmax unless `draft_sample_method` is "probabilistic"
+    [config/speculative.py], SGLang samples each draft unless SGLANG_DSPARK_USE_GREEDY_DRAFT=1 [srt/environ.py].
+    draft_sampling "argmax" / "sample" -> vLLM "greedy" / "probabilistic", SGLang's variable 1 / 0. draft_topk ->
+    vLLM's `dspark_draft_topk`; adaptive_verification (the confidence head choosing how many drafts to verify,
+    VerifyPolicy's "cost" rule with lag 1) -> vLLM's `enable_adaptive_verification`. SGLang has no top-k option and
+    prices its adaptive verification differently (verify_budget.py), so with either there is no SGLang command. An
+    engine that cannot serve the export has none either (see `engine_readings`)."""
     B, dspark, drafts = cfg["block_size"], is_dspark(cfg), drafts_per_step(cfg)
-    method = "dspark" if dspark else "dflash"
-    spec = json.dumps({"method": method, "model": str(export_dir), "num_speculative_tokens": drafts})
-    out = {"vllm": f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(spec)}"}
-    if draft_vocab_of(cfg) is None:
+    if draft_sampling not in DRAFTING:
+        raise ValueError(f"draft_sampling={draft_sampling!r} has no serving equivalent. Fix: use one of "
+                         f"{list(DRAFTING)}.")
+    asked = (draft_sampling != "argmax", draft_topk is not None, adaptive_verification)
+    if not dspark and any(asked):
+        raise ValueError("draft_sampling, draft_topk and adaptive_verification pin a DSpark drafter's decoding; this "
+                         "export is a DFlash drafter, served with the engines' argmax drafts. Fix: leave them at "
+                         "their defaults.")
+    if adaptive_verification and not cfg.get("enable_confidence_head"):
+        raise ValueError("adaptive_verification needs the confidence head, and this export has none "
+                         "(enable_confidence_head is false). Fix: leave adaptive_verification off.")
+    spec = {"method": "dspark" if dspark else "dflash", "model": str(export_dir), "num_speculative_tokens": drafts}
+    if dspark:
+        spec["draft_sample_method"] = "greedy" if draft_sampling == "argmax" else "probabilistic"
+        spec.update({"dspark_draft_topk": draft_topk} if draft_topk is not None else {},
+                    **({"enable_adaptive_verification": True} if adaptive_verification else {}))
+    out = {"vllm": f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(json.dumps(spec))}"}
+    if draft_vocab_of(cfg) is None and draft_topk is None and not adaptive_verification:
+        env = f"SGLANG_DSPARK_USE_GREEDY_DRAFT={int(draft_sampling == 'argmax')} " if dspark else ""
         tail = "" if dspark else f" --speculative-num-draft-tokens {B}"
-        out["sglang"] = (f"python -m sglang.launch_server --model-path {shlex.quote(str(target))} "
+        out["sglang"] = (f"{env}python -m sglang.launch_server --model-path {shlex.quote(str(target))} "
                          f"--speculative-algorithm {'DSPARK' if dspark else 'DFLASH'} --speculative-draft-model-path "
                          f"{shlex.quote(str(export_dir))}{tail}")
     return out

@@ -110,8 +110,8 @@ def check_variant_options(drafter, heads, draft_sampling: str, draft_topk: int |
             raise ValueError(f"draft_topk={draft_topk} must lie in [1, {v_draft}] (the draft vocabulary).")
     if markov and draft_sampling == "coupled":
         raise ValueError("draft_sampling='coupled' draws independent slots from one uniform; a Markov-head drafter's "
-                         "slots depend on the drafts before them. Fix: use draft_sampling='sample' (what the engines "
-                         "draw) or 'argmax'.")
+                         "slots depend on the drafts before them. Fix: use draft_sampling='sample' (SGLang's default "
+                         "DSpark drafts, vLLM's draft_sample_method 'probabilistic') or 'argmax' (vLLM's default).")
     if verify_policy is not None and getattr(heads, "confidence_head", None) is None:
         raise ValueError("verify_policy chooses the verified drafts from a confidence head, and this drafter has "
                          "none. Fix: leave verify_policy unset, or decode a drafter trained with "

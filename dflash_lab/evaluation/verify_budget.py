@@ -2,13 +2,16 @@
 probabilities the way the engines choose it (adaptive verification).
 
 Two rules, each an engine's:
-- "cost" (vLLM's AdaptiveVerificationManager.get_num_tokens, SGLang's compute_verify_token_budget): draft j survives
-  with probability S_j = c_1 * ... * c_j (the running product of the slots' confidences: a draft counts only if
-  every draft before it is accepted); verifying k drafts is expected to emit 1 + S_1 + ... + S_k tokens (the bonus
-  token always comes) and costs draft_ms + verify_ms(1 + k), so k maximises expected tokens per millisecond. At
-  batch 1 the winners are a prefix of the block, so that k is the count verified. vLLM prices the choice with the
-  confidences of the PREVIOUS block (its host copy lags a step behind the device; a new request starts at all ones):
-  `lag=1`; `lag=0` is the rule with fresh confidences.
+- "cost" (vLLM 0.34.0's AdaptiveVerificationManager.get_num_tokens, served with `enable_adaptive_verification`):
+  draft j survives with probability S_j = c_1 * ... * c_j (the running product of the slots' confidences: a draft
+  counts only if every draft before it is accepted); verifying k drafts is expected to emit 1 + S_1 + ... + S_k
+  tokens (the bonus token always comes) and costs draft_ms + verify_ms(1 + k), so k maximises expected tokens per
+  millisecond. At batch 1 the winners are a prefix of the block, so that k is the count verified. vLLM prices the
+  choice with the confidences of the PREVIOUS block (its host copy lags a step behind the device; a new request
+  starts at all ones): `lag=1`; `lag=0` is the rule with fresh confidences. SGLang 0.5.23's planner
+  (speculative/dspark_components/dspark_planner.py, only in its non-static SGLANG_RAGGED_VERIFY_MODE) follows the
+  same survival idea but differs: confidences two steps old, survivals under 1e-6 dropped, and prices from measured
+  throughput tables instead of draft + verify milliseconds, so this rule is not what SGLang serves.
 - "threshold" (DeepSpec's evaluator, eval/dspark/draft_ops.py): verify the drafts before the first slot whose own
   confidence is below `threshold`, with this block's confidences.
 
