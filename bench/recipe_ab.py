@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 STATE = "ab.json"
+BASELINE = "target only"  # an evaluation row's decoder when the target decodes alone
 
 
 def _values(items: list[str]) -> dict:
@@ -149,17 +150,21 @@ def evaluate_arms(args) -> None:
     if "rows" not in results:  # e.g. the recipe's own results.json in the work dir
         raise SystemExit(f"--out {args.out} holds no evaluation rows of this script (keys {sorted(results)[:6]}); "
                          "Fix: name another file, e.g. <work>/ab-results.json")
-    first, *others = arms
     for temperature in args.temperature:
         for sampling in args.draft_sampling if temperature > 0 else ["argmax"]:  # at T=0 every mode drafts argmax
-            if any(r["temperature"] == temperature and r.get("draft_sampling", "argmax") == sampling
-                   for r in results["rows"]):
-                continue  # measured by an earlier job
-            _evaluate_once(args, state, arms, first, others, temperature, sampling, results)
+            held = [r for r in results["rows"]
+                    if r["temperature"] == temperature and r.get("draft_sampling", "argmax") == sampling]
+            todo = [a for a in arms if a not in {r["arm"] for r in held}]  # an earlier job measured the others
+            if not todo:
+                continue
+            # the target alone decodes once per file: an arm trained later is timed against that earlier pass
+            baseline = args.baseline and not any(r["decoder"] == BASELINE for r in held)
+            first, *others = todo
+            _evaluate_once(args, state, arms, first, others, temperature, sampling, results, baseline)
 
 
 def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str], temperature: float, sampling: str,
-                   results: dict) -> None:
+                   results: dict, baseline: bool) -> None:
     from dflash_lab.evaluation.evaluate import evaluate
 
     t0 = time.perf_counter()
@@ -168,13 +173,21 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
     rep = evaluate(arms[first]["run_dir"], prompts=sets, block_size=None, temperature=temperature,
                    max_new_tokens=128, n_prompts=args.prompts, device=args.device, untrained=False,
                    compare={a: arms[a]["run_dir"] for a in others}, draft_sampling=sampling,
-                   time_budget_s=args.time_budget_s, baseline=args.baseline)
+                   time_budget_s=args.time_budget_s, baseline=baseline)
+    earlier = {(r["prompt_set"], r["prompts"]): r["tokens_per_s"] for r in results["rows"]
+               if r["decoder"] == BASELINE and r["temperature"] == temperature
+               and r.get("draft_sampling", "argmax") == sampling}
     for r in rep.rows():
         arm = first if r["decoder"] == "trained" else r["decoder"]
-        results["rows"].append({"arm": arm, "temperature": temperature, "draft_sampling": sampling,
-                                "steps": arms[arm]["steps"] if arm in arms else None,
-                                **{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau",
-                                                         "tau_low", "tau_high", "tokens_per_s", "speedup")}})
+        row = {"arm": arm, "temperature": temperature, "draft_sampling": sampling,
+               "steps": arms[arm]["steps"] if arm in arms else None,
+               **{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau", "tau_low",
+                                        "tau_high", "tokens_per_s", "speedup")}}
+        base = earlier.get((row["prompt_set"], row["prompts"]))
+        if row["speedup"] is None and base and row["tokens_per_s"] and row["decoder"] != BASELINE:
+            # the same prompts (seeded), device and temperature, each decoded alone on the GPU: a speed ratio
+            row.update(speedup=row["tokens_per_s"] / base, speedup_against="an earlier evaluation's target alone")
+        results["rows"].append(row)
     label = str(temperature) if sampling == "argmax" else f"{temperature} {sampling}"
     results.setdefault("seconds", {})[label] = round(time.perf_counter() - t0, 1)
     if rep.stopped:  # the rows' `prompts` count what was decoded; these say which sets were cut
@@ -196,7 +209,7 @@ def merge(args) -> None:
             raise SystemExit(f"{f} holds no evaluation rows of this script. Fix: name the files `eval --out` wrote")
         for r in d["rows"]:
             key = (r["arm"], r["decoder"], r["prompt_set"], r["temperature"], r.get("draft_sampling", "argmax"))
-            if key in seen and r["decoder"] != "target only":
+            if key in seen and r["decoder"] != BASELINE:
                 raise SystemExit(f"{f} and {seen[key]} both hold {key}. Fix: leave one of them out")
             seen[key] = f
             merged["rows"].append(r)

@@ -12,16 +12,21 @@
 #   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
 #   pack    the data an arm trains and is evaluated on (ab.json, the mix, the held-out files) as $OUT/data.tgz.*
 #   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
-#   eval0   T=0, 64 prompts of each set, the arms of this call + the target alone                    ~EVAL0_EST s
-#   eval1   T=1 sampled drafts, every set, one process per arm side by side, no baseline           ~EVAL1_EST s
-# ITEMS (default every one above) and ARMS (default dflash dspark dspark8) choose. One session's device time (30
-# minutes, the machine's start included) does not hold the staging (~80 s), the data (~320 s), three 240 s arms and
-# their evaluation (~1,270 s): the arms of one comparison then train in two sessions on the SAME files, the first
-# packing the data it wrote, the second carrying it in as .variants-data/ (`unpack`: the files back at their paths,
-# data marked done), and `python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval`
-# joins them (it refuses sessions whose data_sha256 differ):
-#   session 1:  ARMS=dflash bash bench/variants_ab.sh next                       (model data pack dflash eval0 eval1)
-#   session 2:  ITEMS="unpack model dspark dspark8 eval0 eval1" ARMS="dspark dspark8" bash bench/variants_ab.sh next
+#   eval0   T=0, 64 prompts of each set: the arms trained since the last T=0 evaluation, in one evaluation, and
+#           the target alone in the first only (a later arm's speedup is over that pass: same prompts, same GPU)
+#                                                                           ~130 s (40 without the target) + 45 an arm
+#   eval1   T=1 sampled drafts, every set, one process per arm not yet sampled, side by side, no baseline
+#                                                                                                   ~80 s + 25 an arm
+# ITEMS and ARMS (default dflash dspark dspark8) choose; the default queue is model data pack <arm 1> <arm 2> eval0
+# eval1 <arm 3> eval0b eval1b, so a session cut short (a machine taken back, device time spent) still holds two
+# arms evaluated alike. One session's device time (30 minutes, the machine's start included) holds all of it at
+# ARM_S=180 when the first start succeeds (~90 s start, ~140 s staging and call gaps, 50 + 240 + 30 s setup, 3 x 225
+# s arms, ~540 s evaluation). Otherwise the arms train in two sessions on the SAME files, the first packing the data
+# it wrote, the second carrying it in as .variants-data/ (`unpack`: the files back at their paths, data marked
+# done), and `python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval` joins them (it
+# refuses sessions whose data_sha256 differ), e.g.:
+#   session 1:  bash bench/variants_ab.sh next                 (stops wherever the session ends; pack comes early)
+#   session 2:  ITEMS="unpack model dspark8 eval0 eval1" ARMS=dspark8 bash bench/variants_ab.sh next
 # Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
 # the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
@@ -36,22 +41,19 @@ OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/variants-ab}; mkdir -p "$WORK"; touch "$WORK/done"
 CALL_S=${CALL_S:-585}
 T0=$(date +%s)
-ARM_S=${ARM_S:-240}   # 4 GPU-minutes an arm: the three arms and their evaluation fit one session's device time
+ARM_S=${ARM_S:-180}   # 3 GPU-minutes an arm: the three arms and their evaluation fit one session's device time
 PROMPTS=${PROMPTS:-64}
 DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
 ARMS=${ARMS:-"dflash dspark dspark8"}
 DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written data (recipe_config.PRESETS)
 DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
-NARMS=$(echo $ARMS | wc -w)  # per prompt on an H100: ~0.2 s an arm, 0.46 s the target alone; ~25 s loading
-EVAL0_EST=${EVAL0_EST:-$(( 130 + 45 * NARMS ))}
-EVAL1_EST=${EVAL1_EST:-$(( 80 + 25 * NARMS ))}
 # The store holds the whole pool (~1.8 MB a window, 55,809 windows: ~38k on the GPU, the rest in host memory), so
 # every epoch after the first reads features instead of running the target
 COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=40"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
 if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item but the model's on the embedded tiny target
-  ITEMS=${ITEMS:-"data pack $ARMS eval0 eval1"}
+  SETUP=data
   DEVICE=cpu PROMPTS=2
   DATA_SET='--set model="tiny" --set draft_vocab_size=null --set n_train=8 --set heldout=4 --set n_self=24
     --set self_heldout=3 --set self_heldout_fraction=0.3 --set regen_batch_size=16 --set regen_max_new_tokens=16
@@ -82,9 +84,13 @@ eval0() {
     --arms $ARMS --time-budget-s $(( $(left) - 20 )) --out $WORK/ab-results.json \
     > "$OUT/eval-t0.log" 2>&1
 }
-eval1() {
+trained() {  # the arm is in ab.json (an earlier item of this queue trained it)
+  $PY -c "import json, sys; sys.exit(sys.argv[2] not in json.load(open(sys.argv[1])).get('arms', {}))" $WORK/ab.json $1
+}
+eval1() {  # the arms trained and not yet sampled: one process each, side by side
   local pids="" rc=0 p
   for a in $ARMS; do
+    trained $a && [ ! -f $WORK/ab-results-t1-$a.json ] || continue
     timeout $(( $(left) - 5 )) $AB eval --work $WORK --device $DEVICE --prompts $PROMPTS --temperature 1 \
       --draft-sampling sample --sampled-sets --no-baseline --arms $a --time-budget-s $(( $(left) - 20 )) \
       --out $WORK/ab-results-t1-$a.json > "$OUT/eval-t1-$a.log" 2>&1 & pids="$pids $!"
@@ -111,23 +117,32 @@ run_item() {
   dflash) arm dflash 29.5 ;;
   dspark) arm dspark 35.2 $SPARK ;;
   dspark8) arm dspark8 24.5 $SPARK --set block_size=8 ;;
-  eval0) eval0 ;;
-  eval1) eval1 ;;
+  eval0*) eval0 ;;
+  eval1*) eval1 ;;
   esac
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   echo "library: the device tree (git HEAD of the sender: ${COMMIT:-unknown})"; } > "$OUT/env.txt" 2>&1
-ITEMS=${ITEMS:-"model data pack $ARMS eval0 eval1"}
+set -- $ARMS  # the first two arms and their evaluations, then any others and theirs
+QUEUE="${1:-} ${2:-} eval0 eval1${3:+ ${*:3} eval0b eval1b}"
+ITEMS=${ITEMS:-"${SETUP:-model data} pack $QUEUE"}
+# an evaluation's cost grows with the arms it has to decode (n0, n1: trained since the last one of its kind); the
+# target alone decodes in the first T=0 evaluation only (~90 s of its 130)
+n0=0; n1=0; base0=130
 for item in $ITEMS; do
-  grep -qx "$item" "$WORK/done" && continue
-  case $item in model) est=50 ;; data) est=$DATA_EST ;; eval0) est=$EVAL0_EST ;; eval1) est=$EVAL1_EST ;;
-                pack|unpack) est=30 ;;
-                *) est=$(( ARM_S + 45 )) ;; esac
+  case $item in model|data|pack|unpack|eval0*|eval1*) ;; *) n0=$(( n0 + 1 )); n1=$(( n1 + 1 )) ;; esac
+  if grep -qx "$item" "$WORK/done"; then
+    case $item in eval0*) n0=0; base0=40 ;; eval1*) n1=0 ;; esac
+    continue
+  fi
+  case $item in model) est=50 ;; data) est=$DATA_EST ;; eval0*) est=$(( base0 + 45 * n0 )) ;;
+                eval1*) est=$(( 80 + 25 * n1 )) ;; pack|unpack) est=30 ;; *) est=$(( ARM_S + 45 )) ;; esac
   if [ "$est" -gt "$(left)" ]; then say "next: $item (~${est}s) does not fit the $(left)s left: the next call"; break; fi
   say "$item (~${est}s)"
   t=$(date +%s)
   if run_item $item; then echo "$item" >> "$WORK/done"; say "$item done in $(( $(date +%s) - t ))s"
+    case $item in eval0*) n0=0; base0=40 ;; eval1*) n1=0 ;; esac
   else say "$item FAILED (rc=$?) after $(( $(date +%s) - t ))s: see its log"; break; fi
 done
 say "queue done: $(tr '\n' ' ' < "$WORK/done")"

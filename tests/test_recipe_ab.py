@@ -68,6 +68,8 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
         ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(foreign)])
     tau = {(r["arm"], r["prompt_set"]): r["tau"] for r in rows}
     assert all(tau[("split", s)] == tau[("straight", s)] for s in ("chitchat-heldout", "general"))  # equal drafters
+    _a_later_arm_joins_the_file(ab, work, out, tmp_path)
+    rows = json.loads(out.read_text())["rows"]
 
     sampled = ["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(out), "--arms",
                "straight", "--temperature", "1", "--draft-sampling", "argmax", "--draft-sampling", "coupled"]
@@ -92,6 +94,29 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     labels = {r["arm"] for r in ab_report.final_rows(report) if r["temperature"] == 1.0}
     assert labels == {"straight", "straight (coupled drafts)"}
     _collect_sessions(ab, work, out, split_t1, tmp_path)
+
+
+def _a_later_arm_joins_the_file(ab, work: Path, out: Path, tmp_path: Path) -> None:
+    """An arm trained after the evaluation is evaluated alone into the same file: the arms measured are not decoded
+    again, the target alone neither, and its speedup is its tokens/s over that earlier pass's on the same prompts.
+    The arm is then taken out again, so the rest of the test sees the two arms it trained."""
+    before = json.loads(out.read_text())["rows"]
+    saved = (work / "ab.json").read_text()
+    ab.main(["train", "--work", str(work), "--arm", "late", *_sets({"steps": 8})])
+    ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[:len(before)] == before  # nothing measured again
+    late = rows[len(before):]
+    assert {(r["arm"], r["prompt_set"]) for r in late} == \
+        {("late", s) for s in ("chitchat-heldout", "self-heldout", "general")}
+    base = {r["prompt_set"]: r["tokens_per_s"] for r in before if r["decoder"] == "target only"}
+    for r in late:
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base[r["prompt_set"]], rel=1e-12)
+        assert r["speedup_against"] == "an earlier evaluation's target alone"
+    ab.main(["eval", "--work", str(work), "--device", "cpu", "--prompts", "2", "--out", str(out)])
+    assert len(json.loads(out.read_text())["rows"]) == len(rows)  # a rerun skips what the file holds
+    (work / "ab.json").write_text(saved)
+    out.write_text(json.dumps({**json.loads(out.read_text()), "rows": before}))
 
 
 def _collect_sessions(ab, work: Path, t0: Path, t1: Path, tmp_path: Path) -> None:
