@@ -138,8 +138,25 @@ def _vllm_layers(config):
             self.weight = _param(output_size, input_size, dtype=params_dtype or torch.float32)
             if bias:
                 self.bias = _param(output_size, dtype=params_dtype or torch.float32)
+            self.return_bias = return_bias
+
+        def forward(self, x):  # one device: y = x W^T + b, and (y, None) where vLLM returns the bias apart
+            y = nn.functional.linear(x, self.weight, getattr(self, "bias", None))
+            return (y, None) if self.return_bias else y
 
     return ParallelLMHead, ReplicatedLinear
+
+
+class LogitsProcessor:
+    """vLLM's LogitsProcessor on one device without soft cap: hidden @ head^T, the first org_vocab_size columns,
+    times `scale` (layers/logits_processor.py forward / _get_logits)."""
+
+    def __init__(self, vocab_size, org_vocab_size=None, scale=1.0, **kw):
+        self.org_vocab_size, self.scale = org_vocab_size or vocab_size, scale
+
+    def __call__(self, lm_head, hidden_states, embedding_bias=None, skip_gather=False):
+        logits = nn.functional.linear(hidden_states, lm_head.weight, embedding_bias)[..., :self.org_vocab_size]
+        return logits * self.scale if self.scale != 1.0 else logits
 
 
 def _vllm_backbone(utils, mapper):
@@ -227,6 +244,7 @@ def _load_vllm(hf_config, target_layers: int):
                                                    "DFlashQwen3Model": Backbone},
         "vllm.model_executor.layers.vocab_parallel_embedding": {"ParallelLMHead": ParallelLMHead},
         "vllm.model_executor.layers.linear": {"ReplicatedLinear": ReplicatedLinear},
+        "vllm.model_executor.layers.logits_processor": {"LogitsProcessor": LogitsProcessor},
         "vllm.logger": {"init_logger": logging.getLogger},
     }
     mod = load_engine_module(_need("vllm", "model_executor/models/qwen3_dspark.py"),
