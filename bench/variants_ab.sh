@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # DFlash, DSpark (block 16) and DSpark at its published block 8 on the SmolLM2 recipe's data: one pool, each arm
 # trained ALONE on the GPU for the same ARM_S seconds (so GPU-minutes are equal by construction and each arm's step
-# time is its own), then real tau at T=0 on the three held-out sets (every arm and the target alone in ONE
-# evaluation, nothing else on the GPU: speedups are speeds) and at T=1 with sampled drafts (one process per arm side
-# by side, without the target alone: tau does not depend on the GPU's load, so no speed is reported there).
+# time is its own), then real tau at T=0 on the three held-out sets (the arms in one or two evaluations, the target
+# alone decoded once, nothing else on the GPU: speedups are speeds) and at T=1 with sampled drafts (one process per
+# arm side by side, without the target alone: tau does not depend on the GPU's load, so no speed is reported there).
 #
 # The work is a queue of items, each with its cost in seconds; every call of `next` runs the items left, in order,
 # while the next one fits the call's CALL_S, and records each one done in $WORK/done. The same command, call after

@@ -157,8 +157,7 @@ def serving_commands(cfg: dict, export_dir, target: str, *, draft_sampling: str 
     if draft_sampling not in DRAFTING:
         raise ValueError(f"draft_sampling={draft_sampling!r} has no serving equivalent. Fix: use one of "
                          f"{list(DRAFTING)}.")
-    asked = (draft_sampling != "argmax", draft_topk is not None, adaptive_verification)
-    if not dspark and any(asked):
+    if not dspark and (draft_sampling != "argmax" or draft_topk is not None or adaptive_verification):
         raise ValueError("draft_sampling, draft_topk and adaptive_verification pin a DSpark drafter's decoding; this "
                          "export is a DFlash drafter, served with the engines' argmax drafts. Fix: leave them at "
                          "their defaults.")
@@ -168,8 +167,10 @@ def serving_commands(cfg: dict, export_dir, target: str, *, draft_sampling: str 
     spec = {"method": "dspark" if dspark else "dflash", "model": str(export_dir), "num_speculative_tokens": drafts}
     if dspark:
         spec["draft_sample_method"] = "greedy" if draft_sampling == "argmax" else "probabilistic"
-        spec.update({"dspark_draft_topk": draft_topk} if draft_topk is not None else {},
-                    **({"enable_adaptive_verification": True} if adaptive_verification else {}))
+        if draft_topk is not None:
+            spec["dspark_draft_topk"] = draft_topk
+        if adaptive_verification:
+            spec["enable_adaptive_verification"] = True
     out = {"vllm": f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(json.dumps(spec))}"}
     if draft_vocab_of(cfg) is None and draft_topk is None and not adaptive_verification:
         env = f"SGLANG_DSPARK_USE_GREEDY_DRAFT={int(draft_sampling == 'argmax')} " if dspark else ""
