@@ -414,7 +414,7 @@ def _vllm_speculative_fields() -> tuple[set, str]:
 def test_serving_commands_pin_the_drafting_the_drafter_was_evaluated_with(exported):
     import shlex
 
-    from dflash_lab.evaluation.export import export_commands
+    from dflash_lab.evaluation.export_serving import export_commands
 
     d, out, lines = exported
     fields, sample_method = _vllm_speculative_fields()
@@ -444,9 +444,17 @@ def test_serving_commands_pin_the_drafting_the_drafter_was_evaluated_with(export
         assert f'"{spec(cmds)["draft_sample_method"]}"' in sample_method
     with pytest.raises(ValueError, match="draft_sampling='coupled' has no serving equivalent"):
         export_commands(out, "target", draft_sampling="coupled")
+    # the export's command line pins the same, printed as it writes the folder
+    printed = []
+    export_drafter(out.parent / "src" / "drafter.safetensors", out.parent / "export-sampled", log=printed.append,
+                   target=str(out.parent / "target"), drafting={"draft_sampling": "sample", "draft_topk": 4})
+    served = [line.split(": ", 1)[1] for line in printed if line.startswith("serve with vllm")]
+    assert len(served) == 1 and spec({"vllm": served[0]})["draft_sample_method"] == "probabilistic"
+    assert spec({"vllm": served[0]})["dspark_draft_topk"] == 4
+    assert not any(line.startswith("serve with sglang") for line in printed)
 
 
-def test_without_a_confidence_head_sglang_serves_only_static_and_adaptive_verification_is_refused():
+def test_without_a_confidence_head_sglang_serves_only_static_and_adaptive_verification_is_refused(tmp_path):
     from dflash_lab.evaluation.serving_engines import serving_commands
 
     d = _drafter(False, confidence=False)
@@ -460,6 +468,14 @@ def test_without_a_confidence_head_sglang_serves_only_static_and_adaptive_verifi
     dflash = {"block_size": 8, "vocab_size": V, "architectures": ["DFlashDraftModel"]}
     with pytest.raises(ValueError, match="this export is a DFlash drafter"):
         serving_commands(dflash, "/x", "t", draft_sampling="sample")
+    src = tmp_path / "src"  # refused by the export before it writes anything
+    src.mkdir()
+    (src / "drafter_config.json").write_text(json.dumps(d.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in d.state_dict().items()}, str(src / "drafter.safetensors"))
+    with pytest.raises(ValueError, match="adaptive_verification needs the confidence head"):
+        export_drafter(src / "drafter.safetensors", tmp_path / "out", log=lambda *a: None,
+                       drafting={"adaptive_verification": True})
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_dspark_export_reads_back_as_the_drafter_that_was_exported(exported):

@@ -9,6 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dflash_lab.evaluation import export
+from dflash_lab.evaluation.export_serving import export_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from tests.conftest import make_tiny_qwen3
@@ -175,7 +176,7 @@ def test_export_cli(tmp_path, capsys):
         "python", "-m", "sglang.launch_server", "--model-path", resolve_target_path("tiny"),
         "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(out.resolve()),
         "--speculative-num-draft-tokens", "8"]
-    assert export.export_commands(out, "tiny") == {k.split()[2]: v for k, v in commands.items()}
+    assert export_commands(out, "tiny") == {k.split()[2]: v for k, v in commands.items()}
     assert json.loads((out / "config.json").read_text())["rope_scaling"] is None  # plain RoPE
     assert export.is_exported(tmp_path / "exp")
     assert export.main([str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2

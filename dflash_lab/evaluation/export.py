@@ -40,11 +40,12 @@ from .export_dest import ExportRefused, guard_destination, swap_into_place
 from .export_format import (HEAD, build_export, config_from_export, export_config, export_state_names,  # noqa: F401
                             is_exported)
 from .export_variant import state_from_served, with_variant
+from .export_serving import serving_target
 from .serving_engines import VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.drafter.variants import variant_of
-from dflash_lab.target.load import TargetLoadError, read_head_weight, resolve_target_path
+from dflash_lab.target.load import TargetLoadError, read_head_weight
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "export_template" / "dflash.py"
 WEIGHTS = "drafter.safetensors"
@@ -301,7 +302,8 @@ def _exported_source(path: Path) -> DrafterSource:
 
 
 def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfloat16", force: bool = False,
-                   log=print, checkpoint: str | None = None, target: str | None = None) -> Path:
+                   log=print, checkpoint: str | None = None, target: str | None = None,
+                   drafting: dict | None = None) -> Path:
     """Write config.json, model.safetensors and dflash.py into out_dir; returns out_dir.
 
     `target`: the model the drafter was trained on (default: the run's own config says); a pruned draft vocabulary
@@ -309,6 +311,8 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     that cannot serve the drafter is named in one line with the alternative; after, the command of each that can.
     Everything is written into a sibling temp folder that is renamed into place at the end, so a failed export
     leaves out_dir as it was. A non-empty out_dir is refused unless `force`; a model or a run folder always is.
+    `drafting`: a DSpark drafter's decoding as it was evaluated, pinned in the printed commands (draft_sampling,
+    draft_topk, adaptive_verification: serving_engines.serving_commands; default evaluate's argmax drafts).
     """
     from safetensors.torch import save_file
 
@@ -337,6 +341,8 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     # a drafter variant's heads and config entries, as the engines load them (export_variant.py)
     tensors, config = with_variant(src.config, state, tensors, config, _DTYPES[dtype], log)
     readings = engine_readings(config, tensors)
+    # computed before writing: drafting options this export cannot be served with are refused with nothing written
+    commands = serving_commands(config, out.resolve(), serving_target(target), **(drafting or {}))
     for engine in ("vllm", "sglang"):
         if readings[engine]["cannot_serve"]:
             log(f"not for {engine}: {readings[engine]['cannot_serve']}")
@@ -354,7 +360,7 @@ def export_drafter(source: str | Path, out_dir: str | Path, *, dtype: str = "bfl
     n_params = sum(t.numel() for t in tensors.values())
     log(f"exported {src.kind} drafter {src.weights} (step {src.step}) -> {out}: {len(tensors)} tensors, "
         f"{n_params / 1e6:.2f}M parameters, {dtype}")
-    for engine, command in serving_commands(config, out.resolve(), _serving_target(target)).items():
+    for engine, command in commands.items():
         log(f"serve with {engine} {VERSIONS[engine]}: {command}")
     return out
 
@@ -364,37 +370,6 @@ def _export_target(src: DrafterSource) -> str | None:
     if src.kind != "exported":
         return None
     return (json.loads((src.run_dir / "config.json").read_text()).get("dflash_lab") or {}).get("target")
-
-
-def _serving_target(target: str | None) -> str:
-    """The model path or hub id the serving engines load the target from ("tiny" -> its embedded folder)."""
-    if target is None:
-        return "<target model>"
-    try:
-        return resolve_target_path(target)
-    except TargetLoadError:
-        return target
-
-
-def cannot_serve(out_dir: str | Path) -> dict:
-    """{engine: one line why it cannot serve this export, and the alternative} for the engines that cannot."""
-    from safetensors import safe_open
-
-    out = Path(out_dir).expanduser()
-    with safe_open(str(out / "model.safetensors"), "pt") as f:
-        names = set(f.keys())
-    readings = engine_readings(json.loads((out / "config.json").read_text()), names)
-    return {e: r["cannot_serve"] for e, r in readings.items() if r["cannot_serve"]}
-
-
-def export_commands(out_dir: str | Path, target: str | None = None, **drafting) -> dict:
-    """{engine: command} serving an existing export (the ones export_drafter printed); the target defaults to the
-    one its config.json names. `drafting`: a DSpark drafter's decoding as it was evaluated (draft_sampling,
-    draft_topk, adaptive_verification: serving_engines.serving_commands), when not evaluate's defaults."""
-    out = Path(out_dir).expanduser().resolve()
-    cfg = json.loads((out / "config.json").read_text())
-    return serving_commands(cfg, out, _serving_target(target or (cfg.get("dflash_lab") or {}).get("target")),
-                            **drafting)
 
 
 def load_exported(out_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
@@ -425,10 +400,18 @@ def main(argv: list[str] | None = None) -> int:
                     "held-out real tau while training), step-N or N")
     ap.add_argument("--target", default=None, help="the model the drafter was trained on (default: the run's "
                     "config.json); a pruned draft vocabulary exports its head rows, and the serving commands name it")
+    ap.add_argument("--draft-sampling", default="argmax", choices=["argmax", "sample"], help="DSpark: how the "
+                    "evaluated drafts were drawn at T > 0; the serving commands pin it (default argmax)")
+    ap.add_argument("--draft-topk", type=int, default=None, help="DSpark: the top-k candidates it was evaluated "
+                    "with (vLLM's dspark_draft_topk)")
+    ap.add_argument("--adaptive-verification", action="store_true", help="DSpark: evaluated with the confidence "
+                    "head choosing how many drafts to verify (vLLM's enable_adaptive_verification)")
     args = ap.parse_args(argv)
+    drafting = {"draft_sampling": args.draft_sampling, "draft_topk": args.draft_topk,
+                "adaptive_verification": args.adaptive_verification}
     try:
         export_drafter(args.source, args.out_dir, dtype=args.dtype, force=args.force, checkpoint=args.checkpoint,
-                       target=args.target)
+                       target=args.target, drafting=drafting)
     except (DrafterNotFoundError, ValueError, CheckpointError, TargetLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -334,7 +334,8 @@ class Recipe:
         return self._record("evaluate", t0, sets=sets, sets_left_out=left_out, rows=rows, skipped=skipped)
 
     def export(self) -> dict:
-        from dflash_lab.evaluation.export import cannot_serve, export_commands, export_drafter
+        from dflash_lab.evaluation.export import export_drafter
+        from dflash_lab.evaluation.export_serving import cannot_serve, export_commands
         from dflash_lab.evaluation.export_check import reference_load
 
         c = self.config
