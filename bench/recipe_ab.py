@@ -31,8 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflash_lab.evaluation.report import BASELINE  # a row's decoder when the target decodes alone
+
 STATE = "ab.json"
-BASELINE = "target only"  # an evaluation row's decoder when the target decodes alone
 
 
 def _values(items: list[str]) -> dict:

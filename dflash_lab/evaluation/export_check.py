@@ -38,7 +38,7 @@ from dflash_lab.drafter.blocks import dense_mask
 from dflash_lab.target.load import TargetLoadError, read_embedding_weight, read_head_weight, resolve_target_path
 from .export import DrafterNotFoundError, load_exported
 from .export_format import HEAD, is_exported
-from .serving_engines import VERSIONS, draft_vocab_of, engine_readings
+from .serving_engines import VERSIONS, draft_vocab_of, engine_readings, is_dspark
 
 SPECULATORS_FIX = (f"pip install --no-deps speculators=={VERSIONS['speculators']} (the packages it imports come with "
                    "dflash-lab's test extra: pip install -e '.[test]'; --no-deps because its pins pull a CUDA torch)")
@@ -196,7 +196,7 @@ def check_export(export_dir: str | Path, *, target: str | None = None, contexts:
         raise ExportCheckError(f"contexts={contexts}: the check drafts after at least one context. Fix: --contexts 1 "
                                "or more (default 3)")
     cfg_file = path / "config.json"
-    if cfg_file.is_file() and "Qwen3DSparkModel" in (json.loads(cfg_file.read_text()).get("architectures") or []):
+    if cfg_file.is_file() and is_dspark(json.loads(cfg_file.read_text())):
         raise ExportCheckError(f"{path} is a DSpark export: speculators {VERSIONS['speculators']} has no DSpark "
                                "drafter to load it with. Fix: its engine check is tests/test_dspark_export.py "
                                "(vLLM's and SGLang's own DSpark config parsing and load_weights on the export)")

@@ -25,11 +25,11 @@ import torch
 
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.variants import variant_of
-from dflash_lab.evaluation.serving_engines import VERSIONS
+from dflash_lab.evaluation.serving_engines import DSPARK_ARCHITECTURE, VERSIONS
 
 
 def _dspark_config(config: DrafterConfig) -> dict:
-    return {"architectures": ["Qwen3DSparkModel"], "block_size": config.block_size - 1, "sample_from_anchor": False,
+    return {"architectures": [DSPARK_ARCHITECTURE], "block_size": config.block_size - 1, "sample_from_anchor": False,
             "markov_head_type": "vanilla", "draft_vocab_size": config.draft_vocab_size or config.vocab_size}
 
 
@@ -52,7 +52,7 @@ def _dspark_notes(config: DrafterConfig) -> list[str]:
 
 SERVED_AS = {"dspark": (_dspark_config, _dspark_notes)}
 """variant name -> (its config.json entries as the engines read them, what an engine cannot serve)."""
-ARCHITECTURES = {"dspark": "Qwen3DSparkModel"}
+ARCHITECTURES = {"dspark": DSPARK_ARCHITECTURE}
 """variant name -> the architecture its export names (how an export without our `dflash_lab` block is recognised)."""
 FP32_TENSORS = ("confidence_head.",)  # served names kept in fp32 whatever the export dtype
 

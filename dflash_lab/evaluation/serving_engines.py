@@ -37,6 +37,7 @@ import shlex
 
 VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23", "speculators": "0.9.0"}
 SLIDING = "sliding_attention"
+DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # what vLLM's and SGLang's model registries map to their DSpark drafter
 
 
 def draft_vocab_of(cfg: dict) -> int | None:
@@ -47,7 +48,7 @@ def draft_vocab_of(cfg: dict) -> int | None:
 
 def is_dspark(cfg: dict) -> bool:
     """A DSpark export (architectures Qwen3DSparkModel): its block_size is the engines' number of drafts."""
-    return "Qwen3DSparkModel" in (cfg.get("architectures") or [])
+    return DSPARK_ARCHITECTURE in (cfg.get("architectures") or [])
 
 
 def drafts_per_step(cfg: dict) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dflash_lab.config import ConfigError
 from dflash_lab.evaluation.intervals import not_separated, stored_interval
+from dflash_lab.evaluation.report import BASELINE  # results.json's decoder of the target alone
 from dflash_lab.runs.plots import PngImage
 from dflash_lab.runs.rundir import PROJECT_ROOT
 from dflash_lab.runs.run_files import read_json, read_jsonl, read_metrics
@@ -28,7 +29,6 @@ SETTINGS = ("target", "steps", "time_budget_s", "seq_len", "batch_size", "num_an
             "num_draft_layers", "lr", "lr_schedule", "warmup_ratio", "min_lr_ratio", "draft_vocab_size",
             "feature_store_gib", "loss_weighting", "distill_weight", "distill_top_k", "distill_temperature",
             "val_every", "real_tau_every", "real_tau_prompts", "seed")
-BASELINE = "target only"  # results.json's decoder of the target alone (tau 1, speedup 1)
 SET_MARKERS = ("o", "s", "^", "D", "v")
 SMOOTH = 5  # logged rows (every 50 steps) in the rolling mean drawn over the raw per-batch loss and accuracy
 
