@@ -28,14 +28,19 @@ def head_cells(folder: str, *, intro: str, evaluation: str) -> list:
             md("## Final evaluation\n\n" + evaluation), code("display(Markdown(final_markdown(ab)))")]
 
 
-def write(name: str, folder: str, *, intro: str, evaluation: str, arms: str, reading: str) -> Path:
+def write(name: str, folder: str, *, intro: str, evaluation: str, arms: str, reading: str,
+          tau_figure: str | None = None, arms_heading: str = "The arms and their training-time checks") -> Path:
     """Writes /tmp/nbgen/<name>-src.ipynb: `folder` (relative to the project root) is its papermill parameter;
-    `evaluation` and `arms` are the prose above the final-evaluation and arms tables, without their headings."""
+    `evaluation` and `arms` are the prose above the final-evaluation and arms tables, without their headings;
+    `tau_figure` (markdown with its heading), where given, introduces the held-out chain tau against GPU-minutes."""
     md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
+    figure = [] if tau_figure is None else [
+        md(tau_figure), code("from dflash_lab.workflows.ab_report import chain_tau_png\n\nchain_tau_png(ab)")]
     cells = [
         *head_cells(folder, intro=intro, evaluation=evaluation),
-        md("## The arms and their training-time checks\n\n" + arms),
+        md(f"## {arms_heading}\n\n" + arms),
         code("display(Markdown(arms_markdown(ab)))"),
+        *figure,
         md(CURVES),
         code("training_png(ab)"),
         md("## Reading\n\n" + reading),

@@ -3,10 +3,8 @@
 import sys
 from pathlib import Path
 
-import nbformat as nbf
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_notebook import CURVES, head_cells, save  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
+from ab_notebook import write  # noqa: E402  (bench/results/ab_notebook.py: the shared A/B layout)
 
 INTRO = """# DFlash, DSpark and DSpark at block 8 for the same GPU-minutes (SmolLM2-135M-Instruct, one NVIDIA H100)
 
@@ -53,15 +51,5 @@ READING = """- **At equal GPU-minutes no variant separates from DFlash on real t
   data and evaluation), and all three curves still rise at the end. The issue's aims (T=0 3.5 / 3.0 / 3.0, T=1 2.0,
   2.5x / 2.0x) are not met here."""
 
-md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
-cells = [
-    *head_cells("bench/results/2026-12-06-h100-variants-ab", intro=INTRO, evaluation=EVALUATION),
-    md("## The arms\n\n" + ARMS),
-    code("display(Markdown(arms_markdown(ab)))"),
-    md(FIGURE),
-    code("from dflash_lab.workflows.ab_report import chain_tau_png\n\nchain_tau_png(ab)"),
-    md(CURVES),
-    code("training_png(ab)"),
-    md("## Reading\n\n" + READING),
-]
-save(cells, "variants-ab")
+write("variants-ab", "bench/results/2026-12-06-h100-variants-ab", intro=INTRO, evaluation=EVALUATION, arms=ARMS,
+      reading=READING, tau_figure=FIGURE, arms_heading="The arms")
