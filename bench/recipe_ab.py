@@ -6,6 +6,7 @@ overrides, in its own process, and every arm is measured by real speculative dec
 State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the same machine:
 
     python bench/recipe_ab.py data  --work /tmp/ab --device cuda:0
+    python bench/recipe_ab.py tokenize --work /tmp/ab --tokenize-block-size 16   (the arms then read it from the cache)
     python bench/recipe_ab.py train --work /tmp/ab --arm hard    --set steps=9000 --set draft_vocab_size=16384
     python bench/recipe_ab.py train --work /tmp/ab --arm distill --set steps=9000 --set distill_weight=0.5 ...
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
@@ -91,6 +92,23 @@ def data(args) -> None:
                              for k, ph in recipe.results["phases"].items()})
         state.setdefault("arms", {})
     print(json.dumps({"data_seconds": state["data_seconds"], "train_data": state["train_data"], "sets": sets}))
+
+
+def tokenize(args) -> None:
+    """The training data tokenized for each block size the arms use (--tokenize-block-size), exactly as an arm's run
+    reads it (TrainConfig.token_cache), so no arm's time budget pays for tokenizing."""
+    from dflash_lab.train.prepare import prepare_run
+    from dflash_lab.workflows.recipe_config import RecipeConfig
+
+    state = _state(args.work)
+    if "train_data" not in state:
+        raise SystemExit(f"no data in {args.work / STATE}: run `data` first on this machine")
+    cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["recipe"].items()})
+    tc = cfg.train_config(Path(state["train_data"]), Path(state["heldout_data"]))
+    t0 = time.perf_counter()
+    for block in dict.fromkeys(args.tokenize_block_size or [tc.block_size]):
+        prepare_run(tc.replace(block_size=block), check_memory=False, log=print)
+    print(json.dumps({"tokenize_seconds": round(time.perf_counter() - t0, 1)}))
 
 
 def train(args) -> None:
@@ -259,12 +277,15 @@ def collect(args) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/recipe_ab.py", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["data", "train", "eval", "merge", "collect"])
+    p.add_argument("what", choices=["data", "tokenize", "train", "eval", "merge", "collect"])
     p.add_argument("inputs", nargs="*", help="merge: the results files of `eval` to merge into --out; collect: the "
                    "sessions' results.tgz to join in the folder --out")
     p.add_argument("--work", type=Path, help="data, train, eval: the A/B's folder (ab.json)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--arm", help="train: the arm's name (its run is named after it)")
+    p.add_argument("--tokenize-block-size", type=int, action="append",
+                   help="tokenize: the training data for arms of this block size, repeat for several (default: "
+                        "the recipe's); an arm whose block is not among them tokenizes inside its own time budget")
     p.add_argument("--arms", nargs="*", help="eval: only these arms")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--temperature", type=float, action="append", help="eval: repeat for several (default 0)")
@@ -292,7 +313,7 @@ def main(argv=None) -> int:
         p.error("train needs --arm NAME")
     args.temperature = args.temperature or [0.0]
     args.draft_sampling = args.draft_sampling or ["argmax"]
-    {"data": data, "train": train, "eval": evaluate_arms}[args.what](args)
+    {"data": data, "tokenize": tokenize, "train": train, "eval": evaluate_arms}[args.what](args)
     return 0
 
 

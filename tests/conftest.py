@@ -23,6 +23,9 @@ REPO_RUNS = Path(__file__).resolve().parents[1] / "runs"
 SESSION_RUNS = tempfile.mkdtemp(prefix="dflash-test-runs-")
 os.environ["DFLASH_LAB_RUNS"] = SESSION_RUNS
 _REPO_RUNS_BEFORE: set[str] = set()
+# Tokenized data the runs keep (TrainConfig.token_cache) goes to a folder of this session, not the user's cache.
+SESSION_TOKENIZED = tempfile.mkdtemp(prefix="dflash-test-tokenized-")
+os.environ["DFLASH_LAB_TOKENIZED"] = SESSION_TOKENIZED
 
 
 def _entries(folder: Path) -> set[str]:
@@ -35,6 +38,7 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION_RUNS, ignore_errors=True)
+    shutil.rmtree(SESSION_TOKENIZED, ignore_errors=True)
     new = sorted(_entries(REPO_RUNS) - _REPO_RUNS_BEFORE)
     if new:  # a test wrote into the user's runs/: say which entries, and fail the session
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

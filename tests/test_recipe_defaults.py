@@ -144,8 +144,9 @@ def test_prepare_run_resolves_a_real_architecture_from_its_data_and_cuts_the_tok
     again = load_dataset(prep.tokenizer, "tiny", seq_len=c.seq_len, block_size=16)
     assert prep.data.input_ids.equal(again.input_ids) and prep.data.loss_mask.equal(again.loss_mask)
     assert prep.data.report["seq_len"] == c.seq_len and len(prep.data) == len(again)
-    assert lines[0].startswith("settings: block 16 (paper default for real targets)")
-    assert f"seq_len {c.seq_len} (longest sample {longest} tokens" in lines[0]
+    (settings,) = [m for m in lines if m.startswith("settings:")]  # after the tokenized data's cache line
+    assert settings.startswith("settings: block 16 (paper default for real targets)")
+    assert f"seq_len {c.seq_len} (longest sample {longest} tokens" in settings
 
 
 def test_the_tiny_demo_trains_exactly_as_before():

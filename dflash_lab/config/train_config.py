@@ -48,6 +48,9 @@ class TrainConfig:
     """Thinking mode passed to the chat template (must match serving); None = the template's default."""
     data_errors: str = "skip"
     """Unusable records: "skip" (counted with file:line in data_report.json) or "raise" (stop at the first)."""
+    token_cache: bool = True
+    """Keep the tokenized data in `$DFLASH_LAB_CACHE/tokenized/` (keyed by the data's bytes, the tokenizer and these
+    settings) so the next run on the same data reads it instead of tokenizing; False = tokenize every run."""
     feature_cache: str | None = None
     """Directory of an offline feature cache (`python -m dflash_lab.data.feature_cache`): features are read from it
     instead of running the target's layers (only its embedding and LM head are used). None = online features."""
@@ -300,6 +303,9 @@ class TrainConfig:
         if not (self.enable_thinking is None or isinstance(self.enable_thinking, bool)):
             fail(c, "enable_thinking", self.enable_thinking, "must be True, False or None",
                  "use None for the template's default")
+        if not isinstance(self.token_cache, bool):
+            fail(c, "token_cache", self.token_cache, "must be True or False", "token_cache=True reads and keeps the "
+                 "tokenized data in the cache, False tokenizes every run")
         if self.data_errors not in ("skip", "raise"):
             fail(c, "data_errors", self.data_errors, "unknown policy", 'use "skip" or "raise"')
         if self.dtype not in ("auto", "bfloat16", "float32"):

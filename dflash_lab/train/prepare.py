@@ -27,6 +27,7 @@ from dflash_lab.config.feature_checks import check_distill_vocab
 from dflash_lab.config.recipe_defaults import Resolved, TargetFacts, resolve_defaults
 from dflash_lab.drafter.batches import BatchSampler
 from dflash_lab.data.tokenize import TokenizedData, load_dataset
+from dflash_lab.data.token_cache import load_dataset_cached
 from dflash_lab.drafter.loss_weights import loss_weighting_of
 from dflash_lab.data.draft_vocab import DraftVocab, build_draft_vocab, check_same_vocab
 from dflash_lab.data.feature_cache import CachedFeatureExtractor
@@ -321,9 +322,10 @@ class RunFacts:
         if self._given is not None:
             return self._given
         if self._data is None or self._data[:2] != (seq_len, cfg.block_size):
-            data = load_dataset(self.tokenizer, cfg.data, seq_len=seq_len, block_size=cfg.block_size,
-                                enable_thinking=cfg.enable_thinking, data_format=cfg.data_format,
-                                on_error=cfg.data_errors, log=self.log)
+            read = load_dataset_cached if cfg.token_cache else load_dataset
+            data = read(self.tokenizer, cfg.data, seq_len=seq_len, block_size=cfg.block_size,
+                        enable_thinking=cfg.enable_thinking, data_format=cfg.data_format, on_error=cfg.data_errors,
+                        log=self.log)
             self._data = (seq_len, cfg.block_size, data)
         return self._data[2]
 
