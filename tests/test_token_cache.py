@@ -125,3 +125,15 @@ def test_token_cache_must_be_a_bool():
     assert TrainConfig().token_cache is True
     with pytest.raises(ConfigError, match=r"token_cache='no' is invalid.*Fix:"):
         TrainConfig(token_cache="no")
+
+
+def test_an_entry_holds_the_real_tokens_only_and_the_cli_lists_and_clears(tok, data, tmp_path, capsys):
+    root = tmp_path / "cache"
+    out = token_cache.load_dataset_cached(tok, str(data), seq_len=512, block_size=8, root=root)
+    ((entry, size, _),) = token_cache.entries(root)
+    padded = out.input_ids.numel() * 4  # int32 ids alone, at rows x seq_len
+    assert int(out.lengths.sum()) * 5 < size < padded / 2  # ~5 bytes a real token (id + mask), far below padded
+    assert token_cache.main(["--dir", str(root)]) == 0
+    assert f"{entry.name}" in capsys.readouterr().out
+    assert token_cache.main(["--dir", str(root), "--clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out and token_cache.entries(root) == []

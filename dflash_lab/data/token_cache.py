@@ -2,13 +2,13 @@
 it again: 59,453 SmolLM2 conversations take ~46 s to tokenize on an H100 host (1.3k conversations/s), a third of a
 2-minute arm, and a million-conversation set ~15 minutes before every start.
 
-An entry is `<cache_dir()>/<key>.pt`: the TokenizedData's tensors, report and sample ids. The key is a
-sha256 over everything the tokenized result depends on:
+An entry is `<cache_dir()>/<key>.pt`: the rows' real tokens and loss masks (padding is rebuilt), lengths, report
+and sample ids. The key is a sha256 over everything the tokenized result depends on:
 - the data's bytes (every file of a directory, by relative name), not its path or mtime: an edited file is new data;
 - the tokenizer: its class, vocabulary, special tokens and chat template;
 - the settings: seq_len, block_size, enable_thinking, data_format, on_error, mask_method;
-- the code that reads and tokenizes (this package's chat_formats.py, tokenize.py and this file), so a change to how
-  data is masked or truncated never reads an entry written by the old code.
+- the code that reads and tokenizes (this package's files.py, chat_formats.py, tokenize.py and this file), so a
+  change to how data is read, masked or truncated never reads an entry written by the old code.
 A missing, unreadable or foreign entry is tokenized again and rewritten (the log says why); entries are written to a
 temporary file and renamed, so two runs that start together never read a half-written one.
 """
@@ -27,7 +27,7 @@ from .chat_formats import DataReport
 from .tokenize import TokenizedData, load_dataset, resolve_data_path
 
 ENTRY_VERSION = 1  # the layout of an entry's dict; the code hash below covers how its contents are computed
-_CODE = ("chat_formats.py", "tokenize.py", "token_cache.py")
+_CODE = ("files.py", "chat_formats.py", "tokenize.py", "token_cache.py")
 _CHUNK = 1 << 20
 DIR_ENV = "DFLASH_LAB_TOKENIZED"
 
@@ -91,20 +91,30 @@ def _read(path: Path, key: str) -> TokenizedData:
     entry = torch.load(path, map_location="cpu", weights_only=True)
     if entry.get("key") != key or entry.get("version") != ENTRY_VERSION:
         raise ValueError(f"it holds key {entry.get('key')!r}, version {entry.get('version')!r}")
-    n = entry["input_ids"].shape[0]
-    if not (entry["loss_mask"].shape == entry["input_ids"].shape and entry["lengths"].shape == (n,)
-            and len(entry["sample_ids"]) == n):
+    (n, seq_len), lengths = entry["shape"], entry["lengths"]
+    real = torch.arange(seq_len) < lengths[:, None]  # (n, S): the rows' real tokens; the rest is right padding
+    if not (lengths.shape == (n,) and len(entry["sample_ids"]) == n
+            and entry["ids"].numel() == entry["mask"].numel() == int(lengths.sum())):
         raise ValueError("its tensors disagree in shape")
-    return TokenizedData(entry["input_ids"], entry["loss_mask"], entry["lengths"], DataReport(entry["report"]),
-                         list(entry["sample_ids"]))
+    input_ids = torch.full((n, seq_len), entry["pad_id"], dtype=torch.int32)
+    loss_mask = torch.zeros((n, seq_len), dtype=torch.bool)
+    input_ids[real], loss_mask[real] = entry["ids"], entry["mask"]
+    return TokenizedData(input_ids, loss_mask, lengths, DataReport(entry["report"]), list(entry["sample_ids"]))
 
 
 def _write(path: Path, key: str, data: TokenizedData) -> None:
+    """Only the rows' real tokens are stored (padding is rebuilt on reading): an entry grows with the data's tokens,
+    not with rows x seq_len."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    n, seq_len = data.input_ids.shape
+    real = torch.arange(seq_len) < data.lengths[:, None]
+    pad = data.input_ids[~real][:1]
     try:
-        torch.save({"version": ENTRY_VERSION, "key": key, "input_ids": data.input_ids, "loss_mask": data.loss_mask,
-                    "lengths": data.lengths, "report": json.loads(json.dumps(dict(data.report), default=str)),
+        torch.save({"version": ENTRY_VERSION, "key": key, "shape": [n, seq_len], "lengths": data.lengths,
+                    "pad_id": int(pad[0]) if len(pad) else int(data.report.get("pad_id") or 0),
+                    "ids": data.input_ids[real].clone(), "mask": data.loss_mask[real].clone(),
+                    "report": json.loads(json.dumps(dict(data.report), default=str)),
                     "sample_ids": list(data.sample_ids)}, tmp)
         os.replace(tmp, path)
     finally:
@@ -135,7 +145,40 @@ def load_dataset_cached(tokenizer, data: str, *, seq_len: int, block_size: int, 
                        data_format=data_format, on_error=on_error, mask_method=mask_method, log=log)
     try:
         _write(path, key, out)
-        say(f"tokenized data: {len(out):,} rows saved to the cache {path}")
-    except OSError as e:
-        say(f"tokenized data: not cached ({e}). Fix: free space in {path.parent} or set $DFLASH_LAB_CACHE")
+        say(f"tokenized data: {len(out):,} rows saved to the cache {path} ({path.stat().st_size / 1e6:,.1f} MB; "
+            "`python -m dflash_lab.data.token_cache` lists and clears the entries)")
+    except Exception as e:  # noqa: BLE001 - a cache that cannot be written must never stop the run it serves
+        say(f"tokenized data: not cached ({type(e).__name__}: {e}). Fix: free space in {path.parent} or point "
+            f"${DIR_ENV} at a writable folder")
     return out
+
+
+def entries(root: str | Path | None = None) -> list[tuple[Path, int, float]]:
+    """(path, bytes, modified at) of every entry in `root` (default cache_dir()), newest first."""
+    folder = Path(root).expanduser() if root is not None else cache_dir()
+    found = [(p, p.stat().st_size, p.stat().st_mtime) for p in folder.glob("*.pt")] if folder.is_dir() else []
+    return sorted(found, key=lambda e: -e[2])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dflash_lab.data.token_cache [--clear]`: the entries and their sizes, or remove them all."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="The tokenized-data cache: list its entries, or --clear them.")
+    p.add_argument("--dir", help="the cache folder (default: $DFLASH_LAB_TOKENIZED or $DFLASH_LAB_CACHE/tokenized)")
+    p.add_argument("--clear", action="store_true", help="remove every entry (runs then tokenize again)")
+    a = p.parse_args(argv)
+    folder = Path(a.dir).expanduser() if a.dir else cache_dir()
+    found = entries(folder)
+    for path, size, mtime in found:
+        print(f"{path.name}  {size / 1e6:10,.1f} MB  {time.strftime('%Y-%m-%d %H:%M', time.localtime(mtime))}")
+    print(f"{len(found)} entries, {sum(e[1] for e in found) / 1e6:,.1f} MB in {folder}")
+    if a.clear:
+        for path in [e[0] for e in found] + list(folder.glob("*.tmp")):
+            path.unlink(missing_ok=True)
+        print(f"removed {len(found)} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
