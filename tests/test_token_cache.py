@@ -137,3 +137,18 @@ def test_an_entry_holds_the_real_tokens_only_and_the_cli_lists_and_clears(tok, d
     assert f"{entry.name}" in capsys.readouterr().out
     assert token_cache.main(["--dir", str(root), "--clear"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out and token_cache.entries(root) == []
+
+
+def test_runs_starting_together_in_threads_all_get_the_data_and_leave_one_whole_entry(tok, data, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "cache"
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(lambda _: token_cache.load_dataset_cached(tok, str(data), **SETTINGS, root=root),
+                             range(3)))
+    for out in outs[1:]:
+        _same(out, outs[0])
+    assert len(token_cache.entries(root)) == 1 and not list(root.glob("*.tmp"))
+    logs = []
+    _same(token_cache.load_dataset_cached(tok, str(data), **SETTINGS, root=root, log=logs.append), outs[0])
+    assert any("read from the cache" in m for m in logs)

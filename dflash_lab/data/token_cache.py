@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -106,7 +107,7 @@ def _write(path: Path, key: str, data: TokenizedData) -> None:
     """Only the rows' real tokens are stored (padding is rebuilt on reading): an entry grows with the data's tokens,
     not with rows x seq_len."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # runs in threads write apart
     n, seq_len = data.input_ids.shape
     real = torch.arange(seq_len) < data.lengths[:, None]
     pad = data.input_ids[~real][:1]
