@@ -36,7 +36,13 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     state = json.loads((work / "ab.json").read_text())
     assert Path(state["train_data"]).is_file() and set(state["sets"]) == {"chitchat-heldout", "self-heldout",
                                                                           "general"}
+    # tokenized once before the arms, for each block size asked: an arm then reads its entry (no entry of its own)
+    tokenized = tmp_path / "tokenized"
+    monkeypatch.setenv("DFLASH_LAB_TOKENIZED", str(tokenized))
+    ab.main(["tokenize", "--work", str(work), "--tokenize-block-size", "8", "--tokenize-block-size", "4"])
+    assert len(list(tokenized.glob("*.pt"))) == 2
     ab.main(["train", "--work", str(work), "--arm", "straight", *_sets({"steps": 8})])
+    assert len(list(tokenized.glob("*.pt"))) == 2
     clock = {"t": 0.0}
 
     def tick():  # 10 s a read: a 45 s budget runs out after a few steps, the same ones every time

@@ -41,7 +41,7 @@ from .export_format import (HEAD, build_export, config_from_export, export_confi
                             is_exported)
 from .export_variant import state_from_served, with_variant
 from .export_serving import serving_target
-from .serving_engines import VERSIONS, engine_readings, serving_commands
+from .serving_engines import DRAFTING, VERSIONS, engine_readings, serving_commands
 from dflash_lab.config import DrafterConfig
 from dflash_lab.drafter.model import DFlashDrafter
 from dflash_lab.drafter.variants import variant_of
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     "held-out real tau while training), step-N or N")
     ap.add_argument("--target", default=None, help="the model the drafter was trained on (default: the run's "
                     "config.json); a pruned draft vocabulary exports its head rows, and the serving commands name it")
-    ap.add_argument("--draft-sampling", default="argmax", choices=["argmax", "sample"], help="DSpark: how the "
+    ap.add_argument("--draft-sampling", default="argmax", choices=list(DRAFTING), help="DSpark: how the "
                     "evaluated drafts were drawn at T > 0; the serving commands pin it (default argmax)")
     ap.add_argument("--draft-topk", type=int, default=None, help="DSpark: the top-k candidates it was evaluated "
                     "with (vLLM's dspark_draft_topk)")
