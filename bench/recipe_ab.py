@@ -9,6 +9,7 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py tokenize --work /tmp/ab --tokenize-block-size 16   (the arms then read it from the cache)
     python bench/recipe_ab.py train --work /tmp/ab --arm hard    --set steps=9000 --set draft_vocab_size=16384
     python bench/recipe_ab.py train --work /tmp/ab --arm distill --set steps=9000 --set distill_weight=0.5 ...
+    python bench/recipe_ab.py train --work /tmp/ab --arm long --preset long   (a preset's training on this data)
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 0 --temperature 1 --out results.json
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 1 --draft-sampling sample --out results.json
     python bench/recipe_ab.py merge t0.json t1-a.json t1-b.json --out results.json   (one file for ab_report)
@@ -111,15 +112,34 @@ def tokenize(args) -> None:
     print(json.dumps({"tokenize_seconds": round(time.perf_counter() - t0, 1)}))
 
 
+def _arm_recipe(state: dict, preset: str | None):
+    """The RecipeConfig an arm's TrainConfig comes from: the one the data was made with, or that data under a
+    preset's training settings (RecipeConfig.from_preset, the one source of them). A preset that would have made
+    other data is refused: its arm would not train on the pool the other arms did."""
+    from dflash_lab.workflows.recipe_config import DATA_SETTINGS, PRESETS, RecipeConfig
+
+    recipe = {k: tuple(v) if isinstance(v, list) else v for k, v in state["recipe"].items()}
+    if preset is None:
+        return RecipeConfig(**recipe)
+    if preset not in PRESETS:
+        raise SystemExit(f"--preset {preset!r}: unknown; Fix: use one of {sorted(PRESETS)}")
+    cfg = RecipeConfig.from_preset(preset, **{k: v for k, v in recipe.items() if k not in PRESETS[preset]})
+    data_keys = {k for keys in DATA_SETTINGS.values() for k in keys}
+    differ = {k: (recipe[k], getattr(cfg, k)) for k in sorted(data_keys) if recipe.get(k) != getattr(cfg, k)}
+    if differ:
+        raise SystemExit(f"--preset {preset!r} makes other data than this A/B's ({differ}: ab.json's against the "
+                         "preset's); Fix: make the data with the preset's settings (`data --set ...`) or drop --preset")
+    return cfg
+
+
 def train(args) -> None:
     from dflash_lab.runs.run_state import STOPPED_RESUMABLE
     from dflash_lab.train.trainer import Trainer
-    from dflash_lab.workflows.recipe_config import RecipeConfig
 
     state = _state(args.work)
     if "train_data" not in state:
         raise SystemExit(f"no data in {args.work / STATE}: run `data` first on this machine")
-    cfg = RecipeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["recipe"].items()})
+    cfg = _arm_recipe(state, args.preset)
     over = _values(args.set)
     tc = cfg.train_config(Path(state["train_data"]), Path(state["heldout_data"])).replace(run_name=args.arm, **over)
     before = state.get("arms", {}).get(args.arm)
@@ -127,9 +147,10 @@ def train(args) -> None:
     if before is not None and before["status"] == STOPPED_RESUMABLE:
         # an arm longer than one job: the same command in the next job continues its run exactly
         if {k: v for k, v in before["overrides"].items() if k != "time_budget_s"} != \
-                {k: v for k, v in over.items() if k != "time_budget_s"}:
-            raise SystemExit(f"arm {args.arm!r} stopped with other settings ({before['overrides']}); "
-                             "Fix: give the same --set values (the time budget may differ) or another --arm name")
+                {k: v for k, v in over.items() if k != "time_budget_s"} or before.get("preset") != args.preset:
+            raise SystemExit(f"arm {args.arm!r} stopped with other settings (preset {before.get('preset')}, "
+                             f"{before['overrides']}); Fix: give the same --preset and --set values (the time "
+                             "budget may differ) or another --arm name")
         tc, run_dir = tc.replace(resume_from=before["run_dir"]), before["run_dir"]
         print(f"arm {args.arm}: resuming {run_dir} at step {before['steps']}", flush=True)
     elif before is not None:
@@ -151,7 +172,7 @@ def train(args) -> None:
         trainer.close()
     wall = round(time.perf_counter() - t0 + (before or {}).get("wall_s", 0.0), 1)  # over every job of the arm
     with _updating(args.work) as state:  # re-read: another arm may have written meanwhile
-        state["arms"][args.arm] = {"overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
+        state["arms"][args.arm] = {"preset": args.preset, "overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
                                    "steps": summary["steps"], "wall_s": wall,
                                    "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
                                    "loss_last": summary.get("loss_last"), "curve": curve}
@@ -286,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenize-block-size", type=int, action="append",
                    help="tokenize: the training data for arms of this block size, repeat for several (default: "
                         "the recipe's); an arm whose block is not among them tokenizes inside its own time budget")
+    p.add_argument("--preset", help="train: the arm trains with this recipe preset's settings (e.g. long) on the "
+                   "A/B's data, which must be the data the preset makes; --set goes on top")
     p.add_argument("--arms", nargs="*", help="eval: only these arms")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--temperature", type=float, action="append", help="eval: repeat for several (default 0)")

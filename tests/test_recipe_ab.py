@@ -186,3 +186,22 @@ def test_arms_finishing_side_by_side_each_keep_their_entry(tmp_path):
     for t in threads:
         t.join()
     assert sorted(json.loads((work / "ab.json").read_text())["arms"]) == [f"arm{i}" for i in range(6)]
+
+
+def test_a_preset_arm_trains_with_the_presets_settings_only_on_the_data_the_preset_makes():
+    """--preset long: the arm's TrainConfig takes the long preset's training settings (5 layers, batch 64, 7,500
+    steps, compiled) over the A/B's recipe; data made with other data settings than the preset's is refused, naming
+    the setting, so no arm trains on another pool than its comparison's."""
+    from dflash_lab.workflows.recipe_config import PRESETS, RecipeConfig
+
+    ab = _ab()
+    state = {"recipe": RecipeConfig(n_self=PRESETS["long"]["n_self"]).to_dict()}
+    cfg = ab._arm_recipe(state, "long")
+    tc = cfg.train_config(Path("/d/train.jsonl"), Path("/d/heldout.jsonl"))
+    assert (tc.num_draft_layers, tc.batch_size, tc.steps, tc.compile_drafter, tc.lr) == (5, 64, 7500, True, 8.5e-4)
+    assert ab._arm_recipe(state, None).num_draft_layers == RecipeConfig().num_draft_layers == 3
+    state["recipe"]["n_self"] = 30_000
+    with pytest.raises(SystemExit, match="n_self.*30000.*60000"):
+        ab._arm_recipe(state, "long")
+    with pytest.raises(SystemExit, match="unknown; Fix: use one of"):
+        ab._arm_recipe(state, "longest")
