@@ -4,7 +4,7 @@
 # yet finished, in collection order, until CALL_S, and records every outcome in $WORK/outcomes.txt (the machine
 # keeps /tmp between calls while it is held), so the same command, repeated, walks the list:
 #   device call (carry [".whl"]: pytest and its needs as wheels, see .git/info/exclude):  bash bench/gpu_tests.sh
-# Prints what is left; $OUT/gpu-tests.txt is every outcome so far (nodeid OUTCOME seconds).
+# TESTS=FILE runs only the ids it lists (one a line) instead of every GPU test. Prints what is left; $OUT/gpu-tests.txt is every outcome so far (nodeid OUTCOME seconds).
 # On a CPU every test skips at once, which checks this script: PY=.venv/bin/python bash bench/gpu_tests.sh
 set -u -o pipefail
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -19,7 +19,11 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the files holding GPU tests (the others may import what the device image lacks, e.g. nbformat)
 FILES=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
-$PY -m pytest --collect-only -q -p no:cacheprovider -m gpu $FILES 2>/dev/null | grep "::" > "$WORK/all.txt"
+if [ -n "${TESTS:-}" ]; then  # a file of test ids, one a line (e.g. those an earlier session left unrun)
+  grep "::" "$TESTS" > "$WORK/all.txt"
+else
+  $PY -m pytest --collect-only -q -p no:cacheprovider -m gpu $FILES 2>/dev/null | grep "::" > "$WORK/all.txt"
+fi
 cut -d' ' -f1 "$WORK/outcomes.txt" | grep -vxF -f - "$WORK/all.txt" > "$WORK/left.txt"
 echo "$(wc -l < "$WORK/all.txt") GPU tests, $(wc -l < "$WORK/left.txt") not yet run"
 if [ -s "$WORK/left.txt" ]; then
