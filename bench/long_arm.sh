@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # One arm at a recipe preset's TRAINING settings (default: DSpark at the long preset's) on the data that
-# bench/variants_ab.sh made and packed, for TRAIN_S seconds of training wall in all, loading and tokenizing
-# included as the recipe counts its train phase, over as many jobs as that takes. Default TRAIN_S: the long preset's
-# DFlash run, 98.2 + 490.1 + 99.4 s over its three calls (bench/results/2026-12-06-h100-long-preset5/), so the two
-# compare at equal GPU-minutes on the same target-written data (self-60000.jsonl, sha256 8da2e712...).
-#   train   trains min(JOB_S, what TRAIN_S has left) and stops resumable; the same command continues it exactly
+# bench/variants_ab.sh made and packed, trained in JOBS: one job a `train` call, each stopped by its time budget
+# (loading and tokenizing included, as the recipe counts its train phase) and continued exactly by the next. The
+# default JOBS are the train phases of the long preset's DFlash run over its three calls, 98.2 + 490.1 + 99.4 s
+# (bench/results/2026-12-06-h100-long-preset5/): the same minutes cut the same way, so the arm also tokenizes, loads
+# and refills its feature store once a job as that run did once a call (hence token_cache=false), and the two compare
+# at equal GPU-minutes on the same target-written data (self-60000.jsonl, sha256 8da2e712...).
+#   train   the next job of JOBS ("all jobs done" once every one ran or the arm finished its steps)
 #   eval    real speculative decoding as the recipe evaluates: T=0 on the three held-out sets with the target alone
 #           decoded too (speedups), T=1 with drafts sampled on held-out chitchat; 64 prompts, 128 new tokens, bf16
-# Device calls on one warm machine, after bench/recipe_smollm2.sh stage1 with .recipe/x1, x2, x3:
+# Device calls on one warm machine, after bench/recipe_smollm2.sh stage1 with .recipe/x1, x2, x3 (~1,200 s of device
+# time with the start on an H100):
 #   carry .variants-data:  ITEMS=unpack CALL_S=60 bash bench/variants_ab.sh next
-#   carry .recipe/x4:      ITEMS=model CALL_S=100 bash bench/variants_ab.sh next && JOB_S=470 bash bench/long_arm.sh train
+#   carry .recipe/x4:      ITEMS=model CALL_S=100 bash bench/variants_ab.sh next && bash bench/long_arm.sh train
+#   then:                  bash bench/long_arm.sh train
 #   then:                  bash bench/long_arm.sh train && bash bench/long_arm.sh eval
 # Results under $OUT: long-arm.log, train-*.log, eval.log, results.tgz (ab.json with the arm's curve, the evaluation's
 # rows, the run's metrics.jsonl, summary.json, config.json).
 # CPU check (tiny target): after `TINY=1 ITEMS="data" bash bench/variants_ab.sh next`,
-#   TINY=1 PRESET= TRAIN_S=30 SETS="--set steps=6" bash bench/long_arm.sh train && TINY=1 bash bench/long_arm.sh eval
+#   TINY=1 PRESET= JOBS="5 5" SETS="--set steps=400" bash bench/long_arm.sh train (twice) && TINY=1 bash bench/long_arm.sh eval
 set -u -o pipefail
 MODE=${1:?usage: bash bench/long_arm.sh train|eval}
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -24,11 +28,11 @@ DEVICE=${DEVICE:-cuda:0}
 PROMPTS=${PROMPTS:-64}
 ARM=${ARM:-dspark-long}
 PRESET=${PRESET-long}
-TRAIN_S=${TRAIN_S:-687.7}
-JOB_S=${JOB_S:-470}
+JOBS=${JOBS:-"98.2 490.1 99.4"}
 # DSpark's step costs ~1.1x DFlash's with the target's forward, ~1.2x from the feature store: ~6,600 steps fill the
 # 687.7 s in which DFlash took 7,500; validation every 500 steps draws the held-out chain-tau curve
-SETS=${SETS:-'--set steps=6600 --set val_every=500 --set drafter_variant="dspark" --set loss_weighting="decay"'}
+SETS=${SETS:-'--set steps=6600 --set val_every=500 --set token_cache=false --set drafter_variant="dspark"
+  --set loss_weighting="decay"'}
 if [ "${TINY:-0}" = 1 ]; then DEVICE=cpu PROMPTS=2; fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
@@ -41,16 +45,16 @@ print(a.get(sys.argv[3], sys.argv[4]))" "$WORK/ab.json" "$ARM" "$1" "$2"
 case $MODE in
 train)
   [ "$(arm_field status none)" = finished ] && { say "arm $ARM already finished"; exit 0; }
-  left=$($PY -c "import sys; print(round(float(sys.argv[1]) - float(sys.argv[2]), 1))" "$TRAIN_S" "$(arm_field wall_s 0)")
-  $PY -c "import sys; sys.exit(float(sys.argv[1]) < 30)" "$left" \
-    || { say "arm $ARM has ${left}s of its ${TRAIN_S}s left: too little for a job; evaluate it"; exit 0; }
-  budget=$($PY -c "import sys; print(min(float(sys.argv[1]), float(sys.argv[2])))" "$left" "$JOB_S")
-  say "arm $ARM (preset ${PRESET:-none}): a job of ${budget}s, $(arm_field wall_s 0)s of ${TRAIN_S}s spent"
+  touch "$WORK/$ARM.jobs"; k=$(wc -l < "$WORK/$ARM.jobs")
+  set -- $JOBS; [ "$k" -lt $# ] || { say "arm $ARM: all $# jobs done ($JOBS s); evaluate it"; exit 0; }
+  shift "$k"; budget=$1
+  say "arm $ARM (preset ${PRESET:-none}): job $(( k + 1 )) of ${budget}s, $(arm_field wall_s 0)s trained so far"
   log="$OUT/train-$(date -u +%H%M%S).log"
   # shellcheck disable=SC2086  # SETS holds several --set words
   timeout $(( ${budget%.*} + 150 )) $PY bench/recipe_ab.py train --work "$WORK" --arm "$ARM" ${PRESET:+--preset $PRESET} \
     $SETS --set time_budget_s=$budget > "$log" 2>&1
-  rc=$?; say "arm $ARM rc=$rc: $(tail -1 "$log" | cut -c1-300)" ;;
+  rc=$?; [ $rc = 0 ] && echo "$budget" >> "$WORK/$ARM.jobs"
+  say "arm $ARM rc=$rc: $(tail -1 "$log" | cut -c1-300)" ;;
 eval)
   timeout ${EVAL_S:-400} $PY bench/recipe_ab.py eval --work "$WORK" --device "$DEVICE" --prompts "$PROMPTS" --arms "$ARM" \
     --temperature 0 --temperature 1 --draft-sampling sample --out "$WORK/ab-results-$ARM.json" > "$OUT/eval.log" 2>&1
