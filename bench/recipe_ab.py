@@ -14,6 +14,7 @@ State lives in <work>/ab.json, so the steps can run in separate GPU jobs on the 
     python bench/recipe_ab.py eval  --work /tmp/ab --temperature 1 --draft-sampling sample --out results.json
     python bench/recipe_ab.py merge t0.json t1-a.json t1-b.json --out results.json   (one file for ab_report)
     python bench/recipe_ab.py collect s1/results.tgz s2/results.tgz --out <folder>/eval  (arms of several sessions)
+    python bench/recipe_ab.py adopt call1 call2 call3 --arm dflash-long --out <folder>/eval  (a recipe run as an arm)
 
 `--set FIELD=VALUE` (JSON value) overrides a TrainConfig field of that arm (train) or a RecipeConfig field (data).
 An arm stopped by its `time_budget_s` is continued by the same `train` command in the next job (resume_from: the
@@ -222,7 +223,7 @@ def _evaluate_once(args, state: dict, arms: dict, first: str, others: list[str],
         row = {"arm": arm, "temperature": temperature, "draft_sampling": sampling,
                "steps": arms[arm]["steps"] if arm in arms else None,
                **{k: r.get(k) for k in ("decoder", "prompt_set", "block_size", "prompts", "tau", "tau_low",
-                                        "tau_high", "tokens_per_s", "speedup")}}
+                                        "tau_high", "tokens_per_s", "speedup", "prompt_set_sha256")}}
         base = earlier.get((row["prompt_set"], row["prompts"]))
         if row["speedup"] is None and base and row["tokens_per_s"] and row["decoder"] != BASELINE:
             # the same prompts (seeded), device and temperature, each decoded alone on the GPU: a speed ratio
@@ -296,11 +297,69 @@ def collect(args) -> None:
     print(f"{len(joined['arms'])} arms from {len(args.inputs)} sessions -> {out}")
 
 
+def adopt(args) -> None:
+    """A recipe run (the recipe notebook's results.json of each call, the last call's metrics.jsonl and
+    config.json) as arm --arm of the A/B folder --out that `collect` wrote: its training wall (the train phase's
+    seconds summed over the calls), curve files and final evaluation rows, e.g. the long preset's DFlash run beside
+    an arm trained with `train --preset long` on the same data. Refused when its held-out prompt sets are not the
+    A/B's (by sha256) or the arm exists. The target alone's rows stay the A/B's own; each adopted row keeps the
+    speedup its run measured and the target-alone speed it was measured against (`target_tokens_per_s`)."""
+    out, calls = Path(args.out), [Path(c) for c in args.inputs]
+    state, results = json.loads((out / STATE).read_text()), json.loads((out / "results.json").read_text())
+    if args.arm in state["arms"]:
+        raise SystemExit(f"arm {args.arm!r} is already in {out / STATE}. Fix: another --arm name")
+    phases = [json.loads((c / "results.json").read_text())["phases"] for c in calls]
+    train, last = phases[-1].get("train"), calls[-1]
+    rows = (phases[-1].get("evaluate") or {}).get("rows")
+    if not train or not rows or not (last / "metrics.jsonl").is_file():
+        raise SystemExit(f"{last} holds no finished, evaluated recipe run (results.json's train and evaluate "
+                         "phases, metrics.jsonl). Fix: name the recipe's call folders in order, the last one "
+                         "the call that evaluated it")
+    def shas(rs):
+        out = {}
+        for r in rs:
+            if r.get("prompt_set_sha256"):
+                out.setdefault(r["prompt_set"], set()).add(r["prompt_set_sha256"])
+        return out
+
+    mine, theirs = shas(rows), shas(results["rows"])
+    differ = sorted(k for k in mine if k in theirs and mine[k] != theirs[k])
+    if differ:
+        raise SystemExit(f"{last}'s prompt sets {differ} are not the A/B's (sha256 differ). Fix: adopt a run "
+                         "evaluated on the same held-out files")
+    wall = sum(p["train"]["seconds"] for p in phases if p.get("train") and not p["train"].get("reused"))
+    run = Path(train["run_dir"]).name
+    state["arms"][args.arm] = {"adopted_from": [str(c) for c in calls], "run_dir": train["run_dir"],
+                               "status": train["status"], "steps": train["steps"], "wall_s": round(wall, 1),
+                               "steady_tokens_per_s": None, "loss_last": train.get("loss_last"), "curve": []}
+    own_base = {(r["prompt_set"], r.get("temperature", 0.0)): r["tokens_per_s"] for r in rows
+                if r["decoder"] == BASELINE}
+    for r in rows:
+        if r["decoder"] != BASELINE:
+            results["rows"].append({**r, "arm": args.arm, "steps": train["steps"], "decoder": "trained",
+                                    "draft_sampling": r.get("draft_sampling", "argmax"),
+                                    "target_tokens_per_s": own_base.get((r["prompt_set"], r.get("temperature", 0.0)))})
+    results.setdefault("adopted", {})[args.arm] = [str(c) for c in calls]
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(out / "arm-metrics.tgz") as t:
+            t.extractall(tmp, filter="data")
+        (Path(tmp) / "runs" / run).mkdir(parents=True, exist_ok=True)
+        for f in ("metrics.jsonl", "config.json"):
+            if (last / f).is_file():
+                (Path(tmp) / "runs" / run / f).write_bytes((last / f).read_bytes())
+        with tarfile.open(out / "arm-metrics.tgz", "w:gz") as t:
+            for f in sorted(Path(tmp).glob("runs/*/*")):
+                t.add(f, arcname=str(f.relative_to(tmp)))
+    (out / STATE).write_text(json.dumps(state, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"arm {args.arm}: {train['steps']} steps, {wall:.1f} s of training, {len(rows)} rows -> {out}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/recipe_ab.py", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["data", "tokenize", "train", "eval", "merge", "collect"])
+    p.add_argument("what", choices=["data", "tokenize", "train", "eval", "merge", "collect", "adopt"])
     p.add_argument("inputs", nargs="*", help="merge: the results files of `eval` to merge into --out; collect: the "
-                   "sessions' results.tgz to join in the folder --out")
+                   "sessions' results.tgz to join in the folder --out; adopt: a recipe run's call folders, in order")
     p.add_argument("--work", type=Path, help="data, train, eval: the A/B's folder (ab.json)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--arm", help="train: the arm's name (its run is named after it)")
@@ -324,10 +383,10 @@ def main(argv=None) -> int:
                    help="eval: also decode with the target alone (speedups, the lossless check); --no-baseline for "
                         "tau alone, e.g. evaluations side by side on one GPU")
     args = p.parse_args(argv)
-    if args.what in ("merge", "collect"):
-        if not args.inputs or not args.out:
-            p.error(f"{args.what} needs input files and --out")
-        {"merge": merge, "collect": collect}[args.what](args)
+    if args.what in ("merge", "collect", "adopt"):
+        if not args.inputs or not args.out or (args.what == "adopt" and not args.arm):
+            p.error(f"{args.what} needs inputs and --out" + (" and --arm" if args.what == "adopt" else ""))
+        {"merge": merge, "collect": collect, "adopt": adopt}[args.what](args)
         return 0
     if args.work is None:
         p.error(f"{args.what} needs --work")

@@ -205,3 +205,61 @@ def test_a_preset_arm_trains_with_the_presets_settings_only_on_the_data_the_pres
         ab._arm_recipe(state, "long")
     with pytest.raises(SystemExit, match="unknown; Fix: use one of"):
         ab._arm_recipe(state, "longest")
+
+
+def _recipe_call(folder: Path, *, train: dict | None, rows: list[dict] | None = None, metrics: bool = False) -> Path:
+    """One call folder of a recipe run, as bench/recipe_smollm2.sh brings it back."""
+    folder.mkdir(parents=True)
+    phases = {"train": train} if train else {}
+    if rows:
+        phases["evaluate"] = {"rows": rows}
+    (folder / "results.json").write_text(json.dumps({"phases": phases}))
+    if metrics:
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+            {"step": 1, "time": 100.0, "step_time_s": 2.0, "loss": 9.0},
+            {"step": 2, "time": 160.0, "step_time_s": 1.0, "loss": 8.0, "val_chain_tau": 2.5})))
+        (folder / "config.json").write_text(json.dumps({"block_size": 16, "num_draft_layers": 5}))
+    return folder
+
+
+def test_a_recipe_run_is_adopted_as_an_arm_with_its_training_wall_and_its_own_rows(tmp_path):
+    """adopt: the recipe's train seconds summed over its calls (a reused phase not counted twice), its drafter rows
+    under the arm's name with the speedups its own evaluation measured, its curve files in the folder's tarball;
+    a run on other held-out prompts (sha256) or an arm name already taken is refused and changes nothing."""
+    import tarfile
+
+    ab, out = _ab(), tmp_path / "eval"
+    out.mkdir()
+    (out / "ab.json").write_text(json.dumps({"arms": {"dspark-long": {"run_dir": "/w/runs/dspark-long-1"}}}))
+    theirs = {"arm": "dspark-long", "decoder": "trained", "prompt_set": "general", "temperature": 0.0, "tau": 2.6,
+              "prompts": 64, "tokens_per_s": 600.0, "speedup": 2.0, "steps": 6600, "prompt_set_sha256": "aa"}
+    (out / "results.json").write_text(json.dumps({"rows": [theirs]}))
+    with tarfile.open(out / "arm-metrics.tgz", "w:gz"):
+        pass
+    run = "/tmp/recipe-run/runs/20261206T085924Z-recipe-0200f5"
+    rows = [{"decoder": "trained", "prompt_set": "general", "temperature": 0.0, "tau": 2.43, "tau_low": 2.29,
+             "tau_high": 2.58, "prompts": 64, "tokens_per_s": 530.4, "speedup": 1.75, "prompt_set_sha256": "aa"},
+            {"decoder": "target only", "prompt_set": "general", "temperature": 0.0, "tau": 1.0, "prompts": 64,
+             "tokens_per_s": 302.9, "speedup": 1.0, "prompt_set_sha256": "aa"}]
+    calls = [_recipe_call(tmp_path / "c1", train={"seconds": 98.2, "run_dir": run, "status": "stopped", "steps": 475}),
+             _recipe_call(tmp_path / "c2", train={"seconds": 490.1, "run_dir": run, "status": "stopped", "steps": 6908}),
+             _recipe_call(tmp_path / "c3", train={"seconds": 99.4, "run_dir": run, "status": "finished", "steps": 7500,
+                                                  "loss_last": 1.5}, rows=rows, metrics=True)]
+    ab.main(["adopt", *map(str, calls), "--arm", "dflash-long", "--out", str(out)])
+    state = json.loads((out / "ab.json").read_text())["arms"]["dflash-long"]
+    assert (state["wall_s"], state["steps"], state["status"]) == (687.7, 7500, "finished")
+    got = [r for r in json.loads((out / "results.json").read_text())["rows"] if r["arm"] == "dflash-long"]
+    # its own speedup and target-alone speed, and no second target-alone row
+    assert [(r["tau"], r["speedup"], r["steps"], r["target_tokens_per_s"]) for r in got] == [(2.43, 1.75, 7500,
+                                                                                              302.9)]
+    with tarfile.open(out / "arm-metrics.tgz") as t:
+        assert sorted(t.getnames()) == [f"runs/{Path(run).name}/config.json", f"runs/{Path(run).name}/metrics.jsonl"]
+    before = [(out / f).read_bytes() for f in ("ab.json", "results.json", "arm-metrics.tgz")]
+    with pytest.raises(SystemExit, match="already in"):
+        ab.main(["adopt", *map(str, calls), "--arm", "dflash-long", "--out", str(out)])
+    rows[0]["prompt_set_sha256"] = "bb"
+    other = _recipe_call(tmp_path / "c4", train={"seconds": 5.0, "run_dir": run, "status": "finished", "steps": 9},
+                         rows=rows, metrics=True)
+    with pytest.raises(SystemExit, match=r"prompt sets \['general'\] are not the A/B's"):
+        ab.main(["adopt", str(other), "--arm", "other", "--out", str(out)])
+    assert [(out / f).read_bytes() for f in ("ab.json", "results.json", "arm-metrics.tgz")] == before

@@ -25,7 +25,7 @@ from dflash_lab.runs.run_files import read_json, read_jsonl, read_metrics
 AB_FILE, RESULTS_FILE, METRICS_TGZ, SPEED_FILE = ("eval/ab.json", "eval/results.json", "eval/arm-metrics.tgz",
                                                   "bench/entry.jsonl")
 ENV_FILE = "eval/env.txt"  # nvidia-smi's GPU line, torch/transformers, the device copy's `git rev-parse HEAD`
-SETTINGS = ("target", "steps", "time_budget_s", "seq_len", "batch_size", "num_anchors", "block_size",
+SETTINGS = ("target", "drafter_variant", "steps", "time_budget_s", "seq_len", "batch_size", "num_anchors", "block_size",
             "num_draft_layers", "lr", "lr_schedule", "warmup_ratio", "min_lr_ratio", "draft_vocab_size",
             "feature_store_gib", "loss_weighting", "distill_weight", "distill_top_k", "distill_temperature",
             "val_every", "real_tau_every", "real_tau_prompts", "seed")
@@ -91,7 +91,8 @@ def differing_settings(data: dict) -> list[str]:
 
 def final_rows(data: dict) -> list[dict]:
     """One row per (drafter arm, prompt set, temperature) of the final evaluation: steps, prompts, tau and its
-    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature, speedup, and the
+    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own where
+    it was measured in another session: an adopted run's), speedup, and the
     other arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
     evaluation has one arm: nothing to separate)."""
     rows = data["results"]["rows"]
@@ -107,7 +108,8 @@ def final_rows(data: dict) -> list[dict]:
     return [{"arm": _label(r), "temperature": r.get("temperature", 0.0), "steps": r["steps"],
              "prompt_set": r["prompt_set"], "prompts": r["prompts"], "tau": r["tau"], "tau_low": r.get("tau_low"),
              "tau_high": r.get("tau_high"), "tokens_per_s": r["tokens_per_s"],
-             "target_tokens_per_s": base.get(key(r), {}).get("tokens_per_s"), "speedup": r["speedup"],
+             "target_tokens_per_s": r.get("target_tokens_per_s") or base.get(key(r), {}).get("tokens_per_s"),
+             "speedup": r["speedup"],
              "not_separated_from": overlap[key(r)][_label(r)] if several else None}
             for r in drafters]
 
