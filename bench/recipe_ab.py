@@ -248,7 +248,17 @@ def merge(args) -> None:
         d = json.loads(Path(f).read_text())
         if "rows" not in d:
             raise SystemExit(f"{f} holds no evaluation rows of this script. Fix: name the files `eval --out` wrote")
+        # each drafter row keeps the target-alone speed of its own file's evaluation: files of other sessions
+        # decoded the target alone again, a little faster or slower
+        own_base = {}
         for r in d["rows"]:
+            if r["decoder"] == BASELINE:
+                own_base[(r["prompt_set"], r["temperature"], r.get("draft_sampling", "argmax"))] = r["tokens_per_s"]
+                own_base.setdefault((r["prompt_set"], r["temperature"]), r["tokens_per_s"])
+        for r in d["rows"]:
+            if r["decoder"] != BASELINE and r.get("target_tokens_per_s") is None:
+                k = (r["prompt_set"], r["temperature"])
+                r["target_tokens_per_s"] = own_base.get((*k, r.get("draft_sampling", "argmax")), own_base.get(k))
             key = (r["arm"], r["decoder"], r["prompt_set"], r["temperature"], r.get("draft_sampling", "argmax"))
             if key in seen and r["decoder"] != BASELINE:
                 raise SystemExit(f"{f} and {seen[key]} both hold {key}. Fix: leave one of them out")

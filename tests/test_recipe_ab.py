@@ -93,6 +93,14 @@ def test_an_arm_stopped_by_its_budget_continues_exactly_and_arms_are_evaluated_t
     ab.main(["merge", str(out), str(split_t1), "--out", str(merged)])
     m = json.loads(merged.read_text())
     assert len(m["rows"]) == len(rows) + 1 and m["merged_from"] == [out.name, split_t1.name]
+    # each drafter row carries the target-alone speed of its own file's evaluation (split_t1 decoded none)
+    alone = {(r["prompt_set"], r["temperature"], r["draft_sampling"]): r["tokens_per_s"] for r in rows
+             if r["decoder"] == "target only"}
+    for r in m["rows"]:
+        if r["decoder"] != "target only":
+            want = None if r["arm"] == "split" and r["temperature"] == 1.0 else \
+                alone[(r["prompt_set"], r["temperature"], r["draft_sampling"])]
+            assert r["target_tokens_per_s"] == want
     assert set(m["arms"]) == {"straight", "split"}
     with pytest.raises(SystemExit, match="both hold.*Fix: leave one of them out"):
         ab.main(["merge", str(out), str(out), "--out", str(merged)])

@@ -184,11 +184,13 @@ HEADERS: dict[str, dict[str, str]] = {
   accuracies simulate at each validation check, against GPU-minutes since step 1; the hollow diamond at an arm's
   last minute is its final real tau on held-out chitchat at T=0 with its 95% interval."""]),
     "variants-long-smollm2-h100": dict(
-        what="DFlash and DSpark (its Markov and confidence heads, block 16), each trained ALONE on one GPU for the "
-             "same 120 s on the recipe's long-preset data pool, then measured by real speculative decoding at T=0 "
-             "and at T=1 with sampled drafts on three held-out sets, 64 prompts each; tau against GPU-minutes",
-        ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}, the long preset's target-written prompts (n_self=60000); "
-            "reads bench/results/2026-12-07-h100-variants-long/, executed on a CPU",
+        what="DFlash, DSpark (its Markov and confidence heads, block 16) and DSpark at its published block 8, each "
+             "trained ALONE on one GPU for the same 120 s on the recipe's long-preset data pool, then measured by "
+             "real speculative decoding at T=0 and at T=1 with sampled drafts on three held-out sets, 64 prompts "
+             "each; tau against GPU-minutes",
+        ran=f"{H100} (two sessions, each on its own machine: dflash and dspark, then dspark8); target {SMOL}; data: "
+            f"{RECIPE_DATA}, the long preset's target-written prompts (n_self=60000), the same files in both "
+            "sessions; reads bench/results/2026-12-07-h100-variants-long/, executed on a CPU",
         read=[SETTINGS, ARMS, EVAL, """- **The figure**: **held-out chain tau** the tau the held-out windows' per-slot
   accuracies simulate at each validation check, against GPU-minutes since step 1; the hollow diamond at an arm's
   last minute is its final real tau on held-out chitchat at T=0 with its 95% interval."""]),
@@ -212,7 +214,7 @@ ARM_KNOBS = {"distill-t1-smollm2-h100": "lr_schedule / feature_store_gib / disti
              "vocab-topk64-smollm2-h100": "draft_vocab_size / feature_store_gib / distill_top_k",
              "distill-ab-smollm2-h200": "distill_weight",
              "variants-ab-smollm2-h100": "block_size / loss_weighting",
-             "variants-long-smollm2-h100": "steps / loss_weighting"}
+             "variants-long-smollm2-h100": "drafter_variant / steps / block_size / loss_weighting"}
 
 
 def header_text(stem: str) -> str:
