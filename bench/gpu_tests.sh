@@ -4,7 +4,8 @@
 # yet finished, in collection order, until CALL_S, and records every outcome in $WORK/outcomes.txt (the machine
 # keeps /tmp between calls while it is held), so the same command, repeated, walks the list:
 #   device call (carry [".whl"]: pytest and its needs as wheels, see .git/info/exclude):  bash bench/gpu_tests.sh
-# TESTS=FILE runs only the ids it lists (one a line) instead of every GPU test. Prints what is left; $OUT/gpu-tests.txt is every outcome so far (nodeid OUTCOME seconds).
+# TESTS=FILE runs only the ids it lists (one a line) instead of every GPU test. Prints what is left;
+# $OUT/gpu-tests.txt is every outcome so far (nodeid OUTCOME seconds).
 # On a CPU every test skips at once, which checks this script: PY=.venv/bin/python bash bench/gpu_tests.sh
 set -u -o pipefail
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"

@@ -18,7 +18,8 @@
 # Results under $OUT: long-arm.log, train-*.log, eval.log, results.tgz (ab.json with the arm's curve, the evaluation's
 # rows, the run's metrics.jsonl, summary.json, config.json).
 # CPU check (tiny target): after `TINY=1 ITEMS="data" bash bench/variants_ab.sh next`,
-#   TINY=1 PRESET= JOBS="5 5" SETS="--set steps=400" bash bench/long_arm.sh train (twice) && TINY=1 bash bench/long_arm.sh eval
+#   TINY=1 PRESET= JOBS="5 5" SETS="--set steps=400" bash bench/long_arm.sh train   (twice, then)
+#   TINY=1 bash bench/long_arm.sh eval
 set -u -o pipefail
 MODE=${1:?usage: bash bench/long_arm.sh train|eval}
 OUT=${OUT:-/tmp/dflash-out}; mkdir -p "$OUT"
@@ -51,13 +52,13 @@ train)
   say "arm $ARM (preset ${PRESET:-none}): job $(( k + 1 )) of ${budget}s, $(arm_field wall_s 0)s trained so far"
   log="$OUT/train-$(date -u +%H%M%S).log"
   # shellcheck disable=SC2086  # SETS holds several --set words
-  timeout $(( ${budget%.*} + 150 )) $PY bench/recipe_ab.py train --work "$WORK" --arm "$ARM" ${PRESET:+--preset $PRESET} \
-    $SETS --set time_budget_s=$budget > "$log" 2>&1
+  timeout $(( ${budget%.*} + 150 )) $PY bench/recipe_ab.py train --work "$WORK" --arm "$ARM" \
+    ${PRESET:+--preset $PRESET} $SETS --set time_budget_s=$budget > "$log" 2>&1
   rc=$?; [ $rc = 0 ] && echo "$budget" >> "$WORK/$ARM.jobs"
   say "arm $ARM rc=$rc: $(tail -1 "$log" | cut -c1-300)" ;;
 eval)
-  timeout ${EVAL_S:-400} $PY bench/recipe_ab.py eval --work "$WORK" --device "$DEVICE" --prompts "$PROMPTS" --arms "$ARM" \
-    --temperature 0 --temperature 1 --draft-sampling sample --out "$WORK/ab-results-$ARM.json" > "$OUT/eval.log" 2>&1
+  timeout ${EVAL_S:-400} $PY bench/recipe_ab.py eval --work "$WORK" --device "$DEVICE" --prompts "$PROMPTS" \
+    --arms "$ARM" --temperature 0 --temperature 1 --draft-sampling sample --out "$WORK/ab-results-$ARM.json" > "$OUT/eval.log" 2>&1
   rc=$?; say "eval rc=$rc: $(tail -1 "$OUT/eval.log" | cut -c1-300)" ;;
 *) say "unknown mode $MODE: use train or eval"; exit 2 ;;
 esac

@@ -173,8 +173,8 @@ def train(args) -> None:
         trainer.close()
     wall = round(time.perf_counter() - t0 + (before or {}).get("wall_s", 0.0), 1)  # over every job of the arm
     with _updating(args.work) as state:  # re-read: another arm may have written meanwhile
-        state["arms"][args.arm] = {"preset": args.preset, "overrides": over, "run_dir": summary["run_dir"], "status": summary["status"],
-                                   "steps": summary["steps"], "wall_s": wall,
+        state["arms"][args.arm] = {"preset": args.preset, "overrides": over, "run_dir": summary["run_dir"],
+                                   "status": summary["status"], "steps": summary["steps"], "wall_s": wall,
                                    "steady_tokens_per_s": summary.get("steady_tokens_per_s"),
                                    "loss_last": summary.get("loss_last"), "curve": curve}
     print(json.dumps({k: v for k, v in state["arms"][args.arm].items() if k != "curve"}))
@@ -307,6 +307,15 @@ def collect(args) -> None:
     print(f"{len(joined['arms'])} arms from {len(args.inputs)} sessions -> {out}")
 
 
+def _prompt_shas(rows: list[dict]) -> dict[str, set[str]]:
+    """Per prompt set, the sha256 of the prompts its rows decoded (rows without one say nothing)."""
+    out = {}
+    for r in rows:
+        if r.get("prompt_set_sha256"):
+            out.setdefault(r["prompt_set"], set()).add(r["prompt_set_sha256"])
+    return out
+
+
 def adopt(args) -> None:
     """A recipe run (the recipe notebook's results.json of each call, the last call's metrics.jsonl and
     config.json) as arm --arm of the A/B folder --out that `collect` wrote: its training wall (the train phase's
@@ -325,14 +334,7 @@ def adopt(args) -> None:
         raise SystemExit(f"{last} holds no finished, evaluated recipe run (results.json's train and evaluate "
                          "phases, metrics.jsonl). Fix: name the recipe's call folders in order, the last one "
                          "the call that evaluated it")
-    def shas(rs):
-        out = {}
-        for r in rs:
-            if r.get("prompt_set_sha256"):
-                out.setdefault(r["prompt_set"], set()).add(r["prompt_set_sha256"])
-        return out
-
-    mine, theirs = shas(rows), shas(results["rows"])
+    mine, theirs = _prompt_shas(rows), _prompt_shas(results["rows"])
     differ = sorted(k for k in mine if k in theirs and mine[k] != theirs[k])
     if differ:
         raise SystemExit(f"{last}'s prompt sets {differ} are not the A/B's (sha256 differ). Fix: adopt a run "
@@ -346,9 +348,9 @@ def adopt(args) -> None:
                 if r["decoder"] == BASELINE}
     for r in rows:
         if r["decoder"] != BASELINE:
+            alone = own_base.get((r["prompt_set"], r.get("temperature", 0.0)))
             results["rows"].append({**r, "arm": args.arm, "steps": train["steps"], "decoder": "trained",
-                                    "draft_sampling": r.get("draft_sampling", "argmax"),
-                                    "target_tokens_per_s": own_base.get((r["prompt_set"], r.get("temperature", 0.0)))})
+                                    "draft_sampling": r.get("draft_sampling", "argmax"), "target_tokens_per_s": alone})
     results.setdefault("adopted", {})[args.arm] = [str(c) for c in calls]
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(out / "arm-metrics.tgz") as t:

@@ -249,8 +249,9 @@ def test_a_recipe_run_is_adopted_as_an_arm_with_its_training_wall_and_its_own_ro
              "tau_high": 2.58, "prompts": 64, "tokens_per_s": 530.4, "speedup": 1.75, "prompt_set_sha256": "aa"},
             {"decoder": "target only", "prompt_set": "general", "temperature": 0.0, "tau": 1.0, "prompts": 64,
              "tokens_per_s": 302.9, "speedup": 1.0, "prompt_set_sha256": "aa"}]
-    calls = [_recipe_call(tmp_path / "c1", train={"seconds": 98.2, "run_dir": run, "status": "stopped", "steps": 475}),
-             _recipe_call(tmp_path / "c2", train={"seconds": 490.1, "run_dir": run, "status": "stopped", "steps": 6908}),
+    stopped = {"run_dir": run, "status": "stopped"}
+    calls = [_recipe_call(tmp_path / "c1", train={**stopped, "seconds": 98.2, "steps": 475}),
+             _recipe_call(tmp_path / "c2", train={**stopped, "seconds": 490.1, "steps": 6908}),
              _recipe_call(tmp_path / "c3", train={"seconds": 99.4, "run_dir": run, "status": "finished", "steps": 7500,
                                                   "loss_last": 1.5}, rows=rows, metrics=True)]
     ab.main(["adopt", *map(str, calls), "--arm", "dflash-long", "--out", str(out)])

@@ -25,8 +25,8 @@ from dflash_lab.runs.run_files import read_json, read_jsonl, read_metrics
 AB_FILE, RESULTS_FILE, METRICS_TGZ, SPEED_FILE = ("eval/ab.json", "eval/results.json", "eval/arm-metrics.tgz",
                                                   "bench/entry.jsonl")
 ENV_FILE = "eval/env.txt"  # nvidia-smi's GPU line, torch/transformers, the device copy's `git rev-parse HEAD`
-SETTINGS = ("target", "drafter_variant", "steps", "time_budget_s", "seq_len", "batch_size", "num_anchors", "block_size",
-            "num_draft_layers", "lr", "lr_schedule", "warmup_ratio", "min_lr_ratio", "draft_vocab_size",
+SETTINGS = ("target", "drafter_variant", "steps", "time_budget_s", "seq_len", "batch_size", "num_anchors",
+            "block_size", "num_draft_layers", "lr", "lr_schedule", "warmup_ratio", "min_lr_ratio", "draft_vocab_size",
             "feature_store_gib", "loss_weighting", "distill_weight", "distill_top_k", "distill_temperature",
             "val_every", "real_tau_every", "real_tau_prompts", "seed")
 SET_MARKERS = ("o", "s", "^", "D", "v")
@@ -91,9 +91,9 @@ def differing_settings(data: dict) -> list[str]:
 
 def final_rows(data: dict) -> list[dict]:
     """One row per (drafter arm, prompt set, temperature) of the final evaluation: steps, prompts, tau and its
-    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own where
-    it was measured in another session: an adopted run's), speedup, and the
-    other arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
+    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own
+    session's where it carries one: arms collected from several sessions, an adopted run), speedup, and the other
+    arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
     evaluation has one arm: nothing to separate)."""
     rows = data["results"]["rows"]
     key = lambda r: (r["prompt_set"], r.get("temperature", 0.0))  # noqa: E731
