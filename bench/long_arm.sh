@@ -30,9 +30,11 @@ PROMPTS=${PROMPTS:-64}
 ARM=${ARM:-dspark-long}
 PRESET=${PRESET-long}
 JOBS=${JOBS:-"98.2 490.1 99.4"}
-# DSpark's step costs ~1.1x DFlash's with the target's forward, ~1.2x from the feature store: ~6,600 steps fill the
-# 687.7 s in which DFlash took 7,500; validation every 500 steps draws the held-out chain-tau curve
-SETS=${SETS:-'--set steps=6600 --set val_every=500 --set token_cache=false --set drafter_variant="dspark"
+# DSpark's step cost 1.10x DFlash's with the target's forward and 1.22x from the feature store at 3 layers (its heads
+# add ~20% of that drafter's FLOPs, ~14% of the long preset's 5 layers): ~6,700 steps fill the 687.7 s in which
+# DFlash took 7,500. 6,800 errs long: a cosine cut at ~97% by the last job's budget has lr ~0.2% of its peak left,
+# while one that ends early leaves minutes unused. Validation every 500 steps draws the held-out chain-tau curve
+SETS=${SETS:-'--set steps=6800 --set val_every=500 --set token_cache=false --set drafter_variant="dspark"
   --set loss_weighting="decay"'}
 if [ "${TINY:-0}" = 1 ]; then DEVICE=cpu PROMPTS=2; fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
