@@ -60,7 +60,8 @@ train)
   say "arm $ARM rc=$rc: $(tail -1 "$log" | cut -c1-300)" ;;
 eval)
   timeout ${EVAL_S:-400} $PY bench/recipe_ab.py eval --work "$WORK" --device "$DEVICE" --prompts "$PROMPTS" \
-    --arms "$ARM" --temperature 0 --temperature 1 --draft-sampling sample --out "$WORK/ab-results-$ARM.json" > "$OUT/eval.log" 2>&1
+    --arms "$ARM" --temperature 0 --temperature 1 --draft-sampling sample --out "$WORK/ab-results-$ARM.json" \
+    > "$OUT/eval.log" 2>&1
   rc=$?; say "eval rc=$rc: $(tail -1 "$OUT/eval.log" | cut -c1-300)" ;;
 *) say "unknown mode $MODE: use train or eval"; exit 2 ;;
 esac
