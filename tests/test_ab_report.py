@@ -283,3 +283,18 @@ def test_long_preset5_notebook_shows_its_folder_figures():
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
     shown = "\n".join("".join(o.get("data", {}).get(k, "")) for o in outputs for k in ("text/html", "text/markdown"))
     assert "3.25 [2.97, 3.56]" in shown and "3.70 [3.23, 4.27]" in shown and "3.45 [3.09, 3.90]" in shown
+
+
+def test_the_variants_on_the_long_data_read_back_with_each_arms_block_and_target_alone_pass():
+    """Three arms of two sessions (bench/recipe_ab.py collect): DSpark at block 8 decoded at its own block, every
+    drafter row's speedup and target-alone speed its own session's, the real-tau panel naming both blocks."""
+    data = ab_report.load_ab("bench/results/2026-12-07-h100-variants-long")
+    rows = {(r["arm"], r["prompt_set"]): r for r in ab_report.final_rows(data) if r["temperature"] == 0}
+    assert {a: rows[(a, "chitchat-heldout")]["block_size"] for a in ("dflash", "dspark", "dspark8")} == \
+        {"dflash": 16, "dspark": 16, "dspark8": 8}
+    assert [round(rows[(a, "general")]["target_tokens_per_s"], 1) for a in ("dflash", "dspark8")] == [295.2, 301.9]
+    assert round(rows[("dspark8", "chitchat-heldout")]["tau"], 2) == 2.48
+    assert rows[("dspark8", "self-heldout")]["not_separated_from"] == ["dflash", "dspark"]
+    fig = ab_report.training_figure(data)
+    assert fig.axes[3].get_title() == "real tau at T=0, each arm at its own block (8, 16) (95% bootstrap intervals)"
+    assert "[16] asked, [8, 16] decoded (each arm at its own)" in ab_report.settings_markdown(data)

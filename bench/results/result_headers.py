@@ -213,7 +213,7 @@ ARM_KNOBS = {"distill-t1-smollm2-h100": "lr_schedule / feature_store_gib / disti
              "layers5-anchors128-smollm2-h100": "num_anchors / num_draft_layers / feature_store_gib",
              "vocab-topk64-smollm2-h100": "draft_vocab_size / feature_store_gib / distill_top_k",
              "distill-ab-smollm2-h200": "distill_weight",
-             "variants-ab-smollm2-h100": "block_size / loss_weighting",
+             "variants-ab-smollm2-h100": "drafter_variant / block_size / loss_weighting",
              "variants-long-smollm2-h100": "drafter_variant / steps / block_size / loss_weighting"}
 
 

@@ -72,10 +72,12 @@ def settings_markdown(data: dict) -> str:
     res = data["results"]["rows"]
     measured = sorted({r["temperature"] for r in res})
     counts = "/".join(str(n) for n in sorted({r["prompts"] for r in res})) or "no"  # as decoded, not as asked
+    decoded = sorted({b for r in res if r["decoder"] != BASELINE and (b := _row_block(data, r))})
     lines = [_markdown(["setting", *cfgs, ""], rows), "",
              f"- training data: {mix['n']:,} conversations ("
              + ", ".join(f"{k} {v:,}" for k, v in mix["counts"].items()) + ")",
-             f"- evaluation: block sizes {recipe.get('eval_block_sizes')}, {counts} prompts per set, "
+             f"- evaluation: block sizes {recipe.get('eval_block_sizes')} asked, {decoded} decoded (each arm at its "
+             f"own), {counts} prompts per set, "
              f"{recipe.get('eval_max_new_tokens')} new tokens, sets {', '.join(data['results'].get('sets', {}))};"
              f" temperatures asked {asked}, measured {measured}"]
     lines += [f"- machine: {line}" for line in data["env"][:2]]
@@ -91,7 +93,7 @@ def differing_settings(data: dict) -> list[str]:
 
 def final_rows(data: dict) -> list[dict]:
     """One row per (drafter arm, prompt set, temperature) of the final evaluation: steps, prompts, tau and its
-    interval, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own
+    interval, the block size it decoded at, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own
     session's where it carries one: arms collected from several sessions, an adopted run), speedup, and the other
     arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
     evaluation has one arm: nothing to separate)."""
@@ -107,11 +109,17 @@ def final_rows(data: dict) -> list[dict]:
                                     for r in drafters if key(r) == k})
     return [{"arm": _label(r), "temperature": r.get("temperature", 0.0), "steps": r["steps"],
              "prompt_set": r["prompt_set"], "prompts": r["prompts"], "tau": r["tau"], "tau_low": r.get("tau_low"),
-             "tau_high": r.get("tau_high"), "tokens_per_s": r["tokens_per_s"],
+             "tau_high": r.get("tau_high"), "block_size": _row_block(data, r), "tokens_per_s": r["tokens_per_s"],
              "target_tokens_per_s": r.get("target_tokens_per_s") or base.get(key(r), {}).get("tokens_per_s"),
              "speedup": r["speedup"],
              "not_separated_from": overlap[key(r)][_label(r)] if several else None}
             for r in drafters]
+
+
+def _row_block(data: dict, row: dict) -> int | None:
+    """The block size a drafter row decoded at: the row's own, or (rows written before they carried it) its arm's
+    trained block, which bench/recipe_ab.py's evaluations decode at."""
+    return row.get("block_size") or (data.get("configs", {}).get(row["arm"]) or {}).get("block_size")
 
 
 def _label(row: dict) -> str:
@@ -212,7 +220,7 @@ def _smooth(ys: list[float], n: int = SMOOTH) -> list[float]:
 PANELS = (("loss", "training loss, one batch (distill: vs the mixed target)"),
           ("acc", "training accuracy on the data's tokens"),
           ("val_acc", "held-out accuracy (the run's validation sequences)"),
-          ("real_tau", "real tau at T=0, block 16 (95% bootstrap intervals)"))
+          ("real_tau", "real tau at T=0, {blocks} (95% bootstrap intervals)"))
 XAXES = (("step", "optimizer step"), ("minutes", "GPU wall-clock minutes since step 1"))
 
 
@@ -252,7 +260,7 @@ def training_figure(data: dict):
                                 yerr=_yerr(mine, "tau", "tau_low", "tau_high"), fmt=SET_MARKERS[k % len(SET_MARKERS)],
                                 capsize=3)
         for ax, (_, title) in zip(row, PANELS):
-            ax.set_title(title, fontsize=10)
+            ax.set_title(title.format(blocks=_blocks_label(finals)), fontsize=10)
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=8)
@@ -265,6 +273,14 @@ def training_figure(data: dict):
                         label=f"final eval: {s} (n={n_final})") for k, s in enumerate(sets)]
         row[3].legend(handles=keys, fontsize=8, loc="lower left")
     return fig
+
+
+def _blocks_label(rows: list[dict]) -> str:
+    """The block sizes the final rows decoded at: "block 16", or each arm's own where they differ."""
+    blocks = sorted({r["block_size"] for r in rows if r.get("block_size")})
+    if len(blocks) == 1:
+        return f"block {blocks[0]}"
+    return f"each arm at its own block ({', '.join(map(str, blocks))})" if blocks else "each arm at its own block"
 
 
 def _yerr(rows: list[dict], key: str, lo: str, hi: str) -> list[list[float]]:
