@@ -39,6 +39,8 @@ SETS=${SETS:-'--set steps=6800 --set val_every=500 --set token_cache=false --set
 if [ "${TINY:-0}" = 1 ]; then DEVICE=cpu PROMPTS=2; fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_LAB_CACHE=${DFLASH_LAB_CACHE:-/tmp/dflash-cache}
+# tokenizing in one process, as the DFlash run's calls did before worker processes existed (tokenize_pool.py)
+export DFLASH_LAB_TOKENIZE_WORKERS=${DFLASH_LAB_TOKENIZE_WORKERS:-1}
 say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/long-arm.log"; }
 arm_field() {  # a field of the arm's entry in ab.json, $2 when it has none
   $PY -c "import json, sys; a = json.load(open(sys.argv[1])).get('arms', {}).get(sys.argv[2]) or {}

@@ -267,7 +267,7 @@ def test_epochs_shuffle_deterministically_and_resample_anchors(small_data):
 
 
 def test_validate_cli_prints_the_report(capsys):
-    from dflash_lab.data.tokenize import main
+    from dflash_lab.data.__main__ import main
 
     assert main(["tiny", "--seq-len", "256", "--block-size", "16", "--thinking", "off"]) == 0
     out = capsys.readouterr().out
@@ -354,7 +354,7 @@ def test_validate_cli_says_each_problem_it_exists_to_catch_in_one_line(tmp_path,
     """The documented pre-training check: conversations with only a system turn, a missing path, an unknown target
     and a block larger than the answers are an `error:` line (with the data report where there is one) and exit
     2 (each was a raw traceback)."""
-    from dflash_lab.data.tokenize import main
+    from dflash_lab.data.__main__ import main
     from dflash_lab.tiny import tiny_data_path
 
     data = tmp_path / "chats.jsonl"

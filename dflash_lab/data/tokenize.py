@@ -24,7 +24,6 @@ skipped record is counted in the `DataReport`. A long conversation is cut to a c
 from __future__ import annotations
 
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from .chat_formats import ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data
+from .tokenize_pool import ordered_map, workers_for
 
 MASK_METHODS = ("render", "generation")
 _PROBE = "dflash probe answer 7291"
@@ -289,6 +289,63 @@ class TokenizedData:
         return self.input_ids.shape[0]
 
 
+CHUNK = 512  # conversations rendered and encoded together (one encode_batch call), in this process or a worker
+
+
+def encode_chunk(tmpl: "ChatTemplate", convs: list, *, mask_method: str, on_error: str, seq_len: int):
+    """One chunk of conversations -> (the conversations encoded, their (ids, mask) in order, the records skipped as
+    (reason, source, detail), final turns that do not continue the serving prompt, answer-id counts). The same in a
+    worker process (tokenize_pool.py) as here; truncation and the short-sample rule are the caller's."""
+    tokenizer = tmpl.tokenizer
+    texts, spans_of, kept, skips, mismatched = [], [], [], [], 0
+    answer_ids = {"used": 0, "text_differs": 0}
+    for conv in convs:
+        try:
+            try:
+                if mask_method == "generation":
+                    ids, m = _encode(tmpl, conv.messages, "generation")
+                    texts.append(None)
+                    spans_of.append((ids, m))
+                else:
+                    text, spans, mis = tmpl.assistant_spans(conv.messages)
+                    mismatched += mis
+                    texts.append(text)
+                    spans_of.append(spans)
+            except RecordIssue:
+                raise
+            except Exception as e:  # noqa: BLE001 - jinja raise_exception / TypeError on odd values: one record
+                raise RecordIssue("template_error", f"{type(e).__name__}: {str(e)[:200]}") from None
+        except RecordIssue as issue:
+            if on_error == "raise":
+                raise DataError(f"{conv.source}: {issue.detail} [{issue.reason}]. Fix or remove that record, or "
+                                "pass on_error='skip'.") from None
+            skips.append((issue.reason, conv.source, issue.detail))
+            continue
+        kept.append(conv)
+    if mask_method == "render" and texts:
+        encoded = [(ids, _span_mask(np.asarray(off, dtype=np.int64).reshape(-1, 2), spans))
+                   for (ids, off), spans in zip(_encode_prefixes(tokenizer, texts, seq_len), spans_of)]
+        for k, (conv, text, spans) in enumerate(zip(kept, texts, spans_of)):
+            if conv.answer_ids is not None:
+                own = _encode_with_answer_ids(tokenizer, text, spans, conv.messages, conv.answer_ids)
+                answer_ids["used" if own is not None else "text_differs"] += 1
+                encoded[k] = own if own is not None else encoded[k]
+    else:
+        encoded = [(ids, np.asarray(m, dtype=bool)) for ids, m in spans_of]
+    return kept, encoded, skips, mismatched, answer_ids
+
+
+_POOL: dict = {}  # in a tokenizing worker process (tokenize_pool.py): its template and encoding settings
+
+
+def _pool_start(tokenizer, enable_thinking, encode: dict) -> None:
+    _POOL.update(tmpl=ChatTemplate(tokenizer, enable_thinking=enable_thinking), encode=encode)
+
+
+def _pool_encode(convs: list):
+    return encode_chunk(_POOL["tmpl"], convs, **_POOL["encode"])
+
+
 def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int, enable_thinking: bool | None = None,
                      mask_method: str = "render", on_error: str = "skip", log=None,
                      progress_every_s: float = 10.0) -> TokenizedData:
@@ -312,42 +369,18 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
     dropped_short = truncated = tokens = supervised = mismatched = 0
     answer_ids = {"used": 0, "text_differs": 0}  # conversations trained on their stored generated ids, or not
     t0 = last = time.monotonic()
-    chunk = 512
-    for c0 in range(0, n_conv, chunk):
-        texts, spans_of, convs = [], [], []
-        for conv in chat.conversations[c0:c0 + chunk]:
-            try:
-                try:
-                    if mask_method == "generation":
-                        ids, m = _encode(tmpl, conv.messages, "generation")
-                        texts.append(None)
-                        spans_of.append((ids, m))
-                    else:
-                        text, spans, mis = tmpl.assistant_spans(conv.messages)
-                        mismatched += mis
-                        texts.append(text)
-                        spans_of.append(spans)
-                except RecordIssue:
-                    raise
-                except Exception as e:  # noqa: BLE001 - jinja raise_exception / TypeError on odd values: one record
-                    raise RecordIssue("template_error", f"{type(e).__name__}: {str(e)[:200]}") from None
-            except RecordIssue as issue:
-                if on_error == "raise":
-                    raise DataError(f"{conv.source}: {issue.detail} [{issue.reason}]. Fix or remove that record, or "
-                                    "pass on_error='skip'.") from None
-                report.skip(issue.reason, conv.source, issue.detail)
-                continue
-            convs.append(conv)
-        if mask_method == "render" and texts:
-            encoded = [(ids, _span_mask(np.asarray(off, dtype=np.int64).reshape(-1, 2), spans))
-                       for (ids, off), spans in zip(_encode_prefixes(tokenizer, texts, seq_len), spans_of)]
-            for k, (conv, text, spans) in enumerate(zip(convs, texts, spans_of)):
-                if conv.answer_ids is not None:
-                    own = _encode_with_answer_ids(tokenizer, text, spans, conv.messages, conv.answer_ids)
-                    answer_ids["used" if own is not None else "text_differs"] += 1
-                    encoded[k] = own if own is not None else encoded[k]
-        else:
-            encoded = [(ids, np.asarray(m, dtype=bool)) for ids, m in spans_of]
+    starts = range(0, n_conv, CHUNK)
+    chunks = [chat.conversations[c0:c0 + CHUNK] for c0 in starts]
+    encode = dict(mask_method=mask_method, on_error=on_error, seq_len=seq_len)
+    results = ordered_map(_pool_encode, chunks, here=lambda convs: encode_chunk(tmpl, convs, **encode),
+                          workers=workers_for(n_conv), initializer=_pool_start,
+                          initargs=(tokenizer, enable_thinking, encode), keep=(DataError,), log=log)
+    for c0, (convs, encoded, skips, mis, used) in zip(starts, results):
+        for reason, source, detail in skips:
+            report.skip(reason, source, detail)
+        mismatched += mis
+        for k in answer_ids:
+            answer_ids[k] += used[k]
         for conv, (ids, m) in zip(convs, encoded):
             if len(ids) > seq_len:
                 truncated += 1
@@ -367,7 +400,7 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
         now = time.monotonic()
         if log is not None and now - last >= progress_every_s:
             last = now
-            done = min(c0 + chunk, n_conv)
+            done = min(c0 + CHUNK, n_conv)
             log(f"tokenizing: {done}/{n_conv} conversations | {done / (now - t0):.0f}/s | "
                 f"ETA {(n_conv - done) * (now - t0) / done:.0f}s")
     kept = len(lengths)
@@ -399,33 +432,3 @@ def load_dataset(tokenizer, data: str, *, seq_len: int, block_size: int, enable_
     chat = read_conversations(resolve_data_path(data), data_format=data_format, on_error=on_error)
     return tokenize_dataset(tokenizer, chat, seq_len=seq_len, block_size=block_size, enable_thinking=enable_thinking,
                             mask_method=mask_method, on_error=on_error, log=log)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m dflash_lab.data FILE --target tiny`: validate a data file and print its report."""
-    import argparse
-
-    from dflash_lab.target.load import TargetLoadError, load_tokenizer
-
-    p = argparse.ArgumentParser(description="Validate chat data against a target's chat template; print the report.")
-    p.add_argument("data", help='data file/dir, or "tiny"')
-    p.add_argument("--target", default="tiny", help='target whose tokenizer/template is used (default "tiny")')
-    p.add_argument("--seq-len", type=int, default=3072)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--format", default="auto", choices=["auto", "openai", "sharegpt"])
-    p.add_argument("--thinking", choices=["on", "off", "template"], default="template",
-                   help="enable_thinking passed to the template (template = do not pass it)")
-    a = p.parse_args(argv)
-    thinking = {"on": True, "off": False, "template": None}[a.thinking]
-    try:  # what this check exists to find is the answer, not a crash: the problem (and the report), exit 2
-        data = load_dataset(load_tokenizer(a.target), a.data, seq_len=a.seq_len, block_size=a.block_size,
-                            enable_thinking=thinking, data_format=a.format, log=print)
-    except (DataError, TargetLoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(data.report)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
