@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflash_lab.config.threads import cpu_cores
 from dflash_lab.data import token_cache
 from dflash_lab.data.tokenize_pool import WORKERS_ENV
 from dflash_lab.data.tokenize import load_dataset
@@ -62,7 +63,7 @@ def main() -> None:
     print(json.dumps({"data": a.data, "target": a.target, **shape, "rows": len(data),
                       "tokenize_s": round(tokenize_s, 2),
                       "miss_s": round(miss_s, 2), "read_s": round(min(reads), 2), "entry_mb": round(entry_mb, 1),
-                      "tokenize_s_workers": by_workers, "cores": len(os.sched_getaffinity(0))}))
+                      "tokenize_s_workers": by_workers, "cores": cpu_cores()}))
 
 
 if __name__ == "__main__":

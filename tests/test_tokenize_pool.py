@@ -97,10 +97,10 @@ def test_a_record_refused_in_a_worker_reaches_the_caller_as_from_this_process(to
 
 def test_workers_follow_the_datas_size_and_the_setting(monkeypatch):
     monkeypatch.delenv(tokenize_pool.WORKERS_ENV, raising=False)
-    monkeypatch.setattr(tokenize_pool.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    monkeypatch.setattr(tokenize_pool, "cpu_cores", lambda: 16)
     assert tokenize_pool.workers_for(tokenize_pool.MIN_CONVERSATIONS - 1) == 1  # starting workers would cost more
     assert tokenize_pool.workers_for(60_000) == tokenize_pool.MAX_WORKERS == 8
-    monkeypatch.setattr(tokenize_pool.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.setattr(tokenize_pool, "cpu_cores", lambda: 2)
     assert tokenize_pool.workers_for(60_000) == 1  # two cores: the pool's start is not paid back
     monkeypatch.setenv(tokenize_pool.WORKERS_ENV, "0")
     assert tokenize_pool.workers_for(60_000) == 1

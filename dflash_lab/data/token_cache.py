@@ -7,7 +7,7 @@ and sample ids. The key is a sha256 over everything the tokenized result depends
 - the data's bytes (every file of a directory, by relative name), not its path or mtime: an edited file is new data;
 - the tokenizer: its class, vocabulary, special tokens and chat template;
 - the settings: seq_len, block_size, enable_thinking, data_format, on_error, mask_method;
-- the code that reads and tokenizes (this package's files.py, chat_formats.py, tokenize.py and this file), so a
+- the code that reads and tokenizes (this package's files in _CODE, this one included), so a
   change to how data is read, masked or truncated never reads an entry written by the old code.
 A missing, unreadable or foreign entry is tokenized again and rewritten (the log says why); entries are written to a
 temporary file and renamed, so two runs that start together never read a half-written one.

@@ -19,6 +19,8 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 
+from dflash_lab.config.threads import cpu_cores
+
 from .chat_formats import DataError
 
 WORKERS_ENV = "DFLASH_LAB_TOKENIZE_WORKERS"
@@ -36,7 +38,7 @@ def workers_for(n_conversations: int) -> int:
             raise DataError(f"{WORKERS_ENV}={env!r} is not a number of processes. Fix: set it to e.g. 8, or to 1 to "
                             "tokenize in this process, or unset it to choose by the data's size.") from None
         return max(1, n)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cpu_cores()
     return min(MAX_WORKERS, cores - 1) if n_conversations >= MIN_CONVERSATIONS and cores >= 4 else 1
 
 

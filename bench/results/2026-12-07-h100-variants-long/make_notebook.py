@@ -24,22 +24,25 @@ prompts of every set at both temperatures. Each speedup is over its own session'
 tokens/s`). T=1 rows of session 1 shared the GPU between the two arms, so read only their tau."""
 
 ARMS = """One row per arm at its last validation check (no training-time real tau: the time went to training).
-`val chain tau` is comparable between the arms; `val acc` is each variant's own slot accuracy. `last loss` is not
-comparable: DFlash's is the D-PACE-weighted distilled CE, DSpark's the published 0.1 CE + 0.9 L1 + 1.0 BCE. Every
-arm stopped on its time budget about halfway through its cosine (`status`)."""
+`val chain tau` (simulated from per-slot accuracies on held-out windows, not decoding) is comparable between the
+arms; `val acc` is each variant's own slot accuracy. `last loss` is not comparable: DFlash's is the D-PACE-weighted
+distilled CE, DSpark's the published 0.1 CE + 0.9 L1 + 1.0 BCE. Every arm stopped on its time budget about halfway
+through its cosine (`status`)."""
 
 FIGURE = """## Tau against GPU-minutes
 
-Held-out chain tau at every validation check (250 steps apart) against the GPU-minutes each arm had spent, and the
-final real tau on held-out chitchat (T=0, 64 prompts) at its last minute."""
+Held-out chain tau (simulated from per-slot accuracies on held-out windows, not decoding) at every validation check
+(250 steps apart) against the GPU-minutes each arm had spent, and the final real tau (speculative decoding) on
+held-out chitchat (T=0, 64 prompts) at its last minute."""
 
 READING = """- **One pair of intervals is apart: T=1 on target-written, `dspark8` 1.64 [1.59, 1.69] against `dspark` 1.54
   [1.50, 1.58].** Against `dflash` (1.57 [1.54, 1.60]) it overlaps by 0.01; nothing else separates at either
   temperature on any set. T=0: chitchat 2.36 / 2.49 / 2.48, target-written 1.99 / 1.96 / 2.08, general 1.74 / 1.71 /
   1.81 (`dflash` / `dspark` / `dspark8`). DSpark gains nothing over DFlash here: the presets keep DFlash
   (`dflash_lab/workflows/recipe_config.py`).
-- **The chain-tau curves put both DSpark arms above `dflash` at every check** (step 750: 2.25 / 2.31 / 2.35), the
-  same order as the half-data run's, the gap narrowing as they train.
+- **The simulated chain-tau curves put both DSpark arms above `dflash` at every check** (step 750: 2.25 / 2.31 /
+  2.35; not decoding: the real tau above does not separate them), the same order as the half-data run's, the gap
+  narrowing as they train.
 - **Step time**, the target's forward in all (no step read the feature store): 45.5 ms `dflash`, 50.2 ms `dspark`
   (1.10x), 38.6 ms `dspark8` (half the draft positions). At batch 1, T=0, block-16 DSpark's slot-by-slot drafting
   costs speed (1.46x against 1.58x on target-written); block 8 reads the highest speedups (1.94x / 1.64x / 1.39x).
