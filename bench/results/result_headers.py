@@ -36,6 +36,9 @@ ARMS = """- **The arms** (one row per trained drafter): **arm** its name, then t
   last training-time check; **val acc** the same accuracy on held-out windows; **val chain tau** the simulated tau
   those held-out accuracies give; **training-time real tau** real speculative decoding on a few held-out prompts at
   that check (a trend, not the final figure)."""
+TAU_FIGURE = """- **The figure**: **held-out chain tau** the tau the held-out windows' per-slot accuracies simulate at each
+  validation check, against GPU-minutes since step 1; the hollow diamond at an arm's last minute is its final real
+  tau on held-out chitchat at T=0 with its 95% interval."""
 SETTINGS = """- **The settings table**: **setting** a TrainConfig field or a data fact; one column per arm with its value
   there (a blank cell: the same as the first arm)."""
 STEP = """- **The step profile** (one row per configuration timed): **label** which one; **batch** windows per step;
@@ -180,9 +183,7 @@ HEADERS: dict[str, dict[str, str]] = {
              "GPU-minutes",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}, half its target-written prompts (n_self=13000); reads "
             "bench/results/2026-12-06-h100-variants-ab/, executed on a CPU",
-        read=[SETTINGS, ARMS, EVAL, """- **The figure**: **held-out chain tau** the tau the held-out windows' per-slot
-  accuracies simulate at each validation check, against GPU-minutes since step 1; the hollow diamond at an arm's
-  last minute is its final real tau on held-out chitchat at T=0 with its 95% interval."""]),
+        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
     "variants-long-smollm2-h100": dict(
         what="DFlash, DSpark (its Markov and confidence heads, block 16) and DSpark at its published block 8, each "
              "trained ALONE on one GPU for the same 120 s on the recipe's long-preset data pool, then measured by "
@@ -191,9 +192,16 @@ HEADERS: dict[str, dict[str, str]] = {
         ran=f"{H100} (two sessions, each on its own machine: dflash and dspark, then dspark8); target {SMOL}; data: "
             f"{RECIPE_DATA}, the long preset's target-written prompts (n_self=60000), the same files in both "
             "sessions; reads bench/results/2026-12-07-h100-variants-long/, executed on a CPU",
-        read=[SETTINGS, ARMS, EVAL, """- **The figure**: **held-out chain tau** the tau the held-out windows' per-slot
-  accuracies simulate at each validation check, against GPU-minutes since step 1; the hollow diamond at an arm's
-  last minute is its final real tau on held-out chitchat at T=0 with its 95% interval."""]),
+        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
+    "long-dspark-smollm2-h100": dict(
+        what="DSpark (its Markov and confidence heads, block 16) against DFlash, each trained at the recipe's long "
+             "preset (5 layers, batch 64, distilled, feature store) for the same ~11.5 GPU-minutes of one GPU on the "
+             "same data pool, then measured by real speculative decoding at T=0 on three held-out sets and at T=1 "
+             "with sampled drafts, 64 prompts each; tau against GPU-minutes",
+        ran=f"{H100} (two sessions: dflash-long on 2026-12-06, dspark-long on 2026-12-07); target {SMOL}; data: "
+            f"{RECIPE_DATA}, the long preset's target-written prompts (n_self=60000), the same files; reads "
+            "bench/results/2026-12-07-h100-long-dspark/, executed on a CPU",
+        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
     "vocab-topk64-smollm2-h100": dict(
         what="the full draft vocabulary and the top-64 distillation target, each on top of the distilled baseline",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}; reads bench/results/2026-12-06-h100-vocab-topk64/, executed "
@@ -214,7 +222,8 @@ ARM_KNOBS = {"distill-t1-smollm2-h100": "lr_schedule / feature_store_gib / disti
              "vocab-topk64-smollm2-h100": "draft_vocab_size / feature_store_gib / distill_top_k",
              "distill-ab-smollm2-h200": "distill_weight",
              "variants-ab-smollm2-h100": "drafter_variant / block_size / loss_weighting",
-             "variants-long-smollm2-h100": "drafter_variant / steps / block_size / loss_weighting"}
+             "variants-long-smollm2-h100": "drafter_variant / steps / block_size / loss_weighting",
+             "long-dspark-smollm2-h100": "drafter_variant / steps / loss_weighting / val_every"}
 
 
 def header_text(stem: str) -> str:
