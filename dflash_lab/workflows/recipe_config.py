@@ -181,11 +181,11 @@ class RecipeConfig:
     bench/results/2026-12-03-h200-knob-grid), at the same step time."""
     drafter_variant: str = "dflash"
     """TrainConfig.drafter_variant: "dflash" or "dspark" (DFlash plus DSpark's Markov and confidence heads, trained
-    with loss_weighting="decay", the weights it is published with). Both trained for the same 174 s side by side on
-    this recipe's data with half its target-written prompts (one H100, bench/results/2026-12-06-h100-dspark-ab/:
-    2,298 against 2,043 steps): held-out chitchat 2.68 [2.48, 2.88] against 2.97 [2.71, 3.27], target-written 2.25
-    against 2.29, T=1 argmax drafts 1.24 against 1.23 (T=0 on 64 / 59 prompts, T=1 on 44): not separated, so dflash
-    stays; at ~1.45 GPU-minutes an arm, far short of a preset's training."""
+    with loss_weighting="decay", the weights it is published with). At the long preset's settings and ~11.5
+    GPU-minutes on its data (one H100, bench/results/2026-12-07-h100-long-dspark/), dspark against dflash on 64
+    held-out prompts a set: T=0 chitchat 3.64 [3.27, 4.03] against 3.25 [2.97, 3.56], target-written 3.19 against
+    2.93, general 2.56 against 2.43, T=1 1.60 against 1.67, speedups level (2.40x against 2.37x on chitchat): no
+    interval apart at either temperature, so dflash stays; "dspark" for the higher greedy acceptance."""
     distill_weight: float = 1.0
     """TrainConfig.distill_weight: the share of each position's loss against the target's own T=1 distribution
     over its top `distill_top_k` ids (what sampled serving accepts); 0 = the data's tokens only. 1.0: at 10,000
