@@ -31,6 +31,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -28,7 +28,7 @@ from .chat_formats import DataReport
 from .tokenize import TokenizedData, load_dataset, resolve_data_path
 
 ENTRY_VERSION = 1  # the layout of an entry's dict; the code hash below covers how its contents are computed
-_CODE = ("files.py", "chat_formats.py", "tokenize.py", "tokenize_pool.py", "token_cache.py")
+_CODE = ("files.py", "chat_formats.py", "tokenize.py", "token_cache.py")
 _CHUNK = 1 << 20
 DIR_ENV = "DFLASH_LAB_TOKENIZED"
 

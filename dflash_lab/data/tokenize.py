@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from .chat_formats import ChatData, DataError, DataReport, RecordIssue, from_messages, read_chat_data
-from .tokenize_pool import ordered_map, workers_for
 
 MASK_METHODS = ("render", "generation")
 _PROBE = "dflash probe answer 7291"
@@ -212,7 +211,8 @@ def _encode(tmpl: ChatTemplate, messages: list[dict], mask_method: str) -> tuple
         return list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
     text, spans, _ = tmpl.assistant_spans(messages)
     enc = tmpl.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(enc["input_ids"]), _span_mask(np.asarray(enc["offset_mapping"]).reshape(-1, 2), spans).astype(int).tolist()
+    mask = _span_mask(np.asarray(enc["offset_mapping"]).reshape(-1, 2), spans)
+    return list(enc["input_ids"]), mask.astype(int).tolist()
 
 
 def content_ids(tokenizer, ids: tuple[int, ...], text: str) -> list[int] | None:
@@ -289,13 +289,16 @@ class TokenizedData:
         return self.input_ids.shape[0]
 
 
-CHUNK = 512  # conversations rendered and encoded together (one encode_batch call), in this process or a worker
+# Conversations rendered and encoded together. Rendering their templates is Python on one core; encoding them is one
+# batched tokenizer call (encode_batch), which the fast tokenizer spreads over its own threads (TOKENIZERS_PARALLELISM,
+# on unless set false)
+CHUNK = 512
 
 
 def encode_chunk(tmpl: "ChatTemplate", convs: list, *, mask_method: str, on_error: str, seq_len: int):
     """One chunk of conversations -> (the conversations encoded, their (ids, mask) in order, the records skipped as
-    (reason, source, detail), final turns that do not continue the serving prompt, answer-id counts). The same in a
-    worker process (tokenize_pool.py) as here; truncation and the short-sample rule are the caller's."""
+    (reason, source, detail), final turns that do not continue the serving prompt, answer-id counts). Truncation and
+    the short-sample rule are the caller's."""
     tokenizer = tmpl.tokenizer
     texts, spans_of, kept, skips, mismatched = [], [], [], [], 0
     answer_ids = {"used": 0, "text_differs": 0}
@@ -335,17 +338,6 @@ def encode_chunk(tmpl: "ChatTemplate", convs: list, *, mask_method: str, on_erro
     return kept, encoded, skips, mismatched, answer_ids
 
 
-_POOL: dict = {}  # in a tokenizing worker process (tokenize_pool.py): its template and encoding settings
-
-
-def _pool_start(tokenizer, enable_thinking, encode: dict) -> None:
-    _POOL.update(tmpl=ChatTemplate(tokenizer, enable_thinking=enable_thinking), encode=encode)
-
-
-def _pool_encode(convs: list):
-    return encode_chunk(_POOL["tmpl"], convs, **_POOL["encode"])
-
-
 def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int, enable_thinking: bool | None = None,
                      mask_method: str = "render", on_error: str = "skip", log=None,
                      progress_every_s: float = 10.0) -> TokenizedData:
@@ -369,13 +361,9 @@ def tokenize_dataset(tokenizer, conversations, *, seq_len: int, block_size: int,
     dropped_short = truncated = tokens = supervised = mismatched = 0
     answer_ids = {"used": 0, "text_differs": 0}  # conversations trained on their stored generated ids, or not
     t0 = last = time.monotonic()
-    starts = range(0, n_conv, CHUNK)
-    chunks = [chat.conversations[c0:c0 + CHUNK] for c0 in starts]
-    encode = dict(mask_method=mask_method, on_error=on_error, seq_len=seq_len)
-    results = ordered_map(_pool_encode, chunks, here=lambda convs: encode_chunk(tmpl, convs, **encode),
-                          workers=workers_for(n_conv), initializer=_pool_start,
-                          initargs=(tokenizer, enable_thinking, encode), keep=(DataError,), log=log)
-    for c0, (convs, encoded, skips, mis, used) in zip(starts, results):
+    for c0 in range(0, n_conv, CHUNK):
+        convs, encoded, skips, mis, used = encode_chunk(tmpl, chat.conversations[c0:c0 + CHUNK],
+                                                        mask_method=mask_method, on_error=on_error, seq_len=seq_len)
         for reason, source, detail in skips:
             report.skip(reason, source, detail)
         mismatched += mis
