@@ -368,3 +368,16 @@ def test_validate_cli_says_each_problem_it_exists_to_catch_in_one_line(tmp_path,
     assert main([str(data), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and words in err.splitlines()[0] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("setting, noted", [("false", True), ("true", False), (None, False)])
+def test_progress_names_the_tokenizer_threads_when_they_are_switched_off(tok, tiny_chat, monkeypatch, setting,
+                                                                          noted):
+    if setting is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", setting)
+    lines = []
+    data = tokenize_dataset(tok, tiny_chat, seq_len=512, block_size=16, log=lines.append, progress_every_s=0.0)
+    assert len(data) > 0 and lines and lines[-1].startswith(f"tokenizing: {len(tiny_chat)}/{len(tiny_chat)}")
+    assert all(("tokenizer threads off (TOKENIZERS_PARALLELISM=false)" in line) is noted for line in lines)
