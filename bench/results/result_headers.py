@@ -41,6 +41,8 @@ TAU_FIGURE = """- **The figure**: **held-out chain tau** the tau the held-out wi
   tau on held-out chitchat at T=0 with its 95% interval."""
 SETTINGS = """- **The settings table**: **setting** a TrainConfig field or a data fact; one column per arm with its value
   there (a blank cell: the same as the first arm)."""
+# How to read an A/B notebook that plots each arm's tau against GPU-minutes (ab_notebook.write with tau_figure)
+TAU_AB = [SETTINGS, ARMS, EVAL, TAU_FIGURE]
 STEP = """- **The step profile** (one row per configuration timed): **label** which one; **batch** windows per step;
   **draft vocab** ids the drafter's head predicts; **store GiB** the feature store's GPU budget; **distill_weight**
   the distillation term's weight; **compiled** whether the drafter ran under torch.compile; **step ms** median step
@@ -183,7 +185,7 @@ HEADERS: dict[str, dict[str, str]] = {
              "GPU-minutes",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}, half its target-written prompts (n_self=13000); reads "
             "bench/results/2026-12-06-h100-variants-ab/, executed on a CPU",
-        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
+        read=TAU_AB),
     "variants-long-smollm2-h100": dict(
         what="DFlash, DSpark (its Markov and confidence heads, block 16) and DSpark at its published block 8, each "
              "trained ALONE on one GPU for the same 120 s on the recipe's long-preset data pool, then measured by "
@@ -192,7 +194,7 @@ HEADERS: dict[str, dict[str, str]] = {
         ran=f"{H100} (two sessions, each on its own machine: dflash and dspark, then dspark8); target {SMOL}; data: "
             f"{RECIPE_DATA}, the long preset's target-written prompts (n_self=60000), the same files in both "
             "sessions; reads bench/results/2026-12-07-h100-variants-long/, executed on a CPU",
-        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
+        read=TAU_AB),
     "long-dspark-smollm2-h100": dict(
         what="DSpark (its Markov and confidence heads, block 16) against DFlash, each trained at the recipe's long "
              "preset (5 layers, batch 64, distilled, feature store) for the same ~11.5 GPU-minutes of one GPU on the "
@@ -201,7 +203,7 @@ HEADERS: dict[str, dict[str, str]] = {
         ran=f"{H100} (two sessions: dflash-long on 2026-12-06, dspark-long on 2026-12-07); target {SMOL}; data: "
             f"{RECIPE_DATA}, the long preset's target-written prompts (n_self=60000), the same files; reads "
             "bench/results/2026-12-07-h100-long-dspark/, executed on a CPU",
-        read=[SETTINGS, ARMS, EVAL, TAU_FIGURE]),
+        read=TAU_AB),
     "vocab-topk64-smollm2-h100": dict(
         what="the full draft vocabulary and the top-64 distillation target, each on top of the distilled baseline",
         ran=f"{H100}; target {SMOL}; data: {RECIPE_DATA}; reads bench/results/2026-12-06-h100-vocab-topk64/, executed "

@@ -93,10 +93,10 @@ def differing_settings(data: dict) -> list[str]:
 
 def final_rows(data: dict) -> list[dict]:
     """One row per (drafter arm, prompt set, temperature) of the final evaluation: steps, prompts, tau and its
-    interval, the block size it decoded at, tokens/s, the target alone's tokens/s on the same prompts at the same temperature (the row's own
-    session's where it carries one: arms collected from several sessions, an adopted run), speedup, and the other
-    arms whose interval on that set and temperature overlaps this one (`not_separated_from`; None when the
-    evaluation has one arm: nothing to separate)."""
+    interval, the block size it decoded at, tokens/s, the target alone's tokens/s on the same prompts at the same
+    temperature (the row's own session's where it carries one: arms collected from several sessions, an adopted
+    run), speedup, and the other arms whose interval on that set and temperature overlaps this one
+    (`not_separated_from`; None when the evaluation has one arm: nothing to separate)."""
     rows = data["results"]["rows"]
     key = lambda r: (r["prompt_set"], r.get("temperature", 0.0))  # noqa: E731
     base = {key(r): r for r in rows if r["decoder"] == BASELINE}
